@@ -1,0 +1,46 @@
+# deepseek-ultrafast: top-level commands.
+#   make build   configure + build (binaries in build/bin/)
+#   make test    install what the tests need, build, run every test that needs no GPU
+#   make run     install what is needed, build, make the tiny demo checkpoint, generate with it
+SHELL := /bin/bash
+BUILD ?= build
+JOBS ?= $(shell nproc)
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT_PACKAGES := cmake ninja-build g++ pkg-config nlohmann-json3-dev libgtest-dev libgmock-dev \
+  libpcre2-dev python3 python3-venv python3-pip
+VENV := .venv
+PY_PACKAGES := numpy safetensors tokenizers
+
+.PHONY: deps pydeps configure build test run clean format
+
+deps:
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:" $$missing; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+pydeps: deps
+	@[ -x $(VENV)/bin/python ] || python3 -m venv $(VENV)
+	@$(VENV)/bin/python -c "import numpy, safetensors, tokenizers" 2>/dev/null || \
+	  $(VENV)/bin/pip install -q $(PY_PACKAGES)
+
+configure: deps
+	@[ -f $(BUILD)/build.ninja ] || cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: pydeps build
+	cd $(BUILD) && DSUF_PYTHON=$(CURDIR)/$(VENV)/bin/python ctest --output-on-failure -j $(JOBS)
+
+DEMO_CKPT := $(BUILD)/demo-ckpt
+run: build
+	@[ -f $(DEMO_CKPT)/config.json ] || $(BUILD)/bin/dsuf make-tiny --out $(DEMO_CKPT) --seed 1
+	$(BUILD)/bin/run --ckpt $(DEMO_CKPT) --cpu --prompt-ids 0,19923,11,1204,344 --max-tokens 32 --print-ids
+
+clean:
+	rm -rf $(BUILD)
+
+format:
+	find src tools tests bench -name '*.h' -o -name '*.cc' -o -name '*.cu' -o -name '*.cuh' | xargs clang-format -i
