@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <set>
 #include <string>
 #include <utility>
@@ -84,6 +86,14 @@ TEST(EngramHasher, TinyConfigPrimeTables) {
   const EngramHasher h(tiny_config(), 2);
   EXPECT_EQ(h.primes(0), (std::vector<int64_t>{1009, 1013, 1019, 1021, 1031, 1033}));  // §6.2
   EXPECT_EQ(h.offsets(0), (std::vector<int64_t>{0, 1009, 2022, 3041, 4062, 5093}));
+  EXPECT_EQ(h.table_rows(0), 6126);
+  EXPECT_EQ(h.rows_per_token(), 6);
+}
+
+TEST(EngramHasher, TinyConfigJsonWiring) {
+  // The §6.2 config as parsed from JSON carries every field the hasher reads.
+  const ModelConfig m = parse_model_config(tiny_config_json(), "tiny config");
+  const EngramHasher h(m.text, 2);
   EXPECT_EQ(h.table_rows(0), 6126);
   EXPECT_EQ(h.rows_per_token(), 6);
 }
