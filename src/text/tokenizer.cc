@@ -495,7 +495,7 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, std::string_view orig
 
 // BPE of one pre-token: start from byte tokens, repeatedly merge the adjacent pair of lowest
 // rank (leftmost on ties). Short pieces keep a rank per adjacent pair and rescan it (quadratic
-// but tiny); long ones go to the heap version.
+// but tiny: faster than the heap up to ~32 bytes); longer ones go to the heap version.
 void Tokenizer::Impl::bpe(EncodeState& st, std::string_view piece,
                           std::vector<int32_t>& out) const {
   if (ignore_merges) {
@@ -505,7 +505,7 @@ void Tokenizer::Impl::bpe(EncodeState& st, std::string_view piece,
       return;
     }
   }
-  if (piece.size() > 256) {
+  if (piece.size() > 32) {
     bpe_long(piece, out);
     return;
   }

@@ -92,7 +92,7 @@ TEST(Tokenizer, EveryVocabEntryEncodesToItself) {
 }
 
 TEST(Tokenizer, LongPiecesRoundTrip) {
-  // Pieces over 256 bytes take the heap BPE; the HF oracle test checks their ids, this checks
+  // Pieces over 32 bytes take the heap BPE; the HF oracle test checks their ids, this checks
   // that nothing is lost or duplicated.
   std::string unit = "深度求索的模型很快";
   std::string long_text;

@@ -1,0 +1,77 @@
+"""Tokenizer speed against HF `tokenizers` on the same texts in the same run.
+
+usage: tokenizer_vs_hf.py BENCH_BINARY [--tokenizer FILE] [--mb N]
+
+Generates an English+code set and a CJK set (tests/text/corpus.py, fixed seed), times
+bench/tokenizer_bench (single thread, best of 5) and HF `Tokenizer.encode` (single thread, one
+text at a time, best of 3) on each, and prints MB/s and the ratio. Both sides use plain BPE
+(no added-token matching), the path user text takes.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "text"))
+import corpus  # noqa: E402
+
+os.environ.setdefault("RAYON_NUM_THREADS", "1")
+from tokenizers import Tokenizer  # noqa: E402
+
+
+def make_set(gens, total, seed):
+    import random
+    r = random.Random(seed)
+    docs, size = [], 0
+    while size < total:
+        parts, n = [], 0
+        while n < 4096:  # ~4 KB documents, like a chat message or a file chunk
+            s = r.choice(gens)(r)
+            parts.append(s)
+            n += len(s.encode())
+        docs.append("".join(parts))
+        size += len(docs[-1].encode())
+    return docs
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("bench")
+    ap.add_argument("--tokenizer", default=os.path.join(ROOT, "assets/tokenizer/tokenizer.json"))
+    ap.add_argument("--mb", type=float, default=4.0)
+    a = ap.parse_args()
+    spec = json.load(open(a.tokenizer, encoding="utf-8"))
+    spec["added_tokens"] = []
+    hf = Tokenizer.from_str(json.dumps(spec, ensure_ascii=False))
+    sets = {
+        "english+code": make_set([corpus.english, corpus.english, corpus.code], a.mb * 1e6, 1),
+        "cjk": make_set([corpus.chinese, corpus.chinese, corpus.japanese], a.mb * 1e6, 2),
+    }
+    for name, docs in sets.items():
+        nbytes = sum(len(d.encode()) for d in docs)
+        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False, encoding="utf-8") as f:
+            for d in docs:
+                f.write(json.dumps({"text": d}, ensure_ascii=False) + "\n")
+            path = f.name
+        out = subprocess.run([a.bench, a.tokenizer, path, "5"], capture_output=True, check=True)
+        ours = json.loads(out.stdout)
+        os.unlink(path)
+        best = 1e30
+        for _ in range(3):
+            t0 = time.perf_counter()
+            ntok = sum(len(hf.encode(d, add_special_tokens=False).ids) for d in docs)
+            best = min(best, time.perf_counter() - t0)
+        if ntok != ours["tokens"]:
+            sys.exit(f"{name}: token counts differ (ours {ours['tokens']}, HF {ntok})")
+        hf_mbs = nbytes / best / 1e6
+        print(f"{name:13s} {nbytes / 1e6:5.1f} MB  {ntok:8d} tokens  "
+              f"ours {ours['mb_per_s']:7.1f} MB/s  HF {hf_mbs:6.1f} MB/s  "
+              f"ratio {ours['mb_per_s'] / hf_mbs:5.1f}x")
+
+
+if __name__ == "__main__":
+    main()
