@@ -1,0 +1,34 @@
+// The Backend interface: one forward over a batch of sequence chunks. The CPU reference
+// (backend/cpu) and the CUDA backend (backend/cuda) implement it; the engine never knows which runs.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "model/config.h"
+#include "model/kv_layout.h"
+
+namespace dsuf {
+
+// One sequence's slice of a step: its state, the next tokens to consume (a prefill chunk of any
+// length, or one decode token), and which logits to return.
+struct ForwardItem {
+  enum class Logits { kNone, kLast, kAll };
+  SequenceState* state = nullptr;
+  std::span<const int32_t> tokens;
+  Logits want = Logits::kLast;
+  std::vector<float>* logits = nullptr;  // resized to rows × vocab (FP32)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual const KvLayout& layout() const = 0;
+  virtual SequenceState new_sequence() const { return SequenceState::empty(layout()); }
+  // Consumes every item's tokens (advancing its state) and writes the requested logits.
+  virtual void forward(std::span<ForwardItem> batch) = 0;
+};
+
+}  // namespace dsuf

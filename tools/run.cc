@@ -1,0 +1,180 @@
+// run: offline generation with a checkpoint.
+//   run --ckpt DIR --cpu (--prompt TEXT | --prompt-ids 1,2,3) --max-tokens N
+//       [--temperature T --top-p P --top-k K --seed S] [--dump-logits FILE] [--print-ids]
+//       [--numerics reference|transformers] [--ignore-eos] [--threads N]
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "engine/sampler.h"
+#include "model/weights.h"
+#ifdef DSUF_HAVE_TEXT
+#include "text/engram_ids.h"
+#include "text/tokenizer.h"
+#endif
+
+namespace {
+
+using dsuf::fail;
+
+struct Args {
+  std::string ckpt = "models";
+  bool cpu = false;
+  std::string gpus;
+  std::string prompt;
+  bool have_prompt = false;
+  std::vector<int32_t> prompt_ids;
+  int max_tokens = 64;
+  dsuf::SamplingParams sampling;
+  std::string dump_logits;
+  bool print_ids = false;
+  bool ignore_eos = false;
+  std::string numerics = "reference";
+  int threads = 0;
+};
+
+std::vector<int32_t> parse_ids(const std::string& s) {
+  std::vector<int32_t> ids;
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    std::string tok = s.substr(i, j - i);
+    char* end = nullptr;
+    long v = std::strtol(tok.c_str(), &end, 10);
+    if (tok.empty() || *end != '\0' || v < 0 || v > INT32_MAX) fail("--prompt-ids: '", tok, "' is not a token id");
+    ids.push_back(static_cast<int32_t>(v));
+    i = j + 1;
+  }
+  if (ids.empty()) fail("--prompt-ids: no ids given");
+  return ids;
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) fail(k, " needs a value");
+      return argv[++i];
+    };
+    if (k == "--ckpt") a.ckpt = value();
+    else if (k == "--cpu") a.cpu = true;
+    else if (k == "--gpus") a.gpus = value();
+    else if (k == "--prompt") a.prompt = value(), a.have_prompt = true;
+    else if (k == "--prompt-ids") a.prompt_ids = parse_ids(value());
+    else if (k == "--max-tokens") a.max_tokens = std::stoi(value());
+    else if (k == "--temperature") a.sampling.temperature = std::stof(value());
+    else if (k == "--top-p") a.sampling.top_p = std::stof(value());
+    else if (k == "--top-k") a.sampling.top_k = std::stoi(value());
+    else if (k == "--seed") a.sampling.seed = std::stoull(value());
+    else if (k == "--dump-logits") a.dump_logits = value();
+    else if (k == "--print-ids") a.print_ids = true;
+    else if (k == "--ignore-eos") a.ignore_eos = true;
+    else if (k == "--numerics") a.numerics = value();
+    else if (k == "--threads") a.threads = std::stoi(value());
+    else if (k == "--help" || k == "-h") {
+      std::printf(
+          "usage: run --ckpt DIR --cpu (--prompt TEXT | --prompt-ids 1,2,3) --max-tokens N\n"
+          "           [--temperature T] [--top-p P] [--top-k K] [--seed S] [--dump-logits FILE]\n"
+          "           [--print-ids] [--ignore-eos] [--numerics reference|transformers] [--threads N]\n"
+          "Greedy when the temperature is 0 (the default).\n");
+      std::exit(0);
+    } else
+      fail("unknown argument ", k, " (see run --help)");
+  }
+  if (a.have_prompt == !a.prompt_ids.empty()) fail("give exactly one of --prompt and --prompt-ids");
+  if (!a.cpu && a.gpus.empty()) a.cpu = true;
+  if (!a.gpus.empty()) fail("--gpus: the CUDA backend is not built into run yet; use --cpu");
+  if (a.max_tokens < 0) fail("--max-tokens must be >= 0");
+  if (a.sampling.temperature < 0) fail("--temperature must be >= 0");
+  if (!(a.sampling.top_p > 0 && a.sampling.top_p <= 1)) fail("--top-p must be in (0, 1]");
+  if (a.numerics != "reference" && a.numerics != "transformers")
+    fail("--numerics must be reference or transformers");
+  return a;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int run_main(int argc, char** argv) {
+  Args a = parse(argc, argv);
+  auto t_load = std::chrono::steady_clock::now();
+  auto model = dsuf::load_model(a.ckpt);
+  for (size_t i = 0; i < model->unknown_tensors.size() && i < 3; ++i)
+    std::fprintf(stderr, "warning: tensor %s is not used by this engine\n", model->unknown_tensors[i].c_str());
+
+  std::vector<int32_t> compressed;
+#ifdef DSUF_HAVE_TEXT
+  dsuf::text::Tokenizer tok(a.ckpt + "/tokenizer.json");
+  compressed = dsuf::text::engram_compressed_ids(tok);
+  if (a.have_prompt) a.prompt_ids = tok.encode(a.prompt, /*match_added_tokens=*/true);
+#else
+  if (a.have_prompt) fail("--prompt needs the text library (built without it); use --prompt-ids");
+  compressed = dsuf::read_compressed_id_table(std::string(DSUF_SOURCE_DIR) + "/assets/tokenizer/engram-compressed-ids.txt");
+#endif
+  dsuf::CpuNumerics num = a.numerics == "transformers" ? dsuf::transformers_numerics() : dsuf::CpuNumerics{};
+  dsuf::CpuBackend backend(*model, std::move(compressed), num, a.threads);
+  const double load_s = seconds_since(t_load);
+
+  dsuf::SequenceState st = backend.new_sequence();
+  std::vector<float> logits;
+  std::ofstream dump;
+  if (!a.dump_logits.empty()) {
+    dump.open(a.dump_logits, std::ios::binary);
+    if (!dump) fail(a.dump_logits, ": cannot write");
+  }
+  dsuf::Sampler sampler(a.sampling);
+  std::vector<int32_t> out;
+
+  auto t0 = std::chrono::steady_clock::now();
+  dsuf::ForwardItem item{.state = &st, .tokens = a.prompt_ids, .want = dsuf::ForwardItem::Logits::kLast, .logits = &logits};
+  backend.forward({&item, 1});
+  const double prefill_s = seconds_since(t0);
+  auto t1 = std::chrono::steady_clock::now();
+  int32_t next = 0;
+  for (int step = 0; step < a.max_tokens; ++step) {
+    if (step > 0) {
+      dsuf::ForwardItem d{.state = &st, .tokens = {&next, 1}, .want = dsuf::ForwardItem::Logits::kLast, .logits = &logits};
+      backend.forward({&d, 1});
+    }
+    if (dump) dump.write(reinterpret_cast<const char*>(logits.data()), logits.size() * sizeof(float));
+    next = sampler.sample(logits);
+    out.push_back(next);
+    if (!a.ignore_eos && next == model->config.eos_token_id) break;
+  }
+  const double decode_s = seconds_since(t1);
+
+#ifdef DSUF_HAVE_TEXT
+  std::printf("%s\n", tok.decode(out, /*skip_special=*/false).c_str());
+#endif
+  if (a.print_ids) {
+    for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? "," : "", out[i]);
+    std::printf("\n");
+  }
+  const int decode_steps = static_cast<int>(out.size()) - 1;  // the first token comes from prefill
+  std::fprintf(stderr,
+               "stats: load %.2f s | prefill %zu tokens %.3f s (%.1f tok/s) | decode %d tokens %.3f s (%.1f tok/s) | "
+               "backend cpu (%s numerics)\n",
+               load_s, a.prompt_ids.size(), prefill_s, a.prompt_ids.size() / std::max(prefill_s, 1e-9),
+               std::max(decode_steps, 0), decode_s, std::max(decode_steps, 0) / std::max(decode_s, 1e-9),
+               a.numerics.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run_main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "run: error: %s\n", e.what());
+    return 1;
+  }
+}
