@@ -12,6 +12,7 @@
 
 #include "commands.h"
 #include "core/error.h"
+#include "text/chat_encoder.h"
 #include "text/tokenizer.h"
 
 namespace dsuf::tools {
@@ -114,8 +115,17 @@ int cmd_detokenize(int argc, char** argv) {
 }
 
 int cmd_render(int argc, char** argv) {
-  parse_flags(argc, argv, "dsuf render [--tokenizer FILE]");
-  fail("render is not implemented yet");
+  const Flags f =
+      parse_flags(argc, argv,
+                  "dsuf render [--tokenizer FILE] < {\"messages\": [...], "
+                  "\"thinking_mode\": \"thinking\"|\"chat\", \"reasoning_effort\": ..., "
+                  "\"tools\": [...]} lines");
+  const text::Tokenizer tok(f.tokenizer);
+  const text::ChatEncoder enc(tok);
+  return for_each_line([&](const json& in) {
+    const auto p = enc.render(text::chat_request_from_json(in));
+    return json{{"prompt", p.text}, {"ids", p.ids}};
+  });
 }
 
 int cmd_parse(int argc, char** argv) {

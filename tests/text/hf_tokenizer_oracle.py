@@ -24,7 +24,7 @@ def run_cli(cli, tokenizer_path, texts, special):
     dt = time.perf_counter() - t0
     if p.returncode != 0:
         sys.exit(f"{args} exited {p.returncode}: {p.stderr.decode()[:2000]}")
-    lines = p.stdout.decode().splitlines()
+    lines = p.stdout.decode().split("\n")[:-1]
     if len(lines) != len(texts):
         sys.exit(f"expected {len(texts)} output lines, got {len(lines)}")
     return [json.loads(l)["ids"] for l in lines], dt
