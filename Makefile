@@ -32,7 +32,7 @@ build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
 test: pydeps build
-	cd $(BUILD) && DSUF_PYTHON=$(CURDIR)/$(VENV)/bin/python ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD) && DSUF_PYTHON=$(CURDIR)/$(VENV)/bin/python ctest --output-on-failure -j $(JOBS) -LE gpu
 
 DEMO_CKPT := $(BUILD)/demo-ckpt
 run: build

@@ -19,6 +19,9 @@ struct ForwardItem {
   std::span<const int32_t> tokens;
   Logits want = Logits::kLast;
   std::vector<float>* logits = nullptr;  // resized to rows × vocab (FP32)
+  // Checking aid: when set, receives after every layer the residual streams of this chunk
+  // ([tokens][hc][hidden], FP32), so two backends can be compared layer by layer.
+  std::vector<std::vector<float>>* trace = nullptr;
 };
 
 class Backend {

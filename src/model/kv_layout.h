@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,10 @@ struct SequenceState {
   // that skip it): the same pools unquantized, in FP32. Never serialized.
   bool unquantized = false;
   std::vector<std::vector<float>> window_f32, ckv_f32, ikey_f32;
+
+  // A backend that keeps the pools elsewhere (GPU memory) hangs its handle here; the host pools
+  // above are then filled only on request (Backend::download).
+  std::shared_ptr<void> device;
 
   static SequenceState empty(const KvLayout& layout);
   int64_t entries(const KvLayout& layout, int slot) const {

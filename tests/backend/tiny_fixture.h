@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -11,18 +12,35 @@
 #include <gtest/gtest.h>
 
 #include "backend/cpu/cpu_backend.h"
+#include "model/tiny.h"
 #include "model/weights.h"
 
 namespace dsuf::testing {
 
+inline std::string source_dir();
+
+// DSUF_TINY_CKPT (the CTest fixture writes it), or a copy written on first use under /tmp (for
+// running a test binary by hand, e.g. on the GPU machine).
 inline std::string tiny_dir() {
-  const char* d = std::getenv("DSUF_TINY_CKPT");
-  return d ? d : "build/test-tiny-ckpt";
+  if (const char* d = std::getenv("DSUF_TINY_CKPT")) return d;
+  static const std::string dir = [] {
+    std::string out = "/tmp/dsuf-tiny-ckpt-seed1";
+    if (!std::filesystem::exists(out + "/config.json"))
+      write_tiny_checkpoint({.out_dir = out, .seed = 1, .num_shards = 4, .tokenizer_dir = source_dir() + "/assets/tokenizer"});
+    return out;
+  }();
+  return dir;
+}
+
+// The source tree: DSUF_SOURCE_DIR from the environment (a copy on another machine) or the build's.
+inline std::string source_dir() {
+  const char* d = std::getenv("DSUF_SOURCE_DIR");
+  return d ? d : DSUF_SOURCE_DIR;
 }
 
 inline const std::vector<int32_t>& compressed_ids() {
   static const std::vector<int32_t> ids =
-      read_compressed_id_table(std::string(DSUF_SOURCE_DIR) + "/assets/tokenizer/engram-compressed-ids.txt");
+      read_compressed_id_table(source_dir() + "/assets/tokenizer/engram-compressed-ids.txt");
   return ids;
 }
 

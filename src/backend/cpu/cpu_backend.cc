@@ -10,7 +10,9 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/detmath.h"
 #include "core/numerics.h"
+#include "model/rope.h"
 
 namespace dsuf {
 namespace {
@@ -97,12 +99,11 @@ void fp8_linear(const Fp8Linear& W, const float* x, float* y, bool act_quant, in
     for (int64_t o = o0; o < o1; ++o) {
       const uint8_t* wr = W.w + o * W.in;
       const uint8_t* sr = W.scale + (o / 32) * nb;
-      float acc = 0.0f;
-      for (int64_t kb = 0; kb < nb; ++kb) {
+      const float acc = det::lane_sum(nb, [&](int64_t kb) {
         float part = 0.0f;
         for (int k = 0; k < 32; ++k) part += a.v[kb * 32 + k] * L[wr[kb * 32 + k]];
-        acc += part * (a.s[kb] * lut().e8m0[sr[kb]]);
-      }
+        return part * (a.s[kb] * lut().e8m0[sr[kb]]);
+      });
       y[o] = rb(acc);
     }
   });
@@ -116,15 +117,14 @@ void fp4_linear(const Fp4Linear& W, const float* x, float* y, bool act_quant) {
   for (int64_t o = 0; o < W.out; ++o) {
     const uint8_t* wr = W.w + o * (W.in / 2);
     const uint8_t* sr = W.scale + o * nb;
-    float acc = 0.0f;
-    for (int64_t kb = 0; kb < nb; ++kb) {
+    const float acc = det::lane_sum(nb, [&](int64_t kb) {
       float part = 0.0f;
       for (int k = 0; k < 16; ++k) {
         uint8_t b = wr[kb * 16 + k];
         part += a.v[kb * 32 + 2 * k] * L[b & 0xf] + a.v[kb * 32 + 2 * k + 1] * L[b >> 4];
       }
-      acc += part * (a.s[kb] * lut().e8m0[sr[kb]]);
-    }
+      return part * (a.s[kb] * lut().e8m0[sr[kb]]);
+    });
     y[o] = rb(acc);
   }
 }
@@ -135,65 +135,44 @@ void bf16_linear_f32(const Bf16Mat& W, const float* x, float* y, int threads = 1
     std::vector<float> row(W.cols);
     for (int64_t r = r0; r < r1; ++r) {
       W.row(r, row.data());
-      float acc = 0.0f;
-      for (int64_t c = 0; c < W.cols; ++c) acc += row[c] * x[c];
-      y[r] = acc;
+      y[r] = det::lane_sum(W.cols, [&](int64_t c) { return row[c] * x[c]; });
     }
   });
 }
 
-// y = bf16(w ⊙ x·rsqrt(mean(x²)+eps)), computed in FP32 (weight optional).
-void rms_norm(const float* x, int64_t n, const Bf16Mat* w, double eps, float* y) {
-  double ss = 0;
-  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
-  const float r = static_cast<float>(1.0 / std::sqrt(ss / n + eps));
-  for (int64_t i = 0; i < n; ++i) y[i] = rb((w ? (*w)[i] : 1.0f) * (x[i] * r));
+// 1/sqrt(mean(x²)+eps) in FP32 with the canonical block-of-256 sum.
+float rms_inv(const float* x, int64_t n, double eps) {
+  const float ss = det::block_sum<256>(n, [&](int64_t i) { return x[i] * x[i]; });
+  return 1.0f / std::sqrt(ss / static_cast<float>(n) + static_cast<float>(eps));
 }
 
-float rms_inv(const float* x, int64_t n, double eps) {
-  double ss = 0;
-  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
-  return static_cast<float>(1.0 / std::sqrt(ss / n + eps));
+// y = bf16(w ⊙ x·rsqrt(mean(x²)+eps)), computed in FP32 (weight optional).
+void rms_norm(const float* x, int64_t n, const Bf16Mat* w, double eps, float* y) {
+  const float r = rms_inv(x, n, eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = rb((w ? (*w)[i] : 1.0f) * (x[i] * r));
 }
 
 void round_bf16_inplace(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = rb(x[i]);
 }
 
-float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-float silu(float x) { return x / (1.0f + std::exp(-x)); }
-float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }  // torch's threshold
+using det::sigmoid;
+using det::silu;
+using det::softplus;
 
 // Interleaved RoPE on the last 2·inv_freq.size() values of v (model-spec §3.6); sign −1 de-rotates.
 void rope(float* v, int64_t dim, const std::vector<float>& inv_freq, int64_t pos, float sign) {
   const int64_t half = static_cast<int64_t>(inv_freq.size());
+  float cs[128];
+  DSUF_CHECK(half <= 64, "rope over ", 2 * half, " dims");
+  rope_cos_sin(pos, inv_freq, cs);
   float* r = v + dim - 2 * half;
   for (int64_t i = 0; i < half; ++i) {
-    const float ang = static_cast<float>(pos) * inv_freq[i];
-    const float c = std::cos(ang), s = sign * std::sin(ang);
+    const float c = cs[2 * i], s = sign * cs[2 * i + 1];
     const float a = r[2 * i], b = r[2 * i + 1];
     r[2 * i] = rb(a * c - b * s);
     r[2 * i + 1] = rb(a * s + b * c);
   }
-}
-
-std::vector<float> rope_inv_freq(int dim, double base, const RopeScaling* yarn) {
-  std::vector<float> f(dim / 2);
-  for (int i = 0; i < dim / 2; ++i)
-    f[i] = static_cast<float>(1.0 / std::pow(base, static_cast<double>(2 * i) / dim));
-  if (!yarn) return f;
-  // YaRN: frequencies above the correction range keep θ, below it θ/factor, linear in between.
-  auto corr_dim = [&](double rot) {
-    return dim * std::log(yarn->original_max_position_embeddings / (rot * 2 * M_PI)) / (2 * std::log(base));
-  };
-  double low = std::max(0.0, std::floor(corr_dim(yarn->beta_fast)));
-  double high = std::min(static_cast<double>(dim - 1), std::ceil(corr_dim(yarn->beta_slow)));
-  if (low == high) high += 0.001;
-  for (int i = 0; i < dim / 2; ++i) {
-    double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
-    f[i] = static_cast<float>(f[i] / yarn->factor * ramp + f[i] * (1.0 - ramp));
-  }
-  return f;
 }
 
 // Indices of the k largest finite scores, ties to the smaller index (an [open] rule, docs/numerics.md).
@@ -223,9 +202,7 @@ HcMix hc_mix(const HcParams& p, const float* X, int n, int64_t D, double norm_ep
   float mix[(2 + 8) * 8];
   for (int m = 0; m < M; ++m) {
     const float* f = p.fn.data() + m * N;
-    float acc = 0.0f;
-    for (int64_t i = 0; i < N; ++i) acc += f[i] * X[i];
-    mix[m] = acc * r;
+    mix[m] = det::block_sum<256>(N, [&](int64_t i) { return f[i] * X[i]; }) * r;
   }
   HcMix h;
   for (int k = 0; k < n; ++k) {
@@ -240,7 +217,7 @@ HcMix hc_mix(const HcParams& p, const float* X, int n, int64_t D, double norm_ep
       mx = std::max(mx, C[j * n + k]);
     }
     float sum = 0.0f;
-    for (int k = 0; k < n; ++k) sum += (C[j * n + k] = std::exp(C[j * n + k] - mx));
+    for (int k = 0; k < n; ++k) sum += (C[j * n + k] = det::fexp(C[j * n + k] - mx));
     for (int k = 0; k < n; ++k) C[j * n + k] = C[j * n + k] / sum + hc_eps;
   }
   auto col_norm = [&] {
@@ -404,8 +381,8 @@ void CpuBackend::engram(int layer, Chunk& c) {
       float* Xk = X + k * D;
       const float* key = kv.data() + k * D;
       const float rx = rms_inv(Xk, D, t.rms_norm_eps), rk = rms_inv(key, D, t.rms_norm_eps);
-      float dot = 0.0f;
-      for (int64_t d = 0; d < D; ++d) dot += Xk[d] * ew.q_weight.at(k, d) * ew.k_weight.at(k, d) * key[d];
+      float dot = det::block_sum<256>(
+          D, [&](int64_t d) { return Xk[d] * ew.q_weight.at(k, d) * ew.k_weight.at(k, d) * key[d]; });
       dot = dot * rx * rk * inv_sqrt_d;
       const float g = sigmoid((dot >= 0 ? 1.0f : -1.0f) * std::sqrt(std::max(std::fabs(dot), 1e-6f)));
       for (int64_t d = 0; d < D; ++d) Xk[d] = rb(Xk[d] + g * v[d]);
@@ -463,7 +440,7 @@ void CpuBackend::attention(int layer, Chunk& c, const float* x, float* out) {
         for (int r = 0; r < ratio; ++r) mx = std::max(mx, pend[r * 2 * hd + hd + d]);
         float num = 0.0f, den = 0.0f;
         for (int r = 0; r < ratio; ++r) {
-          const float e = std::exp(pend[r * 2 * hd + hd + d] - mx);
+          const float e = det::fexp(pend[r * 2 * hd + hd + d] - mx);
           num += e * pend[r * 2 * hd + d];
           den += e;
         }
@@ -525,8 +502,7 @@ void CpuBackend::attention(int layer, Chunk& c, const float* x, float* out) {
       for (int64_t e = 0; e < vis; ++e) {
         float s = 0.0f;
         for (int h = 0; h < IH; ++h) {
-          float dot = 0.0f;
-          for (int64_t d = 0; d < ihd; ++d) dot += qi[h * ihd + d] * keys[e * ihd + d];
+          const float dot = det::lane_sum(ihd, [&](int64_t d) { return qi[h * ihd + d] * keys[e * ihd + d]; });
           s += rb(wts[h]) * head_scale * std::max(dot, 0.0f) * dim_scale;
         }
         score[e] = s;
@@ -591,19 +567,17 @@ void CpuBackend::attention(int layer, Chunk& c, const float* x, float* out) {
       const float* qh = q.data() + (int64_t{i} * H + h) * hd;
       float mx = kNegInf;
       for (int64_t j = 0; j < nk; ++j) {
-        float dot = 0.0f;
-        for (int64_t d = 0; d < hd; ++d) dot += qh[d] * keys[j * hd + d];
+        const float dot = det::lane_sum(hd, [&](int64_t d) { return qh[d] * keys[j * hd + d]; });
         logit[j] = dot * scale;
         mx = std::max(mx, logit[j]);
       }
-      float den = std::exp(a.sink[h] - mx);
+      for (int64_t j = 0; j < nk; ++j) logit[j] = det::fexp(logit[j] - mx);
+      // The sink only enlarges the denominator.
+      const float den = det::block_sum<128>(nk, [&](int64_t j) { return logit[j]; }) + det::fexp(a.sink[h] - mx);
       float* oh = o.data() + h * hd;
       std::fill(oh, oh + hd, 0.0f);
-      for (int64_t j = 0; j < nk; ++j) {
-        const float p = std::exp(logit[j] - mx);
-        den += p;
-        for (int64_t d = 0; d < hd; ++d) oh[d] += p * keys[j * hd + d];
-      }
+      for (int64_t j = 0; j < nk; ++j)
+        for (int64_t d = 0; d < hd; ++d) oh[d] += logit[j] * keys[j * hd + d];
       for (int64_t d = 0; d < hd; ++d) oh[d] = rb(oh[d] / den);
       rope(oh, hd, freq, pos, -1.0f);  // V carried the key's rotation: undo it
     }
@@ -658,7 +632,7 @@ void CpuBackend::moe(int /*layer*/, const BlockWeights& w, int n_experts, int to
   };
   for (int32_t e : chosen) {
     const ExpertWeights& ex = m.experts[e];
-    const float weight = static_cast<float>(score[e] / (wsum + 1e-20f) * t.routed_scaling_factor);
+    const float weight = score[e] / (wsum + 1e-20f) * static_cast<float>(t.routed_scaling_factor);
     fp4_linear(ex.w1, x, h1.data(), numerics_.act_quant);
     fp4_linear(ex.w3, x, h3.data(), numerics_.act_quant);
     swiglu(weight, true);
@@ -731,6 +705,7 @@ void CpuBackend::forward_one(ForwardItem& item) {
       hc_expand(mf, y.data() + i * D, hc, D, X);
       std::copy_n(mf.pre, hc, c.pre_prev.data() + i * hc);
     }
+    if (item.trace) item.trace->push_back(c.X);
   }
 
   // Engram history: the compressed ids of the last tokens, newest first.

@@ -1,0 +1,46 @@
+// The CUDA backend: the V4.1 forward on the GPU behind the same Backend interface as the CPU
+// reference, checked against it (tests/backend/cuda_*). Weights live on the device in their packed
+// checkpoint formats; Engram tables stay in pinned host memory the GPU reads directly. This header
+// has no CUDA types, so the engine and tools include it without nvcc.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"  // CpuNumerics: the same switches, so both run the same numerics
+#include "model/weights.h"
+
+namespace dsuf {
+
+struct CudaOptions {
+  int device = 0;
+  int64_t max_context = 4096;  // capacity of each sequence's compressed-KV pools
+  int max_chunk = 512;         // largest prefill chunk per forward (longer inputs are split)
+  CpuNumerics numerics;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const LoadedModel& model, std::vector<int32_t> compressed_ids, CudaOptions opt = {});
+  ~CudaBackend() override;
+
+  const ModelConfig& config() const override;
+  const KvLayout& layout() const override;
+  SequenceState new_sequence() const override;
+  void forward(std::span<ForwardItem> batch) override;
+  // Copies a sequence's device pools into its host fields (for serialization and checks).
+  void download(SequenceState& st) const;
+
+  // Device memory the weights take, in bytes.
+  size_t weight_bytes() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// True when a CUDA device is present and usable.
+bool cuda_available();
+
+}  // namespace dsuf

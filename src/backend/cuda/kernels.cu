@@ -1,0 +1,880 @@
+// Straightforward kernels mirroring the CPU reference; see kernels.cuh for the contract.
+#include "backend/cuda/kernels.cuh"
+
+#include <cfloat>
+#include <cmath>
+
+#include "backend/cuda/check.h"
+#include "core/detmath.h"
+
+namespace dsuf::cuda {
+namespace {
+
+__constant__ float c_e4m3[256];
+__constant__ float c_e2m1[16];
+
+__device__ __forceinline__ float bf16r(float x) {
+  // Round to nearest even BF16 (NaN kept), as core/numerics.h.
+  uint32_t u = __float_as_uint(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return x;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return __uint_as_float(u & 0xffff0000u);
+}
+__device__ __forceinline__ float rb(float x, bool r) { return r ? bf16r(x) : x; }
+__device__ __forceinline__ float bf16_load(const uint16_t* p, int64_t i) { return __uint_as_float(uint32_t(p[i]) << 16); }
+__device__ __forceinline__ float e8m0(uint8_t v) {
+  if (v == 0) return __uint_as_float(0x00400000u);  // 2^-127, a float subnormal
+  return __uint_as_float(uint32_t(v) << 23);        // v = 255 gives inf (NaN in E8M0; never stored)
+}
+__device__ __forceinline__ float pow2_ceil(float x) {
+  int e;
+  float m = frexpf(x, &e);
+  return m == 0.5f ? x : ldexpf(1.0f, e);
+}
+__device__ __forceinline__ uint8_t e8m0_code(float pow2) {
+  uint32_t u = __float_as_uint(pow2);
+  uint32_t exp = (u >> 23) & 0xff;
+  return exp == 0 ? 0 : uint8_t(exp);  // only 2^-127 is subnormal among stored scales
+}
+// Saturating round-to-nearest-even E4M3 (same rule as core/numerics.cc).
+__device__ uint8_t e4m3_code(float f) {
+  uint32_t u = __float_as_uint(f);
+  uint8_t sign = (u >> 24) & 0x80;
+  float a = fabsf(f);
+  if (isnan(f)) return sign | 0x7f;
+  if (a >= 448.0f) return sign | 0x7e;
+  int e = int((__float_as_uint(a) >> 23) & 0xff) - 127;
+  if (e < -6) return sign | uint8_t(rintf(ldexpf(a, 9)));
+  float r = rintf(ldexpf(a, 3 - e));
+  int ce = e + 7, man = int(r) - 8;
+  if (man == 8) man = 0, ++ce;
+  if (ce > 15 || (ce == 15 && man == 7)) return sign | 0x7e;
+  return sign | uint8_t((ce << 3) | man);
+}
+__device__ uint8_t e2m1_code(float f) {
+  uint8_t sign = (__float_as_uint(f) >> 31) ? 8 : 0;
+  float a = fabsf(f);
+  const float mag[8] = {0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
+  uint8_t code = 7;
+  for (uint8_t c = 0; c < 7; ++c) {
+    float mid = 0.5f * (mag[c] + mag[c + 1]);
+    if (a < mid || (a == mid && (c % 2 == 0))) {
+      code = c;
+      break;
+    }
+  }
+  return sign | code;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Block-wide sum (blockDim.x a multiple of 32, ≤ 1024); every thread gets the result.
+__device__ float block_sum(float v) {
+  __shared__ float part[32];
+  __shared__ float total;
+  v = warp_sum(v);
+  int w = threadIdx.x / 32, l = threadIdx.x % 32;
+  __syncthreads();
+  if (l == 0) part[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    float x = l < int(blockDim.x / 32) ? part[l] : 0.0f;
+    x = warp_sum(x);
+    if (l == 0) total = x;
+  }
+  __syncthreads();
+  return total;
+}
+__device__ float block_max(float v) {
+  __shared__ float part[32];
+  __shared__ float total;
+  v = warp_max(v);
+  int w = threadIdx.x / 32, l = threadIdx.x % 32;
+  __syncthreads();
+  if (l == 0) part[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    float x = l < int(blockDim.x / 32) ? part[l] : -INFINITY;
+    x = warp_max(x);
+    if (l == 0) total = x;
+  }
+  __syncthreads();
+  return total;
+}
+
+int blocks_for(int64_t n, int per) { return int((n + per - 1) / per); }
+
+// ---- embedding and mHC -------------------------------------------------------------------------
+__global__ void k_embed(const int32_t* tok, const uint16_t* table, int64_t D, int hc, float* X, float* pre) {
+  int i = blockIdx.x;
+  const uint16_t* row = table + int64_t(tok[i]) * D;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    float v = bf16_load(row, d);
+    for (int k = 0; k < hc; ++k) X[(int64_t(i) * hc + k) * D + d] = v;
+  }
+  if (threadIdx.x < hc) pre[i * hc + threadIdx.x] = threadIdx.x == 0 ? 1.0f : 0.0f;
+}
+
+__global__ void k_hc_mix(const float* fn, const float* base, const float* scale, const float* X, int hc, int64_t D,
+                         float norm_eps, int iters, float hc_eps, float* out) {
+  const int i = blockIdx.x;
+  const int64_t N = hc * D;
+  const float* x = X + int64_t(i) * N;
+  float ss = 0.0f;
+  for (int64_t j = threadIdx.x; j < N; j += blockDim.x) ss += x[j] * x[j];
+  ss = block_sum(ss);
+  const float rinv = 1.0f / sqrtf(ss / float(N) + norm_eps);
+  const int M = (2 + hc) * hc;
+  __shared__ float mix[80];
+  for (int m = 0; m < M; ++m) {
+    float acc = 0.0f;
+    const float* f = fn + int64_t(m) * N;
+    for (int64_t j = threadIdx.x; j < N; j += blockDim.x) acc += f[j] * x[j];
+    acc = block_sum(acc);
+    if (threadIdx.x == 0) mix[m] = acc * rinv;
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  float* o = out + int64_t(i) * hc_mix_stride(hc);
+  float* C = o + 2 * hc;
+  for (int k = 0; k < hc; ++k) {
+    o[k] = det::sigmoid(mix[k] * scale[0] + base[k]) + hc_eps;
+    o[hc + k] = 2.0f * det::sigmoid(mix[hc + k] * scale[1] + base[hc + k]);
+  }
+  for (int j = 0; j < hc; ++j) {
+    float mx = -INFINITY;
+    for (int k = 0; k < hc; ++k) {
+      C[j * hc + k] = mix[2 * hc + j * hc + k] * scale[2] + base[2 * hc + j * hc + k];
+      mx = fmaxf(mx, C[j * hc + k]);
+    }
+    float sum = 0.0f;
+    for (int k = 0; k < hc; ++k) sum += (C[j * hc + k] = det::fexp(C[j * hc + k] - mx));
+    for (int k = 0; k < hc; ++k) C[j * hc + k] = C[j * hc + k] / sum + hc_eps;
+  }
+  for (int it = 0; it < iters; ++it) {
+    if (it > 0)
+      for (int j = 0; j < hc; ++j) {
+        float s = 0.0f;
+        for (int k = 0; k < hc; ++k) s += C[j * hc + k];
+        for (int k = 0; k < hc; ++k) C[j * hc + k] /= s + hc_eps;
+      }
+    for (int k = 0; k < hc; ++k) {
+      float s = 0.0f;
+      for (int j = 0; j < hc; ++j) s += C[j * hc + k];
+      for (int j = 0; j < hc; ++j) C[j * hc + k] /= s + hc_eps;
+    }
+  }
+}
+
+__global__ void k_hc_collapse(const float* pre, int pre_stride, const float* X, int hc, int64_t D, float* u, bool r) {
+  int i = blockIdx.y;
+  int64_t d = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (d >= D) return;
+  float acc = 0.0f;
+  for (int k = 0; k < hc; ++k) acc += pre[int64_t(i) * pre_stride + k] * X[(int64_t(i) * hc + k) * D + d];
+  u[int64_t(i) * D + d] = rb(acc, r);
+}
+
+__global__ void k_hc_expand(const float* mix, int mix_stride, const float* y, int hc, int64_t D, float* X, bool r) {
+  int i = blockIdx.y;
+  int64_t d = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (d >= D) return;
+  const float* m = mix + int64_t(i) * mix_stride;
+  const float* post = m + hc;
+  const float* C = m + 2 * hc;
+  float old[8];
+  for (int j = 0; j < hc; ++j) old[j] = X[(int64_t(i) * hc + j) * D + d];
+  const float yv = y[int64_t(i) * D + d];
+  for (int k = 0; k < hc; ++k) {
+    float acc = post[k] * yv;
+    for (int j = 0; j < hc; ++j) acc += C[j * hc + k] * old[j];
+    X[(int64_t(i) * hc + k) * D + d] = rb(acc, r);
+  }
+}
+
+__global__ void k_rmsnorm(const float* x, int64_t dim, const uint16_t* w, float eps, float* y, bool r) {
+  const float* xr = x + int64_t(blockIdx.x) * dim;
+  float ss = 0.0f;
+  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) ss += xr[j] * xr[j];
+  ss = block_sum(ss);
+  const float rinv = 1.0f / sqrtf(ss / float(dim) + eps);
+  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
+    y[int64_t(blockIdx.x) * dim + j] = rb((w ? bf16_load(w, j) : 1.0f) * (xr[j] * rinv), r);
+}
+
+// ---- quantization and linears ------------------------------------------------------------------
+__global__ void k_act_quant(const float* x, int64_t blocks, bool on, float* xq, float* sa) {
+  int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= blocks) return;
+  const float* xb = x + b * 32;
+  if (!on) {
+    for (int k = 0; k < 32; ++k) xq[b * 32 + k] = xb[k];
+    sa[b] = 1.0f;
+    return;
+  }
+  float amax = 0.0f;
+  for (int k = 0; k < 32; ++k) amax = fmaxf(amax, fabsf(xb[k]));
+  const float s = pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f);
+  for (int k = 0; k < 32; ++k) xq[b * 32 + k] = c_e4m3[e4m3_code(fminf(fmaxf(xb[k] / s, -448.0f), 448.0f))];
+  sa[b] = s;
+}
+
+// One warp per (row, output); lanes take whole 32-blocks of K.
+__global__ void k_fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const float* xq,
+                             const float* sa, int64_t x_stride, float* y, int64_t y_stride, bool r) {
+  const int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int row = blockIdx.y, lane = threadIdx.x % 32;
+  if (o >= out) return;
+  const int64_t nb = K / 32;
+  const uint8_t* wr = W + o * K;
+  const uint8_t* sr = Ws + (o / 32) * nb;
+  const float* xr = xq + int64_t(row) * x_stride;
+  const float* sr_a = sa + int64_t(row) * (x_stride / 32);
+  float acc = 0.0f;
+  for (int64_t kb = lane; kb < nb; kb += 32) {
+    float part = 0.0f;
+    for (int k = 0; k < 32; ++k) part += xr[kb * 32 + k] * c_e4m3[wr[kb * 32 + k]];
+    acc += part * (sr_a[kb] * e8m0(sr[kb]));
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) y[int64_t(row) * y_stride + o] = rb(acc, r);
+}
+
+__global__ void k_fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids,
+                                     int64_t out, int64_t K, const float* xq, const float* sa, int x_div, float* y,
+                                     bool r) {
+  const int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int row = blockIdx.y, lane = threadIdx.x % 32;
+  if (o >= out) return;
+  const int e = ids ? ids[row] : 0;
+  const int64_t nb = K / 32;
+  const uint8_t* wr = W[e] + o * (K / 2);
+  const uint8_t* sr = Ws[e] + o * nb;
+  const int xrow = row / x_div;
+  const float* xr = xq + int64_t(xrow) * K;
+  float acc = 0.0f;
+  for (int64_t kb = lane; kb < nb; kb += 32) {
+    float part = 0.0f;
+    for (int k = 0; k < 16; ++k) {
+      uint8_t b = wr[kb * 16 + k];
+      part += xr[kb * 32 + 2 * k] * c_e2m1[b & 0xf] + xr[kb * 32 + 2 * k + 1] * c_e2m1[b >> 4];
+    }
+    acc += part * (sa[int64_t(xrow) * nb + kb] * e8m0(sr[kb]));
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) y[int64_t(row) * out + o] = rb(acc, r);
+}
+
+__global__ void k_bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, float* y,
+                              int64_t y_stride, bool r) {
+  const int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int row = blockIdx.y, lane = threadIdx.x % 32;
+  if (o >= out) return;
+  const uint16_t* wr = W + o * K;
+  const float* xr = x + int64_t(row) * x_stride;
+  float acc = 0.0f;
+  for (int64_t k = lane; k < K; k += 32) acc += bf16_load(wr, k) * xr[k];
+  acc = warp_sum(acc);
+  if (lane == 0) y[int64_t(row) * y_stride + o] = rb(acc, r);
+}
+
+// ---- RoPE and KV packing -----------------------------------------------------------------------
+__global__ void k_rope(float* x, int64_t rows, int heads, int64_t dim, const float* cs, int half, float sign,
+                       bool r) {
+  int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= rows * heads * half) return;
+  const int i = int(t % half);
+  const int64_t rh = t / half;  // row·heads + head
+  const int64_t row = rh / heads;
+  float* v = x + rh * dim + dim - 2 * half;
+  const float c = cs[(row * half + i) * 2], s = sign * cs[(row * half + i) * 2 + 1];
+  const float a = v[2 * i], b = v[2 * i + 1];
+  v[2 * i] = rb(a * c - b * s, r);
+  v[2 * i + 1] = rb(a * s + b * c, r);
+}
+
+__global__ void k_fp8_fake_quant(float* x, int64_t blocks, bool r) {
+  int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= blocks) return;
+  float* xb = x + b * 32;
+  float amax = 0.0f;
+  for (int k = 0; k < 32; ++k) amax = fmaxf(amax, fabsf(xb[k]));
+  const float s = pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f);
+  for (int k = 0; k < 32; ++k) xb[k] = rb(c_e4m3[e4m3_code(fminf(fmaxf(xb[k] / s, -448.0f), 448.0f))] * s, r);
+}
+
+__global__ void k_fp4_fake_quant_pow2(float* x, int64_t blocks, bool r) {
+  int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= blocks) return;
+  float* xb = x + b * 32;
+  float amax = 0.0f;
+  for (int k = 0; k < 32; ++k) amax = fmaxf(amax, fabsf(xb[k]));
+  const float s = pow2_ceil(fmaxf(amax, 6.0f * ldexpf(1.0f, -126)) / 6.0f);
+  for (int k = 0; k < 32; ++k) xb[k] = rb(c_e2m1[e2m1_code(xb[k] / s)] * s, r);
+}
+
+__global__ void k_pack_window(const float* kv, int n, int first, int64_t hd, int64_t pos0, int W, uint8_t* ring) {
+  const int64_t nb = hd / 32;
+  int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= int64_t(n - first) * nb) return;
+  const int i = first + int(t / nb);
+  const int64_t b = t % nb;
+  const float* xb = kv + int64_t(i) * hd + b * 32;
+  uint8_t* e = ring + ((pos0 + i) % W) * (hd + nb);
+  float amax = 0.0f;
+  for (int k = 0; k < 32; ++k) amax = fmaxf(amax, fabsf(xb[k]));
+  const float s = pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f);
+  for (int k = 0; k < 32; ++k) e[b * 32 + k] = e4m3_code(fminf(fmaxf(xb[k] / s, -448.0f), 448.0f));
+  e[hd + b] = e8m0_code(s);
+}
+
+__global__ void k_unpack_window(const uint8_t* ring, int W, int64_t hd, float* out) {
+  int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= int64_t(W) * hd) return;
+  const int64_t slot = t / hd, d = t % hd;
+  const uint8_t* e = ring + slot * (hd + hd / 32);
+  out[t] = c_e4m3[e[d]] * e8m0(e[hd + d / 32]);
+}
+
+// ---- attention ---------------------------------------------------------------------------------
+__device__ __forceinline__ float ckv_elem(const uint8_t* entry, int64_t hd, int64_t d) {
+  uint8_t b = entry[d >> 1];
+  float v = c_e2m1[(d & 1) ? (b >> 4) : (b & 0xf)];
+  return v * c_e4m3[entry[hd / 2 + d / 16]];
+}
+
+// One block per (token, head); warps take keys, then threads take output dims.
+__global__ void k_attention(AttentionArgs a) {
+  extern __shared__ float logit[];
+  const int i = blockIdx.x, h = blockIdx.y;
+  const int64_t pos = a.P + i, hd = a.hd;
+  const int64_t w0 = pos - a.W + 1 > 0 ? pos - a.W + 1 : 0;
+  const int n_win = int(pos - w0 + 1);
+  int n_sel = 0;
+  if (a.sel)
+    while (n_sel < a.sel_stride && a.sel[int64_t(i) * a.sel_stride + n_sel] >= 0) ++n_sel;
+  const int nk = n_win + n_sel;
+  const float* q = a.q + (int64_t(i) * a.H + h) * hd;
+  const int64_t ckv_bytes = hd / 2 + hd / 16;
+  auto key = [&](int j, int64_t d) -> float {
+    if (j < n_win) {
+      const int64_t sp = w0 + j;
+      return sp >= a.P ? a.kv_chunk[(sp - a.P) * hd + d] : a.ring[(sp % a.W) * hd + d];
+    }
+    const int32_t e = a.sel[int64_t(i) * a.sel_stride + (j - n_win)];
+    return ckv_elem(a.ckv + int64_t(e) * ckv_bytes, hd, d);
+  };
+  const float scale = 1.0f / sqrtf(float(hd));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
+  for (int j = warp; j < nk; j += nw) {
+    float dot = 0.0f;
+    for (int64_t d = lane; d < hd; d += 32) dot += q[d] * key(j, d);
+    dot = warp_sum(dot);
+    if (lane == 0) logit[j] = dot * scale;
+  }
+  __syncthreads();
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < nk; j += blockDim.x) mx = fmaxf(mx, logit[j]);
+  mx = block_max(mx);
+  for (int j = threadIdx.x; j < nk; j += blockDim.x) logit[j] = det::fexp(logit[j] - mx);
+  __syncthreads();
+  float den = 0.0f;
+  for (int j = threadIdx.x; j < nk; j += blockDim.x) den += logit[j];
+  den = block_sum(den) + det::fexp(a.sink[h] - mx);
+  float* o = a.out + (int64_t(i) * a.H + h) * hd;
+  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int j = 0; j < nk; ++j) acc += logit[j] * key(j, d);
+    o[d] = rb(acc / den, a.r);
+  }
+}
+
+// ---- compressor --------------------------------------------------------------------------------
+__global__ void k_compress_emit(CompressArgs a) {
+  extern __shared__ float sm[];
+  float* pooled = sm;             // [hd]
+  float* latent = sm + a.hd;      // [hd]
+  float* kv = sm + 2 * a.hd;      // [ihd]
+  const int64_t hd = a.hd, ihd = a.ihd;
+  const int64_t w = a.first_entry + blockIdx.x;
+  const int64_t pstart = a.P - a.pending_n;
+  auto tok = [&](int64_t p) -> const float* {
+    return p < a.P ? a.pending + (p - pstart) * 2 * hd : a.ag + (p - a.P) * 2 * hd;
+  };
+  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
+    if (a.ratio == 1) {
+      pooled[d] = rb(tok(w)[d], a.r);
+      continue;
+    }
+    float mx = -INFINITY;
+    for (int q = 0; q < a.ratio; ++q) mx = fmaxf(mx, tok(w * a.ratio + q)[hd + d]);
+    float num = 0.0f, den = 0.0f;
+    for (int q = 0; q < a.ratio; ++q) {
+      const float* t = tok(w * a.ratio + q);
+      const float e = det::fexp(t[hd + d] - mx);
+      num += e * t[d];
+      den += e;
+    }
+    pooled[d] = rb(num / den, a.r);
+  }
+  __syncthreads();
+  float ss = 0.0f;
+  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) ss += pooled[d] * pooled[d];
+  ss = block_sum(ss);
+  float rinv = 1.0f / sqrtf(ss / float(hd) + a.eps);
+  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) latent[d] = rb(bf16_load(a.norm, d) * (pooled[d] * rinv), a.r);
+  __syncthreads();
+  // Indexer key from the pre-RoPE latent: one warp per output.
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
+  for (int64_t o = warp; o < ihd; o += nw) {
+    float acc = 0.0f;
+    for (int64_t d = lane; d < hd; d += 32) acc += bf16_load(a.wk, o * hd + d) * latent[d];
+    acc = warp_sum(acc);
+    if (lane == 0) kv[o] = rb(acc, a.r);
+  }
+  __syncthreads();
+  ss = 0.0f;
+  for (int64_t d = threadIdx.x; d < ihd; d += blockDim.x) ss += kv[d] * kv[d];
+  ss = block_sum(ss);
+  rinv = 1.0f / sqrtf(ss / float(ihd) + a.eps);
+  __syncthreads();
+  for (int64_t d = threadIdx.x; d < ihd; d += blockDim.x) kv[d] = rb(bf16_load(a.k_norm, d) * (kv[d] * rinv), a.r);
+  __syncthreads();
+  // RoPE at the entry's position (its first token) on both the entry and the key.
+  if (threadIdx.x < a.half) {
+    const int i = threadIdx.x;
+    const float* cs = a.cs + int64_t(blockIdx.x) * a.half * 2;
+    const float c = cs[2 * i], s = cs[2 * i + 1];
+    float* v = latent + hd - 2 * a.half;
+    float x0 = v[2 * i], x1 = v[2 * i + 1];
+    v[2 * i] = rb(x0 * c - x1 * s, a.r);
+    v[2 * i + 1] = rb(x0 * s + x1 * c, a.r);
+    float* k = kv + ihd - 2 * a.half;
+    x0 = k[2 * i], x1 = k[2 * i + 1];
+    k[2 * i] = rb(x0 * c - x1 * s, a.r);
+    k[2 * i + 1] = rb(x0 * s + x1 * c, a.r);
+  }
+  __syncthreads();
+  // Compressed entry: FP4 with E4M3 scales per 16; key: FP4 with E8M0 scales per 32.
+  uint8_t* ent = a.ckv + w * (hd / 2 + hd / 16);
+  for (int64_t b = threadIdx.x; b < hd / 16; b += blockDim.x) {
+    float amax = 0.0f;
+    for (int k = 0; k < 16; ++k) amax = fmaxf(amax, fabsf(latent[b * 16 + k]));
+    const uint8_t sc = e4m3_code(fmaxf(amax, 6.0f * ldexpf(1.0f, -9)) / 6.0f);
+    const float s = c_e4m3[sc];
+    ent[hd / 2 + b] = sc;
+    for (int k = 0; k < 16; k += 2)
+      ent[b * 8 + k / 2] = e2m1_code(latent[b * 16 + k] / s) | (e2m1_code(latent[b * 16 + k + 1] / s) << 4);
+  }
+  uint8_t* key = a.ikey + w * (ihd / 2 + ihd / 32);
+  for (int64_t b = threadIdx.x; b < ihd / 32; b += blockDim.x) {
+    float amax = 0.0f;
+    for (int k = 0; k < 32; ++k) amax = fmaxf(amax, fabsf(kv[b * 32 + k]));
+    const float s = pow2_ceil(fmaxf(amax, 6.0f * ldexpf(1.0f, -126)) / 6.0f);
+    key[ihd / 2 + b] = e8m0_code(s);
+    for (int k = 0; k < 32; k += 2)
+      key[b * 16 + k / 2] = e2m1_code(kv[b * 32 + k] / s) | (e2m1_code(kv[b * 32 + k + 1] / s) << 4);
+  }
+}
+
+__global__ void k_update_pending(const float* ag, int n, const float* pending, int pending_n, int keep, int64_t hd,
+                                 float* out) {
+  // The kept tokens are the last `keep` of pending ++ chunk.
+  const int64_t total = int64_t(keep) * 2 * hd;
+  int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= total) return;
+  const int j = int(t / (2 * hd));
+  const int64_t d = t % (2 * hd);
+  const int src = pending_n + n - keep + j;  // index in pending ++ chunk
+  out[t] = src < pending_n ? pending[int64_t(src) * 2 * hd + d] : ag[int64_t(src - pending_n) * 2 * hd + d];
+}
+
+// ---- indexer -----------------------------------------------------------------------------------
+__global__ void k_index_scores(IndexScoreArgs a) {
+  const int64_t e = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int i = blockIdx.y, lane = threadIdx.x % 32;
+  if (e >= a.entries) return;
+  const int64_t vis = (a.P + i + 1) / a.ratio;
+  float* out = a.scores + int64_t(i) * a.score_stride + e;
+  if (e >= vis || (a.cand_mask && !a.cand_mask[int64_t(i) * a.mask_stride + e / a.block])) {
+    if (lane == 0) *out = -INFINITY;
+    return;
+  }
+  const uint8_t* key = a.ikey + e * (a.ihd / 2 + a.ihd / 32);
+  const float head_scale = 1.0f / sqrtf(float(a.IH)), dim_scale = 1.0f / sqrtf(float(a.ihd));
+  float s = 0.0f;
+  for (int h = 0; h < a.IH; ++h) {
+    const float* q = a.qi + (int64_t(i) * a.IH + h) * a.ihd;
+    float dot = 0.0f;
+    for (int64_t d = lane; d < a.ihd; d += 32) {
+      uint8_t b = key[d >> 1];
+      dot += q[d] * c_e2m1[(d & 1) ? (b >> 4) : (b & 0xf)] * e8m0(key[a.ihd / 2 + d / 32]);
+    }
+    dot = warp_sum(dot);
+    s += rb(a.wts[int64_t(i) * a.IH + h], a.r) * head_scale * fmaxf(dot, 0.0f) * dim_scale;
+  }
+  if (lane == 0) *out = s;
+}
+
+__global__ void k_candidate_block_scores(const float* scores, int64_t score_stride, int64_t P, int ratio, int block,
+                                         float* bscores, int64_t b_stride) {
+  const int i = blockIdx.y;
+  const int64_t vis = (P + i + 1) / ratio;
+  const int64_t nb = (vis + block - 1) / block;
+  const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= nb) return;
+  float m = -INFINITY;
+  for (int64_t e = b * block; e < vis && e < (b + 1) * block; ++e) m = fmaxf(m, scores[int64_t(i) * score_stride + e]);
+  bscores[int64_t(i) * b_stride + b] = b == nb - 1 ? INFINITY : m;
+}
+
+// Order-preserving key of a float (larger float, larger key).
+__device__ __forceinline__ uint32_t fkey(float f) {
+  uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// One block per row: radix-select the k-th largest key, then gather (> threshold) and the first ties
+// in index order, then sort the picks by (value desc, index asc).
+__global__ void k_top_k(const float* x, int64_t stride, int64_t P, int ratio, int block, int k, int32_t* out,
+                        int out_stride) {
+  constexpr int T = 256;
+  const int i = blockIdx.x, t = threadIdx.x;
+  int64_t count;
+  if (ratio > 0) {
+    count = (P + i + 1) / ratio;
+    if (block > 0) count = (count + block - 1) / block;
+  } else {
+    count = block;
+  }
+  const float* row = x + int64_t(i) * stride;
+  const uint32_t neg_inf_key = fkey(-INFINITY);
+  __shared__ int hist[256];
+  __shared__ int s_eligible;
+  __shared__ uint32_t s_prefix, s_mask;
+  __shared__ int s_remaining;
+  if (t == 0) s_eligible = 0;
+  __syncthreads();
+  int local = 0;
+  for (int64_t j = t; j < count; j += T) local += fkey(row[j]) > neg_inf_key;
+  atomicAdd(&s_eligible, local);
+  __syncthreads();
+  const int want = s_eligible < k ? s_eligible : k;
+  uint32_t threshold = neg_inf_key + 1;  // take every eligible entry
+  int ties_to_take = 0;
+  if (s_eligible > k) {
+    if (t == 0) s_prefix = 0, s_mask = 0, s_remaining = k;
+    __syncthreads();
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      hist[t] = 0;
+      __syncthreads();
+      for (int64_t j = t; j < count; j += T) {
+        uint32_t key = fkey(row[j]);
+        if (key > neg_inf_key && (key & s_mask) == s_prefix) atomicAdd(&hist[(key >> shift) & 255], 1);
+      }
+      __syncthreads();
+      if (t == 0) {
+        int acc = 0, d = 255;
+        for (; d > 0; --d) {
+          if (acc + hist[d] >= s_remaining) break;
+          acc += hist[d];
+        }
+        s_remaining -= acc;
+        s_prefix |= uint32_t(d) << shift;
+        s_mask |= 255u << shift;
+      }
+      __syncthreads();
+    }
+    threshold = s_prefix;  // keys > threshold all taken, s_remaining ties (key == threshold) taken
+    ties_to_take = s_remaining;
+  }
+  // Gather in index order: each thread owns a contiguous range; exclusive scans give offsets.
+  const int64_t per = (count + T - 1) / T;
+  const int64_t lo = t * per, hi = lo + per < count ? lo + per : count;
+  int n_gt = 0, n_eq = 0;
+  for (int64_t j = lo; j < hi; ++j) {
+    uint32_t key = fkey(row[j]);
+    if (key <= neg_inf_key) continue;
+    if (s_eligible <= k || key > threshold) ++n_gt;
+    else if (key == threshold) ++n_eq;
+  }
+  __shared__ int sc_gt[T], sc_eq[T];
+  sc_gt[t] = n_gt;
+  sc_eq[t] = n_eq;
+  __syncthreads();
+  if (t == 0) {
+    int a = 0, b = 0;
+    for (int u = 0; u < T; ++u) {
+      int x1 = sc_gt[u], x2 = sc_eq[u];
+      sc_gt[u] = a, sc_eq[u] = b;
+      a += x1, b += x2;
+    }
+  }
+  __syncthreads();
+  extern __shared__ uint64_t picks[];  // (key << 32) | ~index, sorted descending
+  int og = sc_gt[t], oe = sc_eq[t];
+  const int n_gt_total = want - ties_to_take;
+  for (int64_t j = lo; j < hi; ++j) {
+    uint32_t key = fkey(row[j]);
+    if (key <= neg_inf_key) continue;
+    if (s_eligible <= k || key > threshold) {
+      picks[og++] = (uint64_t(key) << 32) | uint32_t(~uint32_t(j));
+    } else if (key == threshold && oe < ties_to_take) {
+      picks[n_gt_total + oe++] = (uint64_t(key) << 32) | uint32_t(~uint32_t(j));
+    }
+  }
+  int npow = 1;
+  while (npow < want) npow <<= 1;
+  for (int j = want + t; j < npow; j += T) picks[j] = 0;
+  __syncthreads();
+  // Bitonic sort, descending.
+  for (int size = 2; size <= npow; size <<= 1)
+    for (int stride2 = size / 2; stride2 > 0; stride2 >>= 1) {
+      for (int j = t; j < npow; j += T) {
+        int partner = j ^ stride2;
+        if (partner > j) {
+          bool desc = (j & size) == 0;
+          uint64_t a = picks[j], b = picks[partner];
+          if (desc ? a < b : a > b) picks[j] = b, picks[partner] = a;
+        }
+      }
+      __syncthreads();
+    }
+  for (int j = t; j < out_stride; j += T)
+    out[int64_t(i) * out_stride + j] = j < want ? int32_t(~uint32_t(picks[j] & 0xffffffffu)) : -1;
+}
+
+__global__ void k_mask_from_selection(const int32_t* sel, int sel_stride, uint8_t* mask, int64_t mask_stride) {
+  const int i = blockIdx.x;
+  for (int64_t b = threadIdx.x; b < mask_stride; b += blockDim.x) mask[int64_t(i) * mask_stride + b] = 0;
+  __syncthreads();
+  for (int j = threadIdx.x; j < sel_stride; j += blockDim.x) {
+    int32_t b = sel[int64_t(i) * sel_stride + j];
+    if (b >= 0) mask[int64_t(i) * mask_stride + b] = 1;
+  }
+}
+
+// ---- MoE ---------------------------------------------------------------------------------------
+__global__ void k_route(const float* logits, int E, int k, const float* bias, const float* bias_vl,
+                        const uint8_t* image, float temp, float route_scale, int32_t* ids, float* w) {
+  const int i = blockIdx.x;
+  if (threadIdx.x != 0) return;
+  const float* l = logits + int64_t(i) * E;
+  const float* b = image && image[i] ? bias_vl : bias;
+  float sel[16];
+  int32_t id[16];
+  float sum = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    int best = -1;
+    float bv = -INFINITY, bs = 0.0f;
+    for (int e = 0; e < E; ++e) {
+      bool taken = false;
+      for (int q = 0; q < j; ++q) taken |= id[q] == e;
+      if (taken) continue;
+      float x = l[e] / temp;
+      float s = sqrtf(det::softplus(x));
+      float v = s + b[e];
+      if (best < 0 || v > bv) best = e, bv = v, bs = s;
+    }
+    id[j] = best;
+    sel[j] = bs;
+    sum += bs;
+  }
+  for (int j = 0; j < k; ++j) {
+    ids[i * k + j] = id[j];
+    w[i * k + j] = sel[j] / (sum + 1e-20f) * route_scale;
+  }
+}
+
+__global__ void k_swiglu(float* h1, const float* h3, int64_t rows, int64_t F, const float* weight, float limit,
+                         bool clamp, bool r) {
+  int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= rows * F) return;
+  float g = h1[t], u = h3[t];
+  if (clamp && limit > 0) {
+    g = fminf(g, limit);
+    u = fminf(fmaxf(u, -limit), limit);
+  }
+  const float wt = weight ? weight[t / F] : 1.0f;
+  h1[t] = rb(wt * (det::silu(g) * u), r);
+}
+
+__global__ void k_moe_sum(const float* ye, int k, const float* ys, int n, int64_t D, float* out, bool r) {
+  int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= int64_t(n) * D) return;
+  const int64_t i = t / D, d = t % D;
+  float acc = 0.0f;
+  for (int j = 0; j < k; ++j) acc += ye[(i * k + j) * D + d];
+  out[t] = rb(acc + ys[t], r);
+}
+
+// ---- Engram ------------------------------------------------------------------------------------
+__global__ void k_engram_gather(const int64_t* row_ids, int rows, const uint8_t* table, const uint8_t* scales,
+                                int64_t ehd, float* emb) {
+  const int i = blockIdx.x;
+  for (int64_t t = threadIdx.x; t < rows * ehd; t += blockDim.x) {
+    const int64_t r = t / ehd, d = t % ehd;
+    const int64_t id = row_ids[int64_t(i) * rows + r];
+    emb[int64_t(i) * rows * ehd + t] = c_e4m3[table[id * ehd + d]] * e8m0(scales[id * (ehd / 32) + d / 32]);
+  }
+}
+
+__global__ void k_engram_gate(float* X, const float* kv, const uint16_t* qw, const uint16_t* kw, const uint8_t* dead,
+                              int hc, int64_t D, float eps, bool r) {
+  const int i = blockIdx.x, k = blockIdx.y;
+  if (dead[i]) return;
+  float* x = X + (int64_t(i) * hc + k) * D;
+  const float* key = kv + int64_t(i) * (hc + 1) * D + k * D;
+  const float* v = kv + int64_t(i) * (hc + 1) * D + hc * D;
+  float sx = 0.0f, sk = 0.0f, dot = 0.0f;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    sx += x[d] * x[d];
+    sk += key[d] * key[d];
+    dot += x[d] * bf16_load(qw, k * D + d) * bf16_load(kw, k * D + d) * key[d];
+  }
+  sx = block_sum(sx);
+  sk = block_sum(sk);
+  dot = block_sum(dot);
+  const float rx = 1.0f / sqrtf(sx / float(D) + eps), rk = 1.0f / sqrtf(sk / float(D) + eps);
+  dot = dot * rx * rk * (1.0f / sqrtf(float(D)));
+  const float g = det::sigmoid((dot >= 0 ? 1.0f : -1.0f) * sqrtf(fmaxf(fabsf(dot), 1e-6f)));
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) x[d] = rb(x[d] + g * v[d], r);
+}
+
+__global__ void k_add_rows(float* y, const float* x, int64_t n) {
+  int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t < n) y[t] += x[t];
+}
+
+}  // namespace
+
+void init_tables() {
+  float e4m3[256], e2m1[16];
+  for (int i = 0; i < 256; ++i) {
+    int sign = i >> 7, exp = (i >> 3) & 0xf, man = i & 7;
+    float mag = (exp == 15 && man == 7) ? NAN : exp == 0 ? std::ldexp(float(man), -9) : std::ldexp(1.0f + man / 8.0f, exp - 7);
+    e4m3[i] = sign ? -mag : mag;
+  }
+  const float mags[8] = {0, .5f, 1, 1.5f, 2, 3, 4, 6};
+  for (int i = 0; i < 16; ++i) e2m1[i] = i < 8 ? mags[i] : -mags[i - 8];
+  DSUF_CUDA(cudaMemcpyToSymbol(c_e4m3, e4m3, sizeof e4m3));
+  DSUF_CUDA(cudaMemcpyToSymbol(c_e2m1, e2m1, sizeof e2m1));
+}
+
+void embed(const int32_t* tok, int n, const uint16_t* table, int64_t D, int hc, float* X, float* pre, cudaStream_t s) {
+  k_embed<<<n, 256, 0, s>>>(tok, table, D, hc, X, pre);
+}
+void hc_mix(const float* fn, const float* base, const float* scale, const float* X, int n, int hc, int64_t D,
+            float norm_eps, int iters, float hc_eps, float* out, cudaStream_t s) {
+  k_hc_mix<<<n, 256, 0, s>>>(fn, base, scale, X, hc, D, norm_eps, iters, hc_eps, out);
+}
+void hc_collapse(const float* pre, int pre_stride, const float* X, int n, int hc, int64_t D, float* u, bool r,
+                 cudaStream_t s) {
+  k_hc_collapse<<<dim3(blocks_for(D, 256), n), 256, 0, s>>>(pre, pre_stride, X, hc, D, u, r);
+}
+void hc_expand(const float* mix, int mix_stride, const float* y, int n, int hc, int64_t D, float* X, bool r,
+               cudaStream_t s) {
+  k_hc_expand<<<dim3(blocks_for(D, 256), n), 256, 0, s>>>(mix, mix_stride, y, hc, D, X, r);
+}
+void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s) {
+  k_rmsnorm<<<rows, 256, 0, s>>>(x, dim, w, eps, y, r);
+}
+void act_quant(const float* x, int64_t rows, int64_t K, bool on, float* xq, float* sa, cudaStream_t s) {
+  const int64_t blocks = rows * K / 32;
+  k_act_quant<<<blocks_for(blocks, 128), 128, 0, s>>>(x, blocks, on, xq, sa);
+}
+void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const float* xq, const float* sa,
+                int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool r, cudaStream_t s) {
+  k_fp8_linear<<<dim3(blocks_for(out, 8), rows), 256, 0, s>>>(W, Ws, out, K, xq, sa, x_stride, y, y_stride, r);
+}
+void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
+                        const float* xq, const float* sa, int x_div, int64_t rows, float* y, bool r, cudaStream_t s) {
+  k_fp4_linear_grouped<<<dim3(blocks_for(out, 8), rows), 256, 0, s>>>(W, Ws, ids, out, K, xq, sa, x_div, y, r);
+}
+void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows, float* y,
+                 int64_t y_stride, bool r, cudaStream_t s) {
+  k_bf16_linear<<<dim3(blocks_for(out, 8), rows), 256, 0, s>>>(W, out, K, x, x_stride, y, y_stride, r);
+}
+void rope(float* x, int64_t rows, int heads, int64_t dim, const float* cs, int half, float sign, bool r,
+          cudaStream_t s) {
+  const int64_t n = rows * heads * half;
+  if (n) k_rope<<<blocks_for(n, 256), 256, 0, s>>>(x, rows, heads, dim, cs, half, sign, r);
+}
+void fp8_fake_quant(float* x, int64_t n, bool r, cudaStream_t s) {
+  if (n) k_fp8_fake_quant<<<blocks_for(n / 32, 128), 128, 0, s>>>(x, n / 32, r);
+}
+void fp4_fake_quant_pow2(float* x, int64_t n, bool r, cudaStream_t s) {
+  if (n) k_fp4_fake_quant_pow2<<<blocks_for(n / 32, 128), 128, 0, s>>>(x, n / 32, r);
+}
+void pack_window(const float* kv, int n, int first, int64_t hd, int64_t pos0, int W, uint8_t* ring, cudaStream_t s) {
+  const int64_t t = int64_t(n - first) * (hd / 32);
+  if (t > 0) k_pack_window<<<blocks_for(t, 128), 128, 0, s>>>(kv, n, first, hd, pos0, W, ring);
+}
+void unpack_window(const uint8_t* ring, int W, int64_t hd, float* out, cudaStream_t s) {
+  k_unpack_window<<<blocks_for(int64_t(W) * hd, 256), 256, 0, s>>>(ring, W, hd, out);
+}
+void attention(const AttentionArgs& a, cudaStream_t s) {
+  const size_t smem = sizeof(float) * (a.W + (a.sel ? a.sel_stride : 0));
+  k_attention<<<dim3(a.n, a.H), 128, smem, s>>>(a);
+}
+void compress_emit(const CompressArgs& a, cudaStream_t s) {
+  if (a.n_entries <= 0) return;
+  const size_t smem = sizeof(float) * (2 * a.hd + a.ihd);
+  k_compress_emit<<<a.n_entries, 256, smem, s>>>(a);
+}
+void update_pending(const float* ag, int n, const float* pending, int pending_n, int ratio, int64_t hd,
+                    float* pending_out, cudaStream_t s) {
+  (void)ratio;
+  const int keep = int((pending_n + n) % ratio);
+  if (keep > 0)
+    k_update_pending<<<blocks_for(int64_t(keep) * 2 * hd, 256), 256, 0, s>>>(ag, n, pending, pending_n, keep, hd,
+                                                                           pending_out);
+}
+void index_scores(const IndexScoreArgs& a, cudaStream_t s) {
+  if (a.entries > 0) k_index_scores<<<dim3(blocks_for(a.entries, 8), a.n), 256, 0, s>>>(a);
+}
+void candidate_block_scores(const float* scores, int64_t score_stride, int n, int64_t P, int ratio, int block,
+                            float* bscores, int64_t b_stride, cudaStream_t s) {
+  k_candidate_block_scores<<<dim3(blocks_for(b_stride, 128), n), 128, 0, s>>>(scores, score_stride, P, ratio, block,
+                                                                            bscores, b_stride);
+}
+void top_k(const float* x, int64_t stride, int n, int64_t P, int ratio, int block, int k, int32_t* out, int out_stride,
+           cudaStream_t s) {
+  int npow = 1;
+  while (npow < k) npow <<= 1;
+  k_top_k<<<n, 256, sizeof(uint64_t) * npow, s>>>(x, stride, P, ratio, block, k, out, out_stride);
+}
+void mask_from_selection(const int32_t* sel, int sel_stride, int n, uint8_t* mask, int64_t mask_stride, cudaStream_t s) {
+  k_mask_from_selection<<<n, 128, 0, s>>>(sel, sel_stride, mask, mask_stride);
+}
+void route(const float* logits, int n, int E, int k, const float* bias, const float* bias_vl, const uint8_t* image,
+           float temp, float route_scale, int32_t* ids, float* w, cudaStream_t s) {
+  k_route<<<n, 32, 0, s>>>(logits, E, k, bias, bias_vl, image, temp, route_scale, ids, w);
+}
+void swiglu(float* h1, const float* h3, int64_t rows, int64_t F, const float* weight, float limit, bool clamp, bool r,
+            cudaStream_t s) {
+  k_swiglu<<<blocks_for(rows * F, 256), 256, 0, s>>>(h1, h3, rows, F, weight, limit, clamp, r);
+}
+void moe_sum(const float* y_experts, int k, const float* y_shared, int n, int64_t D, float* out, bool r,
+             cudaStream_t s) {
+  k_moe_sum<<<blocks_for(int64_t(n) * D, 256), 256, 0, s>>>(y_experts, k, y_shared, n, D, out, r);
+}
+void engram_gather(const int64_t* row_ids, int n, int rows, const uint8_t* table, const uint8_t* scales, int64_t ehd,
+                   float* emb, cudaStream_t s) {
+  k_engram_gather<<<n, 256, 0, s>>>(row_ids, rows, table, scales, ehd, emb);
+}
+void engram_gate(float* X, const float* kv, const uint16_t* qw, const uint16_t* kw, const uint8_t* dead, int n, int hc,
+                 int64_t D, float eps, bool r, cudaStream_t s) {
+  k_engram_gate<<<dim3(n, hc), 256, 0, s>>>(X, kv, qw, kw, dead, hc, D, eps, r);
+}
+void add_rows(float* y, const float* x, int64_t n, cudaStream_t s) {
+  k_add_rows<<<blocks_for(n, 256), 256, 0, s>>>(y, x, n);
+}
+
+}  // namespace dsuf::cuda

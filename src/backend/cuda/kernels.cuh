@@ -1,0 +1,137 @@
+// Kernels of the CUDA backend, first version: one straightforward kernel per step of the CPU
+// reference (src/backend/cpu/cpu_backend.cc), same order of operations, FP32 arithmetic with the
+// same BF16 rounding points, so results agree with the reference to a few ULPs of the activations.
+// Layouts: activations row-major FP32 [rows][dim] (values already BF16-rounded where the reference
+// rounds); weights in their checkpoint formats (FP8 E4M3 + E8M0 per 32×32 tile, packed E2M1 + E8M0 per
+// 32 inputs, raw BF16). They are written for correctness and clear data flow; the decode-speed issue
+// replaces the hot ones (the GEMVs, attention) with fused, bandwidth-bound versions.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace dsuf::cuda {
+
+void init_tables();  // the E4M3/E2M1 decode tables in constant memory; once per process
+
+// Embedding rows to every stream; pre[row] = one-hot(stream 0).
+void embed(const int32_t* tok, int n, const uint16_t* table, int64_t D, int hc, float* X, float* pre,
+           cudaStream_t s);
+// mHC mix per token: out[row] = pre[hc] | post[hc] | comb[hc·hc] (model-spec §3.2).
+void hc_mix(const float* fn, const float* base, const float* scale, const float* X, int n, int hc, int64_t D,
+            float norm_eps, int iters, float hc_eps, float* out, cudaStream_t s);
+constexpr int hc_mix_stride(int hc) { return 2 * hc + hc * hc; }
+void hc_collapse(const float* pre, int pre_stride, const float* X, int n, int hc, int64_t D, float* u, bool r,
+                 cudaStream_t s);
+void hc_expand(const float* mix, int mix_stride, const float* y, int n, int hc, int64_t D, float* X, bool r,
+               cudaStream_t s);
+void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float eps, float* y, bool r,
+             cudaStream_t s);
+// Per-32 FP8 activation quantization: xq holds the E4M3 values, sa the power-of-two scales.
+void act_quant(const float* x, int64_t rows, int64_t K, bool on, float* xq, float* sa, cudaStream_t s);
+// y[r][o] = Σ_kb sa[r][kb]·sw[o/32][kb]·Σ xq·w ; x rows have stride x_stride (sa: x_stride/32),
+// y rows stride y_stride. W may be a row slice of a larger weight (the grouped o-projection).
+void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const float* xq, const float* sa,
+                int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool r, cudaStream_t s);
+// Grouped FP4 linear (experts): row r uses expert ids[r]'s weights and input row r / x_div.
+void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out,
+                        int64_t K, const float* xq, const float* sa, int x_div, int64_t rows, float* y, bool r,
+                        cudaStream_t s);
+// FP32 product with a BF16 weight; y = W·x (optionally BF16-rounded).
+void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows,
+                 float* y, int64_t y_stride, bool r, cudaStream_t s);
+// Interleaved RoPE on the last 2·half values of each head vector; row i rotates by cs[i][half][cos,sin]
+// (computed on the host by model/rope.h, the same values the CPU reference uses).
+void rope(float* x, int64_t rows, int heads, int64_t dim, const float* cs, int half, float sign, bool r,
+          cudaStream_t s);
+void fp8_fake_quant(float* x, int64_t n, bool r, cudaStream_t s);      // blocks of 32
+void fp4_fake_quant_pow2(float* x, int64_t n, bool r, cudaStream_t s);  // blocks of 32
+// Writes rows [first, n) of kv into the window ring (slot = (pos0 + i) mod W), packed.
+void pack_window(const float* kv, int n, int first, int64_t hd, int64_t pos0, int W, uint8_t* ring,
+                 cudaStream_t s);
+void unpack_window(const uint8_t* ring, int W, int64_t hd, float* out, cudaStream_t s);
+
+struct AttentionArgs {
+  const float* q;        // [n][H][hd]
+  const float* kv_chunk; // [n][hd] this chunk's window KV (fake-quantized)
+  const float* ring;     // [W][hd] the ring before this chunk, unpacked
+  const uint8_t* ckv;    // packed compressed entries of the KV source (or null)
+  const int32_t* sel;    // [n][sel_stride] selected entries, −1 padded (or null)
+  int sel_stride;
+  const float* sink;     // [H]
+  float* out;            // [n][H][hd]
+  int n, H, W;
+  int64_t hd, P;
+  bool r;
+};
+void attention(const AttentionArgs& a, cudaStream_t s);
+
+struct CompressArgs {
+  const float* ag;        // [n][2·hd] this chunk's a‖g (FP32)
+  const float* pending;   // [ratio][2·hd] buffered tokens before the chunk
+  int pending_n;
+  int n, ratio;
+  int64_t P, hd, ihd;
+  int64_t first_entry;    // index of the first entry the chunk closes
+  int n_entries;          // entries closed by this chunk
+  const uint16_t* norm;   // compressor.norm [hd]
+  const uint16_t* wk;     // indexer.wk [ihd][hd]
+  const uint16_t* k_norm; // indexer.k_norm [ihd]
+  const float* cs;        // [n_entries][half][cos,sin] at each entry's position (compress RoPE)
+  int half;
+  float eps;
+  bool kv_quant, r;
+  uint8_t* ckv;           // packed entries, written at first_entry..
+  uint8_t* ikey;
+};
+void compress_emit(const CompressArgs& a, cudaStream_t s);
+// pending' = the last (P+n) mod ratio tokens of pending ++ chunk.
+void update_pending(const float* ag, int n, const float* pending, int pending_n, int ratio, int64_t hd,
+                    float* pending_out, cudaStream_t s);
+
+struct IndexScoreArgs {
+  const float* qi;           // [n][IH][ihd], rotated and fake-quantized
+  const float* wts;          // [n][IH] weights_proj output (FP32)
+  const uint8_t* ikey;       // packed keys
+  int64_t entries;           // entries in the buffer
+  int n, IH, ratio;
+  int64_t ihd, P;
+  const uint8_t* cand_mask;  // [n][mask_stride] or null
+  int64_t mask_stride;
+  int block;                 // candidate_block_size
+  float* scores;             // [n][score_stride]
+  int64_t score_stride;
+  bool r;
+};
+void index_scores(const IndexScoreArgs& a, cudaStream_t s);
+// Block scores for the candidate source: max over `block` entries, the newest block forced to +inf.
+void candidate_block_scores(const float* scores, int64_t score_stride, int n, int64_t P, int ratio, int block,
+                            float* bscores, int64_t b_stride, cudaStream_t s);
+// Per row: the k largest finite values of row[0..count(row)), ties to the lower index, sorted by
+// (value desc, index asc); out rows padded with −1. count(row) = (P + row + 1) / ratio (ratio > 0),
+// or the fixed `fixed_count` when ratio == 0 (block rows: ceil(entries/block)).
+void top_k(const float* x, int64_t stride, int n, int64_t P, int ratio, int block, int k, int32_t* out,
+           int out_stride, cudaStream_t s);
+void mask_from_selection(const int32_t* sel, int sel_stride, int n, uint8_t* mask, int64_t mask_stride,
+                         cudaStream_t s);
+
+// MoE routing per token: sqrt(softplus(logit/temp)) scores, top-k of score + bias (bias_vl for
+// image tokens), weights normalized (+1e-20) and scaled.
+void route(const float* logits, int n, int E, int k, const float* bias, const float* bias_vl,
+           const uint8_t* image, float temp, float route_scale, int32_t* ids, float* w, cudaStream_t s);
+// h1[row] = bf16(weight[row]·silu(min(h1,L))·clamp(h3,±L)) (clamps when clamp).
+void swiglu(float* h1, const float* h3, int64_t rows, int64_t F, const float* weight, float limit, bool clamp,
+            bool r, cudaStream_t s);
+void moe_sum(const float* y_experts, int k, const float* y_shared, int n, int64_t D, float* out, bool r,
+             cudaStream_t s);
+
+// Engram: gather + dequantize 'rows' table rows per token (table in host-mapped memory).
+void engram_gather(const int64_t* row_ids, int n, int rows, const uint8_t* table, const uint8_t* scales,
+                   int64_t ehd, float* emb, cudaStream_t s);
+void engram_gate(float* X, const float* kv, const uint16_t* qw, const uint16_t* kw, const uint8_t* dead, int n,
+                 int hc, int64_t D, float eps, bool r, cudaStream_t s);
+
+void add_rows(float* y, const float* x, int64_t n, cudaStream_t s);  // y += x
+
+}  // namespace dsuf::cuda

@@ -1,0 +1,152 @@
+// Deterministic math shared by the CPU reference and the CUDA kernels, so that both produce the same
+// bits for the same inputs (the CUDA backend is checked against the reference for exact equality).
+//
+// Two things make float results differ between a CPU and a GPU: the libraries' transcendental
+// functions (glibc's expf is not CUDA's) and the order of additions. This header fixes both:
+//   * fexp / flog1p / sigmoid / silu / softplus use only +, −, ×, ÷ and bit operations in a fixed
+//     order (CUDA code must be compiled with --fmad=false; the CPU build never contracts to FMA
+//     because it compiles ISO C++ without -mfma);
+//   * the canonical reduction orders below, which map onto a warp/block on the GPU and are written
+//     out sequentially for the CPU.
+//
+// Canonical orders (N values f(0..N-1)):
+//   lane_sum(32):  32 partials p[l] = f(l) + f(l+32) + f(l+64) + … (in that order), then tree32(p).
+//   block_sum(T):  T partials p[t] = f(t) + f(t+T) + …, then per warp of 32 partials tree32 → q[w],
+//                  then tree32 over q padded with zeros to 32.
+//   tree32(v):     for o = 16, 8, 4, 2, 1: v[i] = v[i] + v[i+o] for i < o; result v[0]
+//                  (what an xor-butterfly warp reduction leaves in every lane).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define DSUF_HD __host__ __device__ __forceinline__
+#else
+#define DSUF_HD inline
+#endif
+
+namespace dsuf::det {
+
+DSUF_HD float bits_to_float(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+DSUF_HD uint32_t float_to_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+
+// Round to the nearest integer, ties to even (valid for |x| < 2^22).
+DSUF_HD float round_even(float x) {
+  const float magic = 12582912.0f;  // 1.5·2^23
+  const float t = x + magic;  // rounds to an integer: the ulp at 1.5·2^23 is 1
+  return t - magic;
+}
+
+// e^x with about 1 ulp error; exact handling of the range ends.
+DSUF_HD float fexp(float x) {
+  if (x != x) return x;
+  if (x > 88.7228f) return bits_to_float(0x7f800000u);
+  if (x < -103.9721f) return 0.0f;
+  const float k = round_even(x * 1.44269504088896341f);
+  float r = x - k * 0.693145751953125f;  // ln2 split: hi has 16 significant bits, so k·hi is exact
+  r = r - k * 1.42860682030941723e-06f;
+  // e^r on |r| ≤ 0.35: Taylor to degree 8, Horner form.
+  float p = 2.48015873015873e-05f;
+  p = p * r + 1.98412698412698e-04f;
+  p = p * r + 1.38888888888889e-03f;
+  p = p * r + 8.33333333333333e-03f;
+  p = p * r + 4.16666666666667e-02f;
+  p = p * r + 1.66666666666667e-01f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  int ki = int(k);
+  // Scale by 2^k in two steps so that subnormal results come out right.
+  if (ki < -125) {
+    p = p * bits_to_float(uint32_t(-125 + 127) << 23);
+    ki += 125;
+  } else if (ki > 127) {
+    p = p * 2.0f;
+    ki -= 1;
+  }
+  return p * bits_to_float(uint32_t(ki + 127) << 23);
+}
+
+// ln(x) for finite x > 0 (about 1 ulp).
+DSUF_HD float flog(float x) {
+  uint32_t u = float_to_bits(x);
+  int e = int((u >> 23) & 0xff) - 127;
+  if (e == -127) {  // subnormal: normalize
+    x = x * 8388608.0f;
+    u = float_to_bits(x);
+    e = int((u >> 23) & 0xff) - 127 - 23;
+  }
+  float m = bits_to_float((u & 0x007fffffu) | 0x3f800000u);  // [1, 2)
+  if (m > 1.41421356f) {
+    m = m * 0.5f;
+    e += 1;
+  }
+  // ln(m) = 2·atanh(s), s = (m−1)/(m+1), |s| ≤ 0.1716.
+  const float s = (m - 1.0f) / (m + 1.0f);
+  const float s2 = s * s;
+  float p = 0.11111111111f;
+  p = p * s2 + 0.14285714286f;
+  p = p * s2 + 0.2f;
+  p = p * s2 + 0.33333333333f;
+  p = p * s2 + 1.0f;
+  const float ln_m = 2.0f * s * p;
+  const float fe = float(e);
+  return fe * 1.42860682030941723e-06f + ln_m + fe * 0.693145751953125f;
+}
+
+// ln(1 + y) for y > −1, accurate for small y.
+DSUF_HD float flog1p(float y) {
+  const float u = 1.0f + y;
+  if (u == 1.0f) return y;
+  return flog(u) * (y / (u - 1.0f));
+}
+
+DSUF_HD float sigmoid(float x) { return 1.0f / (1.0f + fexp(-x)); }
+DSUF_HD float silu(float x) { return x / (1.0f + fexp(-x)); }
+// torch's softplus: x itself above the threshold 20.
+DSUF_HD float softplus(float x) { return x > 20.0f ? x : flog1p(fexp(x)); }
+
+DSUF_HD float tree32(float* v) {
+  for (int o = 16; o > 0; o >>= 1)
+    for (int i = 0; i < o; ++i) v[i] = v[i] + v[i + o];
+  return v[0];
+}
+
+// The canonical lane-strided sum of f(0..n-1) (see above); f is any callable.
+template <typename F>
+DSUF_HD float lane_sum(int64_t n, F&& f) {
+  float p[32];
+  for (int l = 0; l < 32; ++l) {
+    float acc = 0.0f;
+    for (int64_t j = l; j < n; j += 32) acc += f(j);
+    p[l] = acc;
+  }
+  return tree32(p);
+}
+
+// The canonical block sum with T threads (T a multiple of 32, ≤ 1024).
+template <int T, typename F>
+DSUF_HD float block_sum(int64_t n, F&& f) {
+  float q[32] = {};
+  for (int w = 0; w < T / 32; ++w) {
+    float p[32];
+    for (int l = 0; l < 32; ++l) {
+      float acc = 0.0f;
+      for (int64_t j = 32 * w + l; j < n; j += T) acc += f(j);
+      p[l] = acc;
+    }
+    q[w] = tree32(p);
+  }
+  return tree32(q);
+}
+
+}  // namespace dsuf::det
