@@ -13,6 +13,7 @@
 #include "commands.h"
 #include "core/error.h"
 #include "text/chat_encoder.h"
+#include "text/response_parser.h"
 #include "text/tokenizer.h"
 
 namespace dsuf::tools {
@@ -128,9 +129,74 @@ int cmd_render(int argc, char** argv) {
   });
 }
 
+// Each line is one generated stream: {"ids": [...], "thinking_mode": "thinking"|"chat",
+// "stop": [...], "continuation": false, "finish": "length"|"eos"}. Ids are fed one at a time; the
+// EOS id ends the stream, otherwise it ends as `finish` says (default: cut by max_tokens).
 int cmd_parse(int argc, char** argv) {
-  parse_flags(argc, argv, "dsuf parse [--tokenizer FILE]");
-  fail("parse is not implemented yet");
+  const Flags f = parse_flags(argc, argv,
+                              "dsuf parse [--tokenizer FILE] < {\"ids\": [...], \"thinking_mode\": "
+                              "..., \"stop\": [...]} lines");
+  const text::Tokenizer tok(f.tokenizer);
+  return for_each_line([&](const json& in) {
+    text::ParserOptions opt;
+    const std::string mode = in.value("thinking_mode", "thinking");
+    if (mode != "thinking" && mode != "chat") fail("thinking_mode must be thinking or chat");
+    opt.thinking = mode == "thinking";
+    opt.continuation = in.value("continuation", false);
+    opt.parse_tool_calls = in.value("parse_tool_calls", true);
+    if (in.contains("stop")) {
+      const auto& st = in["stop"];
+      if (st.is_string()) {
+        opt.stop.push_back(st.get<std::string>());
+      } else if (st.is_array()) {
+        for (const auto& s : st) {
+          if (!s.is_string()) fail("\"stop\" must hold strings");
+          opt.stop.push_back(s.get<std::string>());
+        }
+      } else if (!st.is_null()) {
+        fail("\"stop\" must be a string or a list of strings");
+      }
+    }
+    const std::string end = in.value("finish", "length");
+    if (end != "length" && end != "eos") fail("\"finish\" must be \"length\" or \"eos\"");
+    const std::vector<int32_t> ids = read_ids(in, tok);
+    text::ResponseParser parser(tok, std::move(opt));
+    json deltas = json::array();
+    auto take = [&](const std::vector<text::ParseEvent>& events) {
+      for (const auto& e : events) deltas.push_back(text::openai_delta(e));
+    };
+    // "chunks": sizes of id groups whose text is pushed at once (the rest goes one id at a time);
+    // the result must not depend on them.
+    std::vector<size_t> chunks;
+    if (in.contains("chunks")) {
+      if (!in["chunks"].is_array()) fail("\"chunks\" must be a list of sizes");
+      for (const auto& c : in["chunks"]) {
+        if (!c.is_number_unsigned() || c.get<size_t>() == 0) fail("chunk sizes must be >= 1");
+        chunks.push_back(c.get<size_t>());
+      }
+    }
+    text::StreamDecoder decoder(tok);
+    const auto eos = tok.token_to_id("<｜end▁of▁sentence｜>");
+    size_t pos = 0;
+    for (size_t c = 0; pos < ids.size() && !parser.finished(); ++c) {
+      const size_t n = c < chunks.size() ? chunks[c] : 1;
+      std::string text;
+      bool saw_eos = false;
+      for (size_t k = 0; k < n && pos < ids.size(); ++k, ++pos) {
+        if (ids[pos] == eos) {
+          saw_eos = true;
+          ++pos;
+          break;
+        }
+        text += decoder.push(ids[pos]);
+      }
+      take(parser.push_text(text));
+      if (saw_eos) take(parser.finish(false));
+    }
+    if (!parser.finished()) take(parser.finish(end == "length"));
+    return json{{"deltas", std::move(deltas)},
+                {"finish_reason", text::finish_reason_name(parser.finish_reason())}};
+  });
 }
 
 }  // namespace dsuf::tools

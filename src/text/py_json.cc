@@ -8,10 +8,8 @@
 #include "core/error.h"
 
 namespace dsuf::text {
-namespace {
 
-void dump_string(const std::string& s, std::string& out) {
-  out.push_back('"');
+void python_json_escape(std::string_view s, std::string& out) {
   for (const char ch : s) {
     const auto c = static_cast<unsigned char>(ch);
     switch (c) {
@@ -46,6 +44,13 @@ void dump_string(const std::string& s, std::string& out) {
         }
     }
   }
+}
+
+namespace {
+
+void dump_string(const std::string& s, std::string& out) {
+  out.push_back('"');
+  python_json_escape(s, out);
   out.push_back('"');
 }
 

@@ -5,11 +5,15 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 
 namespace dsuf::text {
 
 std::string python_json_dumps(const nlohmann::ordered_json& value);
 void python_json_dumps(const nlohmann::ordered_json& value, std::string& out);
+
+// The body of a JSON string literal for s (no quotes), escaped as json.dumps does.
+void python_json_escape(std::string_view s, std::string& out);
 
 // Python repr() of a finite double ("0.1", "1e-05", "1e+16", "100.0").
 std::string python_float_repr(double v);
