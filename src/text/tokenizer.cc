@@ -4,6 +4,7 @@
 #include <pcre2.h>
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <mutex>
@@ -121,7 +122,23 @@ class PairTable {
       if (slots_[i].key == k) return false;
     }
   }
+  // Pairs of small ids (the byte tokens and the first merges) also go into a dense table: a
+  // long piece starts as bytes, so its first lookups are all byte pairs, and the dense table
+  // stays in cache where the hash table does not.
+  void build_dense(int32_t limit) {
+    dense_limit_ = limit;
+    dense_.assign(static_cast<size_t>(limit) * limit, nullptr);
+    for (const Entry& e : slots_) {
+      if (e.key == kEmpty) continue;
+      const auto a = static_cast<int32_t>(e.key >> 32),
+                 b = static_cast<int32_t>(e.key & 0xFFFFFFFF);
+      if (a < limit && b < limit) dense_[static_cast<size_t>(a) * limit + b] = &e;
+    }
+  }
   const Entry* find(int32_t a, int32_t b) const {
+    if (a < dense_limit_ && b < dense_limit_ && a >= 0 && b >= 0) {
+      return dense_[static_cast<size_t>(a) * dense_limit_ + b];
+    }
     const uint64_t k = key(a, b);
     for (size_t i = hash(k);; i = (i + 1) & mask_) {
       const Entry& e = slots_[i];
@@ -137,6 +154,8 @@ class PairTable {
   size_t hash(uint64_t k) const { return (k * 0x9E3779B97F4A7C15ULL >> 20) & mask_; }
   std::vector<Entry> slots_;
   size_t mask_ = 0;
+  std::vector<const Entry*> dense_;
+  int32_t dense_limit_ = 0;
 };
 
 // Byte trie over added-token contents for leftmost-longest matching (HF uses an Aho-Corasick
@@ -196,16 +215,58 @@ class AddedTrie {
   bool empty_ = true;
 };
 
+// Direct-mapped word cache: piece bytes -> ids, stored inline so a lookup is one hash and one
+// memcmp and an insert never allocates. A colliding piece simply replaces the old one.
+class WordCache {
+ public:
+  static constexpr size_t kMaxBytes = 48;  // longer pieces (CJK runs) rarely repeat
+  static constexpr size_t kMaxIds = 15;
+  static constexpr size_t kSlots = 1 << 14;
+
+  WordCache() : slots_(kSlots) {}
+  // Appends the cached ids for `piece` to out; false on a miss.
+  bool lookup(std::string_view piece, size_t hash, std::vector<int32_t>& out) const {
+    const Slot& s = slots_[hash & (kSlots - 1)];
+    if (s.len != piece.size() || s.n_ids == 0 || std::memcmp(s.bytes, piece.data(), s.len) != 0) {
+      return false;
+    }
+    out.insert(out.end(), s.ids, s.ids + s.n_ids);
+    return true;
+  }
+  void insert(std::string_view piece, size_t hash, const int32_t* ids, size_t n) {
+    if (piece.size() > kMaxBytes || n == 0 || n > kMaxIds) return;
+    Slot& s = slots_[hash & (kSlots - 1)];
+    s.len = static_cast<uint8_t>(piece.size());
+    s.n_ids = static_cast<uint8_t>(n);
+    std::memcpy(s.bytes, piece.data(), piece.size());
+    std::memcpy(s.ids, ids, n * sizeof(int32_t));
+  }
+
+ private:
+  struct Slot {
+    uint8_t len = 0, n_ids = 0;
+    char bytes[kMaxBytes];
+    int32_t ids[kMaxIds];
+  };
+  std::vector<Slot> slots_;
+};
+
+struct MergeCandidate {
+  uint32_t rank;
+  int32_t left, right, left_id, right_id, merged;
+};
+
 // Per-thread working state: PCRE2 match data and JIT stack are not shareable between threads,
 // and the word cache is only useful if it survives between calls.
 struct EncodeState {
   std::vector<pcre2_match_data*> match_data;
   pcre2_match_context* mctx = nullptr;
   pcre2_jit_stack* jit_stack = nullptr;
-  StringMap<std::vector<int32_t>> cache;
+  WordCache cache;
   // Scratch for BPE.
-  std::vector<int32_t> sym;
+  std::vector<int32_t> sym, prev, next;
   std::vector<uint32_t> ranks;
+  std::vector<MergeCandidate> heap;
   EncodeState() = default;
   EncodeState(const EncodeState&) = delete;
   EncodeState& operator=(const EncodeState&) = delete;
@@ -216,8 +277,6 @@ struct EncodeState {
   }
 };
 
-constexpr size_t kCacheMaxEntries = 1 << 16;
-constexpr size_t kCacheMaxPieceBytes = 128;
 constexpr uint32_t kNoRank = std::numeric_limits<uint32_t>::max();
 
 }  // namespace
@@ -272,7 +331,7 @@ struct Tokenizer::Impl {
   }
 
   void bpe(EncodeState& st, std::string_view piece, std::vector<int32_t>& out) const;
-  void bpe_long(std::string_view piece, std::vector<int32_t>& out) const;
+  void bpe_long(EncodeState& st, std::string_view piece, std::vector<int32_t>& out) const;
   void split_level(EncodeState& st, size_t level, std::string_view piece,
                    std::vector<int32_t>& out) const;
   void encode_plain(EncodeState& st, std::string_view text, std::vector<int32_t>& out) const;
@@ -470,6 +529,10 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, std::string_view orig
       t.pairs.insert(ia->second, ib->second, rank, im->second);
       ++rank;
     }
+    // Dense over the byte tokens when they sit at low ids (ids 3..258 in this family).
+    int32_t max_byte_id = 0;
+    for (int32_t id : t.byte_id) max_byte_id = std::max(max_byte_id, id);
+    if (max_byte_id < 1024) t.pairs.build_dense(max_byte_id + 1);
 
     for (const auto& a : added_json) {
       AddedToken tok{a.at("id").get<int32_t>(), a.at("content").get<std::string>(),
@@ -506,7 +569,7 @@ void Tokenizer::Impl::bpe(EncodeState& st, std::string_view piece,
     }
   }
   if (piece.size() > 32) {
-    bpe_long(piece, out);
+    bpe_long(st, piece, out);
     return;
   }
   auto& sym = st.sym;
@@ -546,9 +609,10 @@ void Tokenizer::Impl::bpe(EncodeState& st, std::string_view piece,
 
 // O(n log n) BPE for long pieces (whole CJK paragraphs, long runs): symbols in a linked list,
 // candidate merges in a min-heap keyed by (rank, position); stale entries are skipped on pop.
-void Tokenizer::Impl::bpe_long(std::string_view piece, std::vector<int32_t>& out) const {
-  std::vector<int32_t> id;
-  id.reserve(piece.size());
+void Tokenizer::Impl::bpe_long(EncodeState& st, std::string_view piece,
+                               std::vector<int32_t>& out) const {
+  auto& id = st.sym;
+  id.clear();
   for (unsigned char c : piece) {
     if (byte_id[c] >= 0) id.push_back(byte_id[c]);
   }
@@ -557,28 +621,35 @@ void Tokenizer::Impl::bpe_long(std::string_view piece, std::vector<int32_t>& out
     out.insert(out.end(), id.begin(), id.end());
     return;
   }
-  std::vector<int32_t> prev(n), next(n);
+  auto& prev = st.prev;
+  auto& next = st.next;
+  prev.resize(n);
+  next.resize(n);
   for (size_t i = 0; i < n; ++i) {
     prev[i] = static_cast<int32_t>(i) - 1;
     next[i] = i + 1 < n ? static_cast<int32_t>(i + 1) : -1;
   }
-  struct Cand {
-    uint32_t rank;
-    int32_t left, right, left_id, right_id;
-    bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
+  auto& heap = st.heap;
+  heap.clear();
+  // Min-heap on (rank, left position): the lowest rank first, leftmost among equals.
+  auto later = [](const MergeCandidate& a, const MergeCandidate& b) {
+    return a.rank != b.rank ? a.rank > b.rank : a.left > b.left;
   };
-  std::priority_queue<Cand, std::vector<Cand>, std::greater<>> heap;
   auto push = [&](int32_t l) {
     const int32_t r = next[l];
     if (r < 0) return;
-    if (const auto* e = pairs.find(id[l], id[r])) heap.push(Cand{e->rank, l, r, id[l], id[r]});
+    if (const auto* e = pairs.find(id[l], id[r])) {
+      heap.push_back(MergeCandidate{e->rank, l, r, id[l], id[r], e->merged});
+      std::push_heap(heap.begin(), heap.end(), later);
+    }
   };
   for (size_t i = 0; i + 1 < n; ++i) push(static_cast<int32_t>(i));
   while (!heap.empty()) {
-    const Cand c = heap.top();
-    heap.pop();
+    std::pop_heap(heap.begin(), heap.end(), later);
+    const MergeCandidate c = heap.back();
+    heap.pop_back();
     if (id[c.left] != c.left_id || next[c.left] != c.right || id[c.right] != c.right_id) continue;
-    id[c.left] = pairs.find(c.left_id, c.right_id)->merged;
+    id[c.left] = c.merged;
     id[c.right] = -1;  // dead
     next[c.left] = next[c.right];
     if (next[c.left] >= 0) prev[next[c.left]] = c.left;
@@ -595,16 +666,12 @@ void Tokenizer::Impl::split_level(EncodeState& st, size_t level, std::string_vie
                                   std::vector<int32_t>& out) const {
   if (piece.empty()) return;
   if (level == splits.size()) {
-    if (piece.size() <= kCacheMaxPieceBytes) {
-      auto it = st.cache.find(piece);
-      if (it != st.cache.end()) {
-        out.insert(out.end(), it->second.begin(), it->second.end());
-        return;
-      }
+    if (piece.size() <= WordCache::kMaxBytes) {
+      const size_t h = std::hash<std::string_view>{}(piece);
+      if (st.cache.lookup(piece, h, out)) return;
       const size_t start = out.size();
       bpe(st, piece, out);
-      if (st.cache.size() >= kCacheMaxEntries) st.cache.clear();
-      st.cache.emplace(std::string(piece), std::vector<int32_t>(out.begin() + start, out.end()));
+      st.cache.insert(piece, h, out.data() + start, out.size() - start);
     } else {
       bpe(st, piece, out);
     }
