@@ -7,9 +7,9 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := cmake ninja-build g++ pkg-config nlohmann-json3-dev libgtest-dev libgmock-dev \
-  libpcre2-dev libicu-dev python3 python3-venv python3-pip
+  libpcre2-dev libicu-dev python3 python3-venv python3-pip libboost1.81-dev
 VENV := .venv
-PY_PACKAGES := numpy safetensors tokenizers==0.22.2 deepseek-recipe==0.2.0
+PY_PACKAGES := numpy safetensors tokenizers==0.22.2 deepseek-recipe==0.2.0 pytest==9.2.0 openai==3.57.0
 
 .PHONY: deps pydeps configure build test run clean format
 
@@ -22,7 +22,7 @@ deps:
 
 pydeps: deps
 	@[ -x $(VENV)/bin/python ] || python3 -m venv $(VENV)
-	@$(VENV)/bin/python -c "import numpy, safetensors, tokenizers, deepseek_recipe" 2>/dev/null || \
+	@$(VENV)/bin/python -c "import numpy, safetensors, tokenizers, deepseek_recipe, pytest, openai" 2>/dev/null || \
 	  $(VENV)/bin/pip install -q $(PY_PACKAGES)
 
 configure: deps

@@ -2,6 +2,7 @@
 //   serve [--ckpt DIR] [--demo] [--cpu | --gpus LIST] [--host H] [--port P] [--max-batch N]
 //         [--max-context N] ... (serve --help lists everything)
 // The port opens at once; /readyz answers 503 until the weights are loaded and a warm-up step ran.
+#include <unistd.h>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -9,7 +10,6 @@
 #include <memory>
 #include <string>
 #include <thread>
-#include <unistd.h>
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
@@ -44,11 +44,14 @@ const char* kUsage =
     "             [--max-body-bytes N] [--request-timeout S] [--drain-timeout S] [--keepalive S]\n"
     "\n"
     "  --ckpt DIR         checkpoint folder (default: models)\n"
-    "  --demo             no checkpoint needed: create the tiny demo checkpoint (random weights) once\n"
+    "  --demo             no checkpoint needed: create the tiny demo checkpoint (random weights) "
+    "once\n"
     "                     next to the binary (build/demo-ckpt) and serve it on the CPU\n"
-    "  --cpu              the CPU reference backend (the default while the CUDA backend is not wired in)\n"
+    "  --cpu              the CPU reference backend (the default while the CUDA backend is not "
+    "wired in)\n"
     "  --gpus LIST        GPUs for the CUDA backend (not available in serve yet)\n"
-    "  --host ADDR        listen address (default 0.0.0.0); --port N (default 8000; 0: any free port)\n"
+    "  --host ADDR        listen address (default 0.0.0.0); --port N (default 8000; 0: any free "
+    "port)\n"
     "  --max-batch N      sequences decoded together (default 64)\n"
     "  --max-context N    prompt + generated tokens per request (default 8192)\n"
     "  --max-waiting N    queued requests before 429 (default 1024)\n"
@@ -58,14 +61,16 @@ long long int_arg(const std::string& k, const std::string& v, long long lo, long
   char* end = nullptr;
   errno = 0;
   const long long x = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end || errno || x < lo || x > hi) fail(k, ": expected an integer in [", lo, ", ", hi, "], got '", v, "'");
+  if (v.empty() || *end || errno || x < lo || x > hi)
+    fail(k, ": expected an integer in [", lo, ", ", hi, "], got '", v, "'");
   return x;
 }
 
 double secs_arg(const std::string& k, const std::string& v) {
   char* end = nullptr;
   const double x = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end || !(x > 0) || x > 1e6) fail(k, ": expected a positive number of seconds, got '", v, "'");
+  if (v.empty() || *end || !(x > 0) || x > 1e6)
+    fail(k, ": expected a positive number of seconds, got '", v, "'");
   return x;
 }
 
@@ -78,23 +83,40 @@ Args parse(int argc, char** argv) {
       if (i + 1 >= argc) fail(k, " needs a value");
       return argv[++i];
     };
-    if (k == "--ckpt") a.ckpt = value(), a.ckpt_given = true;
-    else if (k == "--demo") a.demo = true;
-    else if (k == "--cpu") a.cpu = true;
-    else if (k == "--gpus") a.gpus = value();
-    else if (k == "--host") a.server.host = value();
-    else if (k == "--port") a.server.port = static_cast<uint16_t>(int_arg(k, value(), 0, 65535));
-    else if (k == "--max-batch") a.engine.max_batch = static_cast<int>(int_arg(k, value(), 1, 1 << 20));
-    else if (k == "--max-context") a.engine.max_context = int_arg(k, value(), 2, int64_t{1} << 40);
-    else if (k == "--max-waiting") a.engine.max_waiting = static_cast<size_t>(int_arg(k, value(), 0, 1 << 30));
-    else if (k == "--prefill-chunk") a.engine.prefill_chunk = static_cast<int>(int_arg(k, value(), 1, 1 << 24));
-    else if (k == "--max-step-tokens") a.engine.max_step_tokens = static_cast<int>(int_arg(k, value(), 1, 1 << 24));
-    else if (k == "--served-model-name") a.model_name = value();
-    else if (k == "--threads") a.threads = static_cast<int>(int_arg(k, value(), 0, 4096));
-    else if (k == "--max-body-bytes") a.server.max_body_bytes = static_cast<size_t>(int_arg(k, value(), 1024, int64_t{1} << 40));
-    else if (k == "--request-timeout") a.server.request_timeout_s = secs_arg(k, value());
-    else if (k == "--drain-timeout") a.server.drain_timeout_s = secs_arg(k, value());
-    else if (k == "--keepalive") a.server.keepalive_s = secs_arg(k, value());
+    if (k == "--ckpt")
+      a.ckpt = value(), a.ckpt_given = true;
+    else if (k == "--demo")
+      a.demo = true;
+    else if (k == "--cpu")
+      a.cpu = true;
+    else if (k == "--gpus")
+      a.gpus = value();
+    else if (k == "--host")
+      a.server.host = value();
+    else if (k == "--port")
+      a.server.port = static_cast<uint16_t>(int_arg(k, value(), 0, 65535));
+    else if (k == "--max-batch")
+      a.engine.max_batch = static_cast<int>(int_arg(k, value(), 1, 1 << 20));
+    else if (k == "--max-context")
+      a.engine.max_context = int_arg(k, value(), 2, int64_t{1} << 40);
+    else if (k == "--max-waiting")
+      a.engine.max_waiting = static_cast<size_t>(int_arg(k, value(), 0, 1 << 30));
+    else if (k == "--prefill-chunk")
+      a.engine.prefill_chunk = static_cast<int>(int_arg(k, value(), 1, 1 << 24));
+    else if (k == "--max-step-tokens")
+      a.engine.max_step_tokens = static_cast<int>(int_arg(k, value(), 1, 1 << 24));
+    else if (k == "--served-model-name")
+      a.model_name = value();
+    else if (k == "--threads")
+      a.threads = static_cast<int>(int_arg(k, value(), 0, 4096));
+    else if (k == "--max-body-bytes")
+      a.server.max_body_bytes = static_cast<size_t>(int_arg(k, value(), 1024, int64_t{1} << 40));
+    else if (k == "--request-timeout")
+      a.server.request_timeout_s = secs_arg(k, value());
+    else if (k == "--drain-timeout")
+      a.server.drain_timeout_s = secs_arg(k, value());
+    else if (k == "--keepalive")
+      a.server.keepalive_s = secs_arg(k, value());
     else if (k == "--help" || k == "-h") {
       std::fputs(kUsage, stdout);
       std::exit(0);
@@ -118,24 +140,32 @@ std::string demo_checkpoint() {
   if (!ec) places.push_back(exe.parent_path().parent_path() / "demo-ckpt");
   const char* xdg = std::getenv("XDG_CACHE_HOME");
   const char* home = std::getenv("HOME");
-  if (xdg && *xdg) places.push_back(fs::path(xdg) / "dsuf" / "demo-ckpt");
-  else if (home && *home) places.push_back(fs::path(home) / ".cache" / "dsuf" / "demo-ckpt");
+  if (xdg && *xdg)
+    places.push_back(fs::path(xdg) / "dsuf" / "demo-ckpt");
+  else if (home && *home)
+    places.push_back(fs::path(home) / ".cache" / "dsuf" / "demo-ckpt");
   for (const auto& p : places)
     if (fs::exists(p / "config.json")) return p.string();
   for (const auto& p : places) {
     fs::create_directories(p.parent_path(), ec);
     if (ec || access(p.parent_path().c_str(), W_OK) != 0) continue;
     const fs::path tmp = p.string() + ".tmp-" + std::to_string(getpid());
-    std::fprintf(stderr, "serve: writing the tiny demo checkpoint (random weights) to %s\n", p.c_str());
-    dsuf::write_tiny_checkpoint({.out_dir = tmp.string(), .seed = 1, .num_shards = 4,
-                                 .tokenizer_dir = std::string(DSUF_SOURCE_DIR) + "/assets/tokenizer"});
+    std::fprintf(stderr, "serve: writing the tiny demo checkpoint (random weights) to %s\n",
+                 p.c_str());
+    dsuf::write_tiny_checkpoint(
+        {.out_dir = tmp.string(),
+         .seed = 1,
+         .num_shards = 4,
+         .tokenizer_dir = std::string(DSUF_SOURCE_DIR) + "/assets/tokenizer"});
     fs::rename(tmp, p, ec);
     if (ec) {  // another process won the race
       fs::remove_all(tmp, ec);
     }
     return p.string();
   }
-  fail("--demo: no writable place for the demo checkpoint (tried next to the binary and ~/.cache/dsuf)");
+  fail(
+      "--demo: no writable place for the demo checkpoint (tried next to the binary and "
+      "~/.cache/dsuf)");
 }
 
 // Everything the chat service needs, loaded off the I/O thread.
@@ -150,13 +180,16 @@ struct Loaded {
 void load(const Args& a, const std::string& ckpt, Loaded& out) {
   const auto t0 = std::chrono::steady_clock::now();
   if (!fs::exists(fs::path(ckpt) / "config.json"))
-    fail("no checkpoint at ", ckpt, " (", ckpt, "/config.json is missing); pass --ckpt DIR, or --demo for the tiny model");
+    fail("no checkpoint at ", ckpt, " (", ckpt,
+         "/config.json is missing); pass --ckpt DIR, or --demo for the tiny model");
   out.model = dsuf::load_model(ckpt);
   const fs::path tok_path = fs::path(ckpt) / "tokenizer.json";
-  if (!fs::exists(tok_path)) fail(tok_path.string(), " is missing: the checkpoint must ship its tokenizer");
+  if (!fs::exists(tok_path))
+    fail(tok_path.string(), " is missing: the checkpoint must ship its tokenizer");
   out.tokenizer = std::make_unique<dsuf::text::Tokenizer>(tok_path);
-  out.backend = std::make_unique<dsuf::CpuBackend>(*out.model, dsuf::text::engram_compressed_ids(*out.tokenizer),
-                                                   dsuf::CpuNumerics{}, a.threads);
+  out.backend = std::make_unique<dsuf::CpuBackend>(
+      *out.model, dsuf::text::engram_compressed_ids(*out.tokenizer), dsuf::CpuNumerics{},
+      a.threads);
   dsuf::EngineOptions eo = a.engine;
   const int64_t model_ctx = out.model->config.text.max_position_embeddings;
   if (model_ctx > 0 && eo.max_context > model_ctx) {
@@ -172,29 +205,33 @@ void load(const Args& a, const std::string& ckpt, Loaded& out) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   dsuf::server::ModelInfo info{.id = a.model_name,
-                               .aliases = {"deepseek-v4-flash", "deepseek-chat", "deepseek-reasoner"},
                                .created = static_cast<int64_t>(std::time(nullptr)),
                                .max_context = eo.max_context};
   out.service = std::make_shared<dsuf::server::ChatService>(*out.engine, *out.tokenizer, info);
-  std::fprintf(stderr,
-               "serve: ready: %s on the CPU backend, max batch %d, context %lld, state budget %.1f MiB, "
-               "loaded in %.2f s\n",
-               ckpt.c_str(), eo.max_batch, static_cast<long long>(eo.max_context),
-               out.engine->stats().state_budget_bytes / 1048576.0,
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  std::fprintf(
+      stderr,
+      "serve: ready: %s on the CPU backend, max batch %d, context %lld, state budget %.1f MiB, "
+      "loaded in %.2f s\n",
+      ckpt.c_str(), eo.max_batch, static_cast<long long>(eo.max_context),
+      out.engine->stats().state_budget_bytes / 1048576.0,
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
 int serve_main(int argc, char** argv) {
   const Args a = parse(argc, argv);
   std::string ckpt = a.ckpt;
-  if (a.demo && !(a.ckpt_given && fs::exists(fs::path(a.ckpt) / "config.json"))) ckpt = demo_checkpoint();
+  if (a.demo && !(a.ckpt_given && fs::exists(fs::path(a.ckpt) / "config.json")))
+    ckpt = demo_checkpoint();
   if (const char* redis = std::getenv("DSUF_REDIS_URL"); redis && *redis)
-    std::fprintf(stderr, "serve: DSUF_REDIS_URL=%s (the conversation cache is not built yet; ignored)\n", redis);
+    std::fprintf(stderr,
+                 "serve: DSUF_REDIS_URL=%s (the conversation cache is not built yet; ignored)\n",
+                 redis);
 
   dsuf::server::Metrics metrics(a.model_name);
   dsuf::server::HttpServer server(a.server, metrics);
   const uint16_t port = server.listen();
-  std::fprintf(stderr, "serve: listening on http://%s:%u (loading %s)\n", a.server.host.c_str(), port, ckpt.c_str());
+  std::fprintf(stderr, "serve: listening on http://%s:%u (loading %s)\n", a.server.host.c_str(),
+               port, ckpt.c_str());
   std::fflush(stderr);
 
   // Declared after the server, so it is destroyed first: the engine's last events are posted to

@@ -9,23 +9,34 @@ namespace dsuf {
 
 const char* to_string(FinishReason r) {
   switch (r) {
-    case FinishReason::kNone: return "none";
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kCancelled: return "cancelled";
-    case FinishReason::kError: return "error";
+    case FinishReason::kNone:
+      return "none";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kError:
+      return "error";
   }
   return "?";
 }
 
 const char* to_string(ErrorCode c) {
   switch (c) {
-    case ErrorCode::kOk: return "ok";
-    case ErrorCode::kInvalidRequest: return "invalid_request";
-    case ErrorCode::kContextExceeded: return "context_length_exceeded";
-    case ErrorCode::kOverloaded: return "overloaded";
-    case ErrorCode::kUnavailable: return "unavailable";
-    case ErrorCode::kInternal: return "internal";
+    case ErrorCode::kOk:
+      return "ok";
+    case ErrorCode::kInvalidRequest:
+      return "invalid_request";
+    case ErrorCode::kContextExceeded:
+      return "context_length_exceeded";
+    case ErrorCode::kOverloaded:
+      return "overloaded";
+    case ErrorCode::kUnavailable:
+      return "unavailable";
+    case ErrorCode::kInternal:
+      return "internal";
   }
   return "?";
 }
@@ -40,7 +51,7 @@ struct Engine::Sequence {
   size_t reserved = 0;    // bytes_for(limit)
   int64_t prefilled = 0;  // prompt tokens consumed
   int64_t generated = 0;
-  int32_t last = 0;       // the sampled token the next decode step feeds
+  int32_t last = 0;  // the sampled token the next decode step feeds
   bool admitted = false;
   bool started = false;  // state allocated (on the scheduler thread, after admission)
   bool done = false;
@@ -177,8 +188,8 @@ void Engine::loop() {
       SequenceState st = backend_.new_sequence();
       std::vector<float> logits;
       const int32_t tok = config().bos_token_id;
-      ForwardItem item{.state = &st, .tokens = {&tok, 1}, .want = ForwardItem::Logits::kLast,
-                       .logits = &logits};
+      ForwardItem item{
+          .state = &st, .tokens = {&tok, 1}, .want = ForwardItem::Logits::kLast, .logits = &logits};
       backend_.forward({&item, 1});
       DSUF_CHECK(logits.size() == static_cast<size_t>(config().text.vocab_size),
                  "warm-up returned ", logits.size(), " logits");
@@ -263,7 +274,8 @@ void Engine::step(std::vector<Sequence*>& batch) {
   for (auto& s : running_) {
     if (!s->decoding()) continue;
     batch.push_back(s.get());
-    items.push_back({.state = &s->state, .tokens = {&s->last, 1}, .want = ForwardItem::Logits::kLast});
+    items.push_back(
+        {.state = &s->state, .tokens = {&s->last, 1}, .want = ForwardItem::Logits::kLast});
     ++decodes;
   }
   // Prefill gets what decodes leave of the step budget, and at least one chunk, so new requests

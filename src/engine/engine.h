@@ -4,9 +4,9 @@
 //
 // Admission is arithmetic, decided before a request runs: a request reserves the packed state bytes
 // of its worst case (KvLayout::bytes_for(min(prompt + max_tokens, max_context))) against a budget
-// fixed at construction, so a running sequence can never run out of memory and nothing is preempted.
-// A request that could never fit is refused at submit with a message saying why; when the waiting
-// queue is full, submit refuses with kOverloaded instead of queueing without bound.
+// fixed at construction, so a running sequence can never run out of memory and nothing is
+// preempted. A request that could never fit is refused at submit with a message saying why; when
+// the waiting queue is full, submit refuses with kOverloaded instead of queueing without bound.
 //
 // Errors travel as data (TokenEvent), never as exceptions across threads. Detokenization, stop
 // strings and tool-call parsing are the caller's business, off the scheduler thread.
@@ -30,13 +30,13 @@
 namespace dsuf {
 
 struct EngineOptions {
-  int max_batch = 64;            // sequences admitted (prefilling or decoding) at once
-  int64_t max_context = 4096;    // prompt + generated tokens per sequence
-  int max_step_tokens = 128;     // tokens fed to the backend per step (decodes count one each)
-  int prefill_chunk = 64;        // longest prefill slice of one sequence in one step
-  size_t max_waiting = 1024;     // queued requests beyond which submit answers kOverloaded
+  int max_batch = 64;             // sequences admitted (prefilling or decoding) at once
+  int64_t max_context = 4096;     // prompt + generated tokens per sequence
+  int max_step_tokens = 128;      // tokens fed to the backend per step (decodes count one each)
+  int prefill_chunk = 64;         // longest prefill slice of one sequence in one step
+  size_t max_waiting = 1024;      // queued requests beyond which submit answers kOverloaded
   size_t state_budget_bytes = 0;  // 0: max_batch × KvLayout::bytes_for(max_context)
-  bool warm_up = true;           // run one token through the backend before ready()
+  bool warm_up = true;            // run one token through the backend before ready()
 };
 
 struct Request {
@@ -48,7 +48,14 @@ struct Request {
 };
 
 enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
-enum class ErrorCode { kOk, kInvalidRequest, kContextExceeded, kOverloaded, kUnavailable, kInternal };
+enum class ErrorCode {
+  kOk,
+  kInvalidRequest,
+  kContextExceeded,
+  kOverloaded,
+  kUnavailable,
+  kInternal
+};
 
 const char* to_string(FinishReason r);
 const char* to_string(ErrorCode c);

@@ -27,29 +27,39 @@ PreparedChat ChatService::prepare(std::string_view body) const {
     throw bad_request("image content is not supported by this server yet", "messages");
   p.prompt = std::move(r.ids);
   p.thinking_prompt = ends_with(r.text, "<think>");
-  p.tool_calls_open = ends_with(r.text, "<｜DSML｜ calls>\n");
   const auto& msgs = p.call.chat.messages;
-  p.strip_leading = msgs.empty() || !msgs.back().prefix;
+  p.continuation = !msgs.empty() && msgs.back().prefix;
   const int64_t n = static_cast<int64_t>(p.prompt.size());
   const int64_t ctx = engine_.options().max_context;
   if (n >= ctx)
-    throw bad_request(detail::concat("this model's maximum context length is ", ctx,
-                                     " tokens; the messages take ", n,
-                                     " tokens, leaving no room for a reply; shorten the conversation"),
-                      "messages", "context_length_exceeded");
+    throw bad_request(
+        detail::concat("this model's maximum context length is ", ctx,
+                       " tokens; the messages take ", n,
+                       " tokens, leaving no room for a reply; shorten the conversation"),
+        "messages", "context_length_exceeded");
   return p;
 }
 
 ApiError api_error(const Admission& a) {
   switch (a.error) {
-    case ErrorCode::kInvalidRequest: return bad_request(a.message);
-    case ErrorCode::kContextExceeded: return bad_request(a.message, "messages", "context_length_exceeded");
+    case ErrorCode::kInvalidRequest:
+      return bad_request(a.message);
+    case ErrorCode::kContextExceeded:
+      return bad_request(a.message, "messages", "context_length_exceeded");
     case ErrorCode::kOverloaded:
-      return {.status = 429, .type = "rate_limit_error", .code = "overloaded", .message = "server overloaded: " + a.message,
+      return {.status = 429,
+              .type = "rate_limit_error",
+              .code = "overloaded",
+              .message = "server overloaded: " + a.message,
               .retry_after_s = 1};
     case ErrorCode::kUnavailable:
-      return {.status = 503, .type = "server_error", .code = "unavailable", .message = a.message, .retry_after_s = 5};
-    default: return {.status = 500, .type = "server_error", .message = a.message};
+      return {.status = 503,
+              .type = "server_error",
+              .code = "unavailable",
+              .message = a.message,
+              .retry_after_s = 5};
+    default:
+      return {.status = 500, .type = "server_error", .message = a.message};
   }
 }
 
@@ -67,14 +77,29 @@ uint64_t ChatService::submit(const PreparedChat& p, EventSink sink) {
   return a.id;
 }
 
+namespace {
+
+text::ParserOptions parser_options(const PreparedChat& p, const std::string& completion_id) {
+  text::ParserOptions o;
+  o.thinking = p.thinking_prompt;
+  o.continuation = p.continuation;
+  o.stop = p.call.stop;
+  // Call ids derive from the completion id: unique per request, and equal in the streamed and
+  // the final form.
+  const std::string base = completion_id.substr(completion_id.find('-') + 1);
+  o.make_call_id = [base](int index) { return detail::concat("call_", base, "_", index); };
+  return o;
+}
+
+}  // namespace
+
 ChatStream::ChatStream(const text::Tokenizer& tok, const PreparedChat& p, ChunkHeader header)
-    : tok_(tok),
-      decoder_(tok),
-      parser_(p.thinking_prompt, p.call.stop, p.tool_calls_open, p.strip_leading),
+    : parser_(tok, parser_options(p, header.id)),
       header_(std::move(header)),
       stream_(p.call.stream),
       include_usage_(p.call.include_usage),
       thinking_(p.thinking_prompt),
+      in_reasoning_(p.thinking_prompt),
       prompt_tokens_(static_cast<int64_t>(p.prompt.size())) {}
 
 std::string ChatStream::open() {
@@ -83,53 +108,50 @@ std::string ChatStream::open() {
   return sse(chunk(header_, delta, nullptr, include_usage_));
 }
 
-std::string ChatStream::deltas_to_sse(const std::vector<Delta>& deltas) {
+std::string ChatStream::events_to_sse(const std::vector<text::ParseEvent>& events) {
   std::string out;
-  for (const Delta& d : deltas) {
-    Json delta;
-    switch (d.kind) {
-      case Delta::Kind::kReasoning: delta = {{"reasoning_content", d.text}}; break;
-      case Delta::Kind::kContent: delta = {{"content", d.text}}; break;
-      case Delta::Kind::kToolBegin:
-        delta = {{"tool_calls", Json::array({{{"index", d.tool_index},
-                                             {"id", calls_[d.tool_index].id},
-                                             {"type", "function"},
-                                             {"function", {{"name", d.text}, {"arguments", ""}}}}})}};
-        break;
-      case Delta::Kind::kToolArgs:
-        delta = {{"tool_calls", Json::array({{{"index", d.tool_index}, {"function", {{"arguments", d.text}}}}})}};
-        break;
-    }
-    out += sse(chunk(header_, delta, nullptr, include_usage_));
-  }
+  for (const auto& e : events)
+    out += sse(chunk(header_, text::openai_delta(e), nullptr, include_usage_));
   return out;
 }
 
-void ChatStream::accumulate(const std::vector<Delta>& deltas) {
-  for (const Delta& d : deltas) {
-    if (d.kind == Delta::Kind::kToolBegin) {
-      // The id is made when the call begins, so the streamed and the final form agree.
-      calls_.push_back({detail::concat("call_", header_.id.substr(header_.id.find('-') + 1), "_", calls_.size()),
-                        d.text, ""});
-    }
-  }
-  if (!stream_) {
-    for (const Delta& d : deltas) {
-      if (d.kind == Delta::Kind::kReasoning) reasoning_ += d.text;
-      if (d.kind == Delta::Kind::kContent) content_ += d.text;
-      if (d.kind == Delta::Kind::kToolArgs) calls_[d.tool_index].args += d.text;
+void ChatStream::accumulate(const std::vector<text::ParseEvent>& events) {
+  using K = text::ParseEvent::Kind;
+  for (const auto& e : events) {
+    if (e.kind != K::kReasoning) in_reasoning_ = false;
+    if (stream_) continue;
+    switch (e.kind) {
+      case K::kReasoning:
+        reasoning_ += e.text;
+        break;
+      case K::kContent:
+        content_ += e.text;
+        break;
+      case K::kToolCallBegin:
+        if (static_cast<int>(calls_.size()) <= e.index) calls_.resize(e.index + 1);
+        calls_[e.index].id = e.id;
+        calls_[e.index].name = e.name;
+        break;
+      case K::kToolCallArguments:
+        if (static_cast<int>(calls_.size()) <= e.index) calls_.resize(e.index + 1);
+        calls_[e.index].args += e.text;
+        break;
     }
   }
 }
 
 std::string ChatStream::finish(const std::string& reason) {
   done_ = true;
-  finish_reason_ = parser_.tool_calls() > 0 && reason == "stop" ? "tool_calls" : reason;
+  finish_reason_ = reason;
   if (!stream_) return {};
   std::string out = sse(chunk(header_, Json::object(), finish_reason_.c_str(), include_usage_));
   if (include_usage_) {
-    Json u = {{"id", header_.id}, {"object", "chat.completion.chunk"}, {"created", header_.created},
-              {"model", header_.model}, {"system_fingerprint", "dsuf"}, {"choices", Json::array()},
+    Json u = {{"id", header_.id},
+              {"object", "chat.completion.chunk"},
+              {"created", header_.created},
+              {"model", header_.model},
+              {"system_fingerprint", "dsuf"},
+              {"choices", Json::array()},
               {"usage", usage_json(prompt_tokens_, completion_tokens_, reasoning_tokens_, 0)}};
     out += sse(u);
   }
@@ -139,45 +161,46 @@ std::string ChatStream::finish(const std::string& reason) {
 
 std::string ChatStream::on_event(const TokenEvent& ev) {
   if (done_) return {};
-  std::vector<Delta> deltas;
-  const size_t n = ev.tokens.size() - (ev.ends_with_stop_token ? 1 : 0);
-  for (size_t i = 0; i < ev.tokens.size(); ++i) {
+  std::vector<text::ParseEvent> events;
+  const size_t shown = ev.tokens.size() - (ev.ends_with_stop_token ? 1 : 0);
+  for (size_t i = 0; i < ev.tokens.size() && !parser_.done(); ++i) {
     ++completion_tokens_;
-    if (i >= n) break;  // the stop token is counted, never shown
-    const bool reasoning = parser_.stage() == ResponseParser::Stage::kReasoning;
-    parser_.push(decoder_.push(ev.tokens[i]), deltas);
-    if (reasoning) ++reasoning_tokens_;
-    if (parser_.stopped()) break;
+    if (i >= shown) break;  // the stop token is counted, never shown
+    if (in_reasoning_) ++reasoning_tokens_;
+    auto more = parser_.push(ev.tokens[i]);
+    accumulate(more);
+    events.insert(events.end(), std::make_move_iterator(more.begin()),
+                  std::make_move_iterator(more.end()));
   }
-  if (parser_.stopped()) {
-    wants_cancel_ = !ev.is_final;
-    parser_.finish(deltas);
-    accumulate(deltas);
-    return (stream_ ? deltas_to_sse(deltas) : std::string()) + finish("stop");
+  // A stop string matched or the tool-call block closed: the rest of the generation is not
+  // wanted, and the engine does not know that.
+  const bool cut = parser_.done() && !ev.is_final;
+  if (!ev.is_final && !cut) return stream_ ? events_to_sse(events) : std::string();
+  if (!cut && ev.finish == FinishReason::kError) {
+    done_ = true;
+    finish_reason_ = "error";
+    error_ = ev.error == ErrorCode::kUnavailable ? ApiError{.status = 503,
+                                                            .type = "server_error",
+                                                            .code = "unavailable",
+                                                            .message = ev.message,
+                                                            .retry_after_s = 5}
+                                                 : ApiError{.status = 500,
+                                                            .type = "server_error",
+                                                            .code = "internal_error",
+                                                            .message = ev.message};
+    if (!stream_) return {};
+    // After the 200 header the error travels in the stream; [DONE] still ends it (dsh and the
+    // openai client both need a terminal event).
+    return events_to_sse(events) + "data: " + error_body(error_) + "\n\ndata: [DONE]\n\n";
   }
-  if (!ev.is_final) {
-    accumulate(deltas);
-    return stream_ ? deltas_to_sse(deltas) : std::string();
-  }
-  parser_.push(decoder_.finish(), deltas);
-  parser_.finish(deltas);
-  accumulate(deltas);
-  std::string out = stream_ ? deltas_to_sse(deltas) : std::string();
-  switch (ev.finish) {
-    case FinishReason::kStop: return out + finish("stop");
-    case FinishReason::kLength: return out + finish("length");
-    case FinishReason::kCancelled: return out + finish("abort");
-    default: break;
-  }
-  done_ = true;
-  finish_reason_ = "error";
-  error_ = ev.error == ErrorCode::kUnavailable
-               ? ApiError{.status = 503, .type = "server_error", .code = "unavailable", .message = ev.message, .retry_after_s = 5}
-               : ApiError{.status = 500, .type = "server_error", .code = "internal_error", .message = ev.message};
-  if (!stream_) return {};
-  // After the 200 header the error travels in the stream; [DONE] still ends it (dsh and the
-  // openai client both need a terminal event).
-  return out + "data: " + error_body(error_) + "\n\ndata: [DONE]\n\n";
+  wants_cancel_ = cut;
+  auto tail = parser_.finish(!cut && ev.finish == FinishReason::kLength);
+  accumulate(tail);
+  events.insert(events.end(), std::make_move_iterator(tail.begin()),
+                std::make_move_iterator(tail.end()));
+  std::string out = stream_ ? events_to_sse(events) : std::string();
+  if (!cut && ev.finish == FinishReason::kCancelled) return out + finish("abort");
+  return out + finish(text::finish_reason_name(parser_.finish_reason()));
 }
 
 std::string ChatStream::response_body() const {
@@ -186,7 +209,8 @@ std::string ChatStream::response_body() const {
   if (!calls_.empty()) {
     Json tc = Json::array();
     for (size_t i = 0; i < calls_.size(); ++i)
-      tc.push_back({{"id", calls_[i].id}, {"type", "function"},
+      tc.push_back({{"id", calls_[i].id},
+                    {"type", "function"},
                     {"function", {{"name", calls_[i].name}, {"arguments", calls_[i].args}}}});
     msg["tool_calls"] = tc;
   }
@@ -195,7 +219,9 @@ std::string ChatStream::response_body() const {
                {"created", header_.created},
                {"model", header_.model},
                {"system_fingerprint", "dsuf"},
-               {"choices", Json::array({{{"index", 0}, {"message", msg}, {"logprobs", nullptr},
+               {"choices", Json::array({{{"index", 0},
+                                         {"message", msg},
+                                         {"logprobs", nullptr},
                                          {"finish_reason", finish_reason_}}})},
                {"usage", usage_json(prompt_tokens_, completion_tokens_, reasoning_tokens_, 0)}};
   return dump(body);

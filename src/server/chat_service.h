@@ -13,8 +13,8 @@
 #include "engine/engine.h"
 #include "server/metrics.h"
 #include "server/openai.h"
-#include "server/response_adapter.h"
 #include "text/chat_encoder.h"
+#include "text/response_parser.h"
 #include "text/tokenizer.h"
 
 namespace dsuf::server {
@@ -23,8 +23,7 @@ struct PreparedChat {
   ChatCall call;
   std::vector<int32_t> prompt;
   bool thinking_prompt = false;  // the prompt ends with <think>: output starts as reasoning
-  bool tool_calls_open = false;  // the prompt already opened a DSML block
-  bool strip_leading = true;
+  bool continuation = false;     // the last message is an assistant prefix being continued
 };
 
 class ChatService {
@@ -72,15 +71,14 @@ class ChatStream {
   std::string response_body() const;
 
  private:
-  std::string deltas_to_sse(const std::vector<Delta>& deltas);
-  void accumulate(const std::vector<Delta>& deltas);
+  std::string events_to_sse(const std::vector<text::ParseEvent>& events);
+  void accumulate(const std::vector<text::ParseEvent>& events);
   std::string finish(const std::string& reason);
 
-  const text::Tokenizer& tok_;
-  text::StreamDecoder decoder_;
-  ResponseParser parser_;
+  text::ResponseParser parser_;
   ChunkHeader header_;
   bool stream_, include_usage_, thinking_;
+  bool in_reasoning_;  // for counting reasoning tokens: no content or tool call seen yet
   bool done_ = false, wants_cancel_ = false;
   std::string finish_reason_;
   ApiError error_;

@@ -31,7 +31,9 @@ constexpr auto kTuple = asio::as_tuple(use_awaitable);
 std::chrono::steady_clock::duration secs(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 // Events from the scheduler thread, queued for the connection's coroutine.
 struct Pending {
@@ -50,32 +52,44 @@ std::string random_hex(size_t n) {
   return s;
 }
 
-
 // Built outside the coroutines: g++ 12 rejects aggregate temporaries with string members inside
 // co_await expressions ("array used as initializer").
 ApiError not_found(const std::string& path) {
   return {.status = 404, .code = "not_found", .message = "no route for " + path};
 }
 ApiError model_not_found(const std::string& id) {
-  return {.status = 404, .code = "model_not_found", .param = "model", .message = "the model '" + id + "' does not exist"};
+  return {.status = 404,
+          .code = "model_not_found",
+          .param = "model",
+          .message = "the model '" + id + "' does not exist"};
 }
 ApiError shutting_down() {
-  return {.status = 503, .type = "server_error", .code = "unavailable", .message = "the server is shutting down",
+  return {.status = 503,
+          .type = "server_error",
+          .code = "unavailable",
+          .message = "the server is shutting down",
           .retry_after_s = 5};
 }
 ApiError request_timeout(double s) {
-  return {.status = 408, .code = "request_timeout",
+  return {.status = 408,
+          .code = "request_timeout",
           .message = detail::concat("the request did not arrive completely within ", s, " s")};
 }
 ApiError too_large(size_t limit) {
-  return {.status = 413, .code = "request_too_large",
+  return {.status = 413,
+          .code = "request_too_large",
           .message = detail::concat("the request body exceeds the limit of ", limit, " bytes")};
 }
 ApiError headers_too_large() {
-  return {.status = 431, .code = "headers_too_large", .message = "the request headers exceed 64 KiB"};
+  return {
+      .status = 431, .code = "headers_too_large", .message = "the request headers exceed 64 KiB"};
 }
-std::string status_body(const std::string& why) { return dump(Json{{"status", why}}); }
-ApiError malformed(const std::string& what) { return bad_request("malformed HTTP request: " + what); }
+std::string status_body(const std::string& why) {
+  return dump(Json{{"status", why}});
+}
+ApiError malformed(const std::string& what) {
+  return bad_request("malformed HTTP request: " + what);
+}
 
 }  // namespace
 
@@ -125,9 +139,10 @@ struct HttpServer::Impl {
     co_return co_await write(sock, res);
   }
 
-  awaitable<bool> send_error(tcp::socket& sock, unsigned version, bool keep_alive, const ApiError& e) {
-    co_return co_await send(sock, version, keep_alive, static_cast<http::status>(e.status), error_body(e),
-                            "application/json", e.retry_after_s);
+  awaitable<bool> send_error(tcp::socket& sock, unsigned version, bool keep_alive,
+                             const ApiError& e) {
+    co_return co_await send(sock, version, keep_alive, static_cast<http::status>(e.status),
+                            error_body(e), "application/json", e.retry_after_s);
   }
 
   awaitable<bool> write_chunk(tcp::socket& sock, const std::string& data) {
@@ -154,7 +169,8 @@ struct HttpServer::Impl {
   }
 
   // ---- routes ------------------------------------------------------------------------------
-  awaitable<bool> handle(tcp::socket& sock, beast::flat_buffer& buf, http::request<http::string_body>& req) {
+  awaitable<bool> handle(tcp::socket& sock, beast::flat_buffer& buf,
+                         http::request<http::string_body>& req) {
     std::string_view target(req.target().data(), req.target().size());
     const std::string path(target.substr(0, target.find('?')));
     const unsigned v = req.version();
@@ -163,11 +179,13 @@ struct HttpServer::Impl {
     const bool post = req.method() == http::verb::post;
 
     if (path == "/livez") {
-      if (!get) co_return co_await send_error(sock, v, ka, method_not_allowed(path, std::string("GET")));
+      if (!get)
+        co_return co_await send_error(sock, v, ka, method_not_allowed(path, std::string("GET")));
       co_return co_await send(sock, v, ka, http::status::ok, std::string(R"({"status":"ok"})"));
     }
     if (path == "/readyz" || path == "/health") {
-      if (!get) co_return co_await send_error(sock, v, ka, method_not_allowed(path, std::string("GET")));
+      if (!get)
+        co_return co_await send_error(sock, v, ka, method_not_allowed(path, std::string("GET")));
       std::string why;
       {
         std::lock_guard lk(mu);
@@ -176,57 +194,62 @@ struct HttpServer::Impl {
       if (why.empty() && draining) why = "draining";
       if (why.empty() && !svc()->engine().ready()) why = "warming up";
       if (!why.empty())
-        co_return co_await send(sock, v, ka, http::status::service_unavailable,
-                                status_body(why), std::string_view("application/json"), 5);
+        co_return co_await send(sock, v, ka, http::status::service_unavailable, status_body(why),
+                                std::string_view("application/json"), 5);
       co_return co_await send(sock, v, ka, http::status::ok, std::string(R"({"status":"ok"})"));
     }
     if (path == "/metrics") {
-      if (!get) co_return co_await send_error(sock, v, ka, method_not_allowed(path, std::string("GET")));
+      if (!get)
+        co_return co_await send_error(sock, v, ka, method_not_allowed(path, std::string("GET")));
       auto s = svc();
       EngineStats st;
       if (s) st = s->engine().stats();
-      co_return co_await send(sock, v, ka, http::status::ok, metrics.render(st), std::string_view("text/plain; version=0.0.4"));
+      co_return co_await send(sock, v, ka, http::status::ok, metrics.render(st),
+                              std::string_view("text/plain; version=0.0.4"));
     }
     if (path == "/v1/models" || path == "/models" || path.starts_with("/v1/models/")) {
-      if (!get) co_return co_await send_error(sock, v, ka, method_not_allowed(path, std::string("GET")));
+      if (!get)
+        co_return co_await send_error(sock, v, ka, method_not_allowed(path, std::string("GET")));
       auto s = svc();
       if (!s) co_return co_await send_error(sock, v, ka, loading());
       if (path.starts_with("/v1/models/")) {
         const std::string id = path.substr(11);
-        if (id != s->model().id)
-          co_return co_await send_error(
-              sock, v, ka,
-              model_not_found(id));
+        if (id != s->model().id) co_return co_await send_error(sock, v, ka, model_not_found(id));
         co_return co_await send(sock, v, ka, http::status::ok, model_body(s->model()));
       }
       co_return co_await send(sock, v, ka, http::status::ok, models_body(s->model()));
     }
     if (path == "/v1/chat/completions" || path == "/chat/completions") {
-      if (!post) co_return co_await send_error(sock, v, ka, method_not_allowed(path, std::string("POST")));
+      if (!post)
+        co_return co_await send_error(sock, v, ka, method_not_allowed(path, std::string("POST")));
       co_return co_await chat(sock, buf, req);
     }
-    co_return co_await send_error(sock, v, ka,
-                                  not_found(path));
+    co_return co_await send_error(sock, v, ka, not_found(path));
   }
 
   static ApiError method_not_allowed(const std::string& path, const std::string& allowed) {
-    return {.status = 405, .code = "method_not_allowed", .message = path + " accepts " + allowed + " only"};
+    return {.status = 405,
+            .code = "method_not_allowed",
+            .message = path + " accepts " + allowed + " only"};
   }
   ApiError loading() {
     std::lock_guard lk(mu);
-    return {.status = 503, .type = "server_error", .code = "unavailable",
-            .message = load_error.empty() ? "the model is still loading" : "the model failed to load: " + load_error,
+    return {.status = 503,
+            .type = "server_error",
+            .code = "unavailable",
+            .message = load_error.empty() ? "the model is still loading"
+                                          : "the model failed to load: " + load_error,
             .retry_after_s = 5};
   }
 
-  awaitable<bool> chat(tcp::socket& sock, beast::flat_buffer& buf, http::request<http::string_body>& req) {
+  awaitable<bool> chat(tcp::socket& sock, beast::flat_buffer& buf,
+                       http::request<http::string_body>& req) {
     const auto t0 = Clock::now();
     const unsigned v = req.version();
     const bool ka = req.keep_alive();
     auto s = svc();
     if (!s || !s->engine().ready()) co_return co_await send_error(sock, v, ka, loading());
-    if (draining)
-      co_return co_await send_error(sock, v, ka, shutting_down());
+    if (draining) co_return co_await send_error(sock, v, ka, shutting_down());
     const std::string id = "chatcmpl-" + random_hex(24);
     std::string peer;
     {
@@ -235,8 +258,8 @@ struct HttpServer::Impl {
       if (!ec) peer = ep.address().to_string() + ":" + std::to_string(ep.port());
     }
     auto log_refusal = [&](const ApiError& e) {
-      std::fprintf(stderr, "chat %s %s status=%d error=\"%s\"\n", id.c_str(), peer.c_str(), e.status,
-                   e.message.substr(0, 200).c_str());
+      std::fprintf(stderr, "chat %s %s status=%d error=\"%s\"\n", id.c_str(), peer.c_str(),
+                   e.status, e.message.substr(0, 200).c_str());
     };
     PreparedChat p;
     std::optional<ApiError> refused;
@@ -249,7 +272,8 @@ struct HttpServer::Impl {
       log_refusal(*refused);
       co_return co_await send_error(sock, v, ka, *refused);
     }
-    if (!p.call.seed_given) p.call.sampling.seed = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
+    if (!p.call.seed_given)
+      p.call.sampling.seed = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
 
     auto st = std::make_shared<Pending>(sock.get_executor());
     uint64_t rid = 0;
@@ -269,7 +293,8 @@ struct HttpServer::Impl {
     }
     ++inflight;
 
-    ChatStream cs(s->tokenizer(), p, {.id = id, .created = std::time(nullptr), .model = p.call.model});
+    ChatStream cs(s->tokenizer(), p,
+                  {.id = id, .created = std::time(nullptr), .model = p.call.model});
     const bool stream = p.call.stream;
     bool ok = true;
     if (stream) {
@@ -310,7 +335,8 @@ struct HttpServer::Impl {
       st->wake.expires_after(secs(opt.keepalive_s));
       auto [ec] = co_await st->wake.async_wait(kTuple);
       // A quiet stretch (long prefill, a full queue): a comment keeps proxies and dsh patient.
-      if (!ec && stream && st->events.empty() && !st->gone) ok = co_await write_chunk(sock, ": keep-alive\n\n");
+      if (!ec && stream && st->events.empty() && !st->gone)
+        ok = co_await write_chunk(sock, ": keep-alive\n\n");
     }
     const bool gone = !ok || st->gone;
     if (gone && !cs.done()) {
@@ -347,12 +373,12 @@ struct HttpServer::Impl {
       metrics.generation_len.observe(static_cast<double>(cs.completion_tokens()));
     }
     metrics.finished(reason);
-    std::fprintf(stderr,
-                 "chat %s %s %s prompt=%lld completion=%lld ttft=%.3fs e2e=%.3fs finish=%s%s\n", id.c_str(),
-                 peer.c_str(), stream ? "stream" : "json", static_cast<long long>(cs.prompt_tokens()),
-                 static_cast<long long>(cs.completion_tokens()),
-                 first == Clock::time_point{} ? 0.0 : std::chrono::duration<double>(first - t0).count(), e2e,
-                 reason.c_str(), gone && !cs.done() ? " (client gone)" : "");
+    std::fprintf(
+        stderr, "chat %s %s %s prompt=%lld completion=%lld ttft=%.3fs e2e=%.3fs finish=%s%s\n",
+        id.c_str(), peer.c_str(), stream ? "stream" : "json",
+        static_cast<long long>(cs.prompt_tokens()), static_cast<long long>(cs.completion_tokens()),
+        first == Clock::time_point{} ? 0.0 : std::chrono::duration<double>(first - t0).count(), e2e,
+        reason.c_str(), gone && !cs.done() ? " (client gone)" : "");
     co_return keep;
   }
 
@@ -366,49 +392,36 @@ struct HttpServer::Impl {
       http::request_parser<http::string_body> parser;
       parser.body_limit(opt.max_body_bytes);
       parser.header_limit(64 * 1024);
-      // One deadline for a whole request, so a sender that trickles bytes cannot hold a connection
-      // forever; an idle keep-alive connection gets the longer idle timeout.
+      // An idle keep-alive connection may wait long for its next request; once the first byte is
+      // there, the whole request must arrive within the request timeout, so a sender that trickles
+      // bytes cannot hold a connection forever.
+      if (buf.size() == 0) {
+        timer.expires_after(secs(opt.idle_timeout_s));
+        timer.async_wait([&sock](boost::system::error_code ec) {
+          if (!ec) sock.cancel();
+        });
+        auto [ec] = co_await sock.async_wait(tcp::socket::wait_read, kTuple);
+        timer.cancel();
+        if (ec) break;
+      }
       bool timed_out = false;
-      timer.expires_after(secs(buf.size() ? opt.request_timeout_s : opt.idle_timeout_s));
-      const bool idle_phase = buf.size() == 0;
+      timer.expires_after(secs(opt.request_timeout_s));
       timer.async_wait([&](boost::system::error_code ec) {
         if (ec) return;
         timed_out = true;
         sock.cancel();
       });
-      // The idle timeout only covers waiting for the first byte; from then on the request
-      // timeout applies.
-      boost::system::error_code ec;
-      if (idle_phase) {
-        auto [e1, n1] = co_await http::async_read_header(sock, buf, parser, kTuple);
-        ec = e1;
-        if (!ec && !parser.is_done()) {
-          timer.expires_after(secs(opt.request_timeout_s));
-          timer.async_wait([&](boost::system::error_code e) {
-            if (e) return;
-            timed_out = true;
-            sock.cancel();
-          });
-          auto [e2, n2] = co_await http::async_read(sock, buf, parser, kTuple);
-          ec = e2;
-        }
-      } else {
-        auto [e1, n1] = co_await http::async_read(sock, buf, parser, kTuple);
-        ec = e1;
-      }
+      auto [ec, n] = co_await http::async_read(sock, buf, parser, kTuple);
       timer.cancel();
       if (ec) {
         const unsigned ver = parser.get().version() ? parser.get().version() : 11;
         if (timed_out) {
           if (parser.got_some() || buf.size())
-            co_await send_error(sock, ver, false,
-                                request_timeout(opt.request_timeout_s));
+            co_await send_error(sock, ver, false, request_timeout(opt.request_timeout_s));
         } else if (ec == http::error::body_limit) {
-          co_await send_error(sock, ver, false,
-                              too_large(opt.max_body_bytes));
+          co_await send_error(sock, ver, false, too_large(opt.max_body_bytes));
         } else if (ec == http::error::header_limit) {
-          co_await send_error(sock, ver, false,
-                              headers_too_large());
+          co_await send_error(sock, ver, false, headers_too_large());
         } else if (ec.category() == http::make_error_code(http::error::bad_version).category() &&
                    ec != http::error::end_of_stream && ec != http::error::partial_message) {
           co_await send_error(sock, ver, false, malformed(ec.message()));
@@ -442,7 +455,8 @@ struct HttpServer::Impl {
     draining = true;
     auto s = svc();
     if (s) s->engine().stop_accepting();
-    std::fprintf(stderr, "serve: draining %d in-flight request(s) (up to %.0f s)\n", inflight, opt.drain_timeout_s);
+    std::fprintf(stderr, "serve: draining %d in-flight request(s) (up to %.0f s)\n", inflight,
+                 opt.drain_timeout_s);
     asio::steady_timer t(ioc);
     const auto deadline = Clock::now() + secs(opt.drain_timeout_s);
     while (inflight > 0 && Clock::now() < deadline) {

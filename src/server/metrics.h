@@ -15,7 +15,8 @@ namespace dsuf::server {
 
 class Histogram {
  public:
-  explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1) {}
+  explicit Histogram(std::vector<double> bounds)
+      : bounds_(std::move(bounds)), counts_(bounds_.size() + 1) {}
   void observe(double v);
   void render(std::string& out, const std::string& name, const std::string& labels) const;
 

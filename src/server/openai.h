@@ -1,6 +1,7 @@
 // The OpenAI Chat Completions surface (spec ecosystem.md §2): request bodies in, checked and
 // turned into what the engine and the chat encoder need; chunks, responses and errors out in the
-// shapes the openai client and dsh parse. No HTTP here, so it compiles fast and tests without Beast.
+// shapes the openai client and dsh parse. No HTTP here, so it compiles fast and tests without
+// Beast.
 #pragma once
 
 #include <cstdint>
@@ -44,8 +45,7 @@ struct ChatCall {
 };
 
 struct ModelInfo {
-  std::string id;               // served name
-  std::vector<std::string> aliases;
+  std::string id;  // served name; requests may name any model and get their name echoed
   int64_t created = 0;
   int64_t max_context = 0;
 };
@@ -62,7 +62,8 @@ struct ChunkHeader {
   std::string model;
 };
 std::string sse(const Json& payload);  // "data: <json>\n\n"
-Json chunk(const ChunkHeader& h, const Json& delta, const char* finish_reason, bool with_usage_null);
+Json chunk(const ChunkHeader& h, const Json& delta, const char* finish_reason,
+           bool with_usage_null);
 Json usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t reasoning_tokens,
                 int64_t cached_tokens);
 

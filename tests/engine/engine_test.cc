@@ -39,19 +39,25 @@ std::vector<int32_t> reference(const std::vector<int32_t>& prompt, int n, Sampli
 }
 
 Request request(std::vector<int32_t> prompt, int max_tokens, SamplingParams sp = {}) {
-  return Request{.prompt = std::move(prompt), .sampling = sp, .max_tokens = max_tokens, .ignore_eos = true, .stop_token_ids = {}};
+  return Request{.prompt = std::move(prompt),
+                 .sampling = sp,
+                 .max_tokens = max_tokens,
+                 .ignore_eos = true,
+                 .stop_token_ids = {}};
 }
 
 void wait_until(const std::function<bool()>& cond) {
   auto t0 = std::chrono::steady_clock::now();
   while (!cond()) {
-    ASSERT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60)) << "condition never held";
+    ASSERT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60))
+        << "condition never held";
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
 }
 
 TEST(Engine, GreedyEqualsTheBackendByHandWithChunkedPrefill) {
-  Engine engine(backend(), {.max_batch = 4, .max_context = 256, .max_step_tokens = 16, .prefill_chunk = 7});
+  Engine engine(backend(),
+                {.max_batch = 4, .max_context = 256, .max_step_tokens = 16, .prefill_chunk = 7});
   const auto prompt = random_prompt(45, 1);
   EventQueue q;
   Admission a = engine.submit(request(prompt, 6), q.sink());
@@ -67,7 +73,8 @@ TEST(Engine, GreedyEqualsTheBackendByHandWithChunkedPrefill) {
 
 TEST(Engine, ABatchOfRequestsEqualsEachAlone) {
   // Small steps force prefill chunks of some requests to share steps with decodes of others.
-  Engine engine(backend(), {.max_batch = 8, .max_context = 256, .max_step_tokens = 12, .prefill_chunk = 5});
+  Engine engine(backend(),
+                {.max_batch = 8, .max_context = 256, .max_step_tokens = 12, .prefill_chunk = 5});
   struct Case {
     std::vector<int32_t> prompt;
     int n;
@@ -135,8 +142,10 @@ TEST(Engine, RefusesWhatCanNeverFitWithAReason) {
   EXPECT_EQ(a.error, ErrorCode::kInvalidRequest);
 
   // A budget smaller than one full-context sequence: long requests can never fit, short ones can.
-  Engine small(backend(), {.max_batch = 2, .max_context = 4096,
-                           .state_budget_bytes = backend().layout().bytes_for(1000), .warm_up = false});
+  Engine small(backend(), {.max_batch = 2,
+                           .max_context = 4096,
+                           .state_budget_bytes = backend().layout().bytes_for(1000),
+                           .warm_up = false});
   a = small.submit(request({5, 6}, 3000), q.sink());
   EXPECT_EQ(a.error, ErrorCode::kContextExceeded);
   EXPECT_NE(a.message.find("bytes"), std::string::npos) << a.message;
@@ -187,7 +196,8 @@ TEST(Engine, CancelFreesTheReservationAtOnce) {
 
 TEST(Engine, MemoryBudgetBoundsConcurrency) {
   // Room for two full-context sequences although eight could be batched.
-  Engine engine(backend(), {.max_batch = 8, .max_context = 64,
+  Engine engine(backend(), {.max_batch = 8,
+                            .max_context = 64,
                             .state_budget_bytes = 2 * backend().layout().bytes_for(64)});
   std::vector<EventQueue> qs(5);
   for (int i = 0; i < 5; ++i)

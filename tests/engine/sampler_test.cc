@@ -9,7 +9,9 @@
 namespace dsuf {
 namespace {
 
-std::vector<float> logits_peaked() { return {0.1f, 2.0f, 1.9f, -3.0f, 1.8f, 0.0f}; }
+std::vector<float> logits_peaked() {
+  return {0.1f, 2.0f, 1.9f, -3.0f, 1.8f, 0.0f};
+}
 
 TEST(Sampler, GreedyIsArgmaxLowestIndexOnTies) {
   EXPECT_EQ(argmax(std::vector<float>{1, 3, 3, 2}), 1);
