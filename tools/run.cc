@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/cpu_backend.h"
+#include "backend/factory.h"
 #include "core/error.h"
 #include "engine/sampler.h"
 #include "model/weights.h"
@@ -36,6 +36,7 @@ struct Args {
   bool ignore_eos = false;
   std::string numerics = "reference";
   int threads = 0;
+  int64_t max_context = 0;  // 0: prompt + max_tokens
 };
 
 std::vector<int32_t> parse_ids(const std::string& s) {
@@ -78,9 +79,10 @@ Args parse(int argc, char** argv) {
     else if (k == "--ignore-eos") a.ignore_eos = true;
     else if (k == "--numerics") a.numerics = value();
     else if (k == "--threads") a.threads = std::stoi(value());
+    else if (k == "--max-context") a.max_context = std::stoll(value());
     else if (k == "--help" || k == "-h") {
       std::printf(
-          "usage: run --ckpt DIR --cpu (--prompt TEXT | --prompt-ids 1,2,3) --max-tokens N\n"
+          "usage: run --ckpt DIR (--cpu | --gpus 0) (--prompt TEXT | --prompt-ids 1,2,3) --max-tokens N\n"
           "           [--temperature T] [--top-p P] [--top-k K] [--seed S] [--dump-logits FILE]\n"
           "           [--print-ids] [--ignore-eos] [--numerics reference|transformers] [--threads N]\n"
           "Greedy when the temperature is 0 (the default).\n");
@@ -89,8 +91,8 @@ Args parse(int argc, char** argv) {
       fail("unknown argument ", k, " (see run --help)");
   }
   if (a.have_prompt == !a.prompt_ids.empty()) fail("give exactly one of --prompt and --prompt-ids");
+  if (a.cpu && !a.gpus.empty()) fail("give one of --cpu and --gpus");
   if (!a.cpu && a.gpus.empty()) a.cpu = true;
-  if (!a.gpus.empty()) fail("--gpus: the CUDA backend is not built into run yet; use --cpu");
   if (a.max_tokens < 0) fail("--max-tokens must be >= 0");
   if (a.sampling.temperature < 0) fail("--temperature must be >= 0");
   if (!(a.sampling.top_p > 0 && a.sampling.top_p <= 1)) fail("--top-p must be in (0, 1]");
@@ -119,8 +121,15 @@ int run_main(int argc, char** argv) {
   if (a.have_prompt) fail("--prompt needs the text library (built without it); use --prompt-ids");
   compressed = dsuf::read_compressed_id_table(std::string(DSUF_SOURCE_DIR) + "/assets/tokenizer/engram-compressed-ids.txt");
 #endif
-  dsuf::CpuNumerics num = a.numerics == "transformers" ? dsuf::transformers_numerics() : dsuf::CpuNumerics{};
-  dsuf::CpuBackend backend(*model, std::move(compressed), num, a.threads);
+  dsuf::BackendOptions bo;
+  bo.cpu = a.cpu;
+  if (!a.cpu) bo.gpus = dsuf::parse_gpu_list(a.gpus);
+  bo.max_batch = 1;
+  bo.max_context = a.max_context > 0 ? a.max_context : int64_t(a.prompt_ids.size()) + a.max_tokens + 1;
+  bo.numerics = a.numerics == "transformers" ? dsuf::transformers_numerics() : dsuf::CpuNumerics{};
+  bo.cpu_threads = a.threads;
+  std::unique_ptr<dsuf::Backend> backend_ptr = dsuf::make_backend(*model, std::move(compressed), bo);
+  dsuf::Backend& backend = *backend_ptr;
   const double load_s = seconds_since(t_load);
 
   dsuf::SequenceState st = backend.new_sequence();
@@ -161,10 +170,10 @@ int run_main(int argc, char** argv) {
   const int decode_steps = static_cast<int>(out.size()) - 1;  // the first token comes from prefill
   std::fprintf(stderr,
                "stats: load %.2f s | prefill %zu tokens %.3f s (%.1f tok/s) | decode %d tokens %.3f s (%.1f tok/s) | "
-               "backend cpu (%s numerics)\n",
+               "backend %s (%s numerics)\n",
                load_s, a.prompt_ids.size(), prefill_s, a.prompt_ids.size() / std::max(prefill_s, 1e-9),
                std::max(decode_steps, 0), decode_s, std::max(decode_steps, 0) / std::max(decode_s, 1e-9),
-               a.numerics.c_str());
+               a.cpu ? "cpu" : ("cuda:" + a.gpus).c_str(), a.numerics.c_str());
   return 0;
 }
 

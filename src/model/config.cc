@@ -341,6 +341,17 @@ ModelConfig parse_model_config(const json& j, const std::string& source) {
   mult("o_lora_rank", t.o_lora_rank);
   mult("moe_intermediate_size", t.moe_intermediate_size);
 
+  auto token = [&](const Fields& f, const char* key, int64_t id) {
+    require(id >= 0 && id < t.vocab_size, f, key,
+            std::to_string(id) + " is outside the vocabulary of " + std::to_string(t.vocab_size));
+  };
+  token(top, "bos_token_id", c.bos_token_id);
+  token(top, "eos_token_id", c.eos_token_id);
+  token(top, "pad_token_id", c.pad_token_id);
+  token(top, "image_token_id", c.image_token_id);
+  token(tf, "engram_pad_token_id", t.engram_pad_token_id);
+  if (t.num_nextn_predict_layers > 0) token(tf, "dspark_noise_token_id", t.dspark_noise_token_id);
+
   c.layers = derive_plan(c.text, tf);
   for (int s = 0; s < t.num_nextn_predict_layers; ++s)
     c.dspark.push_back({.stage = s, .first = s == 0, .last = s == t.num_nextn_predict_layers - 1});

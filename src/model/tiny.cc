@@ -1,6 +1,8 @@
 #include "model/tiny.h"
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -141,17 +143,69 @@ void write_text(const fs::path& p, const std::string& s) {
 
 }  // namespace
 
+nlohmann::json variant_config_json(const std::string& variant) {
+  nlohmann::json j = tiny_config_json();
+  if (variant == "tiny") return j;
+  if (variant != "real-dims") fail("make-tiny: unknown --variant '", variant, "' (tiny or real-dims)");
+  nlohmann::json& t = j["text_config"];
+  t["vocab_size"] = 16384;
+  j["image_token_id"] = 16000;
+  t["dspark_noise_token_id"] = 16001;
+  t["hidden_size"] = 5120;
+  t["num_hidden_layers"] = 4;
+  t["num_attention_heads"] = 64;
+  t["head_dim"] = 512;
+  t["qk_rope_head_dim"] = 64;
+  t["q_lora_rank"] = 1280;
+  t["o_groups"] = 8;
+  t["o_lora_rank"] = 1024;
+  t["sliding_window"] = 128;
+  t["compress_ratios"] = {0, 2, 1, 1, 0};
+  t["kv_source_layer_ids"] = {1, 2};
+  t["index_source_layer_ids"] = {1, 2, 3};
+  t["candidate_source_layer_id"] = 2;
+  t["candidate_topk_blocks"] = 4;
+  t["candidate_block_size"] = 8;
+  t["index_n_heads"] = 32;
+  t["index_head_dim"] = 128;
+  t["index_topk"] = 64;
+  t["n_routed_experts"] = 8;
+  t["num_experts_per_tok"] = 6;
+  t["moe_intermediate_size"] = 2304;
+  t["engram_layer_ids"] = {1};
+  t["engram_n_heads"] = 8;
+  t["engram_head_dim"] = 256;
+  // 24 primes from 1000 upwards (n-gram sizes 2..4 × 8 heads).
+  t["engram_num_embeddings"] = {25874};
+  t["dspark_target_layer_ids"] = {1, 2, 3};
+  t["dspark_markov_rank"] = 256;
+  t["dspark_n_routed_experts"] = 8;
+  t["dspark_num_experts_per_tok"] = 3;
+  t["max_position_embeddings"] = 65536;
+  return j;
+}
+
 void write_tiny_checkpoint(const TinyOptions& opt) {
   if (opt.out_dir.empty()) fail("make-tiny: --out is required");
   fs::create_directories(opt.out_dir);
-  nlohmann::json cfg_json = tiny_config_json();
+  nlohmann::json cfg_json = variant_config_json(opt.variant);
   ModelConfig cfg = parse_model_config(cfg_json, "tiny config");
 
+  // Each weight has its own random stream, so drawing them on several threads changes nothing.
+  const std::vector<WeightSpec> specs = expected_weights(cfg);
+  std::vector<std::vector<Owned>> encoded(specs.size());
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i; (i = next++) < specs.size();) encoded[i] = encode(specs[i], draw(specs[i], opt.seed));
+  };
+  std::vector<std::thread> pool;
+  const unsigned n_threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  for (unsigned t = 1; t < n_threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& th : pool) th.join();
   std::vector<SafetensorsWriter::Tensor> tensors;
-  for (const WeightSpec& w : expected_weights(cfg)) {
-    for (Owned& o : encode(w, draw(w, opt.seed)))
-      tensors.push_back({o.spec.name, o.spec.dtype, o.spec.shape, std::move(o.bytes)});
-  }
+  for (auto& group : encoded)
+    for (Owned& o : group) tensors.push_back({o.spec.name, o.spec.dtype, o.spec.shape, std::move(o.bytes)});
   write_sharded_checkpoint(opt.out_dir, std::move(tensors), opt.num_shards);
 
   const fs::path out(opt.out_dir);

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 namespace dsuf {
 
 struct TinyOptions {
@@ -13,7 +15,16 @@ struct TinyOptions {
   uint64_t seed = 1;
   int num_shards = 4;
   std::string tokenizer_dir;  // holds tokenizer.json and tokenizer_config.json
+  // "tiny": model-spec §6.2. "real-dims": every per-layer dimension of the real V4.1-Flash (hidden
+  // 5120, 64 heads × 512, rope 64, q rank 1280, o 8 × 1024, MXFP4 experts 2304 wide, indexer 32 × 128,
+  // window 128, Engram 8 heads × 256) with 4 layers (ratios 0, 2, 1, 1: every role), 8 experts
+  // (top 6), a 16384-token vocabulary and small Engram tables — the shapes the kernels meet, small
+  // enough to write and to run on the CPU reference.
+  std::string variant = "tiny";
 };
+
+// The JSON config of a variant (throws on an unknown name).
+nlohmann::json variant_config_json(const std::string& variant);
 
 void write_tiny_checkpoint(const TinyOptions& opt);
 

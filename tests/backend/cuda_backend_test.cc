@@ -6,6 +6,9 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <random>
+
+#include "core/error.h"
 
 #include "backend/cuda/cuda_backend.h"
 #include "engine/sampler.h"
@@ -155,6 +158,82 @@ TEST(CudaSelf, BatchEqualsAlone) {
   for (size_t i = 0; i < seqs.size(); ++i) {
     SequenceState alone = gpu().new_sequence();
     EXPECT_EQ(diff(run(gpu(), alone, seqs[i], Logits::kLast), logits[i]).max_abs, 0.0);
+  }
+}
+
+}  // namespace
+}  // namespace dsuf
+
+namespace dsuf {
+namespace {
+
+// The real V4.1 per-layer dimensions (dsuf make-tiny --variant real-dims): 4 layers with every role.
+const LoadedModel& real_dims_model() {
+  static std::unique_ptr<LoadedModel> m = [] {
+    std::string dir = std::getenv("DSUF_REAL_DIMS_CKPT") ? std::getenv("DSUF_REAL_DIMS_CKPT") : "/tmp/dsuf-real-dims-seed1";
+    if (!std::filesystem::exists(dir + "/config.json"))
+      write_tiny_checkpoint({.out_dir = dir, .seed = 1, .num_shards = 4,
+                             .tokenizer_dir = testing::source_dir() + "/assets/tokenizer", .variant = "real-dims"});
+    return load_model(dir);
+  }();
+  return *m;
+}
+
+TEST(CudaVsCpuRealDims, PrefillChunksAndDecodeBitIdentical) {
+  const LoadedModel& m = real_dims_model();
+  CpuBackend cpu_b(m, compressed_ids(), CpuNumerics{}, 0);
+  CudaBackend gpu_b(m, compressed_ids(), CudaOptions{.max_context = 512, .max_chunk = 64, .numerics = {}});
+  // 150 prompt tokens cross the 128-token window; ratio-2 entries (75) exceed index_topk (64); the
+  // ratio-1 entries exceed the candidate blocks (4 × 8). The GPU takes the prompt in chunks of 64.
+  std::mt19937 rng(99);
+  std::uniform_int_distribution<int32_t> id(3, int32_t(m.config.text.vocab_size) - 1);
+  std::vector<int32_t> prompt(150);
+  for (auto& t : prompt) t = id(rng);
+  prompt[40] = prompt[41] = m.config.image_token_id;
+  SequenceState sc = cpu_b.new_sequence(), sg = gpu_b.new_sequence();
+  std::vector<std::vector<float>> tc, tg;
+  std::vector<float> lc = run(cpu_b, sc, prompt, Logits::kLast, &tc);
+  std::vector<float> lg = run(gpu_b, sg, prompt, Logits::kLast, &tg);
+  // The GPU traced each 64-token chunk separately: join the chunks layer by layer.
+  const size_t L = tc.size();
+  ASSERT_EQ(tg.size() % L, 0u);
+  std::vector<std::vector<float>> joined(L);
+  for (size_t i = 0; i < tg.size(); ++i) joined[i % L].insert(joined[i % L].end(), tg[i].begin(), tg[i].end());
+  tg = std::move(joined);
+  ASSERT_EQ(tg[0].size(), tc[0].size());
+  size_t layers_equal = 0;
+  for (size_t l = 0; l < tc.size(); ++l) {
+    Diff d = diff(tg[l], tc[l]);
+    std::printf("real dims, layer %zu: max |diff| %.3g (ref rms %.3g)\n", l, d.max_abs, d.ref_rms);
+    layers_equal += d.max_abs == 0;
+  }
+  EXPECT_EQ(layers_equal, tc.size());
+  EXPECT_EQ(diff(lg, lc).max_abs, 0.0);
+  std::vector<int32_t> toks_c, toks_g;
+  for (int step = 0; step < 16; ++step) {
+    toks_c.push_back(argmax(lc));
+    toks_g.push_back(argmax(lg));
+    lc = run(cpu_b, sc, {toks_c.back()}, Logits::kLast);
+    lg = run(gpu_b, sg, {toks_c.back()}, Logits::kLast);
+    EXPECT_EQ(diff(lg, lc).max_abs, 0.0) << "decode step " << step;
+  }
+  EXPECT_EQ(toks_g, toks_c);
+  gpu_b.download(sg);
+  EXPECT_EQ(sg.serialize(gpu_b.layout()), sc.serialize(cpu_b.layout()));
+}
+
+TEST(CudaMemoryPlan, RefusesWithNumbers) {
+  const LoadedModel& m = real_dims_model();
+  CudaMemoryPlan p = plan_cuda_memory(m, CudaOptions{.max_context = 1 << 20, .max_chunk = 512, .numerics = {}, .max_batch = 64});
+  std::printf("plan at 1M context x 64: %s\n", p.describe().c_str());
+  EXPECT_GT(p.weights, size_t(1) << 30);
+  try {
+    CudaBackend b(m, compressed_ids(), CudaOptions{.max_context = int64_t(1) << 24, .max_chunk = 512, .numerics = {}, .max_batch = 4096});
+    ADD_FAILURE() << "a plan far beyond the GPU was accepted";
+  } catch (const Error& e) {
+    std::printf("refusal: %s\n", e.what());
+    EXPECT_NE(std::string(e.what()).find("does not fit"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("GiB"), std::string::npos);
   }
 }
 

@@ -103,6 +103,8 @@ TEST(Config, RefusesWithTheFieldName) {
   expect_config_error([](json& j) { j["quantization_config"]["weight_block_size"] = {128, 128}; }, "weight_block_size");
   expect_config_error([](json& j) { j["quantization_config"]["scale_fmt"] = "fp32"; }, "scale_fmt");
   expect_config_error([](json& j) { j["vision_config"]["model_type"] = "clip"; }, "vision_config.model_type");
+  expect_config_error([](json& j) { j["image_token_id"] = 200000; }, "image_token_id");
+  expect_config_error([](json& j) { j["text_config"]["vocab_size"] = 1000; }, "outside the vocabulary");
   expect_config_error([](json& j) { j["text_config"]["engram_num_embeddings"] = {1, 2}; }, "engram_num_embeddings");
   expect_config_error([](json& j) { j["text_config"]["compress_ratios"] = {0, 0, 2, 2, 1, 0, 1, 1, 0}; }, "compress_ratios");
 }

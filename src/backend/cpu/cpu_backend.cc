@@ -110,11 +110,12 @@ void fp8_linear(const Fp8Linear& W, const float* x, float* y, bool act_quant, in
 }
 
 // y = bf16(W·x) for a packed E2M1 weight with an E8M0 scale per 32 inputs (FP4 upcast exactly).
-void fp4_linear(const Fp4Linear& W, const float* x, float* y, bool act_quant) {
+void fp4_linear(const Fp4Linear& W, const float* x, float* y, bool act_quant, int threads = 1) {
   const QuantAct a = quant_act(x, W.in, act_quant);
   const int64_t nb = W.in / 32;
   const float* L = lut().e2m1;
-  for (int64_t o = 0; o < W.out; ++o) {
+  parallel_for(W.out, threads, [&](int64_t o0, int64_t o1) {
+  for (int64_t o = o0; o < o1; ++o) {
     const uint8_t* wr = W.w + o * (W.in / 2);
     const uint8_t* sr = W.scale + o * nb;
     const float acc = det::lane_sum(nb, [&](int64_t kb) {
@@ -127,6 +128,7 @@ void fp4_linear(const Fp4Linear& W, const float* x, float* y, bool act_quant) {
     });
     y[o] = rb(acc);
   }
+  });
 }
 
 // FP32 product with a BF16 weight (routers, compressors, indexer projections).
@@ -373,7 +375,7 @@ void CpuBackend::engram(int layer, Chunk& c) {
       const uint8_t* s = ew.table.scale + row_ids[r] * (ehd / 32);
       for (int64_t d = 0; d < ehd; ++d) emb[r * ehd + d] = lut().e4m3[w[d]] * lut().e8m0[s[d / 32]];
     }
-    fp8_linear(ew.wkv, emb.data(), kv.data(), numerics_.act_quant);
+    fp8_linear(ew.wkv, emb.data(), kv.data(), numerics_.act_quant, threads_);
     const float* v = kv.data() + n * D;
     float* X = c.X.data() + int64_t{i} * n * D;
     const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
@@ -405,12 +407,12 @@ void CpuBackend::attention(int layer, Chunk& c, const float* x, float* out) {
   std::vector<float> q_lat(n * qr), q(int64_t{n} * H * hd), kvw(n * hd), tmp(std::max(qr, hd));
   for (int i = 0; i < n; ++i) {
     const int64_t pos = c.P + i;
-    fp8_linear(a.wq_a, x + i * D, tmp.data(), numerics_.act_quant);
+    fp8_linear(a.wq_a, x + i * D, tmp.data(), numerics_.act_quant, threads_);
     rms_norm(tmp.data(), qr, &a.q_norm, t.rms_norm_eps, q_lat.data() + i * qr);
-    fp8_linear(a.wq_b, q_lat.data() + i * qr, q.data() + int64_t{i} * H * hd, numerics_.act_quant);
+    fp8_linear(a.wq_b, q_lat.data() + i * qr, q.data() + int64_t{i} * H * hd, numerics_.act_quant, threads_);
     for (int h = 0; h < H; ++h) rope(q.data() + (int64_t{i} * H + h) * hd, hd, freq, pos, 1.0f);
     float* kv = kvw.data() + i * hd;
-    fp8_linear(a.wkv, x + i * D, tmp.data(), numerics_.act_quant);
+    fp8_linear(a.wkv, x + i * D, tmp.data(), numerics_.act_quant, threads_);
     rms_norm(tmp.data(), hd, &a.kv_norm, t.rms_norm_eps, kv);
     rope(kv, hd, freq, pos, 1.0f);
     if (kvq) fp8_fake_quant(kv, hd, 32);
@@ -492,7 +494,7 @@ void CpuBackend::attention(int layer, Chunk& c, const float* x, float* out) {
     for (int i = 0; i < n; ++i) {
       const int64_t pos = c.P + i;
       const int64_t vis = (pos + 1) / ratio;
-      fp8_linear(a.idx_wq_b, q_lat.data() + i * qr, qi.data(), numerics_.act_quant);
+      fp8_linear(a.idx_wq_b, q_lat.data() + i * qr, qi.data(), numerics_.act_quant, threads_);
       for (int h = 0; h < IH; ++h) {
         rope(qi.data() + h * ihd, ihd, inv_freq_compress_, pos, 1.0f);
         if (kvq) fp4_fake_quant_pow2(qi.data() + h * ihd, ihd, 32);
@@ -588,9 +590,9 @@ void CpuBackend::attention(int layer, Chunk& c, const float* x, float* out) {
       sub.w += g * ol * sub.in;
       sub.scale += (g * ol / 32) * (sub.in / 32);
       sub.out = ol;
-      fp8_linear(sub, o.data() + g * gin, zg.data() + g * ol, numerics_.wo_a_act_quant && numerics_.act_quant);
+      fp8_linear(sub, o.data() + g * gin, zg.data() + g * ol, numerics_.wo_a_act_quant && numerics_.act_quant, threads_);
     }
-    fp8_linear(a.wo_b, zg.data(), out + i * D, numerics_.act_quant);
+    fp8_linear(a.wo_b, zg.data(), out + i * D, numerics_.act_quant, threads_);
   }
 
   // 6. The window ring keeps the last W tokens.
@@ -633,16 +635,16 @@ void CpuBackend::moe(int /*layer*/, const BlockWeights& w, int n_experts, int to
   for (int32_t e : chosen) {
     const ExpertWeights& ex = m.experts[e];
     const float weight = score[e] / (wsum + 1e-20f) * static_cast<float>(t.routed_scaling_factor);
-    fp4_linear(ex.w1, x, h1.data(), numerics_.act_quant);
-    fp4_linear(ex.w3, x, h3.data(), numerics_.act_quant);
+    fp4_linear(ex.w1, x, h1.data(), numerics_.act_quant, threads_);
+    fp4_linear(ex.w3, x, h3.data(), numerics_.act_quant, threads_);
     swiglu(weight, true);
-    fp4_linear(ex.w2, h1.data(), y.data(), numerics_.act_quant);
+    fp4_linear(ex.w2, h1.data(), y.data(), numerics_.act_quant, threads_);
     for (int64_t d = 0; d < D; ++d) acc[d] += y[d];
   }
-  fp8_linear(m.shared_w1, x, h1.data(), numerics_.act_quant);
-  fp8_linear(m.shared_w3, x, h3.data(), numerics_.act_quant);
+  fp8_linear(m.shared_w1, x, h1.data(), numerics_.act_quant, threads_);
+  fp8_linear(m.shared_w3, x, h3.data(), numerics_.act_quant, threads_);
   swiglu(1.0f, numerics_.shared_expert_clamp);
-  fp8_linear(m.shared_w2, h1.data(), y.data(), numerics_.act_quant);
+  fp8_linear(m.shared_w2, h1.data(), y.data(), numerics_.act_quant, threads_);
   for (int64_t d = 0; d < D; ++d) out[d] = rb(acc[d] + y[d]);
 }
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "backend/cuda/check.h"
@@ -207,37 +208,96 @@ void CudaBackend::Impl::load() {
   alloc_workspace();
 }
 
-void CudaBackend::Impl::alloc_workspace() {
-  const TextConfig& t = model.config.text;
-  const int64_t N = opt.max_chunk, D = t.hidden_size, hc = t.hc_mult, H = t.num_attention_heads, hd = t.head_dim;
+namespace {
+// Every workspace buffer, in floats (or the element counts named), for one max_chunk forward. The
+// one list serves the allocation and the memory plan.
+struct WorkspaceSizes {
+  int64_t X, pre, mix, vecD, xq, sa, tmp, q_lat, q, kvw, ag, ring, o, zg, qi, wts, scores, bscores, sel, cand,
+      cand_mask, router, ids, h, ye, hs, emb, ekv, rows, flags, logits, cs;
+  int64_t score_stride, bscore_stride;
+  size_t bytes() const {
+    const int64_t floats = X + pre + 2 * mix + 3 * vecD + 2 * xq + 2 * sa + tmp + q_lat + q + kvw + ag + ring + o + zg +
+                           qi + wts + scores + bscores + router + ids /*rw*/ + 2 * h + ye + vecD /*ys*/ + 2 * hs + emb +
+                           ekv + logits + 3 * cs;
+    return size_t(floats) * 4 + size_t(sel + cand + ids) * 4 + size_t(cand_mask + 2 * flags) + size_t(rows + flags) * 8 +
+           size_t(flags) * 4 /*tok*/;
+  }
+};
+WorkspaceSizes workspace_sizes(const TextConfig& t, int64_t N, int64_t max_context, int64_t R) {
+  const int64_t D = t.hidden_size, hc = t.hc_mult, H = t.num_attention_heads, hd = t.head_dim;
   const int64_t qr = t.q_lora_rank, G = t.o_groups, ol = t.o_lora_rank, F = t.moe_intermediate_size;
   const int64_t E = t.n_routed_experts, K = t.num_experts_per_tok, IH = t.index_n_heads, ihd = t.index_head_dim;
-  const int64_t R = hasher ? hasher->rows_per_token() : 0, ehd = t.engram_head_dim;
+  const int64_t ehd = t.engram_head_dim, half = t.qk_rope_head_dim / 2;
   const int64_t maxk = std::max({D, qr, H * hd, G * ol, F, R * ehd, hd});
-  const int64_t ms = cuda::hc_mix_stride(int(hc));
-  ws.X = alloc<float>(N * hc * D), ws.pre = alloc<float>(N * hc), ws.mix_a = alloc<float>(N * ms), ws.mix_f = alloc<float>(N * ms);
-  ws.u = alloc<float>(N * D), ws.xn = alloc<float>(N * D), ws.y = alloc<float>(N * D);
-  ws.xq = alloc<float>(N * K * maxk), ws.sa = alloc<float>(N * K * maxk / 32);
-  ws.xq2 = alloc<float>(N * K * maxk), ws.sa2 = alloc<float>(N * K * maxk / 32);
-  ws.tmp = alloc<float>(N * std::max(qr, hd)), ws.q_lat = alloc<float>(N * qr), ws.q = alloc<float>(N * H * hd);
-  ws.kvw = alloc<float>(N * hd), ws.ag = alloc<float>(N * 2 * hd), ws.ring = alloc<float>(int64_t(t.sliding_window) * hd);
-  ws.o = alloc<float>(N * H * hd), ws.zg = alloc<float>(N * G * ol);
-  ws.qi = alloc<float>(N * IH * ihd), ws.wts = alloc<float>(N * IH);
-  score_stride = opt.max_context;
-  bscore_stride = (opt.max_context + t.candidate_block_size - 1) / t.candidate_block_size;
-  mask_stride = bscore_stride;
-  ws.scores = alloc<float>(N * score_stride), ws.bscores = alloc<float>(N * bscore_stride);
-  ws.sel = alloc<int32_t>(N * t.index_topk), ws.cand = alloc<int32_t>(N * t.candidate_topk_blocks);
-  ws.cand_mask = alloc<uint8_t>(N * mask_stride);
-  ws.router = alloc<float>(N * E), ws.ids = alloc<int32_t>(N * K), ws.rw = alloc<float>(N * K);
-  ws.h1 = alloc<float>(N * K * F), ws.h3 = alloc<float>(N * K * F), ws.ye = alloc<float>(N * K * D), ws.ys = alloc<float>(N * D);
-  ws.h1s = alloc<float>(N * F), ws.h3s = alloc<float>(N * F);
-  ws.emb = alloc<float>(N * std::max<int64_t>(R * ehd, 1)), ws.ekv = alloc<float>(N * (hc + 1) * D);
-  ws.rows = alloc<int64_t>(N * std::max<int64_t>(R, 1)), ws.dead = alloc<uint8_t>(N), ws.image = alloc<uint8_t>(N);
-  ws.tok = alloc<int32_t>(N), ws.pos = alloc<int64_t>(N);
-  ws.cs_main = alloc<float>(N * 2 * half), ws.cs_comp = alloc<float>(N * 2 * half), ws.cs_ent = alloc<float>(N * 2 * half);
-  logits_rows = N;
-  ws.logits = alloc<float>(N * t.vocab_size);
+  WorkspaceSizes w{};
+  w.score_stride = max_context;
+  w.bscore_stride = (max_context + t.candidate_block_size - 1) / t.candidate_block_size;
+  w.X = N * hc * D, w.pre = N * hc, w.mix = N * cuda::hc_mix_stride(int(hc)), w.vecD = N * D;
+  w.xq = N * K * maxk, w.sa = N * K * maxk / 32, w.tmp = N * std::max(qr, hd), w.q_lat = N * qr, w.q = N * H * hd;
+  w.kvw = N * hd, w.ag = N * 2 * hd, w.ring = int64_t(t.sliding_window) * hd, w.o = N * H * hd, w.zg = N * G * ol;
+  w.qi = N * IH * ihd, w.wts = N * IH, w.scores = N * w.score_stride, w.bscores = N * w.bscore_stride;
+  w.sel = N * t.index_topk, w.cand = N * t.candidate_topk_blocks, w.cand_mask = N * w.bscore_stride;
+  w.router = N * E, w.ids = N * K, w.h = N * K * F, w.ye = N * K * D, w.hs = N * F;
+  w.emb = N * std::max<int64_t>(R * ehd, 1), w.ekv = N * (hc + 1) * D, w.rows = N * std::max<int64_t>(R, 1);
+  w.flags = N, w.logits = N * t.vocab_size, w.cs = N * 2 * half;
+  return w;
+}
+}  // namespace
+
+std::string CudaMemoryPlan::describe() const {
+  auto gib = [](size_t b) { return double(b) / (1ull << 30); };
+  char buf[400];
+  std::snprintf(buf, sizeof buf,
+                "weights %.2f GiB + sequences %.2f GiB (%.3f GiB each) + workspace %.2f GiB = %.2f GiB on the device; "
+                "Engram tables %.2f GiB pinned in host memory",
+                gib(weights), gib(sequences), gib(per_sequence), gib(workspace), gib(total()), gib(host_pinned));
+  return buf;
+}
+
+CudaMemoryPlan plan_cuda_memory(const LoadedModel& model, const CudaOptions& opt) {
+  const TextConfig& t = model.config.text;
+  CudaMemoryPlan p;
+  for (const auto& [name, info] : model.checkpoint->tensors()) {
+    const bool backbone = name.rfind("layers.", 0) == 0 || name == "embed.weight" || name == "head.weight" ||
+                          name == "norm.weight";
+    if (!backbone) continue;
+    if (name.find(".engram.embed.") != std::string::npos)
+      p.host_pinned += info->nbytes;
+    else
+      p.weights += info->nbytes;
+  }
+  const KvLayout L = KvLayout::from_config(model.config);
+  p.per_sequence = size_t(L.num_layers) * L.window * L.window_entry_bytes;
+  for (size_t k = 0; k < L.kv_sources.size(); ++k)
+    p.per_sequence += size_t(opt.max_context) * (L.ckv_entry_bytes + L.ikey_entry_bytes) +
+                      2 * size_t(L.source_ratio[k]) * 2 * L.head_dim * 4;
+  p.sequences = p.per_sequence * size_t(opt.max_batch);
+  const int64_t R = t.engram_layer_ids.empty() ? 0 : int64_t(t.engram_max_ngram_size - 1) * t.engram_n_heads;
+  p.workspace = workspace_sizes(t, opt.max_chunk, opt.max_context, R).bytes();
+  return p;
+}
+
+void CudaBackend::Impl::alloc_workspace() {
+  const TextConfig& t = model.config.text;
+  const int64_t R = hasher ? hasher->rows_per_token() : 0;
+  const WorkspaceSizes w = workspace_sizes(t, opt.max_chunk, opt.max_context, R);
+  ws.X = alloc<float>(w.X), ws.pre = alloc<float>(w.pre), ws.mix_a = alloc<float>(w.mix), ws.mix_f = alloc<float>(w.mix);
+  ws.u = alloc<float>(w.vecD), ws.xn = alloc<float>(w.vecD), ws.y = alloc<float>(w.vecD);
+  ws.xq = alloc<float>(w.xq), ws.sa = alloc<float>(w.sa), ws.xq2 = alloc<float>(w.xq), ws.sa2 = alloc<float>(w.sa);
+  ws.tmp = alloc<float>(w.tmp), ws.q_lat = alloc<float>(w.q_lat), ws.q = alloc<float>(w.q), ws.kvw = alloc<float>(w.kvw);
+  ws.ag = alloc<float>(w.ag), ws.ring = alloc<float>(w.ring), ws.o = alloc<float>(w.o), ws.zg = alloc<float>(w.zg);
+  ws.qi = alloc<float>(w.qi), ws.wts = alloc<float>(w.wts);
+  score_stride = w.score_stride, bscore_stride = w.bscore_stride, mask_stride = w.bscore_stride;
+  ws.scores = alloc<float>(w.scores), ws.bscores = alloc<float>(w.bscores);
+  ws.sel = alloc<int32_t>(w.sel), ws.cand = alloc<int32_t>(w.cand), ws.cand_mask = alloc<uint8_t>(w.cand_mask);
+  ws.router = alloc<float>(w.router), ws.ids = alloc<int32_t>(w.ids), ws.rw = alloc<float>(w.ids);
+  ws.h1 = alloc<float>(w.h), ws.h3 = alloc<float>(w.h), ws.ye = alloc<float>(w.ye), ws.ys = alloc<float>(w.vecD);
+  ws.h1s = alloc<float>(w.hs), ws.h3s = alloc<float>(w.hs), ws.emb = alloc<float>(w.emb), ws.ekv = alloc<float>(w.ekv);
+  ws.rows = alloc<int64_t>(w.rows), ws.dead = alloc<uint8_t>(w.flags), ws.image = alloc<uint8_t>(w.flags);
+  ws.tok = alloc<int32_t>(w.flags), ws.pos = alloc<int64_t>(w.flags);
+  ws.cs_main = alloc<float>(w.cs), ws.cs_comp = alloc<float>(w.cs), ws.cs_ent = alloc<float>(w.cs);
+  logits_rows = opt.max_chunk;
+  ws.logits = alloc<float>(w.logits);
 }
 
 DevSeq& CudaBackend::Impl::seq(SequenceState& st) {
@@ -495,7 +555,19 @@ void CudaBackend::Impl::run_chunk(SequenceState& st, DevSeq& ds, const int32_t* 
 
 CudaBackend::CudaBackend(const LoadedModel& model, std::vector<int32_t> compressed_ids, CudaOptions opt)
     : impl_(std::make_unique<Impl>(model, std::move(compressed_ids), opt)) {
-  if (!cuda_available()) fail("no CUDA device is available");
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) fail("--gpus: no CUDA device is available");
+  if (opt.device >= count) fail("--gpus: device ", opt.device, " does not exist (", count, " visible)");
+  DSUF_CUDA(cudaSetDevice(opt.device));
+  // Plan first, refuse with numbers before uploading anything.
+  const CudaMemoryPlan plan = plan_cuda_memory(model, opt);
+  size_t free_b = 0, total_b = 0;
+  DSUF_CUDA(cudaMemGetInfo(&free_b, &total_b));
+  const size_t margin = size_t(512) << 20;  // CUDA context growth, allocator rounding
+  if (plan.total() + margin > free_b)
+    fail("the model does not fit GPU ", opt.device, ": needs ", plan.describe(), ", plus 0.5 GiB margin; ",
+         double(free_b) / (1ull << 30), " GiB free of ", double(total_b) / (1ull << 30),
+         " GiB. Lower --max-batch or --max-context, or give more GPUs");
   impl_->load();
 }
 

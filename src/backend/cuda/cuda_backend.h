@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -18,7 +19,20 @@ struct CudaOptions {
   int64_t max_context = 4096;  // capacity of each sequence's compressed-KV pools
   int max_chunk = 512;         // largest prefill chunk per forward (longer inputs are split)
   CpuNumerics numerics;
+  int max_batch = 8;           // sequences held at once: the memory plan reserves their pools
 };
+
+// Device memory the backend will need, computed from the config before anything is uploaded.
+struct CudaMemoryPlan {
+  size_t weights = 0;       // packed weights on the device (Engram tables stay in host memory)
+  size_t per_sequence = 0;  // one sequence's pools at max_context
+  size_t sequences = 0;     // max_batch × per_sequence
+  size_t workspace = 0;     // activations for one max_chunk forward
+  size_t host_pinned = 0;   // Engram tables in pinned host memory
+  size_t total() const { return weights + sequences + workspace; }
+  std::string describe() const;
+};
+CudaMemoryPlan plan_cuda_memory(const LoadedModel& model, const CudaOptions& opt);
 
 class CudaBackend final : public Backend {
  public:

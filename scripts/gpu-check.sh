@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Every GPU check in one go, on the GPU machine (H200, sm_90a): the CUDA backend against the CPU
+# reference (tiny checkpoint and the real-dimension variant, bit for bit), the memory plan's
+# refusal, and `run --gpus 0` against `run --cpu` on the same prompt.
+#
+#   scripts/gpu-check.sh --prepare   (on a Debian dev machine) copy the header-only JSON library and
+#                                    GoogleTest's source into .deps/ so the GPU machine can build
+#   scripts/gpu-check.sh --build     (on the GPU machine) configure + build build-gpu/ there with only
+#                                    the CUDA toolkit, CMake/ninja and .deps/, then run the checks
+#   scripts/gpu-check.sh             run the checks with binaries already in build-gpu/bin
+#
+# Logs go to $OUT (the device tool's output folder) or /tmp/dsuf-gpu-check.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+B=${DSUF_GPU_BUILD:-build-gpu}
+LOG=${OUT:-/tmp/dsuf-gpu-check}
+mkdir -p "$LOG"
+
+if [ "${1:-}" = "--prepare" ]; then
+  mkdir -p .deps/include
+  cp -r /usr/include/nlohmann .deps/include/
+  rm -rf .deps/googletest && cp -r /usr/src/googletest .deps/googletest
+  grep -qx '/.deps/' .git/info/exclude 2>/dev/null || echo '/.deps/' >> .git/info/exclude
+  echo "prepared .deps/ (carry it to the GPU machine)"
+  exit 0
+fi
+if [ "${1:-}" = "--build" ]; then
+  cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSUF_TEXT=OFF -DDSUF_SERVER=OFF \
+    -DDSUF_JSON_INCLUDE="$PWD/.deps/include" -DDSUF_GTEST_SOURCE="$PWD/.deps/googletest" > "$LOG/configure.log"
+  cmake --build "$B" --target run dsuf cuda_backend_tests > "$LOG/build.log"
+fi
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$LOG/gpu.txt"
+export DSUF_SOURCE_DIR=$PWD
+status=0
+"$B/bin/cuda_backend_tests" 2>&1 | grep -v '^  token' | tee "$LOG/cuda_backend_tests.log" | grep -E '^\[ *(OK|FAILED) ' || true
+grep -q '^\[  PASSED  \]' "$LOG/cuda_backend_tests.log" && ! grep -q '^\[  FAILED  \]' "$LOG/cuda_backend_tests.log" || status=1
+
+# The programs themselves: run --gpus 0 must print the same tokens as run --cpu.
+CK=/tmp/dsuf-tiny-ckpt-seed1
+[ -f $CK/config.json ] || "$B/bin/dsuf" make-tiny --out $CK --seed 1 > /dev/null
+PROMPT=0,19923,11,1204,344,6621,16,4017,1380,128000,3,77,5091
+"$B/bin/run" --ckpt $CK --cpu --prompt-ids $PROMPT --max-tokens 64 --ignore-eos --print-ids > "$LOG/run_cpu.txt" 2> "$LOG/run_cpu.err"
+"$B/bin/run" --ckpt $CK --gpus 0 --prompt-ids $PROMPT --max-tokens 64 --ignore-eos --print-ids > "$LOG/run_gpu.txt" 2> "$LOG/run_gpu.err"
+cat "$LOG/run_cpu.err" "$LOG/run_gpu.err"
+if cmp -s "$LOG/run_cpu.txt" "$LOG/run_gpu.txt"; then echo "run: --gpus 0 and --cpu print the same 64 tokens"; else echo "run: --gpus 0 and --cpu differ"; status=1; fi
+exit $status
