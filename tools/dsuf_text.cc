@@ -144,6 +144,7 @@ int cmd_parse(int argc, char** argv) {
     opt.thinking = mode == "thinking";
     opt.continuation = in.value("continuation", false);
     opt.parse_tool_calls = in.value("parse_tool_calls", true);
+    opt.start_in_tool_calls = in.value("start_in_tool_calls", false);
     if (in.contains("stop")) {
       const auto& st = in["stop"];
       if (st.is_string()) {

@@ -254,6 +254,9 @@ ChatEncoder::ChatEncoder(const Tokenizer& tokenizer) : tok_(&tokenizer) {
 }
 
 RenderedPrompt ChatEncoder::render(const ChatRequest& req) const {
+  if (req.tool_choice != "auto" && req.tool_choice != "none" && req.tool_choice != "required") {
+    fail("tool_choice must be auto, none or required, got \"", req.tool_choice, "\"");
+  }
   if (req.reasoning_effort < 1 || req.reasoning_effort > 100) {
     fail("reasoning_effort must be within 1..100, got ", req.reasoning_effort);
   }
@@ -285,6 +288,20 @@ RenderedPrompt ChatEncoder::render(const ChatRequest& req) const {
   }
   if (!show_tools) {
     for (auto& m : msgs) m.tools = nullptr;
+  }
+  if (!req.tool_choice_function.empty()) {
+    bool found = false;
+    for (auto& m : msgs) {
+      if (!has_tools(m.tools)) continue;
+      OrderedJson kept = OrderedJson::array();
+      for (const auto& t : m.tools) {
+        const auto& fn = t.contains("function") ? t["function"] : t;
+        if (fn.is_object() && fn.value("name", "") == req.tool_choice_function) kept.push_back(t);
+      }
+      found |= !kept.empty();
+      m.tools = std::move(kept);
+    }
+    if (!found) fail("tool_choice names function '", req.tool_choice_function, "', not in tools");
   }
   bool any_tools = false;
   for (const auto& m : msgs) any_tools |= has_tools(m.tools);
@@ -356,9 +373,20 @@ RenderedPrompt ChatEncoder::render(const ChatRequest& req) const {
       }
     }
   }
+  // Forcing a call: the prompt itself opens the block and the model continues with an invoke.
+  // Only after a chat-mode generation header: in thinking mode the reasoning comes first (the
+  // recipe refuses the combination; we fall back to "auto" rather than fail the request).
+  const bool force_call = req.tool_choice == "required" && any_tools && !thinking &&
+                          !msgs.empty() && user_like(msgs.back(), msgs.size() - 1);
+  if (force_call) {
+    b.text("\n\n<");
+    b.control(kDsml);
+    b.text(" calls>\n");
+  }
   const size_t images = b.images;
   RenderedPrompt out = b.finish();
   out.image_count = images;
+  out.opens_tool_calls = force_call;
   return out;
 }
 
@@ -446,8 +474,23 @@ ChatRequest chat_request_from_json(const OrderedJson& j) {
     if (!j["tools"].is_array()) fail("tools must be a list");
     r.tools = j["tools"];
   }
-  if (j.contains("tool_choice") && j["tool_choice"].is_string()) {
-    r.tool_choice = j["tool_choice"].get<std::string>();
+  if (j.contains("tool_choice") && !j["tool_choice"].is_null()) {
+    const auto& tc = j["tool_choice"];
+    if (tc.is_object()) {
+      // A named function: the model must call that one (the recipe renders only that tool).
+      r.tool_choice = "required";
+      const auto& fn = tc.contains("function") ? tc["function"] : tc;
+      if (!fn.is_object() || !fn.contains("name") || !fn["name"].is_string()) {
+        fail(
+            "tool_choice object must name a function: {\"type\": \"function\", \"function\": "
+            "{\"name\": ...}}");
+      }
+      r.tool_choice_function = fn["name"].get<std::string>();
+    } else if (tc.is_string() && (tc == "auto" || tc == "none" || tc == "required")) {
+      r.tool_choice = tc.get<std::string>();
+    } else {
+      fail("tool_choice must be \"auto\", \"none\", \"required\" or a function object");
+    }
   }
   if (j.contains("drop_thinking") && j["drop_thinking"].is_boolean()) {
     r.drop_thinking = j["drop_thinking"].get<bool>();

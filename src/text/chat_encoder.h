@@ -48,7 +48,11 @@ struct ChatRequest {
   int reasoning_effort = 75;  // 1..100; "low" 50, "high" 75, "max" 100
   OrderedJson tools;          // top-level OpenAI tools: attached to the first system message
   OrderedJson response_format_schema;
-  std::string tool_choice = "auto";   // "none" hides the tools from the prompt
+  // "auto"; "none" hides the tools from the prompt; "required" (also what a named-function
+  // choice becomes) opens the DSML call block at the end of the prompt in chat mode (in
+  // thinking mode it renders like "auto").
+  std::string tool_choice = "auto";
+  std::string tool_choice_function;   // a named-function choice: only that tool is shown
   std::optional<bool> drop_thinking;  // default: drop old reasoning unless tools are present
 };
 
@@ -65,6 +69,9 @@ struct RenderedPrompt {
   std::string text;
   std::vector<int32_t> ids;
   size_t image_count = 0;  // number of image placeholders, in prompt order
+  // The prompt ends inside an opened DSML call block (tool_choice "required"): start the
+  // response parser in its tool-call stage (ParserOptions::start_in_tool_calls).
+  bool opens_tool_calls = false;
 };
 
 class ChatEncoder {

@@ -62,8 +62,12 @@ ResponseParser::ResponseParser(const Tokenizer& tokenizer, ParserOptions options
   for (const auto& s : opt_.stop) {
     if (s.empty()) fail("stop strings must not be empty");
   }
-  enter(opt_.thinking ? Stage::kReasoning : Stage::kContent);
-  leading_ = !opt_.continuation;
+  if (opt_.start_in_tool_calls) {
+    enter(Stage::kToolCalls);
+  } else {
+    enter(opt_.thinking ? Stage::kReasoning : Stage::kContent);
+    leading_ = !opt_.continuation;
+  }
 }
 
 void ResponseParser::enter(Stage s) {

@@ -40,7 +40,8 @@ struct ParserOptions {
   bool thinking = true;       // the prompt ended with <think>: output starts with reasoning
   bool continuation = false;  // continuing a prefix: keep leading newlines
   bool parse_tool_calls = true;
-  std::vector<std::string> stop;  // stop strings, matched in content only
+  bool start_in_tool_calls = false;  // the prompt opened the call block (tool_choice required)
+  std::vector<std::string> stop;     // stop strings, matched in content only
   // Makes the id of call `index`; default "call_<index>_<24 random alphanumerics>".
   std::function<std::string(int)> make_call_id;
 };

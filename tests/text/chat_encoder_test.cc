@@ -228,3 +228,49 @@ TEST(ChatEncoder, SpellingsInToolSchemasStayPlainText) {
 
 }  // namespace
 }  // namespace dsuf::text
+
+namespace dsuf::text {
+namespace {
+
+TEST(ChatEncoder, ToolChoiceRequiredOpensTheCallBlock) {
+  const char* tools = R"("tools":[{"type":"function","function":{"name":"f","description":"d",
+      "parameters":{"type":"object","properties":{}}}}])";
+  const auto p = render((std::string(R"({"thinking_mode":"chat","tool_choice":"required",)") +
+                         tools + R"(,"messages":[{"role":"user","content":"a"}]})")
+                            .c_str());
+  const std::string tail = "<｜User｜>a<｜Assistant｜></think>\n\n<｜DSML｜ calls>\n";
+  ASSERT_GE(p.text.size(), tail.size());
+  EXPECT_EQ(p.text.substr(p.text.size() - tail.size()), tail);
+  EXPECT_TRUE(p.opens_tool_calls);
+  EXPECT_EQ(p.ids, tok().encode(p.text, true));
+  const auto named = render((std::string(R"({"thinking_mode":"chat","tool_choice":)"
+                                         R"({"type":"function","function":{"name":"f"}},)") +
+                             tools + R"(,"messages":[{"role":"user","content":"a"}]})")
+                                .c_str());
+  EXPECT_EQ(named.text, p.text);
+  // A named function shows only that tool.
+  const auto two = render(
+      R"({"thinking_mode":"chat","tool_choice":{"type":"function","function":{"name":"g"}},
+          "tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"g"}}],
+          "messages":[{"role":"user","content":"a"}]})");
+  EXPECT_EQ(two.text.find("{\"name\": \"f\"}"), std::string::npos);
+  EXPECT_NE(two.text.find("{\"name\": \"g\"}"), std::string::npos);
+  EXPECT_THROW(render(R"({"tool_choice":{"type":"function","function":{"name":"h"}},
+      "tools":[{"type":"function","function":{"name":"f"}}],"messages":[]})"),
+               Error);
+  // Thinking mode reasons first: "required" then renders like "auto".
+  const auto thinking =
+      render((std::string(R"({"thinking_mode":"thinking","tool_choice":"required",)") + tools +
+              R"(,"messages":[{"role":"user","content":"a"}]})")
+                 .c_str());
+  EXPECT_FALSE(thinking.opens_tool_calls);
+  EXPECT_EQ(thinking.text.substr(thinking.text.size() - 7), "<think>");
+  EXPECT_THROW(render(R"({"tool_choice":"sometimes","messages":[]})"), Error);
+  // Without tools there is nothing to force.
+  const auto none = render(
+      R"({"thinking_mode":"chat","tool_choice":"required","messages":[{"role":"user","content":"a"}]})");
+  EXPECT_FALSE(none.opens_tool_calls);
+}
+
+}  // namespace
+}  // namespace dsuf::text

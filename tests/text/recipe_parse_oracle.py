@@ -74,9 +74,13 @@ def stream(r, hf):
         words = content.split()
         if len(words) > 3:
             stop = [r.choice(words[1:])]
-    out += content
-    if calls:
-        out += dsml(r, names)
+    forced = calls and not thinking and r.random() < 0.3
+    if forced:  # tool_choice "required": the prompt opened the block, the output starts inside
+        out = dsml(r, names)[len("\n\n<｜DSML｜ calls>\n"):]
+    else:
+        out += content
+        if calls:
+            out += dsml(r, names)
     ids = hf.encode(out, add_special_tokens=False).ids
     finish = "eos"
     if r.random() < 0.2 and len(ids) > 2:
@@ -84,8 +88,8 @@ def stream(r, hf):
         finish = "length"
     else:
         ids.append(1)
-    return {"ids": ids, "thinking_mode": "thinking" if thinking else "chat", "stop": stop,
-            "finish": finish}
+    return {"ids": ids, "thinking_mode": "thinking" if thinking else "chat",
+            "stop": [] if forced else stop, "finish": finish, "start_in_tool_calls": forced}
 
 
 def chunking(r, n):
@@ -119,6 +123,8 @@ def recipe(s, tok, chunks):
                 "name": "f", "parameters": {"type": "object", "properties": {}}}}]}
     if s["stop"]:
         body["stop"] = s["stop"]
+    if s["start_in_tool_calls"]:
+        body["tool_choice"] = "required"
     cr = dr.ChatCompletionRequest(body).convert(
         dr.ConversionOptions().with_model_alias("m", dr.ModelVersion.DeepseekV41Flash))
     sp = dr.StreamProcessor(dr.ChatCompletionRequest.chunk_generator(cr, "id", "m"),
@@ -224,7 +230,9 @@ def main():
                       "\n text:", repr(hf.decode(line["ids"], skip_special_tokens=False))[-1500:],
                       "\n ours:  ", json.dumps(ours, ensure_ascii=False)[:800],
                       "\n recipe:", json.dumps(want, ensure_ascii=False)[:800])
-    print(f"{len(lines)} parses ({a.count} streams, per token and chunked; finish reasons {kinds}), "
+    forced = sum(s["start_in_tool_calls"] for s in streams)
+    print(f"{len(lines)} parses ({a.count} streams, {forced} starting inside the call block; per "
+          f"token and chunked; finish reasons {kinds}), "
           f"{bad} differ from deepseek-recipe fed one token at a time (the recipe's own chunked runs "
           f"differ from that on {recipe_chunk_diffs})")
     sys.exit(1 if bad else 0)

@@ -108,6 +108,9 @@ def conversation(r, idx):
         body["reasoning_effort"] = effort
     if use_tools:
         body["tools"] = [rand_tool(r, n) for n in tool_names]
+        if not thinking and r.random() < 0.25:  # the recipe refuses it in thinking mode
+            body["tool_choice"] = r.choice(["required", "none", "auto",
+                                            {"type": "function", "function": {"name": tool_names[0]}}])
     return body
 
 
@@ -133,6 +136,8 @@ def recipe_render(body, tok):
         req["reasoning_effort"] = body["reasoning_effort"]
     if "tools" in body:
         req["tools"] = body["tools"]
+    if "tool_choice" in body:
+        req["tool_choice"] = body["tool_choice"]
     # Our tokenizer file spells id 129264 <｜deepseek_image｜>; the recipe's own file says <｜image｜>.
     sp = dr.SpecialTokens(image=OUR_IMAGE)
     conv = dr.ChatCompletionRequest(req).convert(
@@ -169,9 +174,11 @@ def main():
     got = [json.loads(l) for l in p.stdout.decode().split("\n")[:-1]]
     assert len(got) == len(bodies)
     bad = 0
-    stats = {"tools": 0, "thinking": 0, "prefix": 0, "images": 0, "tool_results": 0}
+    stats = {"tools": 0, "thinking": 0, "prefix": 0, "images": 0, "tool_results": 0,
+             "tool_choice": 0}
     for b, g, (wp, wids) in zip(bodies, got, want):
         stats["tools"] += "tools" in b
+        stats["tool_choice"] += "tool_choice" in b
         stats["thinking"] += b["thinking_mode"] == "thinking"
         stats["prefix"] += bool(b["messages"][-1].get("prefix"))
         stats["images"] += OUR_IMAGE in g["prompt"]

@@ -208,6 +208,19 @@ TEST(ResponseParser, MalformedAndTruncatedCalls) {
   EXPECT_EQ(r.content, "");
 }
 
+TEST(ResponseParser, StartsInsideTheCallBlockWhenThePromptOpenedIt) {
+  ParserOptions o = options(false);
+  o.start_in_tool_calls = true;
+  const Result r = parse_text(
+      "<｜DSML｜ invoke name=\"f\">\n<｜DSML｜ parameter name=\"a\" string=\"false\">1</｜DSML｜ "
+      "parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>",
+      o, {});
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].second, "{\"a\": 1}");
+  EXPECT_EQ(r.content, "");
+  EXPECT_EQ(r.finish, FinishReason::kToolCalls);
+}
+
 // Fuzz: mutate well-formed outputs (cut, delete or duplicate spans, splice in markers) and feed
 // them in random pieces. Whatever comes in, nothing throws, every call's arguments parse as a
 // JSON object, no DSML marker reaches reasoning or content, and the result does not depend on
