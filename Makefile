@@ -36,8 +36,8 @@ test: pydeps build
 
 DEMO_CKPT := $(BUILD)/demo-ckpt
 run: build
-	@[ -f $(DEMO_CKPT)/config.json ] || $(BUILD)/bin/dsuf make-tiny --out $(DEMO_CKPT) --seed 1
-	$(BUILD)/bin/run --ckpt $(DEMO_CKPT) --cpu --prompt-ids 0,19923,11,1204,344 --max-tokens 32 --print-ids
+	@echo "serving the tiny demo model (random weights) on http://localhost:8000/v1 -- Ctrl-C stops it"
+	$(BUILD)/bin/serve --demo --ckpt $(DEMO_CKPT) $(SERVE_ARGS)
 
 clean:
 	rm -rf $(BUILD)

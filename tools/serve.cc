@@ -46,7 +46,9 @@ const char* kUsage =
     "  --ckpt DIR         checkpoint folder (default: models)\n"
     "  --demo             no checkpoint needed: create the tiny demo checkpoint (random weights) "
     "once\n"
-    "                     next to the binary (build/demo-ckpt) and serve it on the CPU\n"
+    "                     at --ckpt DIR when given, else next to the binary (build/demo-ckpt), "
+    "and\n"
+    "                     serve it on the CPU\n"
     "  --cpu              the CPU reference backend (the default while the CUDA backend is not "
     "wired in)\n"
     "  --gpus LIST        GPUs for the CUDA backend (not available in serve yet)\n"
@@ -133,11 +135,14 @@ Args parse(int argc, char** argv) {
 // The demo checkpoint lives next to the build (build/demo-ckpt, what `make run` uses), or in the
 // user's cache folder when the binary's folder is not writable. Written to a temporary folder and
 // renamed, so an interrupted first run never leaves a half checkpoint behind.
-std::string demo_checkpoint() {
+std::string demo_checkpoint(const std::string& given) {
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   std::vector<fs::path> places;
-  if (!ec) places.push_back(exe.parent_path().parent_path() / "demo-ckpt");
+  if (!given.empty())
+    places.push_back(given);
+  else if (!ec)
+    places.push_back(exe.parent_path().parent_path() / "demo-ckpt");
   const char* xdg = std::getenv("XDG_CACHE_HOME");
   const char* home = std::getenv("HOME");
   if (xdg && *xdg)
@@ -220,8 +225,7 @@ void load(const Args& a, const std::string& ckpt, Loaded& out) {
 int serve_main(int argc, char** argv) {
   const Args a = parse(argc, argv);
   std::string ckpt = a.ckpt;
-  if (a.demo && !(a.ckpt_given && fs::exists(fs::path(a.ckpt) / "config.json")))
-    ckpt = demo_checkpoint();
+  if (a.demo) ckpt = demo_checkpoint(a.ckpt_given ? a.ckpt : "");
   if (const char* redis = std::getenv("DSUF_REDIS_URL"); redis && *redis)
     std::fprintf(stderr,
                  "serve: DSUF_REDIS_URL=%s (the conversation cache is not built yet; ignored)\n",

@@ -2,10 +2,20 @@
 
 #include <algorithm>
 #include <cmath>
+#include <ctime>
 
 #include "core/error.h"
 
 namespace dsuf {
+namespace {
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+}  // namespace
 
 const char* to_string(FinishReason r) {
   switch (r) {
@@ -168,6 +178,7 @@ void Engine::finish(Sequence& s, FinishReason r, ErrorCode e, std::string messag
   if (s.admitted) {
     std::lock_guard lk(mu_);
     reserved_ -= s.reserved;
+    --running_count_;
     ++counters_.requests_finished;
   }
   s.state = SequenceState{};  // the memory goes back now, not when the slot is compacted
@@ -294,6 +305,8 @@ void Engine::step(std::vector<Sequence*>& batch) {
   if (logits_.size() < items.size()) logits_.resize(items.size());
   for (size_t i = 0; i < items.size(); ++i) items[i].logits = &logits_[i];
 
+  const auto t0 = std::chrono::steady_clock::now();
+  const double cpu0 = thread_cpu_seconds();
   try {
     backend_.forward(items);
   } catch (const std::exception& e) {
@@ -303,7 +316,11 @@ void Engine::step(std::vector<Sequence*>& batch) {
     return;
   }
 
+  const double forward_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double forward_cpu_s = thread_cpu_seconds() - cpu0;
   uint64_t prompt_tokens = 0, generated = 0;
+  std::vector<std::pair<Sequence*, TokenEvent>> events;
   const int32_t eos = config().eos_token_id;
   for (size_t i = 0; i < items.size(); ++i) {
     Sequence& s = *batch[i];
@@ -330,17 +347,27 @@ void Engine::step(std::vector<Sequence*>& batch) {
       ev.finish = is_stop ? FinishReason::kStop : FinishReason::kLength;
       ev.ends_with_stop_token = is_stop;
       s.done = true;
-      std::lock_guard lk(mu_);
-      reserved_ -= s.reserved;
+      s.state = SequenceState{};
+    }
+    events.emplace_back(&s, std::move(ev));
+  }
+  // The books are updated before anyone hears of the step, so a client that reads /metrics right
+  // after its last token sees its request finished and its tokens counted.
+  {
+    std::lock_guard lk(mu_);
+    for (auto& [s, ev] : events) {
+      if (!ev.is_final) continue;
+      reserved_ -= s->reserved;
+      --running_count_;
       ++counters_.requests_finished;
     }
-    if (s.done) s.state = SequenceState{};
-    s.sink(std::move(ev));
+    counters_.prompt_tokens_total += prompt_tokens;
+    counters_.generation_tokens_total += generated;
+    ++counters_.steps;
+    counters_.forward_seconds += forward_s;
+    counters_.forward_cpu_seconds += forward_cpu_s;
   }
-  std::lock_guard lk(mu_);
-  counters_.prompt_tokens_total += prompt_tokens;
-  counters_.generation_tokens_total += generated;
-  ++counters_.steps;
+  for (auto& [s, ev] : events) s->sink(std::move(ev));
 }
 
 EventSink EventQueue::sink() {

@@ -93,6 +93,8 @@ struct EngineStats {
   uint64_t prompt_tokens_total = 0;      // prompt tokens fed to the backend
   uint64_t generation_tokens_total = 0;  // tokens sampled
   uint64_t steps = 0;
+  double forward_seconds = 0;  // wall time inside Backend::forward (the rest is engine overhead)
+  double forward_cpu_seconds = 0;  // CPU time of the scheduler thread inside it
   uint64_t requests_finished = 0;
 };
 

@@ -104,6 +104,13 @@ std::string Metrics::render(const EngineStats& s) const {
   o += "dsuf:client_disconnects_total " + std::to_string(disconnects.load()) + "\n";
   head(o, "dsuf:engine_steps_total", "counter", "Scheduler steps run.");
   o += "dsuf:engine_steps_total " + std::to_string(s.steps) + "\n";
+  head(o, "dsuf:engine_forward_seconds_total", "counter",
+       "Wall time spent in the backend's forward.");
+  o += "dsuf:engine_forward_seconds_total " + num(s.forward_seconds) + "\n";
+  head(o, "dsuf:engine_forward_cpu_seconds_total", "counter",
+       "CPU time of the scheduler thread inside the backend's forward (all of it with --threads "
+       "1).");
+  o += "dsuf:engine_forward_cpu_seconds_total " + num(s.forward_cpu_seconds) + "\n";
   return o;
 }
 
