@@ -2,8 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <fstream>
 #include <random>
+#include <thread>
 
 #include "core/error.h"
 #include "test_paths.h"
@@ -236,6 +238,45 @@ TEST(Engram, NormalizationRules) {
   EXPECT_EQ(engram_normalize("ΣΑΣ"), "σασ");        // no final sigma: per-character lowercase
   EXPECT_EQ(engram_normalize("\u2028"), "\u2028");  // strips to empty: falls back to the text
   EXPECT_EQ(engram_normalize("a \t b"), "a b");
+}
+
+}  // namespace
+}  // namespace dsuf::text
+
+namespace dsuf::text {
+namespace {
+
+TEST(Tokenizer, HugeRunsDoNotExhaustTheRegexStack) {
+  // `\s+(?!\S)` backtracks over whitespace runs; a megabyte of them must still work.
+  for (const std::string& unit : {std::string(" "), std::string("\n"), std::string("\u3000"),
+                                  std::string("中"), std::string("a"), std::string("!")}) {
+    std::string s;
+    while (s.size() < (1u << 20)) s += unit;
+    const auto ids = tok().encode(s + "x", false);
+    ASSERT_EQ(tok().decode(ids, false), s + "x") << unit;
+  }
+}
+
+TEST(Tokenizer, ConcurrentEncodesAgree) {
+  std::vector<std::string> texts;
+  for (int i = 0; i < 64; ++i) {
+    texts.push_back("thread " + std::to_string(i) + " 你好，世界 def f(x): return x**" +
+                    std::to_string(i * 7919) + "\n\t🦀 <think>");
+  }
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& t : texts) want.push_back(tok().encode(t, (t.size() & 1) != 0));
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0};
+  for (int w = 0; w < 4; ++w) {
+    threads.emplace_back([&, w] {
+      for (int rep = 0; rep < 200; ++rep) {
+        const size_t i = static_cast<size_t>(rep * 4 + w) % texts.size();
+        if (tok().encode(texts[i], (texts[i].size() & 1) != 0) != want[i]) ++mismatches;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(mismatches.load(), 0);
 }
 
 }  // namespace
