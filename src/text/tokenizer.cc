@@ -9,7 +9,6 @@
 #include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <queue>
 #include <sstream>
 #include <unordered_map>
 
@@ -491,6 +490,7 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, std::string_view orig
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
       const int32_t id = it.value().get<int32_t>();
       if (!t.vocab.emplace(it.key(), id).second) fail(origin, ": duplicate vocab entry ", it.key());
+      if (t.id_known[id]) fail(origin, ": id ", id, " is used by two vocab entries");
       t.id_spelling[id] = it.key();
       t.id_bytes[id] = token_to_bytes(it.key());
       t.id_known[id] = 1;

@@ -150,6 +150,14 @@ TEST(Tokenizer, RejectsBadFiles) {
     "use_regex":false},"model":{"type":"BPE","vocab":{"a":0},"merges":["a b"]},
     "decoder":{"type":"ByteLevel"}})";
   EXPECT_THROW(Tokenizer::from_json(bad_merge, "bad-merge"), Error);
+  const std::string dup_id = R"({"pre_tokenizer":{"type":"ByteLevel","add_prefix_space":false,
+    "use_regex":false},"model":{"type":"BPE","vocab":{"a":0,"b":0},"merges":[]},
+    "decoder":{"type":"ByteLevel"}})";
+  EXPECT_THROW(Tokenizer::from_json(dup_id, "dup-id"), Error);
+  const std::string normalizer = R"({"normalizer":{"type":"NFC"},"pre_tokenizer":{
+    "type":"ByteLevel","add_prefix_space":false,"use_regex":false},"model":{"type":"BPE",
+    "vocab":{"a":0},"merges":[]},"decoder":{"type":"ByteLevel"}})";
+  EXPECT_THROW(Tokenizer::from_json(normalizer, "normalizer"), Error);
 }
 
 TEST(Tokenizer, TinyHandWrittenFile) {
