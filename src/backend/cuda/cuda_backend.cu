@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/kernels.cuh"
@@ -17,6 +18,9 @@
 
 namespace dsuf {
 namespace {
+
+using cuda::RowMeta;
+using cuda::SeqMeta;
 
 // Owns one device allocation.
 struct DevMem {
@@ -99,14 +103,41 @@ struct CudaBackend::Impl {
   int half = 0;
   // Workspace, sized for opt.max_chunk rows.
   struct {
-    float *X, *pre, *mix_a, *mix_f, *u, *xn, *y, *xq, *sa, *xq2, *sa2, *tmp, *q_lat, *q, *kvw, *ag, *ring, *o, *zg,
-        *qi, *wts, *scores, *bscores, *router, *rw, *h1, *h3, *ye, *ys, *h1s, *h3s, *emb, *ekv, *logits, *cs_main,
-        *cs_comp, *cs_ent;
-    int32_t *tok, *sel, *cand, *ids;
-    int64_t *pos, *rows;
-    uint8_t *cand_mask, *image, *dead;
+    float *X, *pre, *mix_a, *mix_f, *u, *xn, *y, *xq, *sa, *xq2, *sa2, *tmp, *q_lat, *q, *kvw, *ag, *o, *zg, *qi, *wts,
+        *scores, *bscores, *router, *rw, *h1, *h3, *ye, *ys, *h1s, *h3s, *emb, *ekv, *logits;
+    int32_t *sel, *cand, *ids;
+    uint8_t* cand_mask;
   } ws{};
   int64_t score_stride = 0, bscore_stride = 0, mask_stride = 0, logits_rows = 0;
+  int max_rows = 0;  // rows per step: max(max_chunk, max_batch)
+  float *X_head = nullptr, *pre_head = nullptr;
+
+  // Per-step inputs: written into pinned host memory, copied up in one transfer (a graph-captured
+  // decode step replays that copy from the same pinned buffer).
+  struct Staging {
+    uint8_t* host = nullptr;
+    uint8_t* dev = nullptr;
+    size_t cap = 0, used = 0;
+    template <typename T>
+    T* put(const T* data, size_t count) {  // returns the device address
+      used = (used + 15) & ~size_t(15);
+      const size_t bytes = count * sizeof(T);
+      DSUF_CHECK(used + bytes <= cap, "step staging overflow (", used + bytes, " > ", cap, ")");
+      if (bytes) std::memcpy(host + used, data, bytes);
+      T* d = reinterpret_cast<T*>(dev + used);
+      used += bytes;
+      return d;
+    }
+  } stage;
+  float* logits_host = nullptr;  // pinned
+
+  // Decode steps captured as CUDA graphs, by batch size.
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    size_t stage_bytes = 0;
+  };
+  std::map<int, Graph> graphs;
+  bool use_graphs = true;
 
   Impl(const LoadedModel& m, std::vector<int32_t> ids, CudaOptions o)
       : model(m), layout(KvLayout::from_config(m.config)), cids(std::move(ids)), opt(o) {}
@@ -143,14 +174,41 @@ struct CudaBackend::Impl {
     return static_cast<const uint8_t*>(d);
   }
 
+  // One sequence's slice of a step.
+  struct Part {
+    ForwardItem* item;
+    DevSeq* ds;
+    int offset, n;
+    bool logits;  // rows of this part get logits (the last row, or all for kAll)
+  };
+  // Device addresses of one step's staged inputs.
+  struct Step {
+    int rows = 0, seqs = 0;
+    int32_t* tok;
+    RowMeta* meta;
+    SeqMeta* seqtab;
+    float *cs_main, *cs_comp, *cs_ent;
+    uint8_t *image, *dead;
+    std::vector<int64_t*> engram_rows;       // per Engram slot
+    std::vector<cuda::EmitJob*> emit;        // per KV source
+    std::vector<int> n_emit;
+    std::vector<cuda::PendingJob*> pending;  // per KV source
+    int32_t* logit_rows;
+    int n_logit_rows = 0;
+    std::vector<int> logit_row_of_part;  // first logits row of each part, −1 if none
+    bool all_rows_logits = false;        // fixed layout: every row has logits
+    int64_t max_entries = 0;
+  };
+
   void load();
   void alloc_workspace();
   DevSeq& seq(SequenceState& st);
-  void run_chunk(SequenceState& st, DevSeq& ds, const int32_t* tokens, int n, ForwardItem& item, bool last_chunk,
-                 int64_t logits_from);
-  void attention(int l, SequenceState& st, DevSeq& ds, int n, int64_t P, float* out);
-  void moe(int l, int n, float* out);
-  void engram(int l, SequenceState& st, const int32_t* tokens, int n);
+  Step stage_step(std::vector<Part>& parts, bool fixed_layout);
+  void enqueue_step(const Step& st, std::vector<Part>& parts, bool trace);
+  void run_step(std::vector<Part>& parts);
+  void finish_step(std::vector<Part>& parts, const Step& st);
+  void attention(int l, const Step& st, float* out);
+  void moe(int l, int n, const uint8_t* image, float* out);
 };
 
 bool cuda_available() {
@@ -212,15 +270,14 @@ namespace {
 // Every workspace buffer, in floats (or the element counts named), for one max_chunk forward. The
 // one list serves the allocation and the memory plan.
 struct WorkspaceSizes {
-  int64_t X, pre, mix, vecD, xq, sa, tmp, q_lat, q, kvw, ag, ring, o, zg, qi, wts, scores, bscores, sel, cand,
-      cand_mask, router, ids, h, ye, hs, emb, ekv, rows, flags, logits, cs;
+  int64_t X, pre, mix, vecD, xq, sa, tmp, q_lat, q, kvw, ag, o, zg, qi, wts, scores, bscores, sel, cand, cand_mask,
+      router, ids, h, ye, hs, emb, ekv, logits;
   int64_t score_stride, bscore_stride;
   size_t bytes() const {
-    const int64_t floats = X + pre + 2 * mix + 3 * vecD + 2 * xq + 2 * sa + tmp + q_lat + q + kvw + ag + ring + o + zg +
-                           qi + wts + scores + bscores + router + ids /*rw*/ + 2 * h + ye + vecD /*ys*/ + 2 * hs + emb +
-                           ekv + logits + 3 * cs;
-    return size_t(floats) * 4 + size_t(sel + cand + ids) * 4 + size_t(cand_mask + 2 * flags) + size_t(rows + flags) * 8 +
-           size_t(flags) * 4 /*tok*/;
+    const int64_t floats = X + pre + 2 * mix + 3 * vecD + 2 * xq + 2 * sa + tmp + q_lat + q + kvw + ag + o + zg + qi +
+                           wts + scores + bscores + router + ids /*rw*/ + 2 * h + ye + vecD /*ys*/ + 2 * hs + emb + ekv +
+                           logits;
+    return size_t(floats) * 4 + size_t(sel + cand + ids) * 4 + size_t(cand_mask);
   }
 };
 WorkspaceSizes workspace_sizes(const TextConfig& t, int64_t N, int64_t max_context, int64_t R) {
@@ -234,12 +291,11 @@ WorkspaceSizes workspace_sizes(const TextConfig& t, int64_t N, int64_t max_conte
   w.bscore_stride = (max_context + t.candidate_block_size - 1) / t.candidate_block_size;
   w.X = N * hc * D, w.pre = N * hc, w.mix = N * cuda::hc_mix_stride(int(hc)), w.vecD = N * D;
   w.xq = N * K * maxk, w.sa = N * K * maxk / 32, w.tmp = N * std::max(qr, hd), w.q_lat = N * qr, w.q = N * H * hd;
-  w.kvw = N * hd, w.ag = N * 2 * hd, w.ring = int64_t(t.sliding_window) * hd, w.o = N * H * hd, w.zg = N * G * ol;
+  w.kvw = N * hd, w.ag = N * 2 * hd, w.o = N * H * hd, w.zg = N * G * ol;
   w.qi = N * IH * ihd, w.wts = N * IH, w.scores = N * w.score_stride, w.bscores = N * w.bscore_stride;
   w.sel = N * t.index_topk, w.cand = N * t.candidate_topk_blocks, w.cand_mask = N * w.bscore_stride;
   w.router = N * E, w.ids = N * K, w.h = N * K * F, w.ye = N * K * D, w.hs = N * F;
-  w.emb = N * std::max<int64_t>(R * ehd, 1), w.ekv = N * (hc + 1) * D, w.rows = N * std::max<int64_t>(R, 1);
-  w.flags = N, w.logits = N * t.vocab_size, w.cs = N * 2 * half;
+  w.emb = N * std::max<int64_t>(R * ehd, 1), w.ekv = N * (hc + 1) * D, w.logits = N * t.vocab_size;
   return w;
 }
 }  // namespace
@@ -273,19 +329,22 @@ CudaMemoryPlan plan_cuda_memory(const LoadedModel& model, const CudaOptions& opt
                       2 * size_t(L.source_ratio[k]) * 2 * L.head_dim * 4;
   p.sequences = p.per_sequence * size_t(opt.max_batch);
   const int64_t R = t.engram_layer_ids.empty() ? 0 : int64_t(t.engram_max_ngram_size - 1) * t.engram_n_heads;
-  p.workspace = workspace_sizes(t, opt.max_chunk, opt.max_context, R).bytes();
+  const WorkspaceSizes w = workspace_sizes(t, std::max(opt.max_chunk, opt.max_batch), opt.max_context, R);
+  p.workspace = w.bytes() + size_t(w.X + w.pre) * 4;  // + the head's gathered rows
   return p;
 }
 
 void CudaBackend::Impl::alloc_workspace() {
   const TextConfig& t = model.config.text;
   const int64_t R = hasher ? hasher->rows_per_token() : 0;
-  const WorkspaceSizes w = workspace_sizes(t, opt.max_chunk, opt.max_context, R);
+  max_rows = std::max(opt.max_chunk, opt.max_batch);
+  const WorkspaceSizes w = workspace_sizes(t, max_rows, opt.max_context, R);
+  X_head = alloc<float>(w.X), pre_head = alloc<float>(w.pre);
   ws.X = alloc<float>(w.X), ws.pre = alloc<float>(w.pre), ws.mix_a = alloc<float>(w.mix), ws.mix_f = alloc<float>(w.mix);
   ws.u = alloc<float>(w.vecD), ws.xn = alloc<float>(w.vecD), ws.y = alloc<float>(w.vecD);
   ws.xq = alloc<float>(w.xq), ws.sa = alloc<float>(w.sa), ws.xq2 = alloc<float>(w.xq), ws.sa2 = alloc<float>(w.sa);
   ws.tmp = alloc<float>(w.tmp), ws.q_lat = alloc<float>(w.q_lat), ws.q = alloc<float>(w.q), ws.kvw = alloc<float>(w.kvw);
-  ws.ag = alloc<float>(w.ag), ws.ring = alloc<float>(w.ring), ws.o = alloc<float>(w.o), ws.zg = alloc<float>(w.zg);
+  ws.ag = alloc<float>(w.ag), ws.o = alloc<float>(w.o), ws.zg = alloc<float>(w.zg);
   ws.qi = alloc<float>(w.qi), ws.wts = alloc<float>(w.wts);
   score_stride = w.score_stride, bscore_stride = w.bscore_stride, mask_stride = w.bscore_stride;
   ws.scores = alloc<float>(w.scores), ws.bscores = alloc<float>(w.bscores);
@@ -293,11 +352,18 @@ void CudaBackend::Impl::alloc_workspace() {
   ws.router = alloc<float>(w.router), ws.ids = alloc<int32_t>(w.ids), ws.rw = alloc<float>(w.ids);
   ws.h1 = alloc<float>(w.h), ws.h3 = alloc<float>(w.h), ws.ye = alloc<float>(w.ye), ws.ys = alloc<float>(w.vecD);
   ws.h1s = alloc<float>(w.hs), ws.h3s = alloc<float>(w.hs), ws.emb = alloc<float>(w.emb), ws.ekv = alloc<float>(w.ekv);
-  ws.rows = alloc<int64_t>(w.rows), ws.dead = alloc<uint8_t>(w.flags), ws.image = alloc<uint8_t>(w.flags);
-  ws.tok = alloc<int32_t>(w.flags), ws.pos = alloc<int64_t>(w.flags);
-  ws.cs_main = alloc<float>(w.cs), ws.cs_comp = alloc<float>(w.cs), ws.cs_ent = alloc<float>(w.cs);
-  logits_rows = opt.max_chunk;
+  logits_rows = max_rows;
   ws.logits = alloc<float>(w.logits);
+  DSUF_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&logits_host), size_t(w.logits) * 4, cudaHostAllocDefault));
+  pinned.push_back(logits_host);
+  // Staging: every per-step list, bounded by max_rows rows (and as many sequences).
+  const size_t Rn = size_t(max_rows), S = layout.kv_sources.size();
+  const size_t slots = hasher ? size_t(hasher->num_slots()) : 0, Rr = hasher ? size_t(hasher->rows_per_token()) : 0;
+  stage.cap = 64 * 16 + Rn * (4 + sizeof(RowMeta) + sizeof(SeqMeta) + 2 + 4 + 2 * 2 * half * 4 + slots * Rr * 8) +
+              S * (2 * Rn) * (sizeof(cuda::EmitJob) + sizeof(cuda::PendingJob) + 2 * half * 4) + 2 * half * 4;
+  DSUF_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&stage.host), stage.cap, cudaHostAllocDefault));
+  pinned.push_back(stage.host);
+  stage.dev = alloc<uint8_t>(stage.cap);
 }
 
 DevSeq& CudaBackend::Impl::seq(SequenceState& st) {
@@ -335,47 +401,136 @@ DevSeq& CudaBackend::Impl::seq(SequenceState& st) {
   return *ds;
 }
 
-void CudaBackend::Impl::engram(int l, SequenceState& st, const int32_t* tokens, int n) {
+// Host side of a step: rows, sequences, RoPE tables, Engram rows and the compressor's job lists,
+// all staged for one upload. With fixed_layout (graph-captured decode) every list has the same
+// length for a given number of rows, so the captured kernels' arguments stay valid.
+CudaBackend::Impl::Step CudaBackend::Impl::stage_step(std::vector<Part>& parts, bool fixed_layout) {
   const ModelConfig& c = model.config;
   const TextConfig& t = c.text;
-  const DevLayer& d = layers[l];
-  const int R = hasher->rows_per_token(), ctx_len = t.engram_max_ngram_size, hc = t.hc_mult;
-  const int64_t D = t.hidden_size, ehd = t.engram_head_dim;
-  std::vector<int64_t> rows(size_t(n) * R);
-  std::vector<uint8_t> dead(n);
-  std::vector<int32_t> ctx(ctx_len), cid(n);
-  for (int i = 0; i < n; ++i) cid[i] = tokens[i] == c.image_token_id ? -1 : cids[tokens[i]];
-  for (int i = 0; i < n; ++i) {
-    dead[i] = cid[i] < 0;
-    if (dead[i]) continue;
-    for (int j = 0; j < ctx_len; ++j) {
-      const int src = i - j;
-      const int h = -src - 1;
-      ctx[j] = src >= 0 ? cid[src] : (h < int(st.engram_history.size()) ? st.engram_history[h] : -1);
+  const int W = t.sliding_window;
+  Step st;
+  stage.used = 0;
+  std::vector<int32_t> tok;
+  std::vector<RowMeta> meta;
+  std::vector<SeqMeta> seqs;
+  std::vector<uint8_t> image;
+  for (Part& p : parts) {
+    SequenceState& s = *p.item->state;
+    SeqMeta sm{};
+    sm.window = p.ds->window.as<uint8_t>();
+    for (size_t k = 0; k < layout.kv_sources.size(); ++k) sm.ckv[k] = p.ds->ckv[k].as<uint8_t>(), sm.ikey[k] = p.ds->ikey[k].as<uint8_t>();
+    sm.P = s.pos;
+    sm.row0 = int32_t(tok.size());
+    sm.n = p.n;
+    for (int j = 0; j < p.n; ++j) {
+      const int32_t id = p.item->tokens[p.offset + j];
+      if (id < 0 || id >= t.vocab_size) fail("token id ", id, " is outside the vocabulary [0, ", t.vocab_size, ")");
+      tok.push_back(id);
+      meta.push_back({s.pos + j, int32_t(seqs.size()), j >= p.n - W ? 1 : 0});
+      image.push_back(id == c.image_token_id);
     }
-    hasher->row_ids(model.config.layers[l].engram_slot, ctx.data(), rows.data() + size_t(i) * R);
+    st.max_entries = std::max<int64_t>(st.max_entries, s.pos + p.n);
+    seqs.push_back(sm);
   }
-  DSUF_CUDA(cudaMemcpyAsync(ws.rows, rows.data(), rows.size() * 8, cudaMemcpyHostToDevice, stream));
-  DSUF_CUDA(cudaMemcpyAsync(ws.dead, dead.data(), n, cudaMemcpyHostToDevice, stream));
-  const bool r = opt.numerics.bf16_activations;
-  cuda::engram_gather(ws.rows, n, R, d.e_table, d.e_scale, ehd, ws.emb, stream);
-  cuda::act_quant(ws.emb, n, R * ehd, opt.numerics.act_quant, ws.xq, ws.sa, stream);
-  cuda::fp8_linear(d.e_wkv.w, d.e_wkv.s, d.e_wkv.out, d.e_wkv.in, ws.xq, ws.sa, R * ehd, n, ws.ekv, (hc + 1) * D, r, stream);
-  cuda::engram_gate(ws.X, ws.ekv, d.e_q, d.e_k, ws.dead, n, hc, D, float(t.rms_norm_eps), r, stream);
-  DSUF_CUDA(cudaStreamSynchronize(stream));  // the host vectors above must outlive the copies
+  const int R = int(tok.size());
+  st.rows = R;
+  st.seqs = int(seqs.size());
+  st.tok = stage.put(tok.data(), R);
+  st.meta = stage.put(meta.data(), R);
+  st.seqtab = stage.put(seqs.data(), seqs.size());
+  st.image = stage.put(image.data(), R);
+  std::vector<float> csm(size_t(R) * 2 * half), csc(size_t(R) * 2 * half);
+  for (int i = 0; i < R; ++i) {
+    rope_cos_sin(meta[i].pos, inv_main, csm.data() + size_t(i) * 2 * half);
+    rope_cos_sin(meta[i].pos, inv_comp, csc.data() + size_t(i) * 2 * half);
+  }
+  st.cs_main = stage.put(csm.data(), csm.size());
+  st.cs_comp = stage.put(csc.data(), csc.size());
+  // Engram: row ids per token per Engram layer (hashing is host work on token ids).
+  if (hasher) {
+    const int Rr = hasher->rows_per_token(), ctx_len = t.engram_max_ngram_size;
+    std::vector<uint8_t> dead(R);
+    std::vector<int32_t> cid(R), ctx(ctx_len);
+    for (int i = 0; i < R; ++i) cid[i] = image[i] ? -1 : cids[tok[i]], dead[i] = image[i];
+    st.dead = stage.put(dead.data(), R);
+    for (int slot = 0; slot < hasher->num_slots(); ++slot) {
+      std::vector<int64_t> rows(size_t(R) * Rr, 0);
+      for (size_t q = 0; q < parts.size(); ++q) {
+        const SequenceState& s = *parts[q].item->state;
+        const int row0 = seqs[q].row0;
+        for (int j = 0; j < parts[q].n; ++j) {
+          if (cid[row0 + j] < 0) continue;
+          for (int b = 0; b < ctx_len; ++b) {
+            const int src = j - b, h = -src - 1;
+            ctx[b] = src >= 0 ? cid[row0 + src] : (h < int(s.engram_history.size()) ? s.engram_history[h] : -1);
+          }
+          hasher->row_ids(slot, ctx.data(), rows.data() + size_t(row0 + j) * Rr);
+        }
+      }
+      st.engram_rows.push_back(stage.put(rows.data(), rows.size()));
+    }
+  }
+  // Compressor jobs per KV source: the entries this step closes, and the partial groups to keep.
+  std::vector<float> ecs;
+  std::vector<std::vector<cuda::EmitJob>> emit(layout.kv_sources.size());
+  std::vector<std::vector<cuda::PendingJob>> pend(layout.kv_sources.size());
+  for (size_t k = 0; k < layout.kv_sources.size(); ++k) {
+    const int ratio = layout.source_ratio[k];
+    for (size_t q = 0; q < parts.size(); ++q) {
+      DevSeq& ds = *parts[q].ds;
+      const int64_t P = seqs[q].P, before = ds.entries[k], after = (P + parts[q].n) / ratio;
+      DSUF_CHECK(before == P / ratio, "compressed-KV bookkeeping out of step");
+      if (after > opt.max_context)
+        fail("sequence of ", P + parts[q].n, " tokens exceeds the CUDA backend's max_context ", opt.max_context);
+      const int pending_n = int(P % ratio);
+      const float* pin = ds.pending[ds.cur[k]][k].as<float>();
+      for (int64_t w = before; w < after; ++w) {
+        // A fixed layout gives each (source, sequence) one cos/sin row: a decode row closes at most one entry.
+        const size_t row = fixed_layout ? k * parts.size() + q : ecs.size() / (2 * half);
+        ecs.resize(std::max(ecs.size(), (row + 1) * 2 * half));
+        emit[k].push_back({w, pin, int32_t(q), pending_n, int32_t(row), 0});
+        rope_cos_sin(w * ratio, inv_comp, ecs.data() + row * 2 * half);
+      }
+      if (fixed_layout && after == before) emit[k].push_back({-1, pin, int32_t(q), 0, 0, 0});
+      pend[k].push_back({pin, ds.pending[1 - ds.cur[k]][k].as<float>(), int32_t(q), pending_n,
+                         int32_t((P + parts[q].n) % ratio), 0});
+    }
+  }
+  if (fixed_layout) ecs.resize(std::max<size_t>(1, layout.kv_sources.size() * parts.size()) * 2 * half);
+  st.cs_ent = stage.put(ecs.data(), std::max<size_t>(ecs.size(), 2 * half));
+  for (size_t k = 0; k < layout.kv_sources.size(); ++k) {
+    st.emit.push_back(stage.put(emit[k].data(), emit[k].size()));
+    st.n_emit.push_back(int(emit[k].size()));
+    st.pending.push_back(stage.put(pend[k].data(), pend[k].size()));
+  }
+  // Rows that get logits (with a fixed layout: every row, whoever asked).
+  std::vector<int32_t> lrows;
+  st.all_rows_logits = fixed_layout;
+  for (size_t q = 0; q < parts.size(); ++q) {
+    st.logit_row_of_part.push_back(parts[q].logits || fixed_layout ? int(lrows.size()) : -1);
+    if (fixed_layout) {
+      for (int j = 0; j < parts[q].n; ++j) lrows.push_back(seqs[q].row0 + j);
+      continue;
+    }
+    if (!parts[q].logits) continue;
+    const bool all = parts[q].item->want == ForwardItem::Logits::kAll;
+    for (int j = all ? 0 : parts[q].n - 1; j < parts[q].n; ++j) lrows.push_back(seqs[q].row0 + j);
+  }
+  st.n_logit_rows = int(lrows.size());
+  st.logit_rows = stage.put(lrows.data(), lrows.size());
+  if (fixed_layout) st.max_entries = opt.max_context;
+  return st;
 }
 
-void CudaBackend::Impl::attention(int l, SequenceState& st, DevSeq& ds, int n, int64_t P, float* out) {
-  (void)st;
+void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
   const TextConfig& t = model.config.text;
   const LayerPlan& lp = model.config.layers[l];
   const DevLayer& d = layers[l];
-  const bool r = opt.numerics.bf16_activations, aq = opt.numerics.act_quant, kvq = opt.numerics.kv_quant;
-  const int H = t.num_attention_heads, W = t.sliding_window;
+  const bool r = opt.numerics.bf16_activations, aq = opt.numerics.act_quant;
+  const int H = t.num_attention_heads, W = t.sliding_window, n = st.rows;
   const int64_t D = t.hidden_size, hd = t.head_dim, qr = t.q_lora_rank, G = t.o_groups, ol = t.o_lora_rank;
   const float eps = float(t.rms_norm_eps);
-  const float* cs = lp.compress_rope ? ws.cs_comp : ws.cs_main;
-  DSUF_CHECK(kvq, "the CUDA backend stores KV quantized only (kv_quant = false is CPU-only)");
+  const float* cs = lp.compress_rope ? st.cs_comp : st.cs_main;
 
   cuda::act_quant(ws.xn, n, D, aq, ws.xq, ws.sa, stream);
   cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, ws.xq, ws.sa, D, n, ws.tmp, qr, r, stream);
@@ -393,58 +548,39 @@ void CudaBackend::Impl::attention(int l, SequenceState& st, DevSeq& ds, int n, i
   if (lp.owns_compressor) {
     cuda::bf16_linear(d.comp_wkv, hd, D, ws.xn, D, n, ws.ag, 2 * hd, false, stream);
     if (ratio > 1) cuda::bf16_linear(d.comp_wgate, hd, D, ws.xn, D, n, ws.ag + hd, 2 * hd, false, stream);
-    const int pending_n = int(P % ratio);
-    const int64_t before = ds.entries[slot], after = (P + n) / ratio;
-    DSUF_CHECK(after <= opt.max_context, "sequence of ", P + n, " tokens exceeds the CUDA backend's max_context ",
-               opt.max_context);
-    std::vector<float> ecs(size_t(after - before) * 2 * half);
-    for (int64_t w = before; w < after; ++w) rope_cos_sin(w * ratio, inv_comp, ecs.data() + (w - before) * 2 * half);
-    if (!ecs.empty()) {
-      DSUF_CUDA(cudaMemcpyAsync(ws.cs_ent, ecs.data(), ecs.size() * 4, cudaMemcpyHostToDevice, stream));
-      DSUF_CUDA(cudaStreamSynchronize(stream));  // ecs is a local
-    }
-    cuda::CompressArgs ca{.ag = ws.ag, .pending = ds.pending[ds.cur[slot]][slot].as<float>(), .pending_n = pending_n,
-                          .n = n, .ratio = ratio, .P = P, .hd = hd, .ihd = t.index_head_dim, .first_entry = before,
-                          .n_entries = int(after - before), .norm = d.comp_norm, .wk = d.idx_wk, .k_norm = d.idx_k_norm,
-                          .cs = ws.cs_ent, .half = half, .eps = eps, .kv_quant = kvq, .r = r,
-                          .ckv = ds.ckv[slot].as<uint8_t>(), .ikey = ds.ikey[slot].as<uint8_t>()};
+    cuda::CompressArgs ca{.ag = ws.ag, .jobs = st.emit[slot], .n_jobs = st.n_emit[slot], .seqs = st.seqtab,
+                          .src = slot, .ratio = ratio, .hd = hd, .ihd = t.index_head_dim, .norm = d.comp_norm,
+                          .wk = d.idx_wk, .k_norm = d.idx_k_norm, .cs = st.cs_ent, .half = half, .eps = eps, .r = r};
     cuda::compress_emit(ca, stream);
-    const int next = 1 - ds.cur[slot];
-    cuda::update_pending(ws.ag, n, ds.pending[ds.cur[slot]][slot].as<float>(), pending_n, ratio, hd,
-                         ds.pending[next][slot].as<float>(), stream);
-    ds.cur[slot] = next;
-    ds.entries[slot] = after;
+    cuda::update_pending(ws.ag, st.pending[slot], st.seqs, st.seqtab, ratio, hd, stream);
   }
 
   if (lp.runs_indexer) {
     const int IH = t.index_n_heads;
     const int64_t ihd = t.index_head_dim;
     cuda::fp8_linear(d.idx_wq_b.w, d.idx_wq_b.s, IH * ihd, qr, ws.xq2, ws.sa2, qr, n, ws.qi, IH * ihd, r, stream);
-    cuda::rope(ws.qi, n, IH, ihd, ws.cs_comp, half, 1.0f, r, stream);
+    cuda::rope(ws.qi, n, IH, ihd, st.cs_comp, half, 1.0f, r, stream);
     cuda::fp4_fake_quant_pow2(ws.qi, n * IH * ihd, r, stream);
     cuda::bf16_linear(d.idx_wproj, IH, D, ws.xn, D, n, ws.wts, IH, false, stream);
-    cuda::IndexScoreArgs ia{.qi = ws.qi, .wts = ws.wts, .ikey = ds.ikey[slot].as<uint8_t>(), .entries = ds.entries[slot],
-                            .n = n, .IH = IH, .ratio = ratio, .ihd = ihd, .P = P,
-                            .cand_mask = lp.candidate_constrained ? ws.cand_mask : nullptr,
-                            .mask_stride = mask_stride, .block = t.candidate_block_size, .scores = ws.scores,
-                            .score_stride = score_stride, .r = r};
+    cuda::IndexScoreArgs ia{.qi = ws.qi, .wts = ws.wts, .meta = st.meta, .seqs = st.seqtab, .src = slot,
+                            .max_entries = st.max_entries / ratio, .rows = n, .IH = IH, .ratio = ratio, .ihd = ihd,
+                            .cand_mask = lp.candidate_constrained ? ws.cand_mask : nullptr, .mask_stride = mask_stride,
+                            .block = t.candidate_block_size, .scores = ws.scores, .score_stride = score_stride, .r = r};
     cuda::index_scores(ia, stream);
     if (lp.candidate_source) {
-      cuda::candidate_block_scores(ws.scores, score_stride, n, P, ratio, t.candidate_block_size, ws.bscores,
+      cuda::candidate_block_scores(ws.scores, score_stride, n, st.meta, ratio, t.candidate_block_size, ws.bscores,
                                    bscore_stride, stream);
-      cuda::top_k(ws.bscores, bscore_stride, n, P, ratio, t.candidate_block_size, t.candidate_topk_blocks, ws.cand,
-                  t.candidate_topk_blocks, stream);
+      cuda::top_k(ws.bscores, bscore_stride, n, st.meta, ratio, t.candidate_block_size, t.candidate_topk_blocks,
+                  ws.cand, t.candidate_topk_blocks, stream);
       cuda::mask_from_selection(ws.cand, t.candidate_topk_blocks, n, ws.cand_mask, mask_stride, stream);
     }
-    cuda::top_k(ws.scores, score_stride, n, P, ratio, 0, t.index_topk, ws.sel, t.index_topk, stream);
+    cuda::top_k(ws.scores, score_stride, n, st.meta, ratio, 0, t.index_topk, ws.sel, t.index_topk, stream);
   }
 
-  uint8_t* ring = ds.window.as<uint8_t>() + size_t(l) * W * layout.window_entry_bytes;
-  cuda::unpack_window(ring, W, hd, ws.ring, stream);
-  cuda::AttentionArgs aa{.q = ws.q, .kv_chunk = ws.kvw, .ring = ws.ring,
-                         .ckv = ratio > 0 ? ds.ckv[slot].as<uint8_t>() : nullptr,
-                         .sel = ratio > 0 ? ws.sel : nullptr, .sel_stride = t.index_topk, .sink = d.sink, .out = ws.o,
-                         .n = n, .H = H, .W = W, .hd = hd, .P = P, .r = r};
+  cuda::AttentionArgs aa{.q = ws.q, .kv_chunk = ws.kvw, .meta = st.meta, .seqs = st.seqtab, .layer = l,
+                         .src = ratio > 0 ? slot : -1, .sel = ratio > 0 ? ws.sel : nullptr,
+                         .sel_stride = t.index_topk, .sink = d.sink, .out = ws.o, .rows = n, .H = H, .W = W, .hd = hd,
+                         .r = r};
   cuda::attention(aa, stream);
   cuda::rope(ws.o, n, H, hd, cs, half, -1.0f, r, stream);
   const int64_t gin = (H / G) * hd;
@@ -454,10 +590,10 @@ void CudaBackend::Impl::attention(int l, SequenceState& st, DevSeq& ds, int n, i
                      ws.sa + g * gin / 32, H * hd, n, ws.zg + g * ol, G * ol, r, stream);
   cuda::act_quant(ws.zg, n, G * ol, aq, ws.xq2, ws.sa2, stream);
   cuda::fp8_linear(d.wo_b.w, d.wo_b.s, D, G * ol, ws.xq2, ws.sa2, G * ol, n, out, D, r, stream);
-  cuda::pack_window(ws.kvw, n, std::max(0, n - W), hd, P, W, ring, stream);
+  cuda::pack_window(ws.kvw, n, st.meta, st.seqtab, l, hd, W, stream);
 }
 
-void CudaBackend::Impl::moe(int l, int n, float* out) {
+void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, float* out) {
   const TextConfig& t = model.config.text;
   const DevLayer& d = layers[l];
   const bool r = opt.numerics.bf16_activations, aq = opt.numerics.act_quant;
@@ -465,7 +601,7 @@ void CudaBackend::Impl::moe(int l, int n, float* out) {
   const int64_t D = t.hidden_size, F = t.moe_intermediate_size;
   const float limit = float(t.swiglu_limit);
   cuda::bf16_linear(d.gate, E, D, ws.xn, D, n, ws.router, E, false, stream);
-  cuda::route(ws.router, n, E, K, d.bias, d.bias_vl, ws.image, float(t.gate_temp), float(t.routed_scaling_factor),
+  cuda::route(ws.router, n, E, K, d.bias, d.bias_vl, image, float(t.gate_temp), float(t.routed_scaling_factor),
               ws.ids, ws.rw, stream);
   cuda::act_quant(ws.xn, n, D, aq, ws.xq, ws.sa, stream);
   cuda::fp4_linear_grouped(d.experts.w1, d.experts.s1, ws.ids, F, D, ws.xq, ws.sa, K, int64_t(n) * K, ws.h1, r, stream);
@@ -481,76 +617,115 @@ void CudaBackend::Impl::moe(int l, int n, float* out) {
   cuda::moe_sum(ws.ye, K, ws.ys, n, D, out, r, stream);
 }
 
-void CudaBackend::Impl::run_chunk(SequenceState& st, DevSeq& ds, const int32_t* tokens, int n, ForwardItem& item,
-                                  bool last_chunk, int64_t logits_from) {
+// The kernels of one step, in order; no host synchronization inside unless tracing (so a decode
+// step can be captured as a CUDA graph).
+void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, bool trace) {
   const ModelConfig& c = model.config;
   const TextConfig& t = c.text;
   const bool r = opt.numerics.bf16_activations;
-  const int hc = t.hc_mult;
-  const int64_t D = t.hidden_size, P = st.pos;
+  const int hc = t.hc_mult, n = st.rows, ms = cuda::hc_mix_stride(hc);
+  const int64_t D = t.hidden_size, V = t.vocab_size;
   const float eps = float(t.rms_norm_eps), hc_eps = float(t.hc_eps);
-  const int ms = cuda::hc_mix_stride(hc);
-  std::vector<int64_t> pos(n);
-  std::vector<uint8_t> image(n);
-  for (int i = 0; i < n; ++i) {
-    if (tokens[i] < 0 || tokens[i] >= t.vocab_size) fail("token id ", tokens[i], " is outside the vocabulary");
-    pos[i] = P + i;
-    image[i] = tokens[i] == c.image_token_id;
-  }
-  DSUF_CUDA(cudaMemcpyAsync(ws.tok, tokens, n * 4, cudaMemcpyHostToDevice, stream));
-  DSUF_CUDA(cudaMemcpyAsync(ws.pos, pos.data(), n * 8, cudaMemcpyHostToDevice, stream));
-  DSUF_CUDA(cudaMemcpyAsync(ws.image, image.data(), n, cudaMemcpyHostToDevice, stream));
-  std::vector<float> csm(size_t(n) * 2 * half), csc(size_t(n) * 2 * half);
-  for (int i = 0; i < n; ++i) {
-    rope_cos_sin(P + i, inv_main, csm.data() + size_t(i) * 2 * half);
-    rope_cos_sin(P + i, inv_comp, csc.data() + size_t(i) * 2 * half);
-  }
-  DSUF_CUDA(cudaMemcpyAsync(ws.cs_main, csm.data(), csm.size() * 4, cudaMemcpyHostToDevice, stream));
-  DSUF_CUDA(cudaMemcpyAsync(ws.cs_comp, csc.data(), csc.size() * 4, cudaMemcpyHostToDevice, stream));
-  cuda::embed(ws.tok, n, embed, D, hc, ws.X, ws.pre, stream);
+  DSUF_CUDA(cudaMemcpyAsync(stage.dev, stage.host, stage.used, cudaMemcpyHostToDevice, stream));
+  cuda::embed(st.tok, n, embed, D, hc, ws.X, ws.pre, stream);
   for (const LayerPlan& lp : c.layers) {
     const int l = lp.layer;
     const DevLayer& d = layers[l];
-    if (lp.engram_slot >= 0) engram(l, st, tokens, n);
+    if (lp.engram_slot >= 0) {
+      const int Rr = hasher->rows_per_token();
+      const int64_t ehd = t.engram_head_dim;
+      cuda::engram_gather(st.engram_rows[lp.engram_slot], n, Rr, d.e_table, d.e_scale, ehd, ws.emb, stream);
+      cuda::act_quant(ws.emb, n, Rr * ehd, opt.numerics.act_quant, ws.xq, ws.sa, stream);
+      cuda::fp8_linear(d.e_wkv.w, d.e_wkv.s, d.e_wkv.out, d.e_wkv.in, ws.xq, ws.sa, Rr * ehd, n, ws.ekv, (hc + 1) * D,
+                       r, stream);
+      cuda::engram_gate(ws.X, ws.ekv, d.e_q, d.e_k, st.dead, n, hc, D, eps, r, stream);
+    }
     cuda::hc_mix(d.hca_fn, d.hca_base, d.hca_scale, ws.X, n, hc, D, eps, t.hc_sinkhorn_iters, hc_eps, ws.mix_a, stream);
     cuda::hc_collapse(ws.pre, hc, ws.X, n, hc, D, ws.u, r, stream);
     cuda::rmsnorm(ws.u, n, D, d.attn_norm, eps, ws.xn, r, stream);
-    attention(l, st, ds, n, P, ws.y);
+    attention(l, st, ws.y);
     cuda::hc_expand(ws.mix_a, ms, ws.y, n, hc, D, ws.X, r, stream);
     cuda::hc_mix(d.hcf_fn, d.hcf_base, d.hcf_scale, ws.X, n, hc, D, eps, t.hc_sinkhorn_iters, hc_eps, ws.mix_f, stream);
     cuda::hc_collapse(ws.mix_a, ms, ws.X, n, hc, D, ws.u, r, stream);
     cuda::rmsnorm(ws.u, n, D, d.ffn_norm, eps, ws.xn, r, stream);
-    moe(l, n, ws.y);
+    moe(l, n, st.image, ws.y);
     cuda::hc_expand(ws.mix_f, ms, ws.y, n, hc, D, ws.X, r, stream);
     // pre of the FFN site feeds the next attention site's collapse.
     DSUF_CUDA(cudaMemcpy2DAsync(ws.pre, hc * 4, ws.mix_f, ms * 4, hc * 4, n, cudaMemcpyDeviceToDevice, stream));
-    if (item.trace) {
+    if (trace) {
       std::vector<float> x(size_t(n) * hc * D);
       DSUF_CUDA(cudaMemcpyAsync(x.data(), ws.X, x.size() * 4, cudaMemcpyDeviceToHost, stream));
       DSUF_CUDA(cudaStreamSynchronize(stream));
-      item.trace->push_back(std::move(x));
+      parts[0].item->trace->push_back(std::move(x));
     }
   }
-  // Engram history and position.
-  for (int i = 0; i < n; ++i) {
-    auto& hist = st.engram_history;
-    for (int j = int(hist.size()) - 1; j > 0; --j) hist[j] = hist[j - 1];
-    if (!hist.empty()) hist[0] = image[i] ? -1 : cids[tokens[i]];
+  if (st.n_logit_rows > 0) {
+    const int nl = st.n_logit_rows;
+    cuda::gather_rows(ws.X, ws.pre, st.logit_rows, nl, hc, D, X_head, pre_head, stream);
+    cuda::hc_collapse(pre_head, hc, X_head, nl, hc, D, ws.u, r, stream);
+    cuda::rmsnorm(ws.u, nl, D, norm, eps, ws.xn, r, stream);
+    cuda::bf16_linear(head, V, D, ws.xn, D, nl, ws.logits, V, false, stream);
+    DSUF_CUDA(cudaMemcpyAsync(logits_host, ws.logits, size_t(nl) * V * 4, cudaMemcpyDeviceToHost, stream));
   }
-  st.pos += n;
-  if (item.want != ForwardItem::Logits::kNone && item.logits && (last_chunk || item.want == ForwardItem::Logits::kAll)) {
-    const int first = item.want == ForwardItem::Logits::kAll ? 0 : n - 1;
-    const int rows = n - first;
-    const int64_t V = t.vocab_size;
-    cuda::hc_collapse(ws.pre + first * hc, hc, ws.X + int64_t(first) * hc * D, rows, hc, D, ws.u, r, stream);
-    cuda::rmsnorm(ws.u, rows, D, norm, eps, ws.xn, r, stream);
-    cuda::bf16_linear(head, V, D, ws.xn, D, rows, ws.logits, V, false, stream);
-    const size_t off = size_t(logits_from) * V;
-    item.logits->resize(off + size_t(rows) * V);
-    DSUF_CUDA(cudaMemcpyAsync(item.logits->data() + off, ws.logits, size_t(rows) * V * 4, cudaMemcpyDeviceToHost, stream));
+}
+
+void CudaBackend::Impl::finish_step(std::vector<Part>& parts, const Step& st) {
+  const ModelConfig& c = model.config;
+  const int64_t V = c.text.vocab_size;
+  for (size_t q = 0; q < parts.size(); ++q) {
+    Part& p = parts[q];
+    SequenceState& s = *p.item->state;
+    if (p.logits && p.item->logits && st.logit_row_of_part[q] >= 0) {
+      const bool all = p.item->want == ForwardItem::Logits::kAll;
+      const int rows = all ? p.n : 1;
+      const int src_row = st.logit_row_of_part[q] + (all || !st.all_rows_logits ? 0 : p.n - 1);
+      const size_t off = all ? size_t(p.offset) * V : 0;
+      p.item->logits->resize(off + size_t(rows) * V);
+      std::memcpy(p.item->logits->data() + off, logits_host + size_t(src_row) * V, size_t(rows) * V * 4);
+    }
+    auto& hist = s.engram_history;
+    for (int j = 0; j < p.n; ++j) {
+      const int32_t id = p.item->tokens[p.offset + j];
+      for (int h = int(hist.size()) - 1; h > 0; --h) hist[h] = hist[h - 1];
+      if (!hist.empty()) hist[0] = id == c.image_token_id ? -1 : cids[id];
+    }
+    s.pos += p.n;
+    for (size_t k = 0; k < layout.kv_sources.size(); ++k) {
+      p.ds->entries[k] = s.pos / layout.source_ratio[k];
+      p.ds->cur[k] ^= 1;
+    }
+  }
+}
+
+void CudaBackend::Impl::run_step(std::vector<Part>& parts) {
+  bool trace = false, decode = use_graphs;
+  for (const Part& p : parts) {
+    trace |= p.item->trace != nullptr;
+    decode &= p.n == 1;
+  }
+  decode &= !trace;
+  const Step st = stage_step(parts, decode);
+  if (decode) {
+    // Decode steps replay a graph captured for this batch size; the staged inputs change, the
+    // kernels and their arguments do not.
+    Graph& g = graphs[st.rows];
+    if (!g.exec || g.stage_bytes != stage.used) {
+      if (g.exec) cudaGraphExecDestroy(g.exec);
+      cudaGraph_t graph;
+      DSUF_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      enqueue_step(st, parts, false);
+      DSUF_CUDA(cudaStreamEndCapture(stream, &graph));
+      DSUF_CUDA(cudaGraphInstantiate(&g.exec, graph, 0));
+      DSUF_CUDA(cudaGraphDestroy(graph));
+      g.stage_bytes = stage.used;
+    }
+    DSUF_CUDA(cudaGraphLaunch(g.exec, stream));
+  } else {
+    enqueue_step(st, parts, trace);
   }
   DSUF_CUDA(cudaStreamSynchronize(stream));
   DSUF_CUDA(cudaGetLastError());
+  finish_step(parts, st);
 }
 
 CudaBackend::CudaBackend(const LoadedModel& model, std::vector<int32_t> compressed_ids, CudaOptions opt)
@@ -573,6 +748,8 @@ CudaBackend::CudaBackend(const LoadedModel& model, std::vector<int32_t> compress
 
 CudaBackend::~CudaBackend() {
   if (!impl_) return;
+  for (auto& [b, g] : impl_->graphs)
+    if (g.exec) cudaGraphExecDestroy(g.exec);
   for (void* p : impl_->pinned) cudaFreeHost(p);
   if (impl_->stream) cudaStreamDestroy(impl_->stream);
 }
@@ -584,18 +761,38 @@ size_t CudaBackend::weight_bytes() const { return impl_->weight_bytes; }
 SequenceState CudaBackend::new_sequence() const { return SequenceState::empty(impl_->layout); }
 
 void CudaBackend::forward(std::span<ForwardItem> batch) {
+  Impl& im = *impl_;
+  std::vector<size_t> done(batch.size(), 0);
+  std::vector<SequenceState*> seen;
   for (ForwardItem& item : batch) {
     DSUF_CHECK(item.state, "forward item without a sequence state");
-    SequenceState& st = *item.state;
-    if (st.pos + int64_t(item.tokens.size()) > impl_->model.config.text.max_position_embeddings)
-      fail("sequence of ", st.pos + item.tokens.size(), " tokens exceeds max_position_embeddings");
-    DevSeq& ds = impl_->seq(st);
+    DSUF_CHECK(std::find(seen.begin(), seen.end(), item.state) == seen.end(), "a sequence appears twice in one batch");
+    seen.push_back(item.state);
+    if (item.state->pos + int64_t(item.tokens.size()) > im.model.config.text.max_position_embeddings)
+      fail("sequence of ", item.state->pos + item.tokens.size(), " tokens exceeds max_position_embeddings");
     if (item.logits) item.logits->clear();
-    const int n = int(item.tokens.size());
-    for (int i = 0; i < n; i += impl_->opt.max_chunk) {
-      const int m = std::min(impl_->opt.max_chunk, n - i);
-      impl_->run_chunk(st, ds, item.tokens.data() + i, m, item, i + m == n, item.want == ForwardItem::Logits::kAll ? i : 0);
+    im.seq(*item.state);
+  }
+  // Steps of at most max_rows rows; each sequence contributes one chunk per step, in order. A traced
+  // item runs alone (its trace is per step).
+  for (;;) {
+    std::vector<Impl::Part> parts;
+    int used = 0;
+    for (size_t i = 0; i < batch.size() && used < im.max_rows; ++i) {
+      ForwardItem& item = batch[i];
+      const int left = int(item.tokens.size() - done[i]);
+      if (left == 0) continue;
+      if (item.trace && !parts.empty()) continue;
+      const int take = std::min(left, im.max_rows - used);
+      const bool last = done[i] + take == item.tokens.size();
+      const bool logits = item.want == ForwardItem::Logits::kAll || (last && item.want == ForwardItem::Logits::kLast);
+      parts.push_back({&item, &im.seq(*item.state), int(done[i]), take, logits});
+      done[i] += take;
+      used += take;
+      if (item.trace) break;
     }
+    if (parts.empty()) break;
+    im.run_step(parts);
   }
 }
 

@@ -1,6 +1,7 @@
 // Straightforward kernels mirroring the CPU reference; see kernels.cuh for the contract.
 #include "backend/cuda/kernels.cuh"
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 
@@ -319,27 +320,26 @@ __global__ void k_fp4_fake_quant_pow2(float* x, int64_t blocks, bool r) {
   for (int k = 0; k < 32; ++k) xb[k] = rb(c_e2m1[e2m1_code(xb[k] / s)] * s, r);
 }
 
-__global__ void k_pack_window(const float* kv, int n, int first, int64_t hd, int64_t pos0, int W, uint8_t* ring) {
+__device__ __forceinline__ uint8_t* ring_of(const SeqMeta& sq, int layer, int W, int64_t hd) {
+  return sq.window + (int64_t(layer) * W) * (hd + hd / 32);
+}
+
+__global__ void k_pack_window(const float* kv, int rows, const RowMeta* meta, const SeqMeta* seqs, int layer,
+                              int64_t hd, int W) {
   const int64_t nb = hd / 32;
   int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t >= int64_t(n - first) * nb) return;
-  const int i = first + int(t / nb);
+  if (t >= int64_t(rows) * nb) return;
+  const int i = int(t / nb);
   const int64_t b = t % nb;
+  const RowMeta m = meta[i];
+  if (!m.write) return;
   const float* xb = kv + int64_t(i) * hd + b * 32;
-  uint8_t* e = ring + ((pos0 + i) % W) * (hd + nb);
+  uint8_t* e = ring_of(seqs[m.seq], layer, W, hd) + (m.pos % W) * (hd + nb);
   float amax = 0.0f;
   for (int k = 0; k < 32; ++k) amax = fmaxf(amax, fabsf(xb[k]));
   const float s = pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f);
   for (int k = 0; k < 32; ++k) e[b * 32 + k] = e4m3_code(fminf(fmaxf(xb[k] / s, -448.0f), 448.0f));
   e[hd + b] = e8m0_code(s);
-}
-
-__global__ void k_unpack_window(const uint8_t* ring, int W, int64_t hd, float* out) {
-  int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t >= int64_t(W) * hd) return;
-  const int64_t slot = t / hd, d = t % hd;
-  const uint8_t* e = ring + slot * (hd + hd / 32);
-  out[t] = c_e4m3[e[d]] * e8m0(e[hd + d / 32]);
 }
 
 // ---- attention ---------------------------------------------------------------------------------
@@ -349,11 +349,14 @@ __device__ __forceinline__ float ckv_elem(const uint8_t* entry, int64_t hd, int6
   return v * c_e4m3[entry[hd / 2 + d / 16]];
 }
 
-// One block per (token, head); warps take keys, then threads take output dims.
+// One block per (row, head); warps take keys, then threads take output dims. Window keys before the
+// sequence's first row in this step come from its ring (packed), later ones from this step's rows.
 __global__ void k_attention(AttentionArgs a) {
   extern __shared__ float logit[];
   const int i = blockIdx.x, h = blockIdx.y;
-  const int64_t pos = a.P + i, hd = a.hd;
+  const RowMeta m = a.meta[i];
+  const SeqMeta& sq = a.seqs[m.seq];
+  const int64_t pos = m.pos, hd = a.hd;
   const int64_t w0 = pos - a.W + 1 > 0 ? pos - a.W + 1 : 0;
   const int n_win = int(pos - w0 + 1);
   int n_sel = 0;
@@ -361,14 +364,18 @@ __global__ void k_attention(AttentionArgs a) {
     while (n_sel < a.sel_stride && a.sel[int64_t(i) * a.sel_stride + n_sel] >= 0) ++n_sel;
   const int nk = n_win + n_sel;
   const float* q = a.q + (int64_t(i) * a.H + h) * hd;
-  const int64_t ckv_bytes = hd / 2 + hd / 16;
+  const int64_t ckv_bytes = hd / 2 + hd / 16, eb = hd + hd / 32;
+  const uint8_t* ring = ring_of(sq, a.layer, a.W, hd);
+  const uint8_t* ckv = a.src >= 0 ? sq.ckv[a.src] : nullptr;
   auto key = [&](int j, int64_t d) -> float {
     if (j < n_win) {
       const int64_t sp = w0 + j;
-      return sp >= a.P ? a.kv_chunk[(sp - a.P) * hd + d] : a.ring[(sp % a.W) * hd + d];
+      if (sp >= sq.P) return a.kv_chunk[(sq.row0 + sp - sq.P) * hd + d];
+      const uint8_t* e = ring + (sp % a.W) * eb;
+      return c_e4m3[e[d]] * e8m0(e[hd + d / 32]);
     }
     const int32_t e = a.sel[int64_t(i) * a.sel_stride + (j - n_win)];
-    return ckv_elem(a.ckv + int64_t(e) * ckv_bytes, hd, d);
+    return ckv_elem(ckv + int64_t(e) * ckv_bytes, hd, d);
   };
   const float scale = 1.0f / sqrtf(float(hd));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
@@ -402,10 +409,13 @@ __global__ void k_compress_emit(CompressArgs a) {
   float* latent = sm + a.hd;      // [hd]
   float* kv = sm + 2 * a.hd;      // [ihd]
   const int64_t hd = a.hd, ihd = a.ihd;
-  const int64_t w = a.first_entry + blockIdx.x;
-  const int64_t pstart = a.P - a.pending_n;
+  const EmitJob job = a.jobs[blockIdx.x];
+  if (job.w < 0) return;
+  const SeqMeta& sq = a.seqs[job.seq];
+  const int64_t w = job.w;
+  const int64_t pstart = sq.P - job.pending_n;
   auto tok = [&](int64_t p) -> const float* {
-    return p < a.P ? a.pending + (p - pstart) * 2 * hd : a.ag + (p - a.P) * 2 * hd;
+    return p < sq.P ? job.pending + (p - pstart) * 2 * hd : a.ag + (sq.row0 + p - sq.P) * 2 * hd;
   };
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
     if (a.ratio == 1) {
@@ -449,7 +459,7 @@ __global__ void k_compress_emit(CompressArgs a) {
   // RoPE at the entry's position (its first token) on both the entry and the key.
   if (threadIdx.x < a.half) {
     const int i = threadIdx.x;
-    const float* cs = a.cs + int64_t(blockIdx.x) * a.half * 2;
+    const float* cs = a.cs + int64_t(job.cs_row) * a.half * 2;
     const float c = cs[2 * i], s = cs[2 * i + 1];
     float* v = latent + hd - 2 * a.half;
     float x0 = v[2 * i], x1 = v[2 * i + 1];
@@ -462,7 +472,7 @@ __global__ void k_compress_emit(CompressArgs a) {
   }
   __syncthreads();
   // Compressed entry: FP4 with E4M3 scales per 16; key: FP4 with E8M0 scales per 32.
-  uint8_t* ent = a.ckv + w * (hd / 2 + hd / 16);
+  uint8_t* ent = sq.ckv[a.src] + w * (hd / 2 + hd / 16);
   for (int64_t b = threadIdx.x; b < hd / 16; b += blockDim.x) {
     float amax = 0.0f;
     for (int k = 0; k < 16; ++k) amax = fmaxf(amax, fabsf(latent[b * 16 + k]));
@@ -472,7 +482,7 @@ __global__ void k_compress_emit(CompressArgs a) {
     for (int k = 0; k < 16; k += 2)
       ent[b * 8 + k / 2] = e2m1_code(latent[b * 16 + k] / s) | (e2m1_code(latent[b * 16 + k + 1] / s) << 4);
   }
-  uint8_t* key = a.ikey + w * (ihd / 2 + ihd / 32);
+  uint8_t* key = sq.ikey[a.src] + w * (ihd / 2 + ihd / 32);
   for (int64_t b = threadIdx.x; b < ihd / 32; b += blockDim.x) {
     float amax = 0.0f;
     for (int k = 0; k < 32; ++k) amax = fmaxf(amax, fabsf(kv[b * 32 + k]));
@@ -483,30 +493,28 @@ __global__ void k_compress_emit(CompressArgs a) {
   }
 }
 
-__global__ void k_update_pending(const float* ag, int n, const float* pending, int pending_n, int keep, int64_t hd,
-                                 float* out) {
-  // The kept tokens are the last `keep` of pending ++ chunk.
-  const int64_t total = int64_t(keep) * 2 * hd;
+__global__ void k_update_pending(const float* ag, const PendingJob* jobs, const SeqMeta* seqs, int64_t hd) {
+  // The kept tokens are the last `keep` of pending ++ the sequence's rows.
+  const PendingJob job = jobs[blockIdx.y];
+  const int64_t total = int64_t(job.keep) * 2 * hd;
   int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t >= total) return;
+  if (job.keep <= 0 || t >= total) return;
+  const SeqMeta& sq = seqs[job.seq];
   const int j = int(t / (2 * hd));
   const int64_t d = t % (2 * hd);
-  const int src = pending_n + n - keep + j;  // index in pending ++ chunk
-  out[t] = src < pending_n ? pending[int64_t(src) * 2 * hd + d] : ag[int64_t(src - pending_n) * 2 * hd + d];
+  const int src = job.pending_n + sq.n - job.keep + j;  // index in pending ++ rows
+  job.out[t] = src < job.pending_n ? job.in[int64_t(src) * 2 * hd + d]
+                                   : ag[int64_t(sq.row0 + src - job.pending_n) * 2 * hd + d];
 }
 
 // ---- indexer -----------------------------------------------------------------------------------
-__global__ void k_index_scores(IndexScoreArgs a) {
-  const int64_t e = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  const int i = blockIdx.y, lane = threadIdx.x % 32;
-  if (e >= a.entries) return;
-  const int64_t vis = (a.P + i + 1) / a.ratio;
+__device__ void score_one(const IndexScoreArgs& a, int i, int64_t e, const uint8_t* keys, int lane) {
   float* out = a.scores + int64_t(i) * a.score_stride + e;
-  if (e >= vis || (a.cand_mask && !a.cand_mask[int64_t(i) * a.mask_stride + e / a.block])) {
+  if (a.cand_mask && !a.cand_mask[int64_t(i) * a.mask_stride + e / a.block]) {
     if (lane == 0) *out = -INFINITY;
     return;
   }
-  const uint8_t* key = a.ikey + e * (a.ihd / 2 + a.ihd / 32);
+  const uint8_t* key = keys + e * (a.ihd / 2 + a.ihd / 32);
   const float head_scale = 1.0f / sqrtf(float(a.IH)), dim_scale = 1.0f / sqrtf(float(a.ihd));
   float s = 0.0f;
   for (int h = 0; h < a.IH; ++h) {
@@ -522,10 +530,20 @@ __global__ void k_index_scores(IndexScoreArgs a) {
   if (lane == 0) *out = s;
 }
 
-__global__ void k_candidate_block_scores(const float* scores, int64_t score_stride, int64_t P, int ratio, int block,
-                                         float* bscores, int64_t b_stride) {
+__global__ void k_index_scores(IndexScoreArgs a) {
+  const int i = blockIdx.y, lane = threadIdx.x % 32;
+  const RowMeta m = a.meta[i];
+  const int64_t vis = (m.pos + 1) / a.ratio;
+  const uint8_t* keys = a.seqs[m.seq].ikey[a.src];
+  const int64_t step = int64_t(gridDim.x) * (blockDim.x / 32);
+  for (int64_t e = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; e < vis; e += step)
+    score_one(a, i, e, keys, lane);
+}
+
+__global__ void k_candidate_block_scores(const float* scores, int64_t score_stride, const RowMeta* meta, int ratio,
+                                         int block, float* bscores, int64_t b_stride) {
   const int i = blockIdx.y;
-  const int64_t vis = (P + i + 1) / ratio;
+  const int64_t vis = (meta[i].pos + 1) / ratio;
   const int64_t nb = (vis + block - 1) / block;
   const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (b >= nb) return;
@@ -542,17 +560,12 @@ __device__ __forceinline__ uint32_t fkey(float f) {
 
 // One block per row: radix-select the k-th largest key, then gather (> threshold) and the first ties
 // in index order, then sort the picks by (value desc, index asc).
-__global__ void k_top_k(const float* x, int64_t stride, int64_t P, int ratio, int block, int k, int32_t* out,
+__global__ void k_top_k(const float* x, int64_t stride, const RowMeta* meta, int ratio, int block, int k, int32_t* out,
                         int out_stride) {
   constexpr int T = 256;
   const int i = blockIdx.x, t = threadIdx.x;
-  int64_t count;
-  if (ratio > 0) {
-    count = (P + i + 1) / ratio;
-    if (block > 0) count = (count + block - 1) / block;
-  } else {
-    count = block;
-  }
+  int64_t count = (meta[i].pos + 1) / ratio;
+  if (block > 0) count = (count + block - 1) / block;
   const float* row = x + int64_t(i) * stride;
   const uint32_t neg_inf_key = fkey(-INFINITY);
   __shared__ int hist[256];
@@ -747,6 +760,13 @@ __global__ void k_engram_gate(float* X, const float* kv, const uint16_t* qw, con
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) x[d] = rb(x[d] + g * v[d], r);
 }
 
+__global__ void k_gather_rows(const float* X, const float* pre, const int32_t* rows, int hc, int64_t D, float* Xo,
+                              float* preo) {
+  const int i = blockIdx.x, r = rows[i];
+  for (int64_t t = threadIdx.x; t < hc * D; t += blockDim.x) Xo[int64_t(i) * hc * D + t] = X[int64_t(r) * hc * D + t];
+  if (threadIdx.x < hc) preo[i * hc + threadIdx.x] = pre[r * hc + threadIdx.x];
+}
+
 __global__ void k_add_rows(float* y, const float* x, int64_t n) {
   int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t < n) y[t] += x[t];
@@ -812,46 +832,47 @@ void fp8_fake_quant(float* x, int64_t n, bool r, cudaStream_t s) {
 void fp4_fake_quant_pow2(float* x, int64_t n, bool r, cudaStream_t s) {
   if (n) k_fp4_fake_quant_pow2<<<blocks_for(n / 32, 128), 128, 0, s>>>(x, n / 32, r);
 }
-void pack_window(const float* kv, int n, int first, int64_t hd, int64_t pos0, int W, uint8_t* ring, cudaStream_t s) {
-  const int64_t t = int64_t(n - first) * (hd / 32);
-  if (t > 0) k_pack_window<<<blocks_for(t, 128), 128, 0, s>>>(kv, n, first, hd, pos0, W, ring);
-}
-void unpack_window(const uint8_t* ring, int W, int64_t hd, float* out, cudaStream_t s) {
-  k_unpack_window<<<blocks_for(int64_t(W) * hd, 256), 256, 0, s>>>(ring, W, hd, out);
+void pack_window(const float* kv, int rows, const RowMeta* meta, const SeqMeta* seqs, int layer, int64_t hd, int W,
+                 cudaStream_t s) {
+  const int64_t t = int64_t(rows) * (hd / 32);
+  if (t > 0) k_pack_window<<<blocks_for(t, 128), 128, 0, s>>>(kv, rows, meta, seqs, layer, hd, W);
 }
 void attention(const AttentionArgs& a, cudaStream_t s) {
   const size_t smem = sizeof(float) * (a.W + (a.sel ? a.sel_stride : 0));
-  k_attention<<<dim3(a.n, a.H), 128, smem, s>>>(a);
+  k_attention<<<dim3(a.rows, a.H), 128, smem, s>>>(a);
 }
 void compress_emit(const CompressArgs& a, cudaStream_t s) {
-  if (a.n_entries <= 0) return;
+  if (a.n_jobs <= 0) return;
   const size_t smem = sizeof(float) * (2 * a.hd + a.ihd);
-  k_compress_emit<<<a.n_entries, 256, smem, s>>>(a);
+  k_compress_emit<<<a.n_jobs, 256, smem, s>>>(a);
 }
-void update_pending(const float* ag, int n, const float* pending, int pending_n, int ratio, int64_t hd,
-                    float* pending_out, cudaStream_t s) {
-  (void)ratio;
-  const int keep = int((pending_n + n) % ratio);
-  if (keep > 0)
-    k_update_pending<<<blocks_for(int64_t(keep) * 2 * hd, 256), 256, 0, s>>>(ag, n, pending, pending_n, keep, hd,
-                                                                           pending_out);
+void update_pending(const float* ag, const PendingJob* jobs, int n_jobs, const SeqMeta* seqs, int ratio, int64_t hd,
+                    cudaStream_t s) {
+  if (n_jobs > 0 && ratio > 1)
+    k_update_pending<<<dim3(blocks_for(int64_t(ratio) * 2 * hd, 256), n_jobs), 256, 0, s>>>(ag, jobs, seqs, hd);
 }
 void index_scores(const IndexScoreArgs& a, cudaStream_t s) {
-  if (a.entries > 0) k_index_scores<<<dim3(blocks_for(a.entries, 8), a.n), 256, 0, s>>>(a);
+  if (a.max_entries <= 0) return;
+  const int bx = int(std::min<int64_t>(blocks_for(a.max_entries, 8), 1024));
+  k_index_scores<<<dim3(bx, a.rows), 256, 0, s>>>(a);
 }
-void candidate_block_scores(const float* scores, int64_t score_stride, int n, int64_t P, int ratio, int block,
-                            float* bscores, int64_t b_stride, cudaStream_t s) {
-  k_candidate_block_scores<<<dim3(blocks_for(b_stride, 128), n), 128, 0, s>>>(scores, score_stride, P, ratio, block,
-                                                                            bscores, b_stride);
+void candidate_block_scores(const float* scores, int64_t score_stride, int rows, const RowMeta* meta, int ratio,
+                            int block, float* bscores, int64_t b_stride, cudaStream_t s) {
+  k_candidate_block_scores<<<dim3(blocks_for(b_stride, 128), rows), 128, 0, s>>>(scores, score_stride, meta, ratio,
+                                                                               block, bscores, b_stride);
 }
-void top_k(const float* x, int64_t stride, int n, int64_t P, int ratio, int block, int k, int32_t* out, int out_stride,
-           cudaStream_t s) {
+void top_k(const float* x, int64_t stride, int rows, const RowMeta* meta, int ratio, int block, int k, int32_t* out,
+           int out_stride, cudaStream_t s) {
   int npow = 1;
   while (npow < k) npow <<= 1;
-  k_top_k<<<n, 256, sizeof(uint64_t) * npow, s>>>(x, stride, P, ratio, block, k, out, out_stride);
+  k_top_k<<<rows, 256, sizeof(uint64_t) * npow, s>>>(x, stride, meta, ratio, block, k, out, out_stride);
 }
 void mask_from_selection(const int32_t* sel, int sel_stride, int n, uint8_t* mask, int64_t mask_stride, cudaStream_t s) {
   k_mask_from_selection<<<n, 128, 0, s>>>(sel, sel_stride, mask, mask_stride);
+}
+void gather_rows(const float* X, const float* pre, const int32_t* rows, int n, int hc, int64_t D, float* Xo,
+                 float* preo, cudaStream_t s) {
+  k_gather_rows<<<n, 256, 0, s>>>(X, pre, rows, hc, D, Xo, preo);
 }
 void route(const float* logits, int n, int E, int k, const float* bias, const float* bias_vl, const uint8_t* image,
            float temp, float route_scale, int32_t* ids, float* w, cudaStream_t s) {

@@ -47,74 +47,107 @@ void rope(float* x, int64_t rows, int heads, int64_t dim, const float* cs, int h
           cudaStream_t s);
 void fp8_fake_quant(float* x, int64_t n, bool r, cudaStream_t s);      // blocks of 32
 void fp4_fake_quant_pow2(float* x, int64_t n, bool r, cudaStream_t s);  // blocks of 32
-// Writes rows [first, n) of kv into the window ring (slot = (pos0 + i) mod W), packed.
-void pack_window(const float* kv, int n, int first, int64_t hd, int64_t pos0, int W, uint8_t* ring,
+// ---- Per-row metadata: a step's rows may come from several sequences (a prefill chunk is rows of
+// one sequence; a decode step one row per sequence). Rows of one sequence are consecutive and in
+// position order.
+constexpr int kMaxKvSources = 8;
+struct RowMeta {
+  int64_t pos;    // absolute position of the row's token
+  int32_t seq;    // index into the step's SeqMeta table
+  int32_t write;  // 1: this row's window KV goes into the ring (the last W rows of its sequence)
+};
+struct SeqMeta {
+  uint8_t* window;                  // the sequence's window pools, [layer][W][entry bytes]
+  uint8_t* ckv[kMaxKvSources];      // packed compressed entries per KV source
+  uint8_t* ikey[kMaxKvSources];     // packed indexer keys per KV source
+  int64_t P;                        // position of the sequence's first row in this step
+  int32_t row0, n;                  // its rows in this step
+};
+// One compressed entry to emit (from a KV source layer): w < 0 means nothing to do (fixed-size job
+// lists keep graph-captured grids constant).
+struct EmitJob {
+  int64_t w;
+  const float* pending;  // the sequence's buffered tokens before this step ([ratio][2·hd] FP32)
+  int32_t seq, pending_n;
+  int32_t cs_row;        // row of the entry's cos/sin in the entry table
+  int32_t pad;
+};
+struct PendingJob {
+  const float* in;
+  float* out;
+  int32_t seq, pending_n, keep, pad;
+};
+
+// Writes the rows flagged `write` into their sequence's ring of layer `layer` (slot = pos mod W).
+void pack_window(const float* kv, int rows, const RowMeta* meta, const SeqMeta* seqs, int layer, int64_t hd, int W,
                  cudaStream_t s);
-void unpack_window(const uint8_t* ring, int W, int64_t hd, float* out, cudaStream_t s);
 
 struct AttentionArgs {
-  const float* q;        // [n][H][hd]
-  const float* kv_chunk; // [n][hd] this chunk's window KV (fake-quantized)
-  const float* ring;     // [W][hd] the ring before this chunk, unpacked
-  const uint8_t* ckv;    // packed compressed entries of the KV source (or null)
-  const int32_t* sel;    // [n][sel_stride] selected entries, −1 padded (or null)
+  const float* q;         // [rows][H][hd]
+  const float* kv_chunk;  // [rows][hd] this step's window KV (fake-quantized)
+  const RowMeta* meta;
+  const SeqMeta* seqs;
+  int layer, src;         // src: KV source slot of this layer (−1: window only)
+  const int32_t* sel;     // [rows][sel_stride] selected entries, −1 padded (or null)
   int sel_stride;
-  const float* sink;     // [H]
-  float* out;            // [n][H][hd]
-  int n, H, W;
-  int64_t hd, P;
+  const float* sink;      // [H]
+  float* out;             // [rows][H][hd]
+  int rows, H, W;
+  int64_t hd;
   bool r;
 };
 void attention(const AttentionArgs& a, cudaStream_t s);
 
 struct CompressArgs {
-  const float* ag;        // [n][2·hd] this chunk's a‖g (FP32)
-  const float* pending;   // [ratio][2·hd] buffered tokens before the chunk
-  int pending_n;
-  int n, ratio;
-  int64_t P, hd, ihd;
-  int64_t first_entry;    // index of the first entry the chunk closes
-  int n_entries;          // entries closed by this chunk
+  const float* ag;        // [rows][2·hd] this step's a‖g (FP32)
+  const EmitJob* jobs;
+  int n_jobs;
+  const SeqMeta* seqs;
+  int src, ratio;
+  int64_t hd, ihd;
   const uint16_t* norm;   // compressor.norm [hd]
   const uint16_t* wk;     // indexer.wk [ihd][hd]
   const uint16_t* k_norm; // indexer.k_norm [ihd]
-  const float* cs;        // [n_entries][half][cos,sin] at each entry's position (compress RoPE)
+  const float* cs;        // [entry rows][half][cos,sin] (compress RoPE at each entry's position)
   int half;
   float eps;
-  bool kv_quant, r;
-  uint8_t* ckv;           // packed entries, written at first_entry..
-  uint8_t* ikey;
+  bool r;
 };
 void compress_emit(const CompressArgs& a, cudaStream_t s);
-// pending' = the last (P+n) mod ratio tokens of pending ++ chunk.
-void update_pending(const float* ag, int n, const float* pending, int pending_n, int ratio, int64_t hd,
-                    float* pending_out, cudaStream_t s);
+// pending' = the last `keep` tokens of pending ++ the sequence's rows.
+void update_pending(const float* ag, const PendingJob* jobs, int n_jobs, const SeqMeta* seqs, int ratio, int64_t hd,
+                    cudaStream_t s);
 
 struct IndexScoreArgs {
-  const float* qi;           // [n][IH][ihd], rotated and fake-quantized
-  const float* wts;          // [n][IH] weights_proj output (FP32)
-  const uint8_t* ikey;       // packed keys
-  int64_t entries;           // entries in the buffer
-  int n, IH, ratio;
-  int64_t ihd, P;
-  const uint8_t* cand_mask;  // [n][mask_stride] or null
+  const float* qi;           // [rows][IH][ihd], rotated and fake-quantized
+  const float* wts;          // [rows][IH] weights_proj output (FP32)
+  const RowMeta* meta;
+  const SeqMeta* seqs;
+  int src;
+  int64_t max_entries;       // bound over the rows (grid-stride loop up to it)
+  int rows, IH, ratio;
+  int64_t ihd;
+  const uint8_t* cand_mask;  // [rows][mask_stride] or null
   int64_t mask_stride;
   int block;                 // candidate_block_size
-  float* scores;             // [n][score_stride]
+  float* scores;             // [rows][score_stride]
   int64_t score_stride;
   bool r;
 };
 void index_scores(const IndexScoreArgs& a, cudaStream_t s);
 // Block scores for the candidate source: max over `block` entries, the newest block forced to +inf.
-void candidate_block_scores(const float* scores, int64_t score_stride, int n, int64_t P, int ratio, int block,
-                            float* bscores, int64_t b_stride, cudaStream_t s);
-// Per row: the k largest finite values of row[0..count(row)), ties to the lower index, sorted by
-// (value desc, index asc); out rows padded with −1. count(row) = (P + row + 1) / ratio (ratio > 0),
-// or the fixed `fixed_count` when ratio == 0 (block rows: ceil(entries/block)).
-void top_k(const float* x, int64_t stride, int n, int64_t P, int ratio, int block, int k, int32_t* out,
+void candidate_block_scores(const float* scores, int64_t score_stride, int rows, const RowMeta* meta, int ratio,
+                            int block, float* bscores, int64_t b_stride, cudaStream_t s);
+// Per row: the k largest finite values of row[0..count), count = (pos+1)/ratio (block > 0: in blocks
+// of `block`), ties to the lower index, sorted by (value desc, index asc); rows padded with −1.
+void top_k(const float* x, int64_t stride, int rows, const RowMeta* meta, int ratio, int block, int k, int32_t* out,
            int out_stride, cudaStream_t s);
 void mask_from_selection(const int32_t* sel, int sel_stride, int n, uint8_t* mask, int64_t mask_stride,
                          cudaStream_t s);
+
+// Gathers rows of X and pre (for the head).
+void gather_rows(const float* X, const float* pre, const int32_t* rows, int n, int hc, int64_t D, float* Xo,
+                 float* preo, cudaStream_t s);
 
 // MoE routing per token: sqrt(softplus(logit/temp)) scores, top-k of score + bias (bias_vl for
 // image tokens), weights normalized (+1e-20) and scaled.
