@@ -55,7 +55,8 @@ const char* kUsage =
     "  --host ADDR        listen address (default 0.0.0.0); --port N (default 8000; 0: any free "
     "port)\n"
     "  --max-batch N      sequences decoded together (default 64)\n"
-    "  --max-context N    prompt + generated tokens per request (default 8192)\n"
+    "  --max-context N    prompt + generated tokens per request (default: the model's, at most "
+    "65536)\n"
     "  --max-waiting N    queued requests before 429 (default 1024)\n"
     "Environment: DSUF_REDIS_URL (conversation cache; read, not used yet).\n";
 
@@ -78,7 +79,7 @@ double secs_arg(const std::string& k, const std::string& v) {
 
 Args parse(int argc, char** argv) {
   Args a;
-  a.engine.max_context = 8192;
+  a.engine.max_context = 0;  // 0: the model's context, capped at 65536
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     auto value = [&]() -> std::string {
@@ -197,7 +198,9 @@ void load(const Args& a, const std::string& ckpt, Loaded& out) {
       a.threads);
   dsuf::EngineOptions eo = a.engine;
   const int64_t model_ctx = out.model->config.text.max_position_embeddings;
-  if (model_ctx > 0 && eo.max_context > model_ctx) {
+  if (eo.max_context == 0) {
+    eo.max_context = model_ctx > 0 ? std::min<int64_t>(model_ctx, 65536) : 8192;
+  } else if (model_ctx > 0 && eo.max_context > model_ctx) {
     std::fprintf(stderr, "serve: --max-context %lld exceeds the model's %lld; using %lld\n",
                  static_cast<long long>(eo.max_context), static_cast<long long>(model_ctx),
                  static_cast<long long>(model_ctx));
