@@ -175,7 +175,7 @@ struct HttpServer::Impl {
     const std::string path(target.substr(0, target.find('?')));
     const unsigned v = req.version();
     const bool ka = req.keep_alive();
-    const bool get = req.method() == http::verb::get || req.method() == http::verb::head;
+    const bool get = req.method() == http::verb::get;
     const bool post = req.method() == http::verb::post;
 
     if (path == "/livez") {
@@ -411,7 +411,19 @@ struct HttpServer::Impl {
         timed_out = true;
         sock.cancel();
       });
-      auto [ec, n] = co_await http::async_read(sock, buf, parser, kTuple);
+      auto [ec, n] = co_await http::async_read_header(sock, buf, parser, kTuple);
+      // curl sends "Expect: 100-continue" for bodies over 1 KiB and waits a second for the
+      // go-ahead.
+      if (!ec && !parser.is_done() &&
+          beast::iequals(parser.get()[http::field::expect], "100-continue")) {
+        static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+        auto [e2, n2] = co_await asio::async_write(sock, asio::buffer(kContinue), kTuple);
+        ec = e2;
+      }
+      if (!ec && !parser.is_done()) {
+        auto [e3, n3] = co_await http::async_read(sock, buf, parser, kTuple);
+        ec = e3;
+      }
       timer.cancel();
       if (ec) {
         const unsigned ver = parser.get().version() ? parser.get().version() : 11;

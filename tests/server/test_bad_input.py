@@ -164,3 +164,16 @@ def test_keep_alive_connection_serves_several_requests(srv):
         assert r.status == 200
         assert r.read().endswith(b"data: [DONE]\n\n")
     conn.close()
+
+
+def test_expect_100_continue(srv):
+    body = json.dumps({"messages": MSG, "max_tokens": 1}).encode()
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    try:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: "
+                  + str(len(body)).encode() + b"\r\n\r\n")
+        assert s.recv(4096).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        s.sendall(body)
+        assert s.recv(65536).startswith(b"HTTP/1.1 200 OK")
+    finally:
+        s.close()
