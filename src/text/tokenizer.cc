@@ -222,9 +222,11 @@ class WordCache {
   static constexpr size_t kMaxIds = 15;
   static constexpr size_t kSlots = 1 << 14;
 
-  WordCache() : slots_(kSlots) {}
+  WordCache() : tags_(kSlots, 0), slots_(kSlots) {}
   // Appends the cached ids for `piece` to out; false on a miss.
   bool lookup(std::string_view piece, size_t hash, std::vector<int32_t>& out) const {
+    // Most misses are settled by the small tag array without touching the large slot array.
+    if (tags_[hash & (kSlots - 1)] != tag(hash)) return false;
     const Slot& s = slots_[hash & (kSlots - 1)];
     if (s.len != piece.size() || s.n_ids == 0 || std::memcmp(s.bytes, piece.data(), s.len) != 0) {
       return false;
@@ -234,6 +236,7 @@ class WordCache {
   }
   void insert(std::string_view piece, size_t hash, const int32_t* ids, size_t n) {
     if (piece.size() > kMaxBytes || n == 0 || n > kMaxIds) return;
+    tags_[hash & (kSlots - 1)] = tag(hash);
     Slot& s = slots_[hash & (kSlots - 1)];
     s.len = static_cast<uint8_t>(piece.size());
     s.n_ids = static_cast<uint8_t>(n);
@@ -247,6 +250,8 @@ class WordCache {
     char bytes[kMaxBytes];
     int32_t ids[kMaxIds];
   };
+  static uint16_t tag(size_t hash) { return static_cast<uint16_t>((hash >> 48) | 1); }
+  std::vector<uint16_t> tags_;  // 0: empty
   std::vector<Slot> slots_;
 };
 
