@@ -274,3 +274,24 @@ TEST(ChatEncoder, ToolChoiceRequiredOpensTheCallBlock) {
 
 }  // namespace
 }  // namespace dsuf::text
+
+namespace dsuf::text {
+namespace {
+
+// Facts the spec quotes from deepseek-recipe's and other ports' tests (§1.5, §5).
+TEST(ChatEncoder, PublishedSmallFacts) {
+  const auto empty =
+      render(R"({"thinking_mode":"chat","messages":[{"role":"user","content":""}]})");
+  EXPECT_EQ(empty.ids, (std::vector<int32_t>{0, 128803, 128804, 128822}));
+  const auto x = render(R"({"thinking_mode":"chat","messages":[{"role":"user","content":"x"}]})");
+  EXPECT_EQ(x.ids.size(), 5u);
+  const auto user_spelling =
+      render(R"({"thinking_mode":"chat","messages":[{"role":"user","content":"<｜User｜>"}]})");
+  EXPECT_EQ(user_spelling.ids.size(), 9u);  // "the official API reports 9 prompt tokens"
+  EXPECT_EQ(tok().encode(
+                "<｜User｜>你好<｜Assistant｜><think>推理</think>答案<｜end▁of▁sentence｜>", true),
+            (std::vector<int32_t>{128803, 30594, 128804, 128821, 36101, 128822, 7624, 1}));
+}
+
+}  // namespace
+}  // namespace dsuf::text

@@ -221,6 +221,14 @@ TEST(ResponseParser, StartsInsideTheCallBlockWhenThePromptOpenedIt) {
   EXPECT_EQ(r.finish, FinishReason::kToolCalls);
 }
 
+TEST(ResponseParser, EndOfThinkingThenAnswer) {
+  // deepseek-recipe's binding test: "</think>" + "Custom answer" gives that content.
+  const Result r = parse_text("</think>Custom answer", options(true), {});
+  EXPECT_EQ(r.reasoning, "");
+  EXPECT_EQ(r.content, "Custom answer");
+  EXPECT_EQ(r.finish, FinishReason::kStop);
+}
+
 // Fuzz: mutate well-formed outputs (cut, delete or duplicate spans, splice in markers) and feed
 // them in random pieces. Whatever comes in, nothing throws, every call's arguments parse as a
 // JSON object, no DSML marker reaches reasoning or content, and the result does not depend on

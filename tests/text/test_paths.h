@@ -16,10 +16,11 @@ inline std::filesystem::path source_dir() {
 inline std::filesystem::path tokenizer_json() {
   return source_dir() / "assets/tokenizer/tokenizer.json";
 }
-// shared/ sits beside the project root (../shared); DSUF_SHARED_DIR overrides.
+// The golden vectors: the project's copy of shared/vectors in tests/vectors (CI clones the project
+// alone); DSUF_SHARED_DIR points at another folder holding vectors/.
 inline std::filesystem::path shared_dir() {
   if (const char* env = std::getenv("DSUF_SHARED_DIR")) return env;
-  return source_dir().parent_path() / "shared";
+  return source_dir() / "tests";
 }
 inline std::vector<nlohmann::ordered_json> read_jsonl(const std::filesystem::path& p) {
   std::ifstream f(p);
