@@ -11,7 +11,7 @@
 #include <string>
 #include <thread>
 
-#include "backend/cpu/cpu_backend.h"
+#include "backend/factory.h"
 #include "core/error.h"
 #include "engine/engine.h"
 #include "model/tiny.h"
@@ -49,9 +49,8 @@ const char* kUsage =
     "                     at --ckpt DIR when given, else next to the binary (build/demo-ckpt), "
     "and\n"
     "                     serve it on the CPU\n"
-    "  --cpu              the CPU reference backend (the default while the CUDA backend is not "
-    "wired in)\n"
-    "  --gpus LIST        GPUs for the CUDA backend (not available in serve yet)\n"
+    "  --cpu              the CPU reference backend (the default)\n"
+    "  --gpus LIST        the CUDA backend on these GPUs (one GPU for now, e.g. --gpus 0)\n"
     "  --host ADDR        listen address (default 0.0.0.0); --port N (default 8000; 0: any free "
     "port)\n"
     "  --max-batch N      sequences decoded together (default 64)\n"
@@ -127,8 +126,11 @@ Args parse(int argc, char** argv) {
       fail("unknown argument ", k, " (see serve --help)");
   }
   if (!a.gpus.empty() && a.cpu) fail("give --cpu or --gpus, not both");
-  if (!a.gpus.empty())
-    fail("--gpus ", a.gpus, ": the CUDA backend is not wired into serve yet; use --cpu");
+  if (!a.gpus.empty()) {
+    dsuf::parse_gpu_list(a.gpus);  // a bad list fails before anything loads
+    if (!dsuf::cuda_backend_built())
+      fail("--gpus ", a.gpus, ": this build has no CUDA backend (nvcc was not found); use --cpu");
+  }
   if (a.model_name.empty()) fail("--served-model-name must not be empty");
   return a;
 }
@@ -178,7 +180,7 @@ std::string demo_checkpoint(const std::string& given) {
 struct Loaded {
   std::unique_ptr<dsuf::LoadedModel> model;
   std::unique_ptr<dsuf::text::Tokenizer> tokenizer;
-  std::unique_ptr<dsuf::CpuBackend> backend;
+  std::unique_ptr<dsuf::Backend> backend;
   std::unique_ptr<dsuf::Engine> engine;
   std::shared_ptr<dsuf::server::ChatService> service;
 };
@@ -193,9 +195,6 @@ void load(const Args& a, const std::string& ckpt, Loaded& out) {
   if (!fs::exists(tok_path))
     fail(tok_path.string(), " is missing: the checkpoint must ship its tokenizer");
   out.tokenizer = std::make_unique<dsuf::text::Tokenizer>(tok_path);
-  out.backend = std::make_unique<dsuf::CpuBackend>(
-      *out.model, dsuf::text::engram_compressed_ids(*out.tokenizer), dsuf::CpuNumerics{},
-      a.threads);
   dsuf::EngineOptions eo = a.engine;
   const int64_t model_ctx = out.model->config.text.max_position_embeddings;
   if (eo.max_context == 0) {
@@ -206,6 +205,16 @@ void load(const Args& a, const std::string& ckpt, Loaded& out) {
                  static_cast<long long>(model_ctx));
     eo.max_context = model_ctx;
   }
+  // The GPU backend sizes its memory plan from the same batch and context the engine admits.
+  dsuf::BackendOptions bo{
+      .cpu = a.gpus.empty(),
+      .gpus = a.gpus.empty() ? std::vector<int>{} : dsuf::parse_gpu_list(a.gpus),
+      .max_batch = eo.max_batch,
+      .max_context = eo.max_context,
+      .numerics = {},
+      .cpu_threads = a.threads};
+  out.backend =
+      dsuf::make_backend(*out.model, dsuf::text::engram_compressed_ids(*out.tokenizer), bo);
   out.engine = std::make_unique<dsuf::Engine>(*out.backend, eo);
   while (!out.engine->ready()) {
     const auto st = out.engine->stats();
@@ -218,10 +227,10 @@ void load(const Args& a, const std::string& ckpt, Loaded& out) {
   out.service = std::make_shared<dsuf::server::ChatService>(*out.engine, *out.tokenizer, info);
   std::fprintf(
       stderr,
-      "serve: ready: %s on the CPU backend, max batch %d, context %lld, state budget %.1f MiB, "
+      "serve: ready: %s on the %s backend, max batch %d, context %lld, state budget %.1f MiB, "
       "loaded in %.2f s\n",
-      ckpt.c_str(), eo.max_batch, static_cast<long long>(eo.max_context),
-      out.engine->stats().state_budget_bytes / 1048576.0,
+      ckpt.c_str(), a.gpus.empty() ? "CPU" : "CUDA", eo.max_batch,
+      static_cast<long long>(eo.max_context), out.engine->stats().state_budget_bytes / 1048576.0,
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 

@@ -27,6 +27,7 @@ PreparedChat ChatService::prepare(std::string_view body) const {
     throw bad_request("image content is not supported by this server yet", "messages");
   p.prompt = std::move(r.ids);
   p.thinking_prompt = ends_with(r.text, "<think>");
+  p.opens_tool_calls = r.opens_tool_calls;
   const auto& msgs = p.call.chat.messages;
   p.continuation = !msgs.empty() && msgs.back().prefix;
   const int64_t n = static_cast<int64_t>(p.prompt.size());
@@ -83,6 +84,7 @@ text::ParserOptions parser_options(const PreparedChat& p, const std::string& com
   text::ParserOptions o;
   o.thinking = p.thinking_prompt;
   o.continuation = p.continuation;
+  o.start_in_tool_calls = p.opens_tool_calls;
   o.stop = p.call.stop;
   // Call ids derive from the completion id: unique per request, and equal in the streamed and
   // the final form.

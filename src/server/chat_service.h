@@ -22,8 +22,9 @@ namespace dsuf::server {
 struct PreparedChat {
   ChatCall call;
   std::vector<int32_t> prompt;
-  bool thinking_prompt = false;  // the prompt ends with <think>: output starts as reasoning
-  bool continuation = false;     // the last message is an assistant prefix being continued
+  bool thinking_prompt = false;   // the prompt ends with <think>: output starts as reasoning
+  bool continuation = false;      // the last message is an assistant prefix being continued
+  bool opens_tool_calls = false;  // the prompt opened the DSML call block (tool_choice required)
 };
 
 class ChatService {

@@ -237,8 +237,6 @@ ChatCall parse_chat_call(std::string_view text, const ModelInfo& model) {
   } catch (const Error& e) {
     throw bad_request(e.what());
   }
-  if (body.contains("tool_choice") && body["tool_choice"].is_object())
-    c.chat.tool_choice = "required";
   return c;
 }
 

@@ -107,6 +107,21 @@ TEST(ChatStream, StreamedToolCallDeltasCarryTheIndexAndConcatenate) {
   EXPECT_TRUE(usage);
 }
 
+TEST(ChatStream, ToolChoiceRequiredStartsInsideTheCallBlock) {
+  PreparedChat p = prepared(false, false);
+  p.opens_tool_calls = true;  // the prompt ended "<｜DSML｜ calls>\n"
+  ChatStream cs(tok(), p, {.id = "chatcmpl-r", .created = 1, .model = "m"});
+  feed(cs,
+       "<｜DSML｜ invoke name=\"f\">\n<｜DSML｜ parameter name=\"x\" string=\"false\">[1, "
+       "2]</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>");
+  EXPECT_EQ(cs.finish_reason(), "tool_calls");
+  const Json msg = Json::parse(cs.response_body())["choices"][0]["message"];
+  EXPECT_EQ(msg["content"], "");
+  EXPECT_EQ(msg["tool_calls"][0]["function"]["name"], "f");
+  EXPECT_EQ(Json::parse(msg["tool_calls"][0]["function"]["arguments"].get<std::string>()),
+            Json::parse(R"({"x": [1, 2]})"));
+}
+
 TEST(ChatStream, StopStringEndsContentAndAsksToCancel) {
   ChatStream cs(tok(), prepared(false, false, {"STOP"}),
                 {.id = "chatcmpl-x", .created = 1, .model = "m"});

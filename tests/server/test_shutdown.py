@@ -8,7 +8,7 @@ import threading
 import time
 import urllib.request
 
-from conftest import BIN_DIR, Server, sse_events
+from conftest import BIN_DIR, CKPT, Server, sse_events
 
 
 def start_stream(port, max_tokens, box):
@@ -76,5 +76,8 @@ def test_startup_errors_name_the_problem():
     assert r.returncode == 1 and "--port" in r.stderr
     r = run_serve("--bogus")
     assert r.returncode == 1 and "unknown argument --bogus" in r.stderr
-    r = run_serve("--gpus", "0")
-    assert r.returncode == 1 and "CUDA backend" in r.stderr
+    r = run_serve("--gpus", "x")
+    assert r.returncode == 1 and "'x' is not a GPU index" in r.stderr
+    # No CUDA in this build, or one GPU at most for now: either way a clear refusal.
+    r = run_serve("--gpus", "0,1", "--ckpt", CKPT, "--port", "0")
+    assert r.returncode == 1 and "--gpus" in r.stderr, r.stderr
