@@ -115,7 +115,8 @@ Admission Engine::submit(Request req, EventSink sink) {
                   detail::concat("the prompt has ", n, " tokens but this server's context holds ",
                                  opt_.max_context, " tokens (prompt + generated), so at most ",
                                  opt_.max_context - 1, " prompt tokens fit"));
-  const int64_t limit = std::min(opt_.max_context, n + req.max_tokens);
+  const int64_t limit =
+      req.max_tokens >= opt_.max_context - n ? opt_.max_context : n + req.max_tokens;
   const size_t need = bytes_for(limit);
   if (need > opt_.state_budget_bytes)
     return refuse(ErrorCode::kContextExceeded,

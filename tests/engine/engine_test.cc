@@ -123,6 +123,14 @@ TEST(Engine, ContextLimitEndsWithLength) {
   TokenEvent fin;
   EXPECT_EQ(q.collect(&fin).size(), 3u);  // 17 + 3 = the 20-token context
   EXPECT_EQ(fin.finish, FinishReason::kLength);
+  // A max_tokens near the integer limit is the context limit, not an overflow.
+  EventQueue q2;
+  ASSERT_TRUE(engine.submit(request(random_prompt(18, 7, false), 0), q2.sink()).error ==
+              ErrorCode::kInvalidRequest);
+  Request huge = request(random_prompt(18, 7, false), 1);
+  huge.max_tokens = INT64_MAX;
+  ASSERT_TRUE(engine.submit(huge, q2.sink()));
+  EXPECT_EQ(q2.collect().size(), 2u);
 }
 
 TEST(Engine, RefusesWhatCanNeverFitWithAReason) {
