@@ -14,6 +14,7 @@
 #include "backend/cuda/kernels.cuh"
 #include "core/error.h"
 #include "model/engram.h"
+#include "model/inventory.h"
 #include "model/rope.h"
 
 namespace dsuf {
@@ -88,7 +89,9 @@ struct DevSeq {
 }  // namespace
 
 struct CudaBackend::Impl {
-  const LoadedModel& model;
+  const ModelConfig& cfg;
+  const LoadedModel* model;  // null for a synthetic model (weights drawn on the device)
+  std::map<std::string, const uint8_t*> dev;  // every backbone tensor's device (or mapped host) address
   KvLayout layout;
   std::vector<int32_t> cids;
   CudaOptions opt;
@@ -138,9 +141,11 @@ struct CudaBackend::Impl {
   };
   std::map<int, Graph> graphs;
   bool use_graphs = true;
+  cudaEvent_t ev0 = nullptr, ev1 = nullptr;
+  double last_graph_ms = 0;
 
-  Impl(const LoadedModel& m, std::vector<int32_t> ids, CudaOptions o)
-      : model(m), layout(KvLayout::from_config(m.config)), cids(std::move(ids)), opt(o) {}
+  Impl(const ModelConfig& c, const LoadedModel* m, std::vector<int32_t> ids, CudaOptions o)
+      : cfg(c), model(m), layout(KvLayout::from_config(c)), cids(std::move(ids)), opt(o) {}
 
   template <typename T>
   T* alloc(size_t count) {
@@ -200,7 +205,8 @@ struct CudaBackend::Impl {
     int64_t max_entries = 0;
   };
 
-  void load();
+  void load(uint64_t synthetic_seed);
+  void place_tensors(uint64_t synthetic_seed);
   void alloc_workspace();
   DevSeq& seq(SequenceState& st);
   Step stage_step(std::vector<Part>& parts, bool fixed_layout);
@@ -216,46 +222,130 @@ bool cuda_available() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
-void CudaBackend::Impl::load() {
+namespace {
+bool on_device_backbone(const std::string& name) {
+  return name.rfind("layers.", 0) == 0 || name == "embed.weight" || name == "head.weight" || name == "norm.weight";
+}
+bool in_host_memory(const std::string& name) { return name.find(".engram.embed.") != std::string::npos; }
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+// E8M0 code that makes random E4M3 (|q| ≲ 1) or E2M1 (|q| ≲ 3) codes land near 1/sqrt(fan_in).
+uint8_t synthetic_scale(int64_t fan_in, bool fp4) {
+  const int e = int(std::lround(std::log2(std::sqrt(double(fan_in))))) + (fp4 ? 1 : 0);
+  return uint8_t(127 - e);
+}
+}  // namespace
+
+void CudaBackend::Impl::place_tensors(uint64_t synthetic_seed) {
+  // Every backbone tensor by checkpoint name: on the device, except the Engram tables, which go to
+  // pinned host memory the GPU reads directly. From the checkpoint, or drawn on the device.
+  uint64_t salt = synthetic_seed;
+  for (const WeightSpec& w : expected_weights(cfg)) {
+    for (const TensorSpec& ts : physical_tensors(w)) {
+      if (!on_device_backbone(ts.name)) continue;
+      const size_t bytes = size_t(numel(ts.shape)) * dtype_size(ts.dtype);
+      const bool host = in_host_memory(ts.name);
+      if (model) {
+        const uint8_t* src = model->checkpoint->get(ts.name).data;
+        dev[ts.name] = host ? pin(src, bytes) : upload<uint8_t>(src, bytes);
+        continue;
+      }
+      ++salt;
+      const bool is_scale = ts.dtype == DType::F8_E8M0;
+      const int64_t fan_in = w.shape.back();
+      if (host) {
+        void* p = nullptr;
+        DSUF_CUDA(cudaHostAlloc(&p, bytes, cudaHostAllocMapped));
+        pinned.push_back(p);
+        cuda::fill_host_synthetic(static_cast<uint8_t*>(p), bytes, salt,
+                                  is_scale ? cuda::Fill::kConstant : cuda::Fill::kE4M3, synthetic_scale(fan_in, false));
+        void* d = nullptr;
+        DSUF_CUDA(cudaHostGetDevicePointer(&d, p, 0));
+        dev[ts.name] = static_cast<const uint8_t*>(d);
+        continue;
+      }
+      uint8_t* d = alloc<uint8_t>(bytes);
+      weight_bytes += bytes;
+      cuda::Fill mode = cuda::Fill::kBytes;
+      uint8_t constant = 0;
+      float sigma = 1.0f;
+      if (is_scale) {
+        mode = cuda::Fill::kConstant, constant = synthetic_scale(fan_in, w.kind == WeightKind::kFp4Linear);
+      } else if (ts.dtype == DType::F8_E4M3) {
+        mode = cuda::Fill::kE4M3;
+      } else if (ts.dtype == DType::BF16) {
+        mode = w.init == WeightInit::kNorm ? cuda::Fill::kBf16One : cuda::Fill::kBf16Normal;
+        sigma = w.init == WeightInit::kHead ? 2.5f / std::sqrt(float(fan_in))
+                : w.init == WeightInit::kEmbed ? 1.0f : 1.0f / std::sqrt(float(fan_in));
+      } else if (ts.dtype == DType::F32) {
+        mode = cuda::Fill::kF32Normal;
+        sigma = w.init == WeightInit::kHcFn ? 0.1f / std::sqrt(float(fan_in)) : w.init == WeightInit::kBias ? 0.01f : 1.0f;
+        if (w.init == WeightInit::kHcScale) mode = cuda::Fill::kF32One;
+      }
+      cuda::fill_device_synthetic(d, bytes, salt, mode, constant, sigma, stream);
+      dev[ts.name] = d;
+    }
+  }
+  DSUF_CUDA(cudaStreamSynchronize(stream));
+}
+
+void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   DSUF_CUDA(cudaSetDevice(opt.device));
   DSUF_CUDA(cudaStreamCreate(&stream));
   cuda::init_tables();
-  const ModelConfig& c = model.config;
-  const TextConfig& t = c.text;
-  const ModelWeights& w = model.weights;
+  const TextConfig& t = cfg.text;
   DSUF_CHECK(int64_t(cids.size()) >= t.vocab_size, "compressed-id table too short");
   if (!t.engram_layer_ids.empty()) hasher = std::make_unique<EngramHasher>(t, cids.at(t.engram_pad_token_id));
-  embed = up(w.embed);
-  head = up(w.head);
-  norm = up(w.norm);
-  for (const LayerPlan& lp : c.layers) {
-    const BlockWeights& b = w.layers[lp.layer];
+  place_tensors(synthetic_seed);
+  auto u16 = [&](const std::string& n) -> const uint16_t* {
+    auto it = dev.find(n);
+    return it == dev.end() ? nullptr : reinterpret_cast<const uint16_t*>(it->second);
+  };
+  auto f32 = [&](const std::string& n) { return reinterpret_cast<const float*>(dev.at(n)); };
+  auto fp8 = [&](const std::string& n, int64_t out, int64_t in) -> DevFp8 {
+    auto it = dev.find(n + ".weight");
+    if (it == dev.end()) return {};
+    return {it->second, dev.at(n + ".scale"), out, in};
+  };
+  embed = u16("embed.weight"), head = u16("head.weight"), norm = u16("norm.weight");
+  const int64_t D = t.hidden_size, H = t.num_attention_heads, hd = t.head_dim, qr = t.q_lora_rank;
+  const int64_t G = t.o_groups, ol = t.o_lora_rank, F = t.moe_intermediate_size;
+  for (const LayerPlan& lp : cfg.layers) {
+    const std::string p = "layers." + std::to_string(lp.layer) + ".";
     DevLayer d{};
-    d.hca_fn = up(b.hc_attn.fn), d.hca_base = up(b.hc_attn.base), d.hca_scale = up(b.hc_attn.scale);
-    d.hcf_fn = up(b.hc_ffn.fn), d.hcf_base = up(b.hc_ffn.base), d.hcf_scale = up(b.hc_ffn.scale);
-    d.attn_norm = up(b.attn_norm), d.ffn_norm = up(b.ffn_norm), d.q_norm = up(b.attn.q_norm), d.kv_norm = up(b.attn.kv_norm);
-    d.sink = up(b.attn.sink);
-    d.wq_a = up(b.attn.wq_a), d.wq_b = up(b.attn.wq_b), d.wkv = up(b.attn.wkv), d.wo_a = up(b.attn.wo_a),
-    d.wo_b = up(b.attn.wo_b);
-    d.comp_wkv = up(b.attn.comp_wkv), d.comp_wgate = up(b.attn.comp_wgate), d.comp_norm = up(b.attn.comp_norm);
-    d.idx_wk = up(b.attn.idx_wk), d.idx_k_norm = up(b.attn.idx_k_norm), d.idx_wproj = up(b.attn.idx_weights_proj);
-    d.idx_wq_b = up(b.attn.idx_wq_b);
-    d.gate = up(b.ffn.gate), d.bias = up(b.ffn.bias), d.bias_vl = up(b.ffn.bias_vl);
-    std::vector<const uint8_t*> p[6];
-    for (const ExpertWeights& e : b.ffn.experts) {
-      const Fp4Linear* l3[3] = {&e.w1, &e.w2, &e.w3};
+    d.hca_fn = f32(p + "hc_attn_fn"), d.hca_base = f32(p + "hc_attn_base"), d.hca_scale = f32(p + "hc_attn_scale");
+    d.hcf_fn = f32(p + "hc_ffn_fn"), d.hcf_base = f32(p + "hc_ffn_base"), d.hcf_scale = f32(p + "hc_ffn_scale");
+    d.attn_norm = u16(p + "attn_norm.weight"), d.ffn_norm = u16(p + "ffn_norm.weight");
+    d.q_norm = u16(p + "attn.q_norm.weight"), d.kv_norm = u16(p + "attn.kv_norm.weight");
+    d.sink = f32(p + "attn.attn_sink");
+    d.wq_a = fp8(p + "attn.wq_a", qr, D), d.wq_b = fp8(p + "attn.wq_b", H * hd, qr), d.wkv = fp8(p + "attn.wkv", hd, D);
+    d.wo_a = fp8(p + "attn.wo_a", G * ol, H * hd / G), d.wo_b = fp8(p + "attn.wo_b", D, G * ol);
+    d.comp_wkv = u16(p + "attn.compressor.wkv.weight"), d.comp_wgate = u16(p + "attn.compressor.wgate.weight");
+    d.comp_norm = u16(p + "attn.compressor.norm.weight");
+    d.idx_wk = u16(p + "attn.indexer.wk.weight"), d.idx_k_norm = u16(p + "attn.indexer.k_norm.weight");
+    d.idx_wproj = u16(p + "attn.indexer.weights_proj.weight");
+    d.idx_wq_b = fp8(p + "attn.indexer.wq_b", int64_t(t.index_n_heads) * t.index_head_dim, qr);
+    d.gate = u16(p + "ffn.gate.weight"), d.bias = f32(p + "ffn.gate.bias"), d.bias_vl = f32(p + "ffn.gate.bias_vl");
+    std::vector<const uint8_t*> ptr[6];
+    for (int e = 0; e < t.n_routed_experts; ++e) {
+      const std::string ep = p + "ffn.experts." + std::to_string(e) + ".";
+      const char* names[3] = {"w1", "w2", "w3"};
       for (int k = 0; k < 3; ++k) {
-        p[2 * k].push_back(upload<uint8_t>(l3[k]->w, size_t(l3[k]->out) * l3[k]->in / 2));
-        p[2 * k + 1].push_back(upload<uint8_t>(l3[k]->scale, size_t(l3[k]->out) * l3[k]->in / 32));
+        ptr[2 * k].push_back(dev.at(ep + names[k] + ".weight"));
+        ptr[2 * k + 1].push_back(dev.at(ep + names[k] + ".scale"));
       }
     }
-    d.experts = {up_ptrs(p[0]), up_ptrs(p[1]), up_ptrs(p[2]), up_ptrs(p[3]), up_ptrs(p[4]), up_ptrs(p[5])};
-    d.sw1 = up(b.ffn.shared_w1), d.sw2 = up(b.ffn.shared_w2), d.sw3 = up(b.ffn.shared_w3);
-    if (b.engram) {
-      const EngramWeights& e = *b.engram;
-      d.e_table = pin(e.table.w, size_t(e.table.rows) * e.table.cols);
-      d.e_scale = pin(e.table.scale, size_t(e.table.rows) * e.table.cols / 32);
-      d.e_wkv = up(e.wkv), d.e_q = up(e.q_weight), d.e_k = up(e.k_weight);
+    d.experts = {up_ptrs(ptr[0]), up_ptrs(ptr[1]), up_ptrs(ptr[2]), up_ptrs(ptr[3]), up_ptrs(ptr[4]), up_ptrs(ptr[5])};
+    d.sw1 = fp8(p + "ffn.shared_experts.w1", F, D), d.sw2 = fp8(p + "ffn.shared_experts.w2", D, F);
+    d.sw3 = fp8(p + "ffn.shared_experts.w3", F, D);
+    if (lp.engram_slot >= 0) {
+      const int64_t in = int64_t(t.engram_max_ngram_size - 1) * t.engram_n_heads * t.engram_head_dim;
+      d.e_table = dev.at(p + "engram.embed.weight"), d.e_scale = dev.at(p + "engram.embed.scale");
+      d.e_wkv = fp8(p + "engram.wkv", (t.hc_mult + 1) * D, in);
+      d.e_q = u16(p + "engram.q_weight"), d.e_k = u16(p + "engram.k_weight");
     }
     layers.push_back(d);
   }
@@ -311,18 +401,18 @@ std::string CudaMemoryPlan::describe() const {
 }
 
 CudaMemoryPlan plan_cuda_memory(const LoadedModel& model, const CudaOptions& opt) {
-  const TextConfig& t = model.config.text;
+  return plan_cuda_memory(model.config, opt);
+}
+
+CudaMemoryPlan plan_cuda_memory(const ModelConfig& cfg, const CudaOptions& opt) {
+  const TextConfig& t = cfg.text;
   CudaMemoryPlan p;
-  for (const auto& [name, info] : model.checkpoint->tensors()) {
-    const bool backbone = name.rfind("layers.", 0) == 0 || name == "embed.weight" || name == "head.weight" ||
-                          name == "norm.weight";
-    if (!backbone) continue;
-    if (name.find(".engram.embed.") != std::string::npos)
-      p.host_pinned += info->nbytes;
-    else
-      p.weights += info->nbytes;
+  for (const TensorSpec& ts : expected_tensors(cfg)) {
+    if (!on_device_backbone(ts.name)) continue;
+    const size_t bytes = size_t(numel(ts.shape)) * dtype_size(ts.dtype);
+    (in_host_memory(ts.name) ? p.host_pinned : p.weights) += bytes;
   }
-  const KvLayout L = KvLayout::from_config(model.config);
+  const KvLayout L = KvLayout::from_config(cfg);
   p.per_sequence = size_t(L.num_layers) * L.window * L.window_entry_bytes;
   for (size_t k = 0; k < L.kv_sources.size(); ++k)
     p.per_sequence += size_t(opt.max_context) * (L.ckv_entry_bytes + L.ikey_entry_bytes) +
@@ -335,7 +425,7 @@ CudaMemoryPlan plan_cuda_memory(const LoadedModel& model, const CudaOptions& opt
 }
 
 void CudaBackend::Impl::alloc_workspace() {
-  const TextConfig& t = model.config.text;
+  const TextConfig& t = cfg.text;
   const int64_t R = hasher ? hasher->rows_per_token() : 0;
   max_rows = std::max(opt.max_chunk, opt.max_batch);
   const WorkspaceSizes w = workspace_sizes(t, max_rows, opt.max_context, R);
@@ -368,7 +458,7 @@ void CudaBackend::Impl::alloc_workspace() {
 
 DevSeq& CudaBackend::Impl::seq(SequenceState& st) {
   if (st.device) return *static_cast<DevSeq*>(st.device.get());
-  const TextConfig& t = model.config.text;
+  const TextConfig& t = cfg.text;
   auto ds = std::make_shared<DevSeq>();
   const size_t ring_bytes = size_t(layout.num_layers) * layout.window * layout.window_entry_bytes;
   ds->window = DevMem(ring_bytes);
@@ -405,7 +495,7 @@ DevSeq& CudaBackend::Impl::seq(SequenceState& st) {
 // all staged for one upload. With fixed_layout (graph-captured decode) every list has the same
 // length for a given number of rows, so the captured kernels' arguments stay valid.
 CudaBackend::Impl::Step CudaBackend::Impl::stage_step(std::vector<Part>& parts, bool fixed_layout) {
-  const ModelConfig& c = model.config;
+  const ModelConfig& c = cfg;
   const TextConfig& t = c.text;
   const int W = t.sliding_window;
   Step st;
@@ -523,8 +613,8 @@ CudaBackend::Impl::Step CudaBackend::Impl::stage_step(std::vector<Part>& parts, 
 }
 
 void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
-  const TextConfig& t = model.config.text;
-  const LayerPlan& lp = model.config.layers[l];
+  const TextConfig& t = cfg.text;
+  const LayerPlan& lp = cfg.layers[l];
   const DevLayer& d = layers[l];
   const bool r = opt.numerics.bf16_activations, aq = opt.numerics.act_quant;
   const int H = t.num_attention_heads, W = t.sliding_window, n = st.rows;
@@ -594,7 +684,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
 }
 
 void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, float* out) {
-  const TextConfig& t = model.config.text;
+  const TextConfig& t = cfg.text;
   const DevLayer& d = layers[l];
   const bool r = opt.numerics.bf16_activations, aq = opt.numerics.act_quant;
   const int E = t.n_routed_experts, K = t.num_experts_per_tok;
@@ -620,7 +710,7 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, float* out) {
 // The kernels of one step, in order; no host synchronization inside unless tracing (so a decode
 // step can be captured as a CUDA graph).
 void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, bool trace) {
-  const ModelConfig& c = model.config;
+  const ModelConfig& c = cfg;
   const TextConfig& t = c.text;
   const bool r = opt.numerics.bf16_activations;
   const int hc = t.hc_mult, n = st.rows, ms = cuda::hc_mix_stride(hc);
@@ -670,7 +760,7 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
 }
 
 void CudaBackend::Impl::finish_step(std::vector<Part>& parts, const Step& st) {
-  const ModelConfig& c = model.config;
+  const ModelConfig& c = cfg;
   const int64_t V = c.text.vocab_size;
   for (size_t q = 0; q < parts.size(); ++q) {
     Part& p = parts[q];
@@ -719,23 +809,34 @@ void CudaBackend::Impl::run_step(std::vector<Part>& parts) {
       DSUF_CUDA(cudaGraphDestroy(graph));
       g.stage_bytes = stage.used;
     }
+    if (!ev0) {
+      DSUF_CUDA(cudaEventCreate(&ev0));
+      DSUF_CUDA(cudaEventCreate(&ev1));
+    }
+    DSUF_CUDA(cudaEventRecord(ev0, stream));
     DSUF_CUDA(cudaGraphLaunch(g.exec, stream));
+    DSUF_CUDA(cudaEventRecord(ev1, stream));
   } else {
     enqueue_step(st, parts, trace);
   }
   DSUF_CUDA(cudaStreamSynchronize(stream));
   DSUF_CUDA(cudaGetLastError());
+  if (decode) {
+    float ms = 0;
+    DSUF_CUDA(cudaEventElapsedTime(&ms, ev0, ev1));
+    last_graph_ms = ms;
+  }
   finish_step(parts, st);
 }
 
-CudaBackend::CudaBackend(const LoadedModel& model, std::vector<int32_t> compressed_ids, CudaOptions opt)
-    : impl_(std::make_unique<Impl>(model, std::move(compressed_ids), opt)) {
+namespace {
+// Refuses with the plan's numbers when it does not fit the device.
+void check_fits(const ModelConfig& cfg, const CudaOptions& opt) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) fail("--gpus: no CUDA device is available");
   if (opt.device >= count) fail("--gpus: device ", opt.device, " does not exist (", count, " visible)");
   DSUF_CUDA(cudaSetDevice(opt.device));
-  // Plan first, refuse with numbers before uploading anything.
-  const CudaMemoryPlan plan = plan_cuda_memory(model, opt);
+  const CudaMemoryPlan plan = plan_cuda_memory(cfg, opt);
   size_t free_b = 0, total_b = 0;
   DSUF_CUDA(cudaMemGetInfo(&free_b, &total_b));
   const size_t margin = size_t(512) << 20;  // CUDA context growth, allocator rounding
@@ -743,7 +844,20 @@ CudaBackend::CudaBackend(const LoadedModel& model, std::vector<int32_t> compress
     fail("the model does not fit GPU ", opt.device, ": needs ", plan.describe(), ", plus 0.5 GiB margin; ",
          double(free_b) / (1ull << 30), " GiB free of ", double(total_b) / (1ull << 30),
          " GiB. Lower --max-batch or --max-context, or give more GPUs");
-  impl_->load();
+}
+}  // namespace
+
+CudaBackend::CudaBackend(const LoadedModel& model, std::vector<int32_t> compressed_ids, CudaOptions opt)
+    : impl_(std::make_unique<Impl>(model.config, &model, std::move(compressed_ids), opt)) {
+  check_fits(model.config, opt);  // plan first: refuse before uploading anything
+  impl_->load(0);
+}
+
+CudaBackend::CudaBackend(const ModelConfig& config, std::vector<int32_t> compressed_ids, CudaOptions opt,
+                         uint64_t seed)
+    : impl_(std::make_unique<Impl>(config, nullptr, std::move(compressed_ids), opt)) {
+  check_fits(config, opt);
+  impl_->load(seed);
 }
 
 CudaBackend::~CudaBackend() {
@@ -754,7 +868,7 @@ CudaBackend::~CudaBackend() {
   if (impl_->stream) cudaStreamDestroy(impl_->stream);
 }
 
-const ModelConfig& CudaBackend::config() const { return impl_->model.config; }
+const ModelConfig& CudaBackend::config() const { return impl_->cfg; }
 const KvLayout& CudaBackend::layout() const { return impl_->layout; }
 size_t CudaBackend::weight_bytes() const { return impl_->weight_bytes; }
 
@@ -768,7 +882,7 @@ void CudaBackend::forward(std::span<ForwardItem> batch) {
     DSUF_CHECK(item.state, "forward item without a sequence state");
     DSUF_CHECK(std::find(seen.begin(), seen.end(), item.state) == seen.end(), "a sequence appears twice in one batch");
     seen.push_back(item.state);
-    if (item.state->pos + int64_t(item.tokens.size()) > im.model.config.text.max_position_embeddings)
+    if (item.state->pos + int64_t(item.tokens.size()) > im.cfg.text.max_position_embeddings)
       fail("sequence of ", item.state->pos + item.tokens.size(), " tokens exceeds max_position_embeddings");
     if (item.logits) item.logits->clear();
     im.seq(*item.state);
@@ -794,6 +908,32 @@ void CudaBackend::forward(std::span<ForwardItem> batch) {
     if (parts.empty()) break;
     im.run_step(parts);
   }
+}
+
+double CudaBackend::last_graph_ms() const { return impl_->last_graph_ms; }
+
+SequenceState CudaBackend::synthetic_sequence(int64_t pos, uint64_t seed) {
+  Impl& im = *impl_;
+  const KvLayout& L = im.layout;
+  SequenceState st = SequenceState::empty(L);
+  DevSeq& ds = im.seq(st);
+  st.pos = pos;
+  const int64_t hd = L.head_dim, ihd = L.index_head_dim;
+  cuda::fill_entries_synthetic(ds.window.as<uint8_t>(), int64_t(L.num_layers) * L.window, int64_t(L.window_entry_bytes),
+                               hd, true, 127, seed, im.stream);
+  for (size_t k = 0; k < L.kv_sources.size(); ++k) {
+    const int64_t entries = pos / L.source_ratio[k];
+    DSUF_CHECK(entries <= im.opt.max_context, "synthetic sequence longer than max_context");
+    cuda::fill_entries_synthetic(ds.ckv[k].as<uint8_t>(), entries, int64_t(L.ckv_entry_bytes), hd / 2, false, 0x30,
+                                 seed + 1 + k, im.stream);
+    cuda::fill_entries_synthetic(ds.ikey[k].as<uint8_t>(), entries, int64_t(L.ikey_entry_bytes), ihd / 2, false, 127,
+                                 seed + 101 + k, im.stream);
+    ds.entries[k] = entries;
+    DSUF_CUDA(cudaMemsetAsync(ds.pending[ds.cur[k]][k].p, 0, size_t(L.source_ratio[k]) * 2 * hd * 4, im.stream));
+  }
+  for (size_t h = 0; h < st.engram_history.size(); ++h) st.engram_history[h] = int32_t((seed * 7919 + h * 104729) % 99092);
+  DSUF_CUDA(cudaStreamSynchronize(im.stream));
+  return st;
 }
 
 void CudaBackend::download(SequenceState& st) const {

@@ -33,10 +33,14 @@ struct CudaMemoryPlan {
   std::string describe() const;
 };
 CudaMemoryPlan plan_cuda_memory(const LoadedModel& model, const CudaOptions& opt);
+CudaMemoryPlan plan_cuda_memory(const ModelConfig& config, const CudaOptions& opt);
 
 class CudaBackend final : public Backend {
  public:
   CudaBackend(const LoadedModel& model, std::vector<int32_t> compressed_ids, CudaOptions opt = {});
+  // A synthetic model: every weight drawn on the device (Engram tables in pinned host memory) from
+  // `seed`, no checkpoint. For benchmarks at sizes no test checkpoint has. `config` must outlive it.
+  CudaBackend(const ModelConfig& config, std::vector<int32_t> compressed_ids, CudaOptions opt, uint64_t seed);
   ~CudaBackend() override;
 
   const ModelConfig& config() const override;
@@ -45,6 +49,10 @@ class CudaBackend final : public Backend {
   void forward(std::span<ForwardItem> batch) override;
   // Copies a sequence's device pools into its host fields (for serialization and checks).
   void download(SequenceState& st) const;
+  // A sequence that already holds `pos` tokens of random but valid packed KV (benchmarks).
+  SequenceState synthetic_sequence(int64_t pos, uint64_t seed);
+  // GPU time of the last decode step replayed as a graph, in milliseconds (0 if none).
+  double last_graph_ms() const;
 
   // Device memory the weights take, in bytes.
   size_t weight_bytes() const;

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <thread>
+#include <vector>
 #include <cmath>
 
 #include "backend/cuda/check.h"
@@ -772,7 +774,84 @@ __global__ void k_add_rows(float* y, const float* x, int64_t n) {
   if (t < n) y[t] += x[t];
 }
 
+__device__ __host__ inline uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+__device__ __host__ inline uint8_t e4m3_small(uint64_t r) {
+  // sign | exponent 1..7 | mantissa: |value| in [2^-6, 1.875]
+  return uint8_t(((r >> 8) & 1) << 7 | (1 + (r % 7)) << 3 | ((r >> 16) & 7));
+}
+__global__ void k_fill(uint8_t* p, size_t bytes, uint64_t seed, Fill mode, uint8_t constant, float sigma) {
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;; i += stride) {
+    switch (mode) {
+      case Fill::kBytes:
+      case Fill::kE4M3:
+      case Fill::kConstant:
+        if (i >= bytes) return;
+        p[i] = mode == Fill::kConstant ? constant
+               : mode == Fill::kBytes  ? uint8_t(mix64(seed + i * 0x9e3779b97f4a7c15ull))
+                                       : e4m3_small(mix64(seed + i * 0x9e3779b97f4a7c15ull));
+        break;
+      case Fill::kBf16Normal:
+      case Fill::kBf16One: {
+        if (2 * i >= bytes) return;
+        const uint64_t r = mix64(seed + i * 0x9e3779b97f4a7c15ull);
+        // Irwin–Hall of 4 uniforms: mean 2, variance 1/3.
+        float u = 0.0f;
+        for (int k = 0; k < 4; ++k) u += float((r >> (16 * k)) & 0xffff) / 65536.0f;
+        const float v = mode == Fill::kBf16One ? 1.0f + 0.1f * (u - 2.0f) * 1.7320508f : sigma * (u - 2.0f) * 1.7320508f;
+        reinterpret_cast<uint16_t*>(p)[i] = uint16_t(__float_as_uint(v) >> 16);
+        break;
+      }
+      case Fill::kF32Normal:
+      case Fill::kF32One: {
+        if (4 * i >= bytes) return;
+        const uint64_t r = mix64(seed + i * 0x9e3779b97f4a7c15ull);
+        float u = 0.0f;
+        for (int k = 0; k < 4; ++k) u += float((r >> (16 * k)) & 0xffff) / 65536.0f;
+        reinterpret_cast<float*>(p)[i] = mode == Fill::kF32One ? 1.0f : sigma * (u - 2.0f) * 1.7320508f;
+        break;
+      }
+    }
+  }
+}
+
 }  // namespace
+
+void fill_device_synthetic(uint8_t* p, size_t bytes, uint64_t seed, Fill mode, uint8_t constant, float sigma,
+                           cudaStream_t s) {
+  if (bytes) k_fill<<<1024, 256, 0, s>>>(p, bytes, mix64(seed), mode, constant, sigma);
+}
+
+void fill_host_synthetic(uint8_t* p, size_t bytes, uint64_t seed, Fill mode, uint8_t constant) {
+  const uint64_t sd = mix64(seed);
+  const unsigned nt = std::max(1u, std::min(32u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < nt; ++t)
+    pool.emplace_back([=] {
+      for (size_t i = bytes * t / nt; i < bytes * (t + 1) / nt; ++i)
+        p[i] = mode == Fill::kConstant ? constant : e4m3_small(mix64(sd + i * 0x9e3779b97f4a7c15ull));
+    });
+  for (auto& th : pool) th.join();
+}
+
+__global__ void k_fill_entries(uint8_t* p, int64_t entries, int64_t entry_bytes, int64_t value_bytes, bool e4m3_values,
+                               uint8_t scale, uint64_t seed) {
+  const int64_t total = entries * entry_bytes, stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    const int64_t b = i % entry_bytes;
+    const uint64_t r = mix64(seed + uint64_t(i) * 0x9e3779b97f4a7c15ull);
+    p[i] = b >= value_bytes ? scale : e4m3_values ? e4m3_small(r) : uint8_t(r);
+  }
+}
+
+void fill_entries_synthetic(uint8_t* p, int64_t entries, int64_t entry_bytes, int64_t value_bytes, bool e4m3_values,
+                            uint8_t scale, uint64_t seed, cudaStream_t s) {
+  if (entries > 0) k_fill_entries<<<1024, 256, 0, s>>>(p, entries, entry_bytes, value_bytes, e4m3_values, scale, mix64(seed));
+}
 
 void init_tables() {
   float e4m3[256], e2m1[16];

@@ -167,4 +167,15 @@ void engram_gate(float* X, const float* kv, const uint16_t* qw, const uint16_t* 
 
 void add_rows(float* y, const float* x, int64_t n, cudaStream_t s);  // y += x
 
+// Synthetic weights (benchmarks): raw bytes, E4M3 codes with |value| ≤ 1.875 (no NaN), a constant
+// byte, BF16 ≈ N(0, σ²) or ≈ 1, FP32 ≈ N(0, σ²) or 1; deterministic in the seed.
+enum class Fill { kBytes, kE4M3, kConstant, kBf16Normal, kBf16One, kF32Normal, kF32One };
+void fill_device_synthetic(uint8_t* p, size_t bytes, uint64_t seed, Fill mode, uint8_t constant, float sigma,
+                           cudaStream_t s);
+void fill_host_synthetic(uint8_t* p, size_t bytes, uint64_t seed, Fill mode, uint8_t constant);
+// Packed KV entries: the first value_bytes of each entry random (E4M3 codes or raw FP4 bytes), the
+// rest (the scales) the constant `scale`.
+void fill_entries_synthetic(uint8_t* p, int64_t entries, int64_t entry_bytes, int64_t value_bytes, bool e4m3_values,
+                            uint8_t scale, uint64_t seed, cudaStream_t s);
+
 }  // namespace dsuf::cuda

@@ -1,0 +1,250 @@
+// bench_decode: batch-B decode steps of the real DeepSeek-V4.1-Flash text model (all 40 layers with
+// their real roles and dimensions, embedding and head) on one GPU, with synthetic weights drawn on
+// the device and synthetic (random, valid) KV state at the requested context. Prints the median
+// step time, the bytes the step must read counted from the shapes, the device's copy bandwidth
+// measured in the same run, and their ratio (% of the bandwidth bound).
+//
+// Reductions, stated in the output: fewer routed experts per layer (--experts; the 6 a token picks
+// are read whatever the total, so batch-1 bytes do not change; larger batches touch more distinct
+// experts, counted for uniform routing), smaller Engram tables (--engram-vocab; a token still reads
+// 24 rows per Engram layer), Engram compressed ids synthetic (t mod 99092).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+#include <nlohmann/json.hpp>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/cuda_backend.h"
+#include "core/error.h"
+#include "model/config.h"
+#include "model/inventory.h"
+
+namespace {
+
+using nlohmann::json;
+
+std::vector<int64_t> parse_list(const std::string& s) {
+  std::vector<int64_t> v;
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    v.push_back(std::stoll(s.substr(i, j - i)));
+    i = j + 1;
+  }
+  return v;
+}
+
+bool is_prime(int64_t n) {
+  if (n < 2) return false;
+  for (int64_t d = 2; d * d <= n; ++d)
+    if (n % d == 0) return false;
+  return true;
+}
+
+// The released V4.1-Flash text config (model-spec §1.2) with the bench's reductions.
+json real_config(int experts, int64_t engram_vocab) {
+  json j = dsuf::tiny_config_json();
+  json& t = j["text_config"];
+  t["hidden_size"] = 5120, t["num_hidden_layers"] = 40, t["num_attention_heads"] = 64, t["head_dim"] = 512;
+  t["qk_rope_head_dim"] = 64, t["q_lora_rank"] = 1280, t["o_groups"] = 8, t["o_lora_rank"] = 1024;
+  t["sliding_window"] = 128;
+  std::vector<int> ratios = {0, 0};
+  for (int i = 0; i < 18; ++i) ratios.push_back(2);
+  for (int i = 0; i < 20; ++i) ratios.push_back(1);
+  ratios.insert(ratios.end(), {0, 0, 0});
+  t["compress_ratios"] = ratios;
+  t["kv_source_layer_ids"] = {2, 8, 14, 20};
+  t["index_source_layer_ids"] = {2, 8, 14, 20, 24, 28, 32, 36};
+  t["candidate_source_layer_id"] = 20, t["candidate_topk_blocks"] = 2048, t["candidate_block_size"] = 8;
+  t["index_n_heads"] = 32, t["index_head_dim"] = 128, t["index_topk"] = 512;
+  t["n_routed_experts"] = experts, t["num_experts_per_tok"] = 6, t["moe_intermediate_size"] = 2304;
+  t["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 16}, {"beta_fast", 32}, {"beta_slow", 1},
+                       {"original_max_position_embeddings", 65536}};
+  t["max_position_embeddings"] = 1048576;
+  t["engram_layer_ids"] = {1, 14}, t["engram_n_heads"] = 8, t["engram_head_dim"] = 256;
+  t["engram_vocab_size"] = engram_vocab;
+  // Table sizes by the official prime rule (model-spec §3b.4), for the reduced vocabulary.
+  std::vector<int64_t> used, sizes;
+  for (int layer = 0; layer < 2; ++layer) {
+    int64_t total = 0;
+    for (int n = 2; n <= 4; ++n) {
+      int64_t p = engram_vocab - 1;
+      for (int h = 0; h < 8; ++h) {
+        do ++p;
+        while (!is_prime(p) || std::find(used.begin(), used.end(), p) != used.end());
+        used.push_back(p);
+        total += p;
+      }
+    }
+    sizes.push_back(total);
+  }
+  t["engram_num_embeddings"] = sizes;
+  t["num_nextn_predict_layers"] = 3, t["dspark_target_layer_ids"] = {37, 38, 39};
+  t["dspark_markov_rank"] = 256, t["dspark_n_routed_experts"] = 128, t["dspark_num_experts_per_tok"] = 3;
+  return j;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Device copy bandwidth (bytes read + written per second), median of 7 copies of 4 GiB.
+double copy_bandwidth() {
+  const size_t n = size_t(4) << 30;
+  void *a, *b;
+  DSUF_CUDA(cudaMalloc(&a, n));
+  DSUF_CUDA(cudaMalloc(&b, n));
+  DSUF_CUDA(cudaMemset(a, 1, n));
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0), cudaEventCreate(&e1);
+  std::vector<double> bw;
+  for (int i = 0; i < 8; ++i) {
+    cudaEventRecord(e0);
+    cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    if (i > 0) bw.push_back(2.0 * n / (ms * 1e-3));
+  }
+  cudaFree(a), cudaFree(b);
+  return median(bw);
+}
+
+struct Bytes {
+  double dense = 0, experts = 0, head = 0, embed = 0, kv = 0, engram_host = 0;
+  double device() const { return dense + experts + head + embed + kv; }
+};
+
+Bytes count_bytes(const dsuf::ModelConfig& cfg, int B, int64_t ctx) {
+  const dsuf::TextConfig& t = cfg.text;
+  Bytes b;
+  double expert_bytes = 0;
+  for (const dsuf::TensorSpec& ts : dsuf::expected_tensors(cfg)) {
+    double n = double(dsuf::dtype_size(ts.dtype));
+    for (int64_t d : ts.shape) n *= double(d);
+    const std::string& s = ts.name;
+    if (s.rfind("layers.", 0) != 0 && s != "head.weight" && s != "norm.weight" && s != "embed.weight") continue;
+    if (s == "embed.weight") continue;
+    if (s == "head.weight") b.head += n;
+    else if (s.find(".engram.embed.") != std::string::npos) continue;
+    else if (s.find(".ffn.experts.") != std::string::npos) {
+      if (s.rfind("layers.0.ffn.experts.0.", 0) == 0) expert_bytes += n;
+    } else b.dense += n;
+  }
+  const double E = t.n_routed_experts, k = t.num_experts_per_tok;
+  const double distinct = E * (1.0 - std::pow(1.0 - k / E, B));
+  b.experts = t.num_hidden_layers * distinct * expert_bytes;
+  b.embed = double(B) * t.hidden_size * 2;
+  const dsuf::KvLayout L = dsuf::KvLayout::from_config(cfg);
+  double kv = double(t.num_hidden_layers) * t.sliding_window * L.window_entry_bytes;
+  for (const dsuf::LayerPlan& lp : cfg.layers) {
+    if (lp.ratio == 0) continue;
+    const double vis = double(ctx / lp.ratio);
+    kv += std::min<double>(t.index_topk, vis) * L.ckv_entry_bytes;
+    if (lp.runs_indexer) {
+      const double scored = lp.candidate_constrained
+                                ? std::min<double>(double(t.candidate_topk_blocks) * t.candidate_block_size, vis)
+                                : vis;
+      kv += scored * L.ikey_entry_bytes;
+    }
+  }
+  b.kv = B * kv;
+  b.engram_host = double(B) * t.engram_layer_ids.size() * 24 * (t.engram_head_dim + t.engram_head_dim / 32);
+  return b;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    int experts = 96, steps = 50, device = 0;
+    int64_t engram_vocab = 1000000;
+    std::vector<int64_t> contexts = {8192, 131072, 1048576 - 64}, batches = {1, 4, 16, 64};
+    for (int i = 1; i < argc; ++i) {
+      std::string a = argv[i];
+      auto v = [&] { return i + 1 < argc ? std::string(argv[++i]) : (dsuf::fail(a, " needs a value"), std::string()); };
+      if (a == "--experts") experts = std::stoi(v());
+      else if (a == "--steps") steps = std::stoi(v());
+      else if (a == "--device") device = std::stoi(v());
+      else if (a == "--engram-vocab") engram_vocab = std::stoll(v());
+      else if (a == "--contexts") contexts = parse_list(v());
+      else if (a == "--batches") batches = parse_list(v());
+      else dsuf::fail("unknown argument ", a);
+    }
+    DSUF_CUDA(cudaSetDevice(device));
+    const double bw = copy_bandwidth();
+    std::printf("device copy bandwidth (read+write): %.0f GB/s, measured in this run\n", bw / 1e9);
+    const json cj = real_config(experts, engram_vocab);
+    const dsuf::ModelConfig cfg = dsuf::parse_model_config(cj, "bench config");
+    std::printf("model: V4.1-Flash text, 40 layers, real dimensions; %d routed experts per layer (the real model has 384:"
+                " a token reads its 6 either way), Engram tables from vocab %lld (a token reads 24 rows per layer either"
+                " way), synthetic weights and KV\n",
+                experts, static_cast<long long>(engram_vocab));
+    std::vector<int32_t> cids(cfg.text.vocab_size);
+    for (size_t i = 0; i < cids.size(); ++i) cids[i] = int32_t(i % 99092);
+    std::printf("%9s %5s %10s %10s %9s %9s %9s %8s %10s\n", "context", "batch", "step ms", "gpu ms", "GB read",
+                "bound ms", "% bound", "tok/s", "engram MB");
+    for (int64_t ctx : contexts) {
+      // The largest batch whose pools fit next to the weights at this context.
+      int64_t max_b = 0;
+      for (int64_t B : batches) {
+        dsuf::CudaOptions o{.device = device, .max_context = ctx + steps + 16, .max_chunk = 64, .numerics = {},
+                            .max_batch = int(B)};
+        size_t free_b, total_b;
+        cudaMemGetInfo(&free_b, &total_b);
+        if (dsuf::plan_cuda_memory(cfg, o).total() + (size_t(1) << 30) < free_b) max_b = std::max(max_b, B);
+      }
+      if (max_b == 0) {
+        std::printf("%9lld: no batch fits\n", static_cast<long long>(ctx));
+        continue;
+      }
+      dsuf::CudaBackend be(cfg, cids,
+                           dsuf::CudaOptions{.device = device, .max_context = ctx + steps + 16, .max_chunk = 64,
+                                             .numerics = {}, .max_batch = int(max_b)},
+                           1234);
+      for (int64_t B : batches) {
+        if (B > max_b) {
+          std::printf("%9lld %5lld  (pools do not fit with the weights)\n", static_cast<long long>(ctx),
+                      static_cast<long long>(B));
+          continue;
+        }
+        std::vector<dsuf::SequenceState> seqs;
+        for (int64_t b = 0; b < B; ++b) seqs.push_back(be.synthetic_sequence(ctx, 77 + b));
+        std::vector<int32_t> tok(B);
+        std::vector<std::vector<float>> logits(B);
+        std::vector<double> wall, gpu;
+        for (int s = 0; s < steps + 3; ++s) {
+          std::vector<dsuf::ForwardItem> items;
+          for (int64_t b = 0; b < B; ++b) {
+            tok[b] = int32_t((s * 7919 + b * 104729) % 120000) + 3;  // fresh tokens: varied routing
+            items.push_back({.state = &seqs[b], .tokens = {&tok[b], 1}, .want = dsuf::ForwardItem::Logits::kLast,
+                             .logits = &logits[b]});
+          }
+          auto t0 = std::chrono::steady_clock::now();
+          be.forward(items);
+          const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+          if (s >= 3) wall.push_back(ms), gpu.push_back(be.last_graph_ms());
+        }
+        const Bytes by = count_bytes(cfg, int(B), ctx);
+        const double bound_ms = by.device() / bw * 1e3, gms = median(gpu), wms = median(wall);
+        std::printf("%9lld %5lld %10.3f %10.3f %9.3f %9.3f %8.1f%% %8.1f %10.3f\n", static_cast<long long>(ctx),
+                    static_cast<long long>(B), wms, gms, by.device() / 1e9, bound_ms, 100.0 * bound_ms / gms,
+                    B / (wms * 1e-3), by.engram_host / 1e6);
+        std::fflush(stdout);
+      }
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_decode: error: %s\n", e.what());
+    return 1;
+  }
+}
