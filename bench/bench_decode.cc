@@ -22,24 +22,13 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/cuda_backend.h"
 #include "core/error.h"
+#include "core/parse.h"
 #include "model/config.h"
 #include "model/inventory.h"
 
 namespace {
 
 using nlohmann::json;
-
-std::vector<int64_t> parse_list(const std::string& s) {
-  std::vector<int64_t> v;
-  size_t i = 0;
-  while (i < s.size()) {
-    size_t j = s.find(',', i);
-    if (j == std::string::npos) j = s.size();
-    v.push_back(std::stoll(s.substr(i, j - i)));
-    i = j + 1;
-  }
-  return v;
-}
 
 bool is_prime(int64_t n) {
   if (n < 2) return false;
@@ -48,27 +37,11 @@ bool is_prime(int64_t n) {
   return true;
 }
 
-// The released V4.1-Flash text config (model-spec §1.2) with the bench's reductions.
+// The released V4.1-Flash config (model-spec §1.2) with the bench's reductions.
 json real_config(int experts, int64_t engram_vocab) {
-  json j = dsuf::tiny_config_json();
+  json j = dsuf::real_v41_config_json();
   json& t = j["text_config"];
-  t["hidden_size"] = 5120, t["num_hidden_layers"] = 40, t["num_attention_heads"] = 64, t["head_dim"] = 512;
-  t["qk_rope_head_dim"] = 64, t["q_lora_rank"] = 1280, t["o_groups"] = 8, t["o_lora_rank"] = 1024;
-  t["sliding_window"] = 128;
-  std::vector<int> ratios = {0, 0};
-  for (int i = 0; i < 18; ++i) ratios.push_back(2);
-  for (int i = 0; i < 20; ++i) ratios.push_back(1);
-  ratios.insert(ratios.end(), {0, 0, 0});
-  t["compress_ratios"] = ratios;
-  t["kv_source_layer_ids"] = {2, 8, 14, 20};
-  t["index_source_layer_ids"] = {2, 8, 14, 20, 24, 28, 32, 36};
-  t["candidate_source_layer_id"] = 20, t["candidate_topk_blocks"] = 2048, t["candidate_block_size"] = 8;
-  t["index_n_heads"] = 32, t["index_head_dim"] = 128, t["index_topk"] = 512;
-  t["n_routed_experts"] = experts, t["num_experts_per_tok"] = 6, t["moe_intermediate_size"] = 2304;
-  t["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 16}, {"beta_fast", 32}, {"beta_slow", 1},
-                       {"original_max_position_embeddings", 65536}};
-  t["max_position_embeddings"] = 1048576;
-  t["engram_layer_ids"] = {1, 14}, t["engram_n_heads"] = 8, t["engram_head_dim"] = 256;
+  t["n_routed_experts"] = experts;
   t["engram_vocab_size"] = engram_vocab;
   // Table sizes by the official prime rule (model-spec §3b.4), for the reduced vocabulary.
   std::vector<int64_t> used, sizes;
@@ -86,8 +59,6 @@ json real_config(int experts, int64_t engram_vocab) {
     sizes.push_back(total);
   }
   t["engram_num_embeddings"] = sizes;
-  t["num_nextn_predict_layers"] = 3, t["dspark_target_layer_ids"] = {37, 38, 39};
-  t["dspark_markov_rank"] = 256, t["dspark_n_routed_experts"] = 128, t["dspark_num_experts_per_tok"] = 3;
   return j;
 }
 
@@ -176,8 +147,8 @@ int main(int argc, char** argv) {
       else if (a == "--steps") steps = std::stoi(v());
       else if (a == "--device") device = std::stoi(v());
       else if (a == "--engram-vocab") engram_vocab = std::stoll(v());
-      else if (a == "--contexts") contexts = parse_list(v());
-      else if (a == "--batches") batches = parse_list(v());
+      else if (a == "--contexts") contexts = dsuf::parse_int_list(v(), "--contexts", 1, int64_t(1) << 20);
+      else if (a == "--batches") batches = dsuf::parse_int_list(v(), "--batches", 1, 4096);
       else dsuf::fail("unknown argument ", a);
     }
     DSUF_CUDA(cudaSetDevice(device));

@@ -11,6 +11,7 @@
 
 #include "backend/factory.h"
 #include "core/error.h"
+#include "core/parse.h"
 #include "engine/sampler.h"
 #include "model/weights.h"
 #ifdef DSUF_HAVE_TEXT
@@ -41,18 +42,7 @@ struct Args {
 
 std::vector<int32_t> parse_ids(const std::string& s) {
   std::vector<int32_t> ids;
-  size_t i = 0;
-  while (i < s.size()) {
-    size_t j = s.find(',', i);
-    if (j == std::string::npos) j = s.size();
-    std::string tok = s.substr(i, j - i);
-    char* end = nullptr;
-    long v = std::strtol(tok.c_str(), &end, 10);
-    if (tok.empty() || *end != '\0' || v < 0 || v > INT32_MAX) fail("--prompt-ids: '", tok, "' is not a token id");
-    ids.push_back(static_cast<int32_t>(v));
-    i = j + 1;
-  }
-  if (ids.empty()) fail("--prompt-ids: no ids given");
+  for (int64_t v : dsuf::parse_int_list(s, "--prompt-ids", 0, INT32_MAX)) ids.push_back(int32_t(v));
   return ids;
 }
 

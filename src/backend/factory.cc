@@ -1,6 +1,7 @@
 #include "backend/factory.h"
 
 #include "core/error.h"
+#include "core/parse.h"
 #ifdef DSUF_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
@@ -9,17 +10,7 @@ namespace dsuf {
 
 std::vector<int> parse_gpu_list(const std::string& s) {
   std::vector<int> out;
-  size_t i = 0;
-  while (i <= s.size()) {
-    size_t j = s.find(',', i);
-    if (j == std::string::npos) j = s.size();
-    const std::string tok = s.substr(i, j - i);
-    char* end = nullptr;
-    const long v = std::strtol(tok.c_str(), &end, 10);
-    if (tok.empty() || *end != '\0' || v < 0 || v > 1024) fail("--gpus: '", tok, "' is not a GPU index (expected e.g. 0,1,2,3)");
-    out.push_back(static_cast<int>(v));
-    i = j + 1;
-  }
+  for (int64_t v : parse_int_list(s, "--gpus (expected e.g. 0,1,2,3)", 0, 1024)) out.push_back(int(v));
   return out;
 }
 

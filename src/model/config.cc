@@ -370,6 +370,44 @@ ModelConfig load_model_config(const std::string& path) {
   return parse_model_config(j, path);
 }
 
+json real_v41_config_json() {
+  // model-spec §1.2: the released DeepSeek-V4.1-Flash config.json, value for value.
+  json j = tiny_config_json();
+  json& t = j["text_config"];
+  t["vocab_size"] = 129280, t["hidden_size"] = 5120, t["moe_intermediate_size"] = 2304;
+  t["num_hidden_layers"] = 40, t["num_attention_heads"] = 64, t["num_key_value_heads"] = 1, t["head_dim"] = 512;
+  t["qk_rope_head_dim"] = 64, t["q_lora_rank"] = 1280, t["o_lora_rank"] = 1024, t["o_groups"] = 8;
+  t["swiglu_limit"] = 10.0, t["rms_norm_eps"] = 1e-20, t["max_position_embeddings"] = 1048576;
+  t["rope_theta"] = 10000, t["compress_rope_theta"] = 160000;
+  t["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 16}, {"beta_fast", 32}, {"beta_slow", 1},
+                       {"original_max_position_embeddings", 65536}};
+  t["n_routed_experts"] = 384, t["n_shared_experts"] = 1, t["num_experts_per_tok"] = 6;
+  t["routed_scaling_factor"] = 1.5, t["sliding_window"] = 128;
+  std::vector<int> ratios = {0, 0};
+  ratios.insert(ratios.end(), 18, 2);
+  ratios.insert(ratios.end(), 20, 1);
+  ratios.insert(ratios.end(), {0, 0, 0});
+  t["compress_ratios"] = ratios;
+  t["kv_source_layer_ids"] = {2, 8, 14, 20};
+  t["index_source_layer_ids"] = {2, 8, 14, 20, 24, 28, 32, 36};
+  t["index_n_heads"] = 32, t["index_head_dim"] = 128, t["index_topk"] = 512;
+  t["candidate_source_layer_id"] = 20, t["candidate_topk_blocks"] = 2048, t["candidate_block_size"] = 8;
+  t["hc_mult"] = 4, t["hc_sinkhorn_iters"] = 20, t["hc_eps"] = 1e-6;
+  t["engram_layer_ids"] = {1, 14}, t["engram_num_embeddings"] = {384006168, 384016682};
+  t["engram_max_ngram_size"] = 4, t["engram_vocab_size"] = 16000000, t["engram_n_heads"] = 8;
+  t["engram_head_dim"] = 256, t["engram_pad_token_id"] = 2, t["engram_compressed_vocab_size"] = 99092;
+  t["num_nextn_predict_layers"] = 3, t["dspark_block_size"] = 5, t["dspark_noise_token_id"] = 128799;
+  t["dspark_target_layer_ids"] = {37, 38, 39}, t["dspark_markov_rank"] = 256;
+  t["dspark_n_routed_experts"] = 128, t["dspark_num_experts_per_tok"] = 3;
+  t.erase("engram_pad_id");
+  j["vision_config"] = {{"model_type", "deepseek_v41_vision"}, {"num_hidden_layers", 32}, {"hidden_size", 1024},
+                        {"num_attention_heads", 16}, {"intermediate_size", 2816}, {"patch_size", 14},
+                        {"rope_theta", 10000}, {"downsample_ratio", 3}, {"max_image_tokens", 1024},
+                        {"min_pixels", 295936}, {"max_wh_ratio", nullptr}};
+  j["transformers_version"] = "5.6.0";
+  return j;
+}
+
 json tiny_config_json() {
   // model-spec §6.2, verbatim values.
   return json::parse(R"({

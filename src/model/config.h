@@ -135,5 +135,7 @@ ModelConfig load_model_config(const std::string& path);
 
 // The §6.2 tiny configuration, as JSON (written by `dsuf make-tiny`).
 nlohmann::json tiny_config_json();
+// The released V4.1-Flash config (§1.2), as JSON: for plans, inventories and benchmarks at full size.
+nlohmann::json real_v41_config_json();
 
 }  // namespace dsuf

@@ -2,6 +2,7 @@
 // the tensor and file.
 #include <filesystem>
 #include <functional>
+#include <cstdio>
 #include <set>
 #include <unistd.h>
 #include <fstream>
@@ -56,22 +57,7 @@ TEST(Config, TinyPlanHasEveryRole) {
 }
 
 TEST(Config, RealV41PlanMatchesSpecTable) {
-  json j = tiny_config_json();
-  json& t = j["text_config"];
-  t["num_hidden_layers"] = 40;
-  t["hidden_size"] = 5120;
-  std::vector<int> ratios = {0, 0};
-  for (int i = 0; i < 18; ++i) ratios.push_back(2);
-  for (int i = 0; i < 20; ++i) ratios.push_back(1);
-  ratios.insert(ratios.end(), {0, 0, 0});
-  t["compress_ratios"] = ratios;
-  t["kv_source_layer_ids"] = {2, 8, 14, 20};
-  t["index_source_layer_ids"] = {2, 8, 14, 20, 24, 28, 32, 36};
-  t["candidate_source_layer_id"] = 20;
-  t["engram_layer_ids"] = {1, 14};
-  t["engram_num_embeddings"] = {384006168, 384016682};
-  t["num_nextn_predict_layers"] = 3;
-  t["dspark_target_layer_ids"] = {37, 38, 39};
+  json j = real_v41_config_json();
   ModelConfig c = parse_model_config(j);
   for (int l = 2; l < 40; ++l) {
     const LayerPlan& p = c.layers[l];
@@ -84,6 +70,27 @@ TEST(Config, RealV41PlanMatchesSpecTable) {
   }
   EXPECT_EQ(c.dspark.size(), 3u);
   EXPECT_TRUE(c.dspark[0].first && !c.dspark[0].last && c.dspark[2].last);
+}
+
+TEST(Inventory, RealV41BytesMatchTheCheckpointAudit) {
+  // model-spec §2.3: the real 48-shard checkpoint holds 510 286 023 000 tensor bytes, of which the
+  // routed experts (incl. DSpark) 295 997 276 160 and the Engram tables 202 758 032 400.
+  ModelConfig c = parse_model_config(real_v41_config_json());
+  double total = 0, experts = 0, engram = 0;
+  size_t count = 0;
+  for (const TensorSpec& t : expected_tensors(c)) {
+    double n = double(dtype_size(t.dtype));
+    for (int64_t d : t.shape) n *= double(d);
+    total += n;
+    ++count;
+    if (t.name.find(".ffn.experts.") != std::string::npos) experts += n;
+    if (t.name.find(".engram.embed.") != std::string::npos) engram += n;
+  }
+  std::printf("real V4.1 inventory: %zu tensors, %.0f bytes (experts %.0f, Engram tables %.0f)\n", count, total,
+              experts, engram);
+  EXPECT_EQ(experts, 295997276160.0);
+  EXPECT_EQ(engram, 202758032400.0);
+  EXPECT_EQ(total, 510286023000.0);
 }
 
 TEST(Config, RefusesWithTheFieldName) {
