@@ -84,6 +84,9 @@ ApiError headers_too_large() {
   return {
       .status = 431, .code = "headers_too_large", .message = "the request headers exceed 64 KiB"};
 }
+ApiError internal_error(const std::string& what) {
+  return {.status = 500, .type = "server_error", .code = "internal_error", .message = what};
+}
 std::string status_body(const std::string& why) {
   return dump(Json{{"status", why}});
 }
@@ -97,6 +100,7 @@ struct HttpServer::Impl {
   ServerOptions opt;
   Metrics& metrics;
   asio::io_context ioc{1};
+  asio::thread_pool prep_pool{1};  // request parsing and prompt rendering, off the I/O thread
   tcp::acceptor acceptor{ioc};
   asio::signal_set signals{ioc, SIGTERM, SIGINT};
   std::mutex mu;
@@ -154,6 +158,22 @@ struct HttpServer::Impl {
     auto [ec, n] = co_await asio::async_write(sock, http::make_chunk(asio::buffer(data)), kTuple);
     t.cancel();
     co_return !ec;
+  }
+
+  struct Prepared {
+    PreparedChat chat;
+    std::optional<ApiError> error;
+  };
+  static awaitable<Prepared> prepare(std::shared_ptr<ChatService> s, std::string body) {
+    Prepared r;
+    try {
+      r.chat = s->prepare(body);
+    } catch (const ApiError& e) {
+      r.error = e;
+    } catch (const std::exception& e) {
+      r.error = internal_error(e.what());
+    }
+    co_return r;
   }
 
   // ---- the disconnect watcher --------------------------------------------------------------
@@ -261,13 +281,13 @@ struct HttpServer::Impl {
       std::fprintf(stderr, "chat %s %s status=%d error=\"%s\"\n", id.c_str(), peer.c_str(),
                    e.status, e.message.substr(0, 200).c_str());
     };
-    PreparedChat p;
-    std::optional<ApiError> refused;
-    try {
-      p = s->prepare(req.body());
-    } catch (const ApiError& e) {
-      refused = e;
-    }
+    // Parsing, rendering and tokenizing a long conversation takes a while (a megabyte prompt is
+    // tens of milliseconds); done here it would stall every stream's writes, so it runs on the
+    // preparation thread while this coroutine waits.
+    Prepared prep =
+        co_await asio::co_spawn(prep_pool, prepare(s, std::move(req.body())), use_awaitable);
+    PreparedChat& p = prep.chat;
+    std::optional<ApiError>& refused = prep.error;
     if (refused) {
       log_refusal(*refused);
       co_return co_await send_error(sock, v, ka, *refused);

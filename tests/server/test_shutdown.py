@@ -77,7 +77,7 @@ def test_startup_errors_name_the_problem():
     r = run_serve("--bogus")
     assert r.returncode == 1 and "unknown argument --bogus" in r.stderr
     r = run_serve("--gpus", "x")
-    assert r.returncode == 1 and "'x' is not a GPU index" in r.stderr
+    assert r.returncode == 1 and "--gpus" in r.stderr and "'x'" in r.stderr, r.stderr
     # No CUDA in this build, or one GPU at most for now: either way a clear refusal.
     r = run_serve("--gpus", "0,1", "--ckpt", CKPT, "--port", "0")
     assert r.returncode == 1 and "--gpus" in r.stderr, r.stderr
