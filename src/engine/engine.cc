@@ -62,6 +62,7 @@ struct Engine::Sequence {
   int64_t prefilled = 0;  // prompt tokens consumed
   int64_t generated = 0;
   int32_t last = 0;  // the sampled token the next decode step feeds
+  std::vector<int32_t> out;  // generated tokens, kept only for Request::on_state
   bool admitted = false;
   bool started = false;  // state allocated (on the scheduler thread, after admission)
   bool done = false;
@@ -110,6 +111,12 @@ Admission Engine::submit(Request req, EventSink sink) {
     return refuse(ErrorCode::kInvalidRequest, "top_p must be in (0, 1]");
   if (sp.top_k < 0) return refuse(ErrorCode::kInvalidRequest, "top_k must be >= 0");
   if (req.max_tokens < 1) return refuse(ErrorCode::kInvalidRequest, "max_tokens must be >= 1");
+  if (req.cached_tokens < 0 || req.cached_tokens >= n ||
+      (req.cached_tokens > 0 && (!req.initial_state || req.initial_state->pos != req.cached_tokens)))
+    return refuse(ErrorCode::kInvalidRequest,
+                  detail::concat("cached_tokens ", req.cached_tokens,
+                                 " needs a state at that position and fewer than the prompt's ", n,
+                                 " tokens"));
   if (n >= opt_.max_context)
     return refuse(ErrorCode::kContextExceeded,
                   detail::concat("the prompt has ", n, " tokens but this server's context holds ",
@@ -261,7 +268,13 @@ void Engine::loop() {
     }
     for (auto& s : running_) {
       if (s->started || s->done) continue;
-      s->state = backend_.new_sequence();
+      if (s->req.cached_tokens > 0) {
+        s->state = *s->req.initial_state;
+        s->prefilled = s->req.cached_tokens;
+        s->req.initial_state.reset();
+      } else {
+        s->state = backend_.new_sequence();
+      }
       s->started = true;
     }
     for (auto& s : running_) {
@@ -329,9 +342,11 @@ void Engine::step(std::vector<Sequence*>& batch) {
       s.prefilled += static_cast<int64_t>(items[i].tokens.size());
       prompt_tokens += items[i].tokens.size();
       if (!s.decoding()) continue;  // more prompt to go: no logits this step
+      if (s.req.on_state && s.req.snapshot_prompt) s.req.on_state(s.req.prompt, s.state);
     }
     const int32_t tok = s.sampler.sample(logits_[i]);
     s.last = tok;
+    if (s.req.on_state) s.out.push_back(tok);
     ++s.generated;
     ++generated;
     const bool is_stop = (!s.req.ignore_eos && tok == eos) ||
@@ -348,6 +363,12 @@ void Engine::step(std::vector<Sequence*>& batch) {
       ev.finish = is_stop ? FinishReason::kStop : FinishReason::kLength;
       ev.ends_with_stop_token = is_stop;
       s.done = true;
+      if (s.req.on_state) {
+        // The last sampled token was never fed: the state has consumed everything before it.
+        std::vector<int32_t> seen = s.req.prompt;
+        seen.insert(seen.end(), s.out.begin(), s.out.end() - 1);
+        s.req.on_state(std::move(seen), std::move(s.state));
+      }
       s.state = SequenceState{};
     }
     events.emplace_back(&s, std::move(ev));

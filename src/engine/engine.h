@@ -45,6 +45,17 @@ struct Request {
   int64_t max_tokens = 256;  // clamped to what the context leaves; the finish is then kLength
   bool ignore_eos = false;
   std::vector<int32_t> stop_token_ids;  // in addition to EOS
+
+  // Conversation cache (src/cluster). A state that has consumed prompt[0, cached_tokens): the
+  // sequence starts from a copy of it and prefills only the rest. cached_tokens < prompt.size(),
+  // so at least one token is fed and the first logits come from a real step.
+  std::shared_ptr<const SequenceState> initial_state{};
+  int64_t cached_tokens = 0;
+  // Called on the scheduler thread with the tokens a state has consumed and the state itself:
+  // once when the prompt is consumed (a copy; only with snapshot_prompt) and once when the
+  // sequence ends with stop or length (the final state, moved). It must return quickly.
+  std::function<void(std::vector<int32_t> tokens, SequenceState state)> on_state{};
+  bool snapshot_prompt = false;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
