@@ -4,12 +4,13 @@
     python3 bench/serve_bench.py --serve build/bin/serve --ckpt build/test-tiny-ckpt \
         [--streams 1,8,32] [--tokens 64] [--hold 1000]
 
-Overhead. serve runs with --threads 1: two threads, the I/O thread (HTTP, JSON, rendering and
-tokenizing the prompt, detokenizing, parsing, SSE) and the scheduler thread, which runs the
-backend's forward inline and measures that forward's CPU time (dsuf:engine_forward_cpu_seconds_total).
-Per streamed token the bench reports the I/O thread's CPU time ("http") and the scheduler's CPU
-time outside the forward ("engine": sampling over the 129,280 logits, batching, bookkeeping), both
-read from /proc/<pid>/task/<tid>/schedstat in nanoseconds, in the same run as the forward time.
+Overhead. serve runs with --threads 1: the I/O thread (HTTP, JSON, detokenizing, parsing, SSE), the
+preparation thread (parsing the body, rendering and tokenizing the prompt) and the scheduler
+thread, which runs the backend's forward inline and measures that forward's CPU time
+(dsuf:engine_forward_cpu_seconds_total). Per streamed token the bench reports the first two
+threads' CPU time ("http") and the scheduler's CPU time outside the forward ("engine": sampling
+over the 129,280 logits, batching, bookkeeping), read from /proc/<pid>/task/<tid>/schedstat in
+nanoseconds, in the same run as the forward time.
 
 Held. N streams are opened at once with a batch of 8, so all but 8 wait in the queue holding an
 open SSE connection; the bench checks the server reports all N as running or waiting, records its
@@ -71,12 +72,23 @@ def metrics(port):
 
 
 def thread_cpu(pid):
-    """CPU seconds per thread, from schedstat (nanoseconds; /proc/*/stat only has 10 ms ticks)."""
-    out = {}
+    """CPU seconds per thread: (server side, scheduler side), from schedstat (nanoseconds;
+    /proc/*/stat only has 10 ms ticks). The server side is the I/O thread (the main thread) and the
+    request-preparation thread ("dsuf-prepare"); every other thread is the engine's."""
+    server = engine = 0.0
     for tid in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-            out[int(tid)] = int(f.read().split()[0]) / 1e9
-    return out
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                t = int(f.read().split()[0]) / 1e9
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except FileNotFoundError:
+            continue
+        if int(tid) == pid or name == "dsuf-prepare":
+            server += t
+        else:
+            engine += t
+    return server, engine
 
 
 def proc_status(pid):
@@ -130,10 +142,10 @@ def overhead(args):
             m1, c1 = metrics(port), thread_cpu(p.pid)
             tokens = m1["vllm:generation_tokens_total"] - m0["vllm:generation_tokens_total"]
             fwd = m1["dsuf:engine_forward_cpu_seconds_total"] - m0["dsuf:engine_forward_cpu_seconds_total"]
-            # The main thread runs the I/O context (HTTP, JSON, prompt rendering, detokenizing,
-            # parsing); the other one is the scheduler (forward, sampling, bookkeeping).
-            io = c1[p.pid] - c0[p.pid]
-            sched = sum(c1[t] - c0.get(t, 0) for t in c1 if t != p.pid)
+            # Server side: HTTP, JSON, rendering and tokenizing the prompt, detokenizing, parsing.
+            # Engine side: the scheduler (forward, sampling, bookkeeping).
+            io = c1[0] - c0[0]
+            sched = c1[1] - c0[1]
             rows.append((s, tokens, wall, io + sched, fwd, io / tokens, (sched - fwd) / tokens,
                          statistics.median(gaps) if gaps else 0))
         finally:

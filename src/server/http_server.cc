@@ -3,6 +3,7 @@
 // per-request state below is touched by the I/O thread alone.
 #include "server/http_server.h"
 
+#include <pthread.h>
 #include <chrono>
 #include <cstdio>
 #include <deque>
@@ -511,7 +512,10 @@ struct HttpServer::Impl {
 };
 
 HttpServer::HttpServer(ServerOptions options, Metrics& metrics)
-    : impl_(std::make_unique<Impl>(std::move(options), metrics)) {}
+    : impl_(std::make_unique<Impl>(std::move(options), metrics)) {
+  // Named, so profilers and bench/serve_bench.py can tell it from the scheduler thread.
+  asio::post(impl_->prep_pool, [] { pthread_setname_np(pthread_self(), "dsuf-prepare"); });
+}
 HttpServer::~HttpServer() = default;
 
 uint16_t HttpServer::listen() {
