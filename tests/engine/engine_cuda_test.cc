@@ -15,6 +15,7 @@ using testing::tiny_model;
 
 constexpr int kBatch = 4;
 constexpr int64_t kContext = 512;
+constexpr std::chrono::milliseconds kWait{60000};  // a hang fails the test instead of stalling
 
 Backend& cuda() {
   static std::unique_ptr<Backend> b = make_backend(tiny_model(), compressed_ids(),
@@ -74,7 +75,7 @@ TEST(EngineOnCuda, BatchedStepsEqualTheCpuReferenceAlone) {
   for (auto& c : cases) ASSERT_TRUE(engine.submit(request(c.prompt, c.n, c.sp), c.q.sink()));
   for (size_t i = 0; i < cases.size(); ++i) {
     TokenEvent fin;
-    const auto got = cases[i].q.collect(&fin);
+    const auto got = cases[i].q.collect(&fin, kWait);
     ASSERT_EQ(fin.finish, FinishReason::kLength) << fin.message;
     EXPECT_EQ(got, cpu_alone(cases[i].prompt, cases[i].n, cases[i].sp)) << "request " << i;
   }
@@ -96,20 +97,20 @@ TEST(EngineOnCuda, CancelledAndFinishedSequencesGiveTheirPoolsBack) {
     }
     for (int i = 0; i < kBatch; ++i) {
       TokenEvent ev;
-      ASSERT_TRUE(qs[i].next(ev));
+      ASSERT_TRUE(qs[i].next(ev, kWait));
       if (i % 2) engine.cancel(ids[i]);
     }
     for (int i = 0; i < kBatch; ++i) {
       if (i % 2 == 0) engine.cancel(ids[i]);  // the rest too, a little later
       TokenEvent fin;
-      qs[i].collect(&fin);
+      qs[i].collect(&fin, kWait);
       EXPECT_EQ(fin.finish, FinishReason::kCancelled) << fin.message;
     }
   }
   EventQueue q;
   ASSERT_TRUE(engine.submit(request({5, 6, 7}, 4), q.sink()));
   TokenEvent fin;
-  EXPECT_EQ(q.collect(&fin), cpu_alone({5, 6, 7}, 4, {}));
+  EXPECT_EQ(q.collect(&fin, kWait), cpu_alone({5, 6, 7}, 4, {}));
 }
 
 }  // namespace
