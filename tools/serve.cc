@@ -19,6 +19,9 @@
 #include "server/http_server.h"
 #include "text/engram_ids.h"
 #include "text/tokenizer.h"
+#ifdef DSUF_HAVE_CLUSTER
+#include "cluster/conversation_cache.h"
+#endif
 
 namespace {
 
@@ -35,6 +38,9 @@ struct Args {
   dsuf::EngineOptions engine;
   std::string model_name = "deepseek-v4-flash";
   int threads = 0;
+  double host_cache_gb = 4;  // 0: no conversation cache
+  std::string replica_id, transfer_host = "127.0.0.1", advertise_host;
+  int transfer_port = 0, max_outbound = 4;
 };
 
 const char* kUsage =
@@ -57,7 +63,16 @@ const char* kUsage =
     "  --max-context N    prompt + generated tokens per request (default: the model's, at most "
     "65536)\n"
     "  --max-waiting N    queued requests before 429 (default 1024)\n"
-    "Environment: DSUF_REDIS_URL (conversation cache; read, not used yet).\n";
+    "  --host-cache-gb G  host RAM for finished conversations' states, LRU (default 4; 0: off)\n"
+    "  --replica-id ID    this replica's name in Redis (default: hostname-pid)\n"
+    "  --transfer-host A  address the state-transfer server binds (default 127.0.0.1)\n"
+    "  --transfer-port N  its port (default 0: any free port)\n"
+    "  --advertise-host A the address peers dial for transfers (default: --transfer-host)\n"
+    "  --max-outbound-transfers N  states sent at once before peers are told to recompute "
+    "(default 4)\n"
+    "Environment: DSUF_REDIS_URL=redis://host:port shares conversation ownership across "
+    "replicas\n"
+    "(unset: each replica caches only its own conversations).\n";
 
 long long int_arg(const std::string& k, const std::string& v, long long lo, long long hi) {
   char* end = nullptr;
@@ -119,6 +134,22 @@ Args parse(int argc, char** argv) {
       a.server.drain_timeout_s = secs_arg(k, value());
     else if (k == "--keepalive")
       a.server.keepalive_s = secs_arg(k, value());
+    else if (k == "--host-cache-gb") {
+      const std::string v = value();
+      char* end = nullptr;
+      a.host_cache_gb = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end || !(a.host_cache_gb >= 0) || a.host_cache_gb > 1e5)
+        fail("--host-cache-gb: expected a number of GiB >= 0, got '", v, "'");
+    } else if (k == "--replica-id")
+      a.replica_id = value();
+    else if (k == "--transfer-host")
+      a.transfer_host = value();
+    else if (k == "--transfer-port")
+      a.transfer_port = static_cast<int>(int_arg(k, value(), 0, 65535));
+    else if (k == "--advertise-host")
+      a.advertise_host = value();
+    else if (k == "--max-outbound-transfers")
+      a.max_outbound = static_cast<int>(int_arg(k, value(), 0, 4096));
     else if (k == "--help" || k == "-h") {
       std::fputs(kUsage, stdout);
       std::exit(0);
@@ -183,7 +214,10 @@ struct Loaded {
   std::unique_ptr<dsuf::Backend> backend;
   std::unique_ptr<dsuf::Engine> engine;
   std::shared_ptr<dsuf::server::ChatService> service;
+  std::shared_ptr<dsuf::PromptCache> cache;
 };
+
+void attach_cache(const Args& a, const dsuf::Backend& backend, Loaded& out);
 
 void load(const Args& a, const std::string& ckpt, Loaded& out) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -225,6 +259,7 @@ void load(const Args& a, const std::string& ckpt, Loaded& out) {
                                .created = static_cast<int64_t>(std::time(nullptr)),
                                .max_context = eo.max_context};
   out.service = std::make_shared<dsuf::server::ChatService>(*out.engine, *out.tokenizer, info);
+  attach_cache(a, *out.backend, out);
   std::fprintf(
       stderr,
       "serve: ready: %s on the %s backend, max batch %d, context %lld, state budget %.1f MiB, "
@@ -234,15 +269,45 @@ void load(const Args& a, const std::string& ckpt, Loaded& out) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
+// The conversation cache needs the host pools of a finished state; the CPU backend keeps them
+// current, the CUDA backend only after a download the engine hook does not do yet.
+void attach_cache(const Args& a, const dsuf::Backend& backend, Loaded& out) {
+  const char* redis = std::getenv("DSUF_REDIS_URL");
+  if (a.host_cache_gb <= 0) return;
+#ifdef DSUF_HAVE_CLUSTER
+  if (!a.gpus.empty()) {
+    std::fprintf(stderr, "serve: conversation cache off: not wired for the CUDA backend yet\n");
+    return;
+  }
+  const char* fault = std::getenv("DSUF_TRANSFER_FAULT");
+  dsuf::cluster::CacheOptions co;
+  co.capacity_bytes = static_cast<size_t>(a.host_cache_gb * 1073741824.0);
+  co.model_id = a.model_name;
+  co.redis_url = redis ? redis : "";
+  co.replica_id = a.replica_id;
+  co.transfer_host = a.transfer_host;
+  co.transfer_port = static_cast<uint16_t>(a.transfer_port);
+  co.advertise_host = a.advertise_host;
+  co.max_outbound = a.max_outbound;
+  co.fault = fault ? fault : "";
+  auto cache = std::make_shared<dsuf::cluster::ConversationCache>(backend.layout(), co);
+  std::fprintf(stderr, "serve: conversation cache %.2f GiB, transfers on %s:%u, redis %s\n",
+               a.host_cache_gb, a.transfer_host.c_str(), cache->transfer_port(),
+               co.redis_url.empty() ? "off (local only)" : co.redis_url.c_str());
+  out.cache = cache;
+  out.service->set_cache(cache);
+#else
+  (void)backend;
+  (void)out;
+  if (redis && *redis)
+    std::fprintf(stderr, "serve: DSUF_REDIS_URL is set but this build has no src/cluster\n");
+#endif
+}
+
 int serve_main(int argc, char** argv) {
   const Args a = parse(argc, argv);
   std::string ckpt = a.ckpt;
   if (a.demo) ckpt = demo_checkpoint(a.ckpt_given ? a.ckpt : "");
-  if (const char* redis = std::getenv("DSUF_REDIS_URL"); redis && *redis)
-    std::fprintf(stderr,
-                 "serve: DSUF_REDIS_URL=%s (the conversation cache is not built yet; ignored)\n",
-                 redis);
-
   dsuf::server::Metrics metrics(a.model_name);
   dsuf::server::HttpServer server(a.server, metrics);
   const uint16_t port = server.listen();
@@ -256,6 +321,11 @@ int serve_main(int argc, char** argv) {
   std::thread loader([&] {
     try {
       load(a, ckpt, loaded);
+      if (loaded.cache)
+        metrics.set_extra([c = std::weak_ptr(loaded.cache)] {
+          auto p = c.lock();
+          return p ? p->metrics_text() : std::string();
+        });
       server.set_service(loaded.service);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "serve: error: %s\n", e.what());
@@ -267,7 +337,8 @@ int serve_main(int argc, char** argv) {
   loader.join();
   const bool failed = loaded.service == nullptr;
   loaded.service.reset();
-  loaded.engine.reset();
+  loaded.engine.reset();  // its last states reach the cache first
+  loaded.cache.reset();
   std::fprintf(stderr, "serve: stopped\n");
   return failed ? 1 : 0;
 }

@@ -41,6 +41,21 @@ PreparedChat ChatService::prepare(std::string_view body) const {
   return p;
 }
 
+std::string session_id(std::string_view harness_header, std::string_view generic_header) {
+  std::string_view v = !harness_header.empty() ? harness_header : generic_header;
+  if (v.size() > 256) return {};
+  return std::string(v);
+}
+
+void ChatService::attach_cache(PreparedChat& p) const {
+  if (!cache_) return;
+  CachedPrefix hit = cache_->lookup(p.session, p.prompt);
+  p.cache_tier = hit.tier;
+  if (!hit.state) return;
+  p.cached_state = std::move(hit.state);
+  p.cached_tokens = hit.tokens;
+}
+
 ApiError api_error(const Admission& a) {
   switch (a.error) {
     case ErrorCode::kInvalidRequest:
@@ -73,6 +88,17 @@ uint64_t ChatService::submit(const PreparedChat& p, EventSink sink) {
   // send 256000 by default.
   r.max_tokens = std::min(p.call.max_tokens.value_or(room), room);
   r.ignore_eos = p.call.ignore_eos;
+  if (cache_) {
+    r.initial_state = p.cached_state;
+    r.cached_tokens = p.cached_state ? p.cached_tokens : 0;
+    // The state at the end of the prompt is kept as well as the final one: a client's next turn
+    // re-renders the reply, and only the prompt part is sure to come back token for token.
+    r.snapshot_prompt = true;
+    r.on_state = [cache = cache_, session = p.session](std::vector<int32_t> tokens,
+                                                       SequenceState state) {
+      cache->store(session, std::move(tokens), std::move(state));
+    };
+  }
   Admission a = engine_.submit(std::move(r), std::move(sink));
   if (!a) throw api_error(a);
   return a.id;
@@ -102,7 +128,8 @@ ChatStream::ChatStream(const text::Tokenizer& tok, const PreparedChat& p, ChunkH
       include_usage_(p.call.include_usage),
       thinking_(p.thinking_prompt),
       in_reasoning_(p.thinking_prompt),
-      prompt_tokens_(static_cast<int64_t>(p.prompt.size())) {}
+      prompt_tokens_(static_cast<int64_t>(p.prompt.size())),
+      cached_tokens_(p.cached_state ? p.cached_tokens : 0) {}
 
 std::string ChatStream::open() {
   Json delta = {{"role", "assistant"}, {"content", ""}};
@@ -154,7 +181,8 @@ std::string ChatStream::finish(const std::string& reason) {
               {"model", header_.model},
               {"system_fingerprint", "dsuf"},
               {"choices", Json::array()},
-              {"usage", usage_json(prompt_tokens_, completion_tokens_, reasoning_tokens_, 0)}};
+              {"usage",
+               usage_json(prompt_tokens_, completion_tokens_, reasoning_tokens_, cached_tokens_)}};
     out += sse(u);
   }
   out += "data: [DONE]\n\n";
@@ -216,16 +244,17 @@ std::string ChatStream::response_body() const {
                     {"function", {{"name", calls_[i].name}, {"arguments", calls_[i].args}}}});
     msg["tool_calls"] = tc;
   }
-  Json body = {{"id", header_.id},
-               {"object", "chat.completion"},
-               {"created", header_.created},
-               {"model", header_.model},
-               {"system_fingerprint", "dsuf"},
-               {"choices", Json::array({{{"index", 0},
-                                         {"message", msg},
-                                         {"logprobs", nullptr},
-                                         {"finish_reason", finish_reason_}}})},
-               {"usage", usage_json(prompt_tokens_, completion_tokens_, reasoning_tokens_, 0)}};
+  Json body = {
+      {"id", header_.id},
+      {"object", "chat.completion"},
+      {"created", header_.created},
+      {"model", header_.model},
+      {"system_fingerprint", "dsuf"},
+      {"choices", Json::array({{{"index", 0},
+                                {"message", msg},
+                                {"logprobs", nullptr},
+                                {"finish_reason", finish_reason_}}})},
+      {"usage", usage_json(prompt_tokens_, completion_tokens_, reasoning_tokens_, cached_tokens_)}};
   return dump(body);
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/prompt_cache.h"
 #include "server/metrics.h"
 #include "server/openai.h"
 #include "text/chat_encoder.h"
@@ -25,7 +26,16 @@ struct PreparedChat {
   bool thinking_prompt = false;   // the prompt ends with <think>: output starts as reasoning
   bool continuation = false;      // the last message is an assistant prefix being continued
   bool opens_tool_calls = false;  // the prompt opened the DSML call block (tool_choice required)
+  // Conversation cache: the client's session id (header), and what attach_cache found.
+  std::string session;
+  std::shared_ptr<const SequenceState> cached_state;
+  int64_t cached_tokens = 0;
+  std::string cache_tier;
 };
+
+// The session id a client sent (x-deepseek-harness-session-id, else x-session-id); "" when none
+// or when it is longer than 256 bytes (a key, not a payload).
+std::string session_id(std::string_view harness_header, std::string_view generic_header);
 
 class ChatService {
  public:
@@ -33,6 +43,11 @@ class ChatService {
 
   // Parses, validates and renders; throws ApiError.
   PreparedChat prepare(std::string_view body) const;
+  // The conversation cache, when this replica has one (serve wires it before requests arrive).
+  void set_cache(std::shared_ptr<PromptCache> cache) { cache_ = std::move(cache); }
+  bool has_cache() const { return cache_ != nullptr; }
+  // Looks the prompt up (may pull from a peer: call it off the I/O thread); never throws.
+  void attach_cache(PreparedChat& p) const;
   // Submits to the engine; a refusal becomes the ApiError the client gets.
   uint64_t submit(const PreparedChat& p, EventSink sink);
   void cancel(uint64_t id) { engine_.cancel(id); }
@@ -46,6 +61,7 @@ class ChatService {
   const text::Tokenizer& tok_;
   text::ChatEncoder encoder_;
   ModelInfo model_;
+  std::shared_ptr<PromptCache> cache_;
 };
 
 ApiError api_error(const Admission& a);
@@ -83,7 +99,7 @@ class ChatStream {
   bool done_ = false, wants_cancel_ = false;
   std::string finish_reason_;
   ApiError error_;
-  int64_t prompt_tokens_ = 0, completion_tokens_ = 0, reasoning_tokens_ = 0;
+  int64_t prompt_tokens_ = 0, completion_tokens_ = 0, reasoning_tokens_ = 0, cached_tokens_ = 0;
   // Non-streaming accumulation.
   std::string reasoning_, content_;
   struct Call {

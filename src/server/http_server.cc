@@ -102,6 +102,9 @@ struct HttpServer::Impl {
   Metrics& metrics;
   asio::io_context ioc{1};
   asio::thread_pool prep_pool{1};  // request parsing and prompt rendering, off the I/O thread
+  // Conversation-cache lookups: a pull from a peer can take up to its timeout, so it gets threads
+  // of its own rather than holding up parsing.
+  asio::thread_pool cache_pool{4};
   tcp::acceptor acceptor{ioc};
   asio::signal_set signals{ioc, SIGTERM, SIGINT};
   std::mutex mu;
@@ -293,6 +296,15 @@ struct HttpServer::Impl {
       log_refusal(*refused);
       co_return co_await send_error(sock, v, ka, *refused);
     }
+    p.session = session_id(req["x-deepseek-harness-session-id"], req["x-session-id"]);
+    if (s->has_cache())
+      co_await asio::co_spawn(
+          cache_pool,
+          [&]() -> awaitable<void> {
+            s->attach_cache(p);
+            co_return;
+          },
+          use_awaitable);
     if (!p.call.seed_given)
       p.call.sampling.seed = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
 

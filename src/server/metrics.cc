@@ -111,6 +111,7 @@ std::string Metrics::render(const EngineStats& s) const {
        "CPU time of the scheduler thread inside the backend's forward (all of it with --threads "
        "1).");
   o += "dsuf:engine_forward_cpu_seconds_total " + num(s.forward_cpu_seconds) + "\n";
+  if (extra_) o += extra_();  // mu_ is held from above
   return o;
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -38,12 +39,18 @@ class Metrics {
   std::atomic<uint64_t> disconnects{0};
 
   std::string render(const EngineStats& engine) const;
+  // More exposition text appended to render()'s (the conversation cache's).
+  void set_extra(std::function<std::string()> f) {
+    std::lock_guard lk(mu_);
+    extra_ = std::move(f);
+  }
 
  private:
   std::string labels_;
   mutable std::mutex mu_;
   std::map<std::string, uint64_t> finished_;
   std::map<int, uint64_t> http_;
+  std::function<std::string()> extra_;  // guarded by mu_
 };
 
 }  // namespace dsuf::server
