@@ -137,7 +137,7 @@ Bytes count_bytes(const dsuf::ModelConfig& cfg, int B, int64_t ctx) {
 
 int main(int argc, char** argv) {
   try {
-    int experts = 96, steps = 50, device = 0;
+    int experts = 96, steps = 50, device = 0, warmup = 3;
     int64_t engram_vocab = 1000000;
     std::vector<int64_t> contexts = {8192, 131072, 1048576 - 64}, batches = {1, 4, 16, 64};
     for (int i = 1; i < argc; ++i) {
@@ -145,6 +145,7 @@ int main(int argc, char** argv) {
       auto v = [&] { return i + 1 < argc ? std::string(argv[++i]) : (dsuf::fail(a, " needs a value"), std::string()); };
       if (a == "--experts") experts = std::stoi(v());
       else if (a == "--steps") steps = std::stoi(v());
+      else if (a == "--warmup") warmup = std::stoi(v());
       else if (a == "--device") device = std::stoi(v());
       else if (a == "--engram-vocab") engram_vocab = std::stoll(v());
       else if (a == "--contexts") contexts = dsuf::parse_int_list(v(), "--contexts", 1, int64_t(1) << 20);
@@ -193,7 +194,7 @@ int main(int argc, char** argv) {
         std::vector<int32_t> tok(B);
         std::vector<std::vector<float>> logits(B);
         std::vector<double> wall, gpu;
-        for (int s = 0; s < steps + 3; ++s) {
+        for (int s = 0; s < steps + warmup; ++s) {
           std::vector<dsuf::ForwardItem> items;
           for (int64_t b = 0; b < B; ++b) {
             tok[b] = int32_t((s * 7919 + b * 104729) % 120000) + 3;  // fresh tokens: varied routing
@@ -203,7 +204,7 @@ int main(int argc, char** argv) {
           auto t0 = std::chrono::steady_clock::now();
           be.forward(items);
           const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-          if (s >= 3) wall.push_back(ms), gpu.push_back(be.last_graph_ms());
+          if (s >= warmup) wall.push_back(ms), gpu.push_back(be.last_graph_ms());
         }
         const Bytes by = count_bytes(cfg, int(B), ctx);
         const double bound_ms = by.device() / bw * 1e3, gms = median(gpu), wms = median(wall);

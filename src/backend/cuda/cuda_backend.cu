@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 
@@ -107,7 +108,7 @@ struct CudaBackend::Impl {
   // Workspace, sized for opt.max_chunk rows.
   struct {
     float *X, *pre, *mix_a, *mix_f, *u, *xn, *y, *xq, *sa, *xq2, *sa2, *tmp, *q_lat, *q, *kvw, *ag, *o, *zg, *qi, *wts,
-        *scores, *bscores, *router, *rw, *h1, *h3, *ye, *ys, *h1s, *h3s, *emb, *ekv, *logits;
+        *scores, *bscores, *router, *rw, *h1, *h3, *ye, *ys, *h1s, *h3s, *emb, *ekv, *logits, *keys;
     int32_t *sel, *cand, *ids;
     uint8_t* cand_mask;
   } ws{};
@@ -361,12 +362,12 @@ namespace {
 // one list serves the allocation and the memory plan.
 struct WorkspaceSizes {
   int64_t X, pre, mix, vecD, xq, sa, tmp, q_lat, q, kvw, ag, o, zg, qi, wts, scores, bscores, sel, cand, cand_mask,
-      router, ids, h, ye, hs, emb, ekv, logits;
+      router, ids, h, ye, hs, emb, ekv, logits, keys;
   int64_t score_stride, bscore_stride;
   size_t bytes() const {
     const int64_t floats = X + pre + 2 * mix + 3 * vecD + 2 * xq + 2 * sa + tmp + q_lat + q + kvw + ag + o + zg + qi +
                            wts + scores + bscores + router + ids /*rw*/ + 2 * h + ye + vecD /*ys*/ + 2 * hs + emb + ekv +
-                           logits;
+                           logits + keys;
     return size_t(floats) * 4 + size_t(sel + cand + ids) * 4 + size_t(cand_mask);
   }
 };
@@ -386,6 +387,7 @@ WorkspaceSizes workspace_sizes(const TextConfig& t, int64_t N, int64_t max_conte
   w.sel = N * t.index_topk, w.cand = N * t.candidate_topk_blocks, w.cand_mask = N * w.bscore_stride;
   w.router = N * E, w.ids = N * K, w.h = N * K * F, w.ye = N * K * D, w.hs = N * F;
   w.emb = N * std::max<int64_t>(R * ehd, 1), w.ekv = N * (hc + 1) * D, w.logits = N * t.vocab_size;
+  w.keys = N * (t.sliding_window + t.index_topk) * hd;
   return w;
 }
 }  // namespace
@@ -441,6 +443,7 @@ void CudaBackend::Impl::alloc_workspace() {
   ws.sel = alloc<int32_t>(w.sel), ws.cand = alloc<int32_t>(w.cand), ws.cand_mask = alloc<uint8_t>(w.cand_mask);
   ws.router = alloc<float>(w.router), ws.ids = alloc<int32_t>(w.ids), ws.rw = alloc<float>(w.ids);
   ws.h1 = alloc<float>(w.h), ws.h3 = alloc<float>(w.h), ws.ye = alloc<float>(w.ye), ws.ys = alloc<float>(w.vecD);
+  ws.keys = alloc<float>(w.keys);
   ws.h1s = alloc<float>(w.hs), ws.h3s = alloc<float>(w.hs), ws.emb = alloc<float>(w.emb), ws.ekv = alloc<float>(w.ekv);
   logits_rows = max_rows;
   ws.logits = alloc<float>(w.logits);
@@ -669,8 +672,8 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
 
   cuda::AttentionArgs aa{.q = ws.q, .kv_chunk = ws.kvw, .meta = st.meta, .seqs = st.seqtab, .layer = l,
                          .src = ratio > 0 ? slot : -1, .sel = ratio > 0 ? ws.sel : nullptr,
-                         .sel_stride = t.index_topk, .sink = d.sink, .out = ws.o, .rows = n, .H = H, .W = W, .hd = hd,
-                         .r = r};
+                         .sel_stride = t.index_topk, .sink = d.sink, .out = ws.o, .keys = ws.keys,
+                         .kmax = W + t.index_topk, .rows = n, .H = H, .W = W, .hd = hd, .r = r};
   cuda::attention(aa, stream);
   cuda::rope(ws.o, n, H, hd, cs, half, -1.0f, r, stream);
   const int64_t gin = (H / G) * hd;
@@ -849,6 +852,7 @@ void check_fits(const ModelConfig& cfg, const CudaOptions& opt) {
 
 CudaBackend::CudaBackend(const LoadedModel& model, std::vector<int32_t> compressed_ids, CudaOptions opt)
     : impl_(std::make_unique<Impl>(model.config, &model, std::move(compressed_ids), opt)) {
+  if (const char* g = std::getenv("DSUF_CUDA_GRAPHS")) impl_->use_graphs = std::string(g) != "0";  // profiling
   check_fits(model.config, opt);  // plan first: refuse before uploading anything
   impl_->load(0);
 }
@@ -856,6 +860,7 @@ CudaBackend::CudaBackend(const LoadedModel& model, std::vector<int32_t> compress
 CudaBackend::CudaBackend(const ModelConfig& config, std::vector<int32_t> compressed_ids, CudaOptions opt,
                          uint64_t seed)
     : impl_(std::make_unique<Impl>(config, nullptr, std::move(compressed_ids), opt)) {
+  if (const char* g = std::getenv("DSUF_CUDA_GRAPHS")) impl_->use_graphs = std::string(g) != "0";  // profiling
   check_fits(config, opt);
   impl_->load(seed);
 }

@@ -124,27 +124,31 @@ __global__ void k_embed(const int32_t* tok, const uint16_t* table, int64_t D, in
   if (threadIdx.x < hc) pre[i * hc + threadIdx.x] = threadIdx.x == 0 ? 1.0f : 0.0f;
 }
 
-__global__ void k_hc_mix(const float* fn, const float* base, const float* scale, const float* X, int hc, int64_t D,
-                         float norm_eps, int iters, float hc_eps, float* out) {
-  const int i = blockIdx.x;
+// mHC mix, step 1: one block per (mix row m, token): mix = (fn_m · x̄)·rsqrt(mean(x̄²)+eps). Every block
+// recomputes the same canonical sum of squares, so all rows use the same bits.
+__global__ void k_hc_mix_dots(const float* fn, const float* X, int hc, int64_t D, float norm_eps, float* out) {
+  const int m = blockIdx.x, i = blockIdx.y;
   const int64_t N = hc * D;
   const float* x = X + int64_t(i) * N;
   float ss = 0.0f;
   for (int64_t j = threadIdx.x; j < N; j += blockDim.x) ss += x[j] * x[j];
   ss = block_sum(ss);
   const float rinv = 1.0f / sqrtf(ss / float(N) + norm_eps);
-  const int M = (2 + hc) * hc;
-  __shared__ float mix[80];
-  for (int m = 0; m < M; ++m) {
-    float acc = 0.0f;
-    const float* f = fn + int64_t(m) * N;
-    for (int64_t j = threadIdx.x; j < N; j += blockDim.x) acc += f[j] * x[j];
-    acc = block_sum(acc);
-    if (threadIdx.x == 0) mix[m] = acc * rinv;
-  }
-  __syncthreads();
-  if (threadIdx.x != 0) return;
+  const float* f = fn + int64_t(m) * N;
+  float acc = 0.0f;
+  for (int64_t j = threadIdx.x; j < N; j += blockDim.x) acc += f[j] * x[j];
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) out[int64_t(i) * hc_mix_stride(hc) + m] = acc * rinv;
+}
+
+// Step 2, one thread per token: pre, post and the Sinkhorn-normalized combination, in place.
+__global__ void k_hc_mix_finish(const float* base, const float* scale, int n, int hc, int iters, float hc_eps,
+                                float* out) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float mix[80];
   float* o = out + int64_t(i) * hc_mix_stride(hc);
+  for (int m = 0; m < hc_mix_stride(hc); ++m) mix[m] = o[m];
   float* C = o + 2 * hc;
   for (int k = 0; k < hc; ++k) {
     o[k] = det::sigmoid(mix[k] * scale[0] + base[k]) + hc_eps;
@@ -229,21 +233,33 @@ __global__ void k_act_quant(const float* x, int64_t blocks, bool on, float* xq, 
 }
 
 // One warp per (row, output); lanes take whole 32-blocks of K.
+// One block per (row, 8 outputs): the row's activation and scales are staged in shared memory once;
+// each warp takes one output, its lanes whole 32-blocks of K read as two 16-byte loads. The
+// arithmetic order is the canonical one (core/detmath.h), so the result is the reference's.
 __global__ void k_fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const float* xq,
                              const float* sa, int64_t x_stride, float* y, int64_t y_stride, bool r) {
-  const int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  const int row = blockIdx.y, lane = threadIdx.x % 32;
-  if (o >= out) return;
+  extern __shared__ float xs[];  // [K] values then [K/32] scales
   const int64_t nb = K / 32;
-  const uint8_t* wr = W + o * K;
-  const uint8_t* sr = Ws + (o / 32) * nb;
+  const int row = blockIdx.y, lane = threadIdx.x % 32;
   const float* xr = xq + int64_t(row) * x_stride;
   const float* sr_a = sa + int64_t(row) * (x_stride / 32);
+  for (int64_t k = threadIdx.x; k < K; k += blockDim.x) xs[k] = xr[k];
+  for (int64_t k = threadIdx.x; k < nb; k += blockDim.x) xs[K + k] = sr_a[k];
+  __syncthreads();
+  const int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (o >= out) return;
+  const uint8_t* wr = W + o * K;
+  const uint8_t* sr = Ws + (o / 32) * nb;
   float acc = 0.0f;
   for (int64_t kb = lane; kb < nb; kb += 32) {
+    const uint4 w0 = *reinterpret_cast<const uint4*>(wr + kb * 32);
+    const uint4 w1 = *reinterpret_cast<const uint4*>(wr + kb * 32 + 16);
+    const uint32_t words[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+    const float* xb = xs + kb * 32;
     float part = 0.0f;
-    for (int k = 0; k < 32; ++k) part += xr[kb * 32 + k] * c_e4m3[wr[kb * 32 + k]];
-    acc += part * (sr_a[kb] * e8m0(sr[kb]));
+#pragma unroll
+    for (int k = 0; k < 32; ++k) part += xb[k] * c_e4m3[(words[k / 4] >> (8 * (k % 4))) & 0xff];
+    acc += part * (xs[K + kb] * e8m0(sr[kb]));
   }
   acc = warp_sum(acc);
   if (lane == 0) y[int64_t(row) * y_stride + o] = rb(acc, r);
@@ -252,23 +268,31 @@ __global__ void k_fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, i
 __global__ void k_fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids,
                                      int64_t out, int64_t K, const float* xq, const float* sa, int x_div, float* y,
                                      bool r) {
-  const int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  extern __shared__ float xs[];  // [K] values then [K/32] scales of this row's input
   const int row = blockIdx.y, lane = threadIdx.x % 32;
-  if (o >= out) return;
-  const int e = ids ? ids[row] : 0;
   const int64_t nb = K / 32;
-  const uint8_t* wr = W[e] + o * (K / 2);
-  const uint8_t* sr = Ws[e] + o * nb;
   const int xrow = row / x_div;
   const float* xr = xq + int64_t(xrow) * K;
+  for (int64_t k = threadIdx.x; k < K; k += blockDim.x) xs[k] = xr[k];
+  for (int64_t k = threadIdx.x; k < nb; k += blockDim.x) xs[K + k] = sa[int64_t(xrow) * nb + k];
+  __syncthreads();
+  const int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (o >= out) return;
+  const int e = ids ? ids[row] : 0;
+  const uint8_t* wr = W[e] + o * (K / 2);
+  const uint8_t* sr = Ws[e] + o * nb;
   float acc = 0.0f;
   for (int64_t kb = lane; kb < nb; kb += 32) {
+    const uint4 w = *reinterpret_cast<const uint4*>(wr + kb * 16);
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+    const float* xb = xs + kb * 32;
     float part = 0.0f;
+#pragma unroll
     for (int k = 0; k < 16; ++k) {
-      uint8_t b = wr[kb * 16 + k];
-      part += xr[kb * 32 + 2 * k] * c_e2m1[b & 0xf] + xr[kb * 32 + 2 * k + 1] * c_e2m1[b >> 4];
+      const uint32_t b = (words[k / 4] >> (8 * (k % 4))) & 0xff;
+      part += xb[2 * k] * c_e2m1[b & 0xf] + xb[2 * k + 1] * c_e2m1[b >> 4];
     }
-    acc += part * (sa[int64_t(xrow) * nb + kb] * e8m0(sr[kb]));
+    acc += part * (xs[K + kb] * e8m0(sr[kb]));
   }
   acc = warp_sum(acc);
   if (lane == 0) y[int64_t(row) * out + o] = rb(acc, r);
@@ -351,13 +375,39 @@ __device__ __forceinline__ float ckv_elem(const uint8_t* entry, int64_t hd, int6
   return v * c_e4m3[entry[hd / 2 + d / 16]];
 }
 
-// One block per (row, head); warps take keys, then threads take output dims. Window keys before the
-// sequence's first row in this step come from its ring (packed), later ones from this step's rows.
+// The keys a row attends (window ∪ selected compressed entries), decoded once into FP32 for all
+// heads: [rows][kmax][hd]. Window keys before the sequence's first row in this step come from its
+// ring (packed), later ones from this step's rows.
+__global__ void k_gather_keys(AttentionArgs a) {
+  const int i = blockIdx.x, j = blockIdx.y;
+  const RowMeta m = a.meta[i];
+  const SeqMeta& sq = a.seqs[m.seq];
+  const int64_t pos = m.pos, hd = a.hd;
+  const int64_t w0 = pos - a.W + 1 > 0 ? pos - a.W + 1 : 0;
+  const int n_win = int(pos - w0 + 1);
+  float* dst = a.keys + (int64_t(i) * a.kmax + j) * hd;
+  if (j < n_win) {
+    const int64_t sp = w0 + j;
+    if (sp >= sq.P) {
+      for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = a.kv_chunk[(sq.row0 + sp - sq.P) * hd + d];
+    } else {
+      const uint8_t* e = ring_of(sq, a.layer, a.W, hd) + (sp % a.W) * (hd + hd / 32);
+      for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = c_e4m3[e[d]] * e8m0(e[hd + d / 32]);
+    }
+    return;
+  }
+  if (!a.sel || j - n_win >= a.sel_stride) return;
+  const int32_t e = a.sel[int64_t(i) * a.sel_stride + (j - n_win)];
+  if (e < 0) return;
+  const uint8_t* entry = sq.ckv[a.src] + int64_t(e) * (hd / 2 + hd / 16);
+  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = ckv_elem(entry, hd, d);
+}
+
+// One block per (row, head); warps take keys, then threads take output dims.
 __global__ void k_attention(AttentionArgs a) {
   extern __shared__ float logit[];
   const int i = blockIdx.x, h = blockIdx.y;
   const RowMeta m = a.meta[i];
-  const SeqMeta& sq = a.seqs[m.seq];
   const int64_t pos = m.pos, hd = a.hd;
   const int64_t w0 = pos - a.W + 1 > 0 ? pos - a.W + 1 : 0;
   const int n_win = int(pos - w0 + 1);
@@ -366,24 +416,12 @@ __global__ void k_attention(AttentionArgs a) {
     while (n_sel < a.sel_stride && a.sel[int64_t(i) * a.sel_stride + n_sel] >= 0) ++n_sel;
   const int nk = n_win + n_sel;
   const float* q = a.q + (int64_t(i) * a.H + h) * hd;
-  const int64_t ckv_bytes = hd / 2 + hd / 16, eb = hd + hd / 32;
-  const uint8_t* ring = ring_of(sq, a.layer, a.W, hd);
-  const uint8_t* ckv = a.src >= 0 ? sq.ckv[a.src] : nullptr;
-  auto key = [&](int j, int64_t d) -> float {
-    if (j < n_win) {
-      const int64_t sp = w0 + j;
-      if (sp >= sq.P) return a.kv_chunk[(sq.row0 + sp - sq.P) * hd + d];
-      const uint8_t* e = ring + (sp % a.W) * eb;
-      return c_e4m3[e[d]] * e8m0(e[hd + d / 32]);
-    }
-    const int32_t e = a.sel[int64_t(i) * a.sel_stride + (j - n_win)];
-    return ckv_elem(ckv + int64_t(e) * ckv_bytes, hd, d);
-  };
+  const float* keys = a.keys + int64_t(i) * a.kmax * hd;
   const float scale = 1.0f / sqrtf(float(hd));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
   for (int j = warp; j < nk; j += nw) {
     float dot = 0.0f;
-    for (int64_t d = lane; d < hd; d += 32) dot += q[d] * key(j, d);
+    for (int64_t d = lane; d < hd; d += 32) dot += q[d] * keys[int64_t(j) * hd + d];
     dot = warp_sum(dot);
     if (lane == 0) logit[j] = dot * scale;
   }
@@ -399,7 +437,7 @@ __global__ void k_attention(AttentionArgs a) {
   float* o = a.out + (int64_t(i) * a.H + h) * hd;
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
     float acc = 0.0f;
-    for (int j = 0; j < nk; ++j) acc += logit[j] * key(j, d);
+    for (int j = 0; j < nk; ++j) acc += logit[j] * keys[int64_t(j) * hd + d];
     o[d] = rb(acc / den, a.r);
   }
 }
@@ -871,7 +909,8 @@ void embed(const int32_t* tok, int n, const uint16_t* table, int64_t D, int hc, 
 }
 void hc_mix(const float* fn, const float* base, const float* scale, const float* X, int n, int hc, int64_t D,
             float norm_eps, int iters, float hc_eps, float* out, cudaStream_t s) {
-  k_hc_mix<<<n, 256, 0, s>>>(fn, base, scale, X, hc, D, norm_eps, iters, hc_eps, out);
+  k_hc_mix_dots<<<dim3(hc_mix_stride(hc), n), 256, 0, s>>>(fn, X, hc, D, norm_eps, out);
+  k_hc_mix_finish<<<blocks_for(n, 64), 64, 0, s>>>(base, scale, n, hc, iters, hc_eps, out);
 }
 void hc_collapse(const float* pre, int pre_stride, const float* X, int n, int hc, int64_t D, float* u, bool r,
                  cudaStream_t s) {
@@ -890,11 +929,15 @@ void act_quant(const float* x, int64_t rows, int64_t K, bool on, float* xq, floa
 }
 void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const float* xq, const float* sa,
                 int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool r, cudaStream_t s) {
-  k_fp8_linear<<<dim3(blocks_for(out, 8), rows), 256, 0, s>>>(W, Ws, out, K, xq, sa, x_stride, y, y_stride, r);
+  const size_t smem = size_t(K + K / 32) * sizeof(float);
+  DSUF_CHECK(smem <= 48 * 1024, "fp8_linear: K = ", K, " needs more shared memory than the default 48 KiB");
+  k_fp8_linear<<<dim3(blocks_for(out, 8), rows), 256, smem, s>>>(W, Ws, out, K, xq, sa, x_stride, y, y_stride, r);
 }
 void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
                         const float* xq, const float* sa, int x_div, int64_t rows, float* y, bool r, cudaStream_t s) {
-  k_fp4_linear_grouped<<<dim3(blocks_for(out, 8), rows), 256, 0, s>>>(W, Ws, ids, out, K, xq, sa, x_div, y, r);
+  const size_t smem = size_t(K + K / 32) * sizeof(float);
+  DSUF_CHECK(smem <= 48 * 1024, "fp4_linear: K = ", K, " needs more shared memory than the default 48 KiB");
+  k_fp4_linear_grouped<<<dim3(blocks_for(out, 8), rows), 256, smem, s>>>(W, Ws, ids, out, K, xq, sa, x_div, y, r);
 }
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows, float* y,
                  int64_t y_stride, bool r, cudaStream_t s) {
@@ -917,6 +960,7 @@ void pack_window(const float* kv, int rows, const RowMeta* meta, const SeqMeta* 
   if (t > 0) k_pack_window<<<blocks_for(t, 128), 128, 0, s>>>(kv, rows, meta, seqs, layer, hd, W);
 }
 void attention(const AttentionArgs& a, cudaStream_t s) {
+  k_gather_keys<<<dim3(a.rows, a.W + (a.sel ? a.sel_stride : 0)), 128, 0, s>>>(a);
   const size_t smem = sizeof(float) * (a.W + (a.sel ? a.sel_stride : 0));
   k_attention<<<dim3(a.rows, a.H), 128, smem, s>>>(a);
 }

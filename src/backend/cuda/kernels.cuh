@@ -92,6 +92,8 @@ struct AttentionArgs {
   int sel_stride;
   const float* sink;      // [H]
   float* out;             // [rows][H][hd]
+  float* keys;            // workspace [rows][kmax][hd]: the row's keys decoded once for all heads
+  int kmax;               // W + sel_stride
   int rows, H, W;
   int64_t hd;
   bool r;
