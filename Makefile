@@ -1,7 +1,7 @@
 # deepseek-ultrafast: top-level commands.
 #   make build   configure + build (binaries in build/bin/)
 #   make test    install what the tests need, build, run every test that needs no GPU
-#   make run     install what is needed, build, make the tiny demo checkpoint, generate with it
+#   make run     install what is needed, build, make the tiny demo checkpoint, serve it on :8000
 SHELL := /bin/bash
 BUILD ?= build
 JOBS ?= $(shell nproc)
