@@ -32,6 +32,9 @@ class Backend {
   virtual SequenceState new_sequence() const { return SequenceState::empty(layout()); }
   // Consumes every item's tokens (advancing its state) and writes the requested logits.
   virtual void forward(std::span<ForwardItem> batch) = 0;
+  // Makes the state's host pools current (a backend that keeps them on a device copies them back;
+  // CudaBackend's download has this signature). Host-resident backends have nothing to do.
+  virtual void download(SequenceState& state) const { (void)state; }
 };
 
 }  // namespace dsuf

@@ -58,6 +58,8 @@ ConversationCache::~ConversationCache() {
   }
   cv_.notify_all();
   thread_.join();
+  // Graceful shutdown: the states die with this process, so peers should not be sent here.
+  if (redis_) redis_->release_all();
   redis_.reset();
   server_.reset();
 }

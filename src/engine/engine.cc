@@ -342,7 +342,12 @@ void Engine::step(std::vector<Sequence*>& batch) {
       s.prefilled += static_cast<int64_t>(items[i].tokens.size());
       prompt_tokens += items[i].tokens.size();
       if (!s.decoding()) continue;  // more prompt to go: no logits this step
-      if (s.req.on_state && s.req.snapshot_prompt) s.req.on_state(s.req.prompt, s.state);
+      if (s.req.on_state && s.req.snapshot_prompt) {
+        backend_.download(s.state);
+        SequenceState copy = s.state;
+        copy.device.reset();  // the copy is host-only; the live sequence keeps the device pools
+        s.req.on_state(s.req.prompt, std::move(copy));
+      }
     }
     const int32_t tok = s.sampler.sample(logits_[i]);
     s.last = tok;
@@ -367,6 +372,8 @@ void Engine::step(std::vector<Sequence*>& batch) {
         // The last sampled token was never fed: the state has consumed everything before it.
         std::vector<int32_t> seen = s.req.prompt;
         seen.insert(seen.end(), s.out.begin(), s.out.end() - 1);
+        backend_.download(s.state);
+        s.state.device.reset();
         s.req.on_state(std::move(seen), std::move(s.state));
       }
       s.state = SequenceState{};

@@ -48,7 +48,7 @@ class CudaBackend final : public Backend {
   SequenceState new_sequence() const override;
   void forward(std::span<ForwardItem> batch) override;
   // Copies a sequence's device pools into its host fields (for serialization and checks).
-  void download(SequenceState& st) const;
+  void download(SequenceState& st) const override;
   // A sequence that already holds `pos` tokens of random but valid packed KV (benchmarks).
   SequenceState synthetic_sequence(int64_t pos, uint64_t seed);
   // GPU time of the last decode step replayed as a graph, in milliseconds (0 if none).
