@@ -7,6 +7,9 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <atomic>
+#include <exception>
+#include <mutex>
 #include <thread>
 
 #include "core/error.h"
@@ -23,6 +26,8 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // (CpuNumerics::bf16_activations = false) keeps FP32 instead. The flag is per thread and set for the
 // duration of a forward; parallel_for hands it to its workers.
 thread_local bool t_bf16 = true;
+// Set on the workers that run whole sequences in parallel: their products stay single-threaded.
+thread_local bool t_nested = false;
 float rb(float x) { return t_bf16 ? round_bf16(x) : x; }
 struct RoundingScope {
   bool saved;
@@ -32,7 +37,7 @@ struct RoundingScope {
 
 template <typename F>
 void parallel_for(int64_t n, int threads, F&& f) {
-  if (threads <= 1 || n < 1024) {
+  if (threads <= 1 || n < 1024 || t_nested) {
     f(int64_t{0}, n);
     return;
   }
@@ -340,10 +345,40 @@ SequenceState CpuBackend::new_sequence() const {
 }
 
 void CpuBackend::forward(std::span<ForwardItem> batch) {
-  // The reference runs sequences one after another: a batch is, by definition here, its sequences
-  // run alone. (Batching is the CUDA backend's business; it is checked against this.)
-  RoundingScope scope(numerics_.bf16_activations);
-  for (ForwardItem& item : batch) forward_one(item);
+  // A batch is, by definition here, its sequences run alone: each item's arithmetic is the same
+  // whichever thread runs it. With several items and threads, whole sequences go to worker threads
+  // (the engine's CPU serving), otherwise the large products are split across threads.
+  const bool bf16 = numerics_.bf16_activations;
+  for (size_t i = 0; i < batch.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      DSUF_CHECK(batch[i].state != batch[j].state, "a sequence appears twice in one batch");
+  if (batch.size() < 2 || threads_ < 2) {
+    RoundingScope scope(bf16);
+    for (ForwardItem& item : batch) forward_one(item);
+    return;
+  }
+  std::atomic<size_t> next{0};
+  std::exception_ptr error;
+  std::mutex error_mu;
+  auto worker = [&] {
+    RoundingScope scope(bf16);
+    t_nested = true;
+    for (size_t i; (i = next++) < batch.size();) {
+      try {
+        forward_one(batch[i]);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mu);
+        if (!error) error = std::current_exception();
+      }
+    }
+    t_nested = false;
+  };
+  std::vector<std::thread> pool;
+  const size_t n = std::min<size_t>(size_t(threads_), batch.size());
+  for (size_t t = 1; t < n; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& th : pool) th.join();
+  if (error) std::rethrow_exception(error);
 }
 
 void CpuBackend::engram(int layer, Chunk& c) {
