@@ -27,7 +27,7 @@ fi
 if [ "${1:-}" = "--build" ]; then
   cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSUF_TEXT=OFF -DDSUF_SERVER=OFF \
     -DDSUF_JSON_INCLUDE="$PWD/.deps/include" -DDSUF_GTEST_SOURCE="$PWD/.deps/googletest" > "$LOG/configure.log"
-  cmake --build "$B" --target run dsuf cuda_backend_tests > "$LOG/build.log"
+  cmake --build "$B" --target run dsuf cuda_backend_tests engine_cuda_tests bench_decode > "$LOG/build.log"
 fi
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$LOG/gpu.txt"
@@ -35,6 +35,12 @@ export DSUF_SOURCE_DIR=$PWD
 status=0
 "$B/bin/cuda_backend_tests" 2>&1 | grep -v '^  token' | tee "$LOG/cuda_backend_tests.log" | grep -E '^\[ *(OK|FAILED) ' || true
 grep -q '^\[  PASSED  \]' "$LOG/cuda_backend_tests.log" && ! grep -q '^\[  FAILED  \]' "$LOG/cuda_backend_tests.log" || status=1
+
+# The engine on the CUDA backend (continuous batching through the real scheduler).
+if [ -x "$B/bin/engine_cuda_tests" ]; then
+  "$B/bin/engine_cuda_tests" 2>&1 | tee "$LOG/engine_cuda_tests.log" | grep -E '^\[ *(OK|FAILED) ' || true
+  grep -q '^\[  PASSED  \]' "$LOG/engine_cuda_tests.log" && ! grep -q '^\[  FAILED  \]' "$LOG/engine_cuda_tests.log" || status=1
+fi
 
 # The programs themselves: run --gpus 0 must print the same tokens as run --cpu.
 CK=/tmp/dsuf-tiny-ckpt-seed1
