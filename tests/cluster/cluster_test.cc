@@ -111,10 +111,11 @@ TransferIdentity ident(uint64_t inc = 7) {
 }
 
 struct Peer {
-  ConversationStore store{64 << 20};
+  ConversationStore store;
   TransferServer server;
-  explicit Peer(TransferServerOptions o = {}, TransferIdentity id = ident())
-      : server(id, o, [this](std::span<const int32_t> p) { return store.find("", p); }) {}
+  explicit Peer(TransferServerOptions o = {}, size_t capacity = 64 << 20)
+      : store(capacity),
+        server(ident(), o, [this](std::span<const int32_t> p) { return store.find("", p); }) {}
   std::string addr() const { return "127.0.0.1:" + std::to_string(server.port()); }
 };
 
@@ -192,6 +193,25 @@ TEST(Transfer, AHotOwnerRefusesBeyondItsCap) {
   EXPECT_TRUE(first.conv) << first.reason;
   EXPECT_EQ(second.reason, "busy");
   EXPECT_EQ(owner.server.counters().refused_busy, 1u);
+}
+
+TEST(Transfer, AnEvictionDuringTheSendDoesNotTruncateIt) {
+  const auto big = StoredConversation::make(seq(40), std::string(1 << 20, 'e'));
+  // Room for one entry; the owner picks the entry, then waits 2 s before sending.
+  Peer owner({.fault = "hold"}, big->bytes() + 100);
+  ConversationStore& store = owner.store;
+  ASSERT_TRUE(store.insert("", big));
+  FetchResult r;
+  std::thread t([&] { r = pull(owner, seq(50)); });
+  while (owner.server.active() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // past find(): the entry is pinned
+  ASSERT_TRUE(store.insert("", StoredConversation::make(seq(40, 7000), std::string(1 << 20, 'f'))));
+  EXPECT_EQ(store.stats().evictions, 1u);
+  EXPECT_FALSE(store.find("", seq(50)));
+  t.join();
+  ASSERT_TRUE(r.conv) << r.reason << ": " << r.detail;
+  EXPECT_EQ(r.conv->tokens, seq(40));
+  EXPECT_EQ(r.conv->blob, big->blob);
 }
 
 // --- Redis -----------------------------------------------------------------------------------
