@@ -8,7 +8,7 @@ JOBS ?= $(shell nproc)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := cmake ninja-build g++ pkg-config nlohmann-json3-dev libgtest-dev libgmock-dev \
   libpcre2-dev libicu-dev python3 python3-venv python3-pip libboost1.81-dev \
-  libhiredis-dev redis-server libxxhash-dev libssl-dev
+  libhiredis-dev redis-server libxxhash-dev libssl-dev libucx-dev ucx-utils
 VENV := .venv
 PY_PACKAGES := numpy safetensors tokenizers==0.22.2 deepseek-recipe==0.2.0 pytest==9.2.0 openai==3.57.0 \
   kubernetes-validate==1.37.0 yamllint==1.38.0

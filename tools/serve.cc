@@ -41,6 +41,7 @@ struct Args {
   double host_cache_gb = 4;  // 0: no conversation cache
   std::string replica_id, transfer_host = "127.0.0.1", advertise_host;
   int transfer_port = 0, max_outbound = 4;
+  bool ucx = true;
 };
 
 const char* kUsage =
@@ -70,6 +71,8 @@ const char* kUsage =
     "  --advertise-host A the address peers dial for transfers (default: --transfer-host)\n"
     "  --max-outbound-transfers N  states sent at once before peers are told to recompute "
     "(default 4)\n"
+    "  --kv-transport T   auto (UCX RMA GET when built and it starts, else TCP) or tcp "
+    "(default auto)\n"
     "Environment: DSUF_REDIS_URL=redis://host:port shares conversation ownership across "
     "replicas\n"
     "(unset: each replica caches only its own conversations).\n";
@@ -148,7 +151,11 @@ Args parse(int argc, char** argv) {
       a.transfer_port = static_cast<int>(int_arg(k, value(), 0, 65535));
     else if (k == "--advertise-host")
       a.advertise_host = value();
-    else if (k == "--max-outbound-transfers")
+    else if (k == "--kv-transport") {
+      const std::string v = value();
+      if (v != "auto" && v != "tcp") fail("--kv-transport: expected auto or tcp, got '", v, "'");
+      a.ucx = v == "auto";
+    } else if (k == "--max-outbound-transfers")
       a.max_outbound = static_cast<int>(int_arg(k, value(), 0, 4096));
     else if (k == "--help" || k == "-h") {
       std::fputs(kUsage, stdout);
@@ -289,6 +296,7 @@ void attach_cache(const Args& a, const dsuf::Backend& backend, Loaded& out) {
   co.transfer_port = static_cast<uint16_t>(a.transfer_port);
   co.advertise_host = a.advertise_host;
   co.max_outbound = a.max_outbound;
+  co.ucx = a.ucx;
   co.fault = fault ? fault : "";
   auto cache = std::make_shared<dsuf::cluster::ConversationCache>(backend.layout(), co);
   std::fprintf(stderr, "serve: conversation cache %.2f GiB, transfers on %s:%u, redis %s\n",

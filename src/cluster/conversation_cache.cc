@@ -36,8 +36,16 @@ ConversationCache::ConversationCache(const KvLayout& layout, CacheOptions option
                             .port = opt_.transfer_port,
                             .max_concurrent = opt_.max_outbound,
                             .io_timeout_ms = opt_.fetch_timeout_ms,
+                            .ucx = opt_.ucx,
                             .fault = opt_.fault},
       [this](std::span<const int32_t> prompt) { return store_.find("", prompt); });
+  if (opt_.ucx) {
+    try {
+      ucx_ = std::make_unique<UcxImporter>();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "cluster: UCX unavailable for pulls (%s); pulling over TCP\n", e.what());
+    }
+  }
   if (!opt_.redis_url.empty()) {
     const std::string host = opt_.advertise_host.empty() ? opt_.transfer_host : opt_.advertise_host;
     redis_ = std::make_unique<RedisOwnership>(
@@ -90,13 +98,14 @@ CachedPrefix ConversationCache::lookup(const std::string& session,
         rec = redis_->lookup(session, hex, static_cast<int64_t>(prompt.size()));
       if (rec && rec->tokens > local_len) {
         FetchResult f = fetch_conversation(rec->addr, id_, rec->incarnation, prompt,
-                                           opt_.fetch_timeout_ms, uint64_t{1} << 40);
+                                           opt_.fetch_timeout_ms, uint64_t{1} << 40, ucx_.get());
         if (f.conv) {
           {
             std::lock_guard lk(mu_);
             ++transfers_;
             transfer_bytes_ += f.bytes;
             transfer_seconds_ += f.seconds;
+            ++paths_[{f.path, f.path_reason}];
           }
           if (static_cast<int64_t>(f.conv->tokens.size()) > local_len) {
             use = f.conv;
@@ -233,9 +242,14 @@ std::string ConversationCache::metrics_text() const {
   head("dsuf:kv_transfer_seconds_total", "counter", "Time spent in successful pulls.");
   line("dsuf:kv_transfer_seconds_total", transfer_seconds_);
   head("dsuf:kv_transfer_path_total", "counter",
-       "Successful pulls by path; UCX is not built, so every pull takes TCP.");
-  line("dsuf:kv_transfer_path_total{path=\"tcp\",reason=\"ucx_not_built\"}",
-       static_cast<double>(transfers_));
+       "Successful pulls by the path the bytes took (ucx|tcp) and why (rdma_get, ucx_failed, "
+       "owner_tcp_only, puller_tcp_only).");
+  line("dsuf:kv_transfer_path_total{path=\"ucx\",reason=\"rdma_get\"}",
+       static_cast<double>(paths_.count({"ucx", "rdma_get"}) ? paths_.at({"ucx", "rdma_get"}) : 0));
+  for (const auto& [k, n] : paths_)
+    if (k.first != "ucx")
+      line("dsuf:kv_transfer_path_total{path=\"" + k.first + "\",reason=\"" + k.second + "\"}",
+           static_cast<double>(n));
   head("dsuf:kv_transfer_failures_total", "counter",
        "Failed pulls (then recomputed) and unusable states, by reason.");
   for (const char* r :

@@ -34,6 +34,7 @@ struct CacheOptions {
   int max_outbound = 4;
   int fetch_timeout_ms = 5000;
   int lease_ms = 30000;
+  bool ucx = true;        // offer and use UCX RMA GET when built and it starts (else TCP)
   std::string fault;      // DSUF_TRANSFER_FAULT (tests)
   size_t max_queue = 64;  // states waiting to be serialized; beyond it new ones are dropped
 };
@@ -51,6 +52,7 @@ class ConversationCache final : public PromptCache {
   void flush();
   void release_ownership();
   uint16_t transfer_port() const { return server_->port(); }
+  bool ucx() const { return ucx_ != nullptr && server_->ucx(); }
   const ConversationStore& local() const { return store_; }
   RedisOwnership* redis() { return redis_.get(); }
 
@@ -63,6 +65,7 @@ class ConversationCache final : public PromptCache {
   TransferIdentity id_;
   ConversationStore store_;
   std::unique_ptr<TransferServer> server_;
+  std::unique_ptr<UcxImporter> ucx_;
   std::unique_ptr<RedisOwnership> redis_;
 
   mutable std::mutex mu_;
@@ -76,6 +79,7 @@ class ConversationCache final : public PromptCache {
   bool busy_ = false, stop_ = false;
   // Counters, guarded by mu_.
   std::map<std::string, uint64_t> hits_, cached_tokens_, failures_;
+  std::map<std::pair<std::string, std::string>, uint64_t> paths_;  // (path, reason)
   uint64_t transfers_ = 0, transfer_bytes_ = 0, dropped_ = 0, stored_ = 0;
   double transfer_seconds_ = 0;
   std::thread thread_;

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 
@@ -138,6 +139,13 @@ TransferServer::TransferServer(TransferIdentity id, TransferServerOptions option
   getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len);
   port_ = ntohs(ss.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&ss)->sin_port
                                         : reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
+  if (opt_.ucx) {
+    try {
+      ucx_ = std::make_unique<UcxExporter>();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "cluster: UCX unavailable (%s); transfers use TCP\n", e.what());
+    }
+  }
   acceptor_ = std::thread([this] { accept_loop(); });
 }
 
@@ -209,6 +217,7 @@ void TransferServer::serve(int fd) {
     const uint32_t layout_version = get<uint32_t>(fd);
     const uint64_t fingerprint = get<uint64_t>(fd);
     const uint64_t expect_inc = get<uint64_t>(fd);
+    const uint32_t flags = get<uint32_t>(fd);
     const uint64_t n = get<uint64_t>(fd);
     if (n > (uint64_t{1} << 26)) throw WireError("protocol", "prompt too long");
     std::vector<int32_t> prompt(n);
@@ -234,6 +243,24 @@ void TransferServer::serve(int fd) {
                       "no stored state prefixes it");
     } else {
       if (opt_.fault == "hold") std::this_thread::sleep_for(std::chrono::seconds(2));
+      std::string corrupt;
+      const std::string* blob = &c->blob;
+      if (opt_.fault == "corrupt" && !blob->empty()) {
+        corrupt = *blob;
+        corrupt[corrupt.size() / 2] ^= 0x5a;
+        blob = &corrupt;
+      }
+      const bool tcp_fault = opt_.fault == "close" || opt_.fault == "stall";
+      UcxExporter::Export ex;
+      if (ucx_ && (flags & 1) && !tcp_fault) {
+        try {
+          ex = ucx_->expose(blob->data(), blob->size());
+          if (opt_.fault == "ucx_bad") ex.descriptor.resize(ex.descriptor.size() - 1);
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "cluster: %s; sending over TCP\n", e.what());
+        }
+      }
+      const bool via_ucx = ex.mapping != nullptr;
       Out o;
       o.raw(kRspMagic, 8);
       o.put<uint32_t>(kWireVersion);
@@ -243,16 +270,21 @@ void TransferServer::serve(int fd) {
       o.put<uint64_t>(c->tokens.size());
       o.put<uint64_t>(c->blob.size());
       o.raw(c->checksum.data(), 32);
+      o.put<uint8_t>(via_ucx ? 1 : 0);
+      o.raw(c->tokens.data(), c->tokens.size() * sizeof(int32_t));
+      if (via_ucx) o.str(ex.descriptor);
       write_all(fd, o.bytes().data(), o.bytes().size());
-      write_all(fd, c->tokens.data(), c->tokens.size() * sizeof(int32_t));
-      std::string corrupt;
-      const std::string* blob = &c->blob;
-      if (opt_.fault == "corrupt" && !blob->empty()) {
-        corrupt = *blob;
-        corrupt[corrupt.size() / 2] ^= 0x5a;
-        blob = &corrupt;
+      bool send_bytes = !via_ucx;
+      if (via_ucx) {
+        // The lease: the mapping (and the entry) stay until the puller answers or the I/O
+        // timeout passes, whichever is first.
+        const char ack = get<char>(fd);
+        if (ack == 'T')
+          send_bytes = true;
+        else if (ack != 'K')
+          throw WireError("protocol", "bad acknowledgement");
       }
-      if (opt_.fault == "close" || opt_.fault == "stall") {
+      if (send_bytes && tcp_fault) {
         write_all(fd, blob->data(), blob->size() / 2);
         if (opt_.fault == "stall") {
           std::unique_lock lk(mu_);
@@ -260,8 +292,9 @@ void TransferServer::serve(int fd) {
         }
         throw WireError("fault", "injected " + opt_.fault);
       }
-      for (size_t off = 0; off < blob->size(); off += kChunk)
-        write_all(fd, blob->data() + off, std::min(kChunk, blob->size() - off));
+      if (send_bytes)
+        for (size_t off = 0; off < blob->size(); off += kChunk)
+          write_all(fd, blob->data() + off, std::min(kChunk, blob->size() - off));
       bump(&Counters::served);
       bump(&Counters::bytes, c->tokens.size() * 4 + c->blob.size());
     }
@@ -276,7 +309,7 @@ void TransferServer::serve(int fd) {
 
 FetchResult fetch_conversation(const std::string& addr, const TransferIdentity& mine,
                                uint64_t expected_incarnation, std::span<const int32_t> prompt,
-                               int timeout_ms, uint64_t max_bytes) {
+                               int timeout_ms, uint64_t max_bytes, UcxImporter* ucx) {
   FetchResult out;
   const auto t0 = std::chrono::steady_clock::now();
   int fd = -1;
@@ -314,6 +347,7 @@ FetchResult fetch_conversation(const std::string& addr, const TransferIdentity& 
     o.put<uint32_t>(mine.layout_version);
     o.put<uint64_t>(mine.fingerprint);
     o.put<uint64_t>(expected_incarnation);
+    o.put<uint32_t>(ucx ? 1u : 0u);
     o.put<uint64_t>(prompt.size());
     o.raw(prompt.data(), prompt.size() * sizeof(int32_t));
     write_all(fd, o.bytes().data(), o.bytes().size());
@@ -349,17 +383,41 @@ FetchResult fetch_conversation(const std::string& addr, const TransferIdentity& 
     const uint64_t blob_bytes = get<uint64_t>(fd);
     std::string sum(32, '\0');
     read_all(fd, sum.data(), 32);
+    const uint8_t mode = get<uint8_t>(fd);
     if (n == 0 || n >= prompt.size())
       throw WireError("mismatch", detail::concat("the owner offers ", n, " tokens for a prompt of ",
                                                  prompt.size()));
     if (blob_bytes > max_bytes)
       throw WireError("protocol",
                       detail::concat("a state of ", blob_bytes, " bytes (limit ", max_bytes, ")"));
+    if (mode > 1 || (mode == 1 && !ucx)) throw WireError("protocol", "an unknown transfer mode");
     std::vector<int32_t> tokens(n);
     read_all(fd, tokens.data(), n * sizeof(int32_t));
-    std::string blob(blob_bytes, '\0');
-    for (uint64_t off = 0; off < blob_bytes; off += kChunk)
-      read_all(fd, blob.data() + off, std::min<uint64_t>(kChunk, blob_bytes - off));
+    std::string blob;
+    bool over_tcp = mode == 0;
+    out.path_reason = mode == 1 ? "rdma_get" : ucx ? "owner_tcp_only" : "puller_tcp_only";
+    if (mode == 1) {
+      const std::string desc = get_str(fd, 1 << 20);
+      const std::string err = ucx->get(desc, blob, timeout_ms, max_bytes);
+      if (err.empty() && blob.size() == blob_bytes) {
+        out.path = "ucx";
+        const char k = 'K';
+        write_all(fd, &k, 1);
+      } else {
+        // Fall back to the chunked path exactly once; no retry of the GET.
+        std::fprintf(stderr, "cluster: UCX GET from %s failed (%s); pulling over TCP\n",
+                     addr.c_str(), err.empty() ? "length" : err.c_str());
+        out.path_reason = "ucx_failed";
+        const char t = 'T';
+        write_all(fd, &t, 1);
+        over_tcp = true;
+      }
+    }
+    if (over_tcp) {
+      blob.assign(blob_bytes, '\0');
+      for (uint64_t off = 0; off < blob_bytes; off += kChunk)
+        read_all(fd, blob.data() + off, std::min<uint64_t>(kChunk, blob_bytes - off));
+    }
     out.bytes = n * 4 + blob_bytes;
     auto c = StoredConversation::make(std::move(tokens), std::move(blob));
     if (c->checksum != sum) throw WireError("checksum", "the state's checksum does not match");

@@ -3,10 +3,16 @@
 // everything matches and it is under its cap) the longest stored state that prefixes the prompt.
 //
 //   request   "DSKVREQ1" u32 wire_version, str model_id, u32 layout_version, u64 fingerprint,
-//             u64 expected_incarnation (0: any), u64 n, n × i32 prompt tokens
+//             u64 expected_incarnation (0: any), u32 flags (1: the puller can GET with UCX),
+//             u64 n, n × i32 prompt tokens
 //   response  "DSKVRSP1" u32 wire_version, u32 status, u64 incarnation, str message; when status
 //             is kOk: u64 n_tokens, u64 blob_bytes, 32 hex checksum (XXH3-128 over tokens ‖ blob),
-//             then the tokens, then the blob in 1 MiB writes
+//             u8 mode, then the tokens; then
+//               mode 0 (TCP): the blob in 1 MiB writes
+//               mode 1 (UCX): str descriptor; the puller GETs the blob and answers one byte:
+//                 'K' done (the owner unmaps), or 'T' the GET failed: the owner sends the blob
+//                 as in mode 0, once. The owner holds the mapping (the lease) at most its I/O
+//                 timeout waiting for that byte.
 //   (str = u32 length + bytes; integers little-endian)
 //
 // The puller checks every field, the total length and the checksum, and that the tokens are a
@@ -27,10 +33,11 @@
 #include <thread>
 
 #include "cluster/conversation_store.h"
+#include "cluster/ucx_rma.h"
 
 namespace dsuf::cluster {
 
-inline constexpr uint32_t kWireVersion = 1;
+inline constexpr uint32_t kWireVersion = 2;
 
 struct TransferIdentity {
   std::string model_id;
@@ -52,8 +59,12 @@ struct TransferServerOptions {
   uint16_t port = 0;
   int max_concurrent = 4;  // outbound transfers at once; beyond it: kBusy, the puller recomputes
   int io_timeout_ms = 10000;
+  // Offer UCX RMA GET to pullers that can do it (when UCX starts; else TCP only).
+  bool ucx = false;
   // Fault injection for tests (DSUF_TRANSFER_FAULT): "stall" (sleep 60 s after half the blob),
-  // "close" (close after half), "corrupt" (flip one blob byte), "hold" (sleep 2 s before sending).
+  // "close" (close after half), "corrupt" (flip one blob byte), "hold" (sleep 2 s before sending),
+  // "ucx_bad" (a descriptor the puller must refuse, so it falls back to TCP). "stall" and "close"
+  // always take the TCP path.
   std::string fault;
 };
 
@@ -66,6 +77,7 @@ class TransferServer {
   TransferServer& operator=(const TransferServer&) = delete;
 
   uint16_t port() const { return port_; }
+  bool ucx() const { return ucx_ != nullptr; }
   struct Counters {
     uint64_t served = 0, refused_busy = 0, refused_other = 0, failed = 0, bytes = 0;
   };
@@ -79,6 +91,7 @@ class TransferServer {
   TransferIdentity id_;
   TransferServerOptions opt_;
   Finder find_;
+  std::unique_ptr<UcxExporter> ucx_;
   int listen_fd_ = -1;
   uint16_t port_ = 0;
   std::atomic<bool> stop_{false};
@@ -102,11 +115,15 @@ struct FetchResult {
   std::string detail;
   uint64_t bytes = 0;
   double seconds = 0;
+  std::string path = "tcp";  // how the state's bytes came: ucx | tcp
+  // Why that path: rdma_get | ucx_failed (GET failed, TCP once) | owner_tcp_only | puller_tcp_only
+  std::string path_reason;
 };
 
 // Pulls the longest state `addr` holds that prefixes `prompt`. Never throws.
+// `ucx`: this puller's UCX end, or null for TCP only.
 FetchResult fetch_conversation(const std::string& addr, const TransferIdentity& mine,
                                uint64_t expected_incarnation, std::span<const int32_t> prompt,
-                               int timeout_ms, uint64_t max_bytes);
+                               int timeout_ms, uint64_t max_bytes, UcxImporter* ucx = nullptr);
 
 }  // namespace dsuf::cluster

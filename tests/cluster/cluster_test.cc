@@ -214,6 +214,47 @@ TEST(Transfer, AnEvictionDuringTheSendDoesNotTruncateIt) {
   EXPECT_EQ(r.conv->blob, big->blob);
 }
 
+#ifdef DSUF_HAVE_UCX
+// The UCX path runs with UCX_TLS=tcp,self on lo (set by CTest): the same code that does RDMA GET
+// on an InfiniBand/RoCE NIC. Compiled only where UCX is (libucx-dev).
+TEST(TransferUcx, AGetMovesTheStateAndSaysSo) {
+  Peer owner({.ucx = true, .fault = ""});
+  ASSERT_TRUE(owner.server.ucx()) << "UCX did not start";
+  owner.store.insert("", StoredConversation::make(seq(40), std::string(3 << 20, 'u')));
+  UcxImporter me;
+  auto r = fetch_conversation(owner.addr(), ident(), 7, seq(50), 5000, 1ull << 32, &me);
+  ASSERT_TRUE(r.conv) << r.reason << ": " << r.detail;
+  EXPECT_EQ(r.path, "ucx");
+  EXPECT_EQ(r.path_reason, "rdma_get");
+  EXPECT_EQ(r.conv->blob, std::string(3 << 20, 'u'));
+  // A puller without UCX gets the same bytes over TCP from the same owner.
+  auto t = pull(owner, seq(50));
+  ASSERT_TRUE(t.conv);
+  EXPECT_EQ(t.path, "tcp");
+  EXPECT_EQ(t.path_reason, "puller_tcp_only");
+  EXPECT_EQ(owner.server.counters().served, 2u);
+}
+
+TEST(TransferUcx, ABadDescriptorFallsBackToTcpExactlyOnce) {
+  Peer owner({.ucx = true, .fault = "ucx_bad"});
+  owner.store.insert("", entry(seq(40), 1 << 16));
+  UcxImporter me;
+  auto r = fetch_conversation(owner.addr(), ident(), 7, seq(50), 5000, 1ull << 32, &me);
+  ASSERT_TRUE(r.conv) << r.reason << ": " << r.detail;
+  EXPECT_EQ(r.path, "tcp");
+  EXPECT_EQ(r.path_reason, "ucx_failed");
+}
+
+TEST(TransferUcx, CorruptedBytesFailTheChecksumOnThisPathToo) {
+  Peer owner({.ucx = true, .fault = "corrupt"});
+  owner.store.insert("", entry(seq(40), 1 << 16));
+  UcxImporter me;
+  auto r = fetch_conversation(owner.addr(), ident(), 7, seq(50), 5000, 1ull << 32, &me);
+  EXPECT_EQ(r.reason, "checksum");
+  EXPECT_FALSE(r.conv);
+}
+#endif
+
 // --- Redis -----------------------------------------------------------------------------------
 
 uint16_t free_port() {
