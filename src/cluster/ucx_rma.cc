@@ -117,6 +117,19 @@ UcxExporter::Export UcxExporter::expose(const void* data, size_t bytes) {
   return e;
 }
 
+namespace {
+
+// Progresses until the request completes or the deadline passes; UCS_INPROGRESS on timeout.
+ucs_status_t wait(ucp_worker_h w, void* req, std::chrono::steady_clock::time_point deadline) {
+  ucs_status_t s;
+  while ((s = ucp_request_check_status(req)) == UCS_INPROGRESS &&
+         std::chrono::steady_clock::now() < deadline)
+    ucp_worker_progress(w);
+  return s;
+}
+
+}  // namespace
+
 struct UcxImporter::Impl {
   Ucx ucx;
   std::mutex mu;  // one GET at a time through this worker
@@ -151,6 +164,18 @@ std::string UcxImporter::get(const std::string& d, std::string& out, int timeout
 
   std::lock_guard lk(impl_->mu);
   ucp_worker_h w = impl_->ucx.worker;
+  // A forced close cancels whatever is outstanding on the endpoint; bounded, so a dead peer never
+  // holds this thread.
+  auto close = [w](ucp_ep_h e) {
+    ucp_request_param_t cp{};
+    cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    cp.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    void* c = ucp_ep_close_nbx(e, &cp);
+    if (c && !UCS_PTR_IS_ERR(c)) {
+      wait(w, c, std::chrono::steady_clock::now() + std::chrono::seconds(2));
+      ucp_request_free(c);
+    }
+  };
   ucp_ep_params_t ep{};
   ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
   ep.address = reinterpret_cast<const ucp_address_t*>(address.data());
@@ -168,48 +193,39 @@ std::string UcxImporter::get(const std::string& d, std::string& out, int timeout
     void* req = bytes ? ucp_get_nbx(eph, out.data(), bytes, remote, rkey, &rp) : nullptr;
     if (UCS_PTR_IS_ERR(req)) {
       err = std::string("ucp_get_nbx: ") + ucs_status_string(UCS_PTR_STATUS(req));
+      req = nullptr;
     } else if (req) {
-      ucs_status_t s;
-      while ((s = ucp_request_check_status(req)) == UCS_INPROGRESS) {
-        ucp_worker_progress(w);
-        if (std::chrono::steady_clock::now() > deadline) break;
-      }
-      if (s == UCS_INPROGRESS) {
-        ucp_request_cancel(w, req);
-        while (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_worker_progress(w);
+      const ucs_status_t s = wait(w, req, deadline);
+      if (s == UCS_INPROGRESS)
         err = "the UCX GET timed out";
-      } else if (s != UCS_OK) {
+      else if (s != UCS_OK)
         err = std::string("the UCX GET failed: ") + ucs_status_string(s);
-      }
-      ucp_request_free(req);
     }
     if (err.empty()) {
       // The GET is complete locally only after a flush of the endpoint.
       ucp_request_param_t fp{};
       void* f = ucp_ep_flush_nbx(eph, &fp);
-      if (UCS_PTR_IS_ERR(f))
+      if (UCS_PTR_IS_ERR(f)) {
         err = "ucp_ep_flush_nbx failed";
-      else if (f) {
-        ucs_status_t s;
-        while ((s = ucp_request_check_status(f)) == UCS_INPROGRESS &&
-               std::chrono::steady_clock::now() < deadline)
-          ucp_worker_progress(w);
-        if (s != UCS_OK) err = "the UCX flush did not complete";
-        if (s == UCS_INPROGRESS) ucp_request_cancel(w, f);
-        while (ucp_request_check_status(f) == UCS_INPROGRESS) ucp_worker_progress(w);
-        ucp_request_free(f);
+      } else if (f) {
+        if (wait(w, f, deadline) != UCS_OK) err = "the UCX flush did not complete";
+        ucp_request_free(f);  // released on completion if still pending (the close cancels it)
       }
     }
-    ucp_rkey_destroy(rkey);
+    // The usual case, nothing pending: the rkey goes before its endpoint. A GET still pending
+    // (timeout) is cancelled by the forced close first, so nothing writes into `out` after it.
+    if (!req || ucp_request_check_status(req) != UCS_INPROGRESS) {
+      if (req) ucp_request_free(req);
+      req = nullptr;
+      ucp_rkey_destroy(rkey);
+      rkey = nullptr;
+    }
+    close(eph);
+    eph = nullptr;
+    if (req) ucp_request_free(req);
+    if (rkey) ucp_rkey_destroy(rkey);
   }
-  ucp_request_param_t cp{};
-  cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  cp.flags = UCP_EP_CLOSE_FLAG_FORCE;
-  void* c = ucp_ep_close_nbx(eph, &cp);
-  if (c && !UCS_PTR_IS_ERR(c)) {
-    while (ucp_request_check_status(c) == UCS_INPROGRESS) ucp_worker_progress(w);
-    ucp_request_free(c);
-  }
+  if (eph) close(eph);
   if (!err.empty()) out.clear();
   return err;
 }

@@ -253,6 +253,47 @@ TEST(TransferUcx, CorruptedBytesFailTheChecksumOnThisPathToo) {
   EXPECT_EQ(r.reason, "checksum");
   EXPECT_FALSE(r.conv);
 }
+
+// The puller half of the next test, in a child process (this binary run again with
+// DSUF_TEST_UCX_OWNER set): it starts a GET of a large state and dies in the middle of it.
+// It runs before main(), so it is no test of its own.
+const bool kPullerChild = [] {
+  const char* addr = std::getenv("DSUF_TEST_UCX_OWNER");
+  if (!addr) return false;
+  UcxImporter me;
+  std::thread killer([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    _exit(0);
+  });
+  auto r = fetch_conversation(addr, ident(), 7, seq(50), 20000, 1ull << 32, &me);
+  std::fprintf(stderr, "child: the pull ended before the kill: '%s' %s\n", r.reason.c_str(),
+               r.detail.c_str());
+  _exit(3);
+}();
+
+TEST(TransferUcx, APullerThatDiesMidGetLeavesTheOwnerServing) {
+  Peer owner({.io_timeout_ms = 3000, .ucx = true, .fault = ""}, size_t{1} << 30);
+  ASSERT_TRUE(
+      owner.store.insert("", StoredConversation::make(seq(40), std::string(512u << 20, 'd'))));
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setenv("DSUF_TEST_UCX_OWNER", owner.addr().c_str(), 1);
+    execl("/proc/self/exe", "cluster_tests", nullptr);
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_EQ(WEXITSTATUS(status), 0) << "3: the pull ended before the puller died (see its stderr)";
+  // The owner noticed (no acknowledgement), released the mapping, and still serves.
+  for (int i = 0; i < 100 && owner.server.counters().failed == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(owner.server.counters().failed, 1u);
+  UcxImporter me;
+  auto r = fetch_conversation(owner.addr(), ident(), 7, seq(50), 20000, 1ull << 32, &me);
+  ASSERT_TRUE(r.conv) << r.reason << ": " << r.detail;
+  EXPECT_EQ(r.path, "ucx");
+}
 #endif
 
 // --- Redis -----------------------------------------------------------------------------------
