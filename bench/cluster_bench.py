@@ -130,7 +130,7 @@ def main():
     redis = subprocess.Popen(["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
                               "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_port(rport)
-    env = {"DSUF_REDIS_URL": f"redis://127.0.0.1:{rport}"}
+    env = {"DSUF_REDIS_URL": f"redis://127.0.0.1:{rport}", "UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "lo"}
     a, b = Serve("A", env=env), Serve("B", env=env)
     ref = Serve("R", "--host-cache-gb", "0")
     rows = []
@@ -146,22 +146,23 @@ def main():
             nbytes = b.metric("dsuf:kv_transfer_bytes_total") - bytes0
             secs = b.metric("dsuf:kv_transfer_seconds_total") - secs0
             want, u3, ttft_recompute = ref.chat(t2, 4)
+            path = "ucx" if b.metric('dsuf:kv_transfer_path_total{path="ucx"') > len(rows) else "tcp"
             assert got == want, (got, want)
             assert u2["prompt_tokens_details"]["cached_tokens"] > 0, u2
             print(f"{n}: prompt {u2['prompt_tokens']} cached {u2['prompt_tokens_details']['cached_tokens']} "
                   f"pull {secs:.4f}s {nbytes:.0f} B, ttft {ttft_remote:.3f} vs {ttft_recompute:.3f}", file=sys.stderr)
             rows.append((u2["prompt_tokens"], u2["prompt_tokens_details"]["cached_tokens"], nbytes, secs,
-                         ttft_remote, ttft_recompute))
+                         ttft_remote, ttft_recompute, path))
         biggest = max(r[2] for r in rows)
         ucx = ucx_get_mbps(int(min(max(biggest, 65536), 64 << 20)))
     finally:
         for s in (a, b, ref):
             s.stop()
         redis.kill()
-    print("| prompt tokens | cached | state bytes | pull s | pull MB/s | TTFT pull+prefill s | TTFT recompute s | speed-up |")
+    print("| prompt tokens | cached | state bytes | path | pull s | TTFT pull+prefill s | TTFT recompute s | speed-up |")
     print("|---|---|---|---|---|---|---|---|")
-    for p, c, nb, s, tr, tc in rows:
-        print(f"| {p} | {c} | {int(nb)} | {s:.4f} | {nb / s / 1e6:.0f} | {tr:.3f} | {tc:.3f} | {tc / tr:.1f}x |")
+    for p, c, nb, s, tr, tc, path in rows:
+        print(f"| {p} | {c} | {int(nb)} | {path} | {s:.4f} | {tr:.3f} | {tc:.3f} | {tc / tr:.1f}x |")
     print(f"\nucx_perftest -t ucp_get (UCX_TLS=tcp,self, lo), message {int(min(max(biggest, 65536), 64 << 20))} B: "
           f"{ucx:.0f} MB/s")
     return 0
