@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <initializer_list>
 #include <random>
 
 #include "core/error.h"
@@ -212,19 +213,19 @@ std::string ConversationCache::metrics_text() const {
   RedisOwnership::Counters rc;
   if (redis_) rc = redis_->counters();
   std::lock_guard lk(mu_);
+  // One sample per label value, 0 for values not seen yet (so every series exists from the start).
+  auto labeled = [&](const std::string& name, const char* key, std::initializer_list<const char*> values,
+                     const auto& counts) {
+    for (const char* v : values) {
+      auto it = counts.find(v);
+      line(name + "{" + key + "=\"" + v + "\"}", it == counts.end() ? 0.0 : static_cast<double>(it->second));
+    }
+  };
   head("dsuf:conv_cache_lookups_total", "counter",
        "Conversation-cache lookups by the tier that answered (local, remote, recompute).");
-  for (const char* t : {"local", "remote", "recompute"}) {
-    auto it = hits_.find(t);
-    line(std::string("dsuf:conv_cache_lookups_total{tier=\"") + t + "\"}",
-         it == hits_.end() ? 0.0 : static_cast<double>(it->second));
-  }
+  labeled("dsuf:conv_cache_lookups_total", "tier", {"local", "remote", "recompute"}, hits_);
   head("dsuf:conv_cache_cached_tokens_total", "counter", "Prompt tokens reused, by tier.");
-  for (const char* t : {"local", "remote"}) {
-    auto it = cached_tokens_.find(t);
-    line(std::string("dsuf:conv_cache_cached_tokens_total{tier=\"") + t + "\"}",
-         it == cached_tokens_.end() ? 0.0 : static_cast<double>(it->second));
-  }
+  labeled("dsuf:conv_cache_cached_tokens_total", "tier", {"local", "remote"}, cached_tokens_);
   head("dsuf:conv_store_bytes", "gauge", "Bytes held by the host conversation store.");
   line("dsuf:conv_store_bytes", static_cast<double>(st.bytes));
   head("dsuf:conv_store_capacity_bytes", "gauge", "The store's bound (--host-cache-gb).");
@@ -252,13 +253,10 @@ std::string ConversationCache::metrics_text() const {
            static_cast<double>(n));
   head("dsuf:kv_transfer_failures_total", "counter",
        "Failed pulls (then recomputed) and unusable states, by reason.");
-  for (const char* r :
-       {"connect", "timeout", "closed", "busy", "not_found", "version_skew", "incarnation",
-        "checksum", "mismatch", "protocol", "bad_state", "store", "internal"}) {
-    auto it = failures_.find(r);
-    line(std::string("dsuf:kv_transfer_failures_total{reason=\"") + r + "\"}",
-         it == failures_.end() ? 0.0 : static_cast<double>(it->second));
-  }
+  labeled("dsuf:kv_transfer_failures_total", "reason",
+          {"connect", "timeout", "closed", "busy", "not_found", "version_skew", "incarnation", "checksum",
+           "mismatch", "protocol", "bad_state", "store", "internal"},
+          failures_);
   head("dsuf:kv_transfer_served_total", "counter", "States sent to peers.");
   line("dsuf:kv_transfer_served_total", static_cast<double>(sc.served));
   head("dsuf:kv_transfer_served_bytes_total", "counter", "Bytes sent to peers.");
