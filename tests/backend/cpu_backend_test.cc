@@ -23,22 +23,9 @@ CpuBackend& backend() {
   return b;
 }
 
-// Feeds `tokens` in chunks of the given sizes (cycled); returns the last position's logits.
 std::vector<float> prefill_chunked(SequenceState& st, const std::vector<int32_t>& tokens,
                                    const std::vector<int>& sizes) {
-  std::vector<float> logits;
-  size_t i = 0, k = 0;
-  while (i < tokens.size()) {
-    size_t n = std::min<size_t>(sizes[k++ % sizes.size()], tokens.size() - i);
-    bool last = i + n == tokens.size();
-    ForwardItem item{.state = &st,
-                     .tokens = std::span<const int32_t>(tokens.data() + i, n),
-                     .want = last ? Logits::kLast : Logits::kNone,
-                     .logits = &logits};
-    backend().forward({&item, 1});
-    i += n;
-  }
-  return logits;
+  return testing::prefill_chunked(backend(), st, tokens, sizes);
 }
 
 struct Reference {

@@ -109,14 +109,7 @@ TEST(CudaSelf, ChunkedPrefillEqualsOneShot) {
   std::vector<float> ref = run(gpu(), s1, prompt, Logits::kLast);
   for (std::vector<int> sizes : {std::vector<int>{1}, {7}, {64}, {5, 1, 16, 2, 33, 9, 17}}) {
     SequenceState st = gpu().new_sequence();
-    std::vector<float> l;
-    size_t i = 0, k = 0;
-    while (i < prompt.size()) {
-      size_t n = std::min<size_t>(sizes[k++ % sizes.size()], prompt.size() - i);
-      std::vector<int32_t> chunk(prompt.begin() + i, prompt.begin() + i + n);
-      i += n;
-      l = run(gpu(), st, chunk, i == prompt.size() ? Logits::kLast : Logits::kNone);
-    }
+    std::vector<float> l = testing::prefill_chunked(gpu(), st, prompt, sizes);
     EXPECT_EQ(diff(l, ref).max_abs, 0.0) << "chunk sizes starting " << sizes[0];
   }
 }

@@ -2,6 +2,7 @@
 // CPU backend over it, loaded once per test binary.
 #pragma once
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -61,6 +62,24 @@ inline std::vector<int32_t> random_prompt(size_t n, uint32_t seed, bool with_ima
     v[n / 2] = img;
   }
   return v;
+}
+
+// Feeds `tokens` to `b` in chunks of the given sizes (cycled); returns the last position's logits.
+inline std::vector<float> prefill_chunked(Backend& b, SequenceState& st, const std::vector<int32_t>& tokens,
+                                          const std::vector<int>& sizes) {
+  std::vector<float> logits;
+  size_t i = 0, k = 0;
+  while (i < tokens.size()) {
+    const size_t n = std::min<size_t>(sizes[k++ % sizes.size()], tokens.size() - i);
+    const bool last = i + n == tokens.size();
+    ForwardItem item{.state = &st,
+                     .tokens = std::span<const int32_t>(tokens.data() + i, n),
+                     .want = last ? ForwardItem::Logits::kLast : ForwardItem::Logits::kNone,
+                     .logits = &logits};
+    b.forward({&item, 1});
+    i += n;
+  }
+  return logits;
 }
 
 }  // namespace dsuf::testing
