@@ -72,7 +72,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--max-context") a.max_context = std::stoll(value());
     else if (k == "--help" || k == "-h") {
       std::printf(
-          "usage: run --ckpt DIR (--cpu | --gpus 0) (--prompt TEXT | --prompt-ids 1,2,3) --max-tokens N\n"
+          "usage: run --ckpt DIR (--cpu | --gpus 0[,1,...]) (--prompt TEXT | --prompt-ids 1,2,3) --max-tokens N\n"
           "           [--temperature T] [--top-p P] [--top-k K] [--seed S] [--dump-logits FILE]\n"
           "           [--print-ids] [--ignore-eos] [--numerics reference|transformers] [--threads N]\n"
           "Greedy when the temperature is 0 (the default).\n");

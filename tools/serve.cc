@@ -57,7 +57,7 @@ const char* kUsage =
     "and\n"
     "                     serve it on the CPU\n"
     "  --cpu              the CPU reference backend (the default)\n"
-    "  --gpus LIST        the CUDA backend on these GPUs (one GPU for now, e.g. --gpus 0)\n"
+    "  --gpus LIST        the CUDA backend on these GPUs (e.g. 0, or 0,1,2,3: tensor parallel)\n"
     "  --host ADDR        listen address (default 0.0.0.0); --port N (default 8000; 0: any free "
     "port)\n"
     "  --max-batch N      sequences decoded together (default 64)\n"

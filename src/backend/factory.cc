@@ -27,10 +27,9 @@ std::unique_ptr<Backend> make_backend(const LoadedModel& model, std::vector<int3
   if (opt.cpu || opt.gpus.empty())
     return std::make_unique<CpuBackend>(model, std::move(compressed_ids), opt.numerics, opt.cpu_threads);
 #ifdef DSUF_HAVE_CUDA
-  if (opt.gpus.size() > 1)
-    fail("--gpus ", opt.gpus.size(), " devices: tensor parallelism is not implemented yet; give one GPU");
+  // More than one GPU: tensor parallel over them (docs/tp.md); one GPU runs the same code at world size 1.
   CudaOptions co{.device = opt.gpus[0], .max_context = opt.max_context, .max_chunk = 512, .numerics = opt.numerics,
-                 .max_batch = opt.max_batch};
+                 .max_batch = opt.max_batch, .devices = opt.gpus};
   return std::make_unique<CudaBackend>(model, std::move(compressed_ids), co);
 #else
   fail("--gpus: this build has no CUDA backend (nvcc was not found when it was configured); use --cpu");

@@ -15,7 +15,7 @@ namespace dsuf {
 
 struct BackendOptions {
   bool cpu = true;
-  std::vector<int> gpus;       // CUDA devices; one for now (tensor parallelism is a later issue)
+  std::vector<int> gpus;       // CUDA devices; more than one: tensor parallel over them
   int max_batch = 8;           // sequences held at once (for the GPU memory plan)
   int64_t max_context = 4096;  // tokens per sequence (for the GPU memory plan)
   CpuNumerics numerics;

@@ -13,10 +13,12 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/kernels.cuh"
+#include "backend/cuda/tp.h"
 #include "core/error.h"
 #include "model/engram.h"
 #include "model/inventory.h"
 #include "model/rope.h"
+#include "model/tp_partition.h"
 
 namespace dsuf {
 namespace {
@@ -24,20 +26,30 @@ namespace {
 using cuda::RowMeta;
 using cuda::SeqMeta;
 
-// Owns one device allocation.
+// Owns one device allocation (freed on its own device, whichever is current: tensor parallel).
 struct DevMem {
   void* p = nullptr;
+  int dev = 0;
   DevMem() = default;
-  explicit DevMem(size_t bytes) { DSUF_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 16))); }
+  explicit DevMem(size_t bytes) {
+    DSUF_CUDA(cudaGetDevice(&dev));
+    DSUF_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 16)));
+  }
   DevMem(const DevMem&) = delete;
   DevMem& operator=(const DevMem&) = delete;
-  DevMem(DevMem&& o) noexcept : p(o.p) { o.p = nullptr; }
+  DevMem(DevMem&& o) noexcept : p(o.p), dev(o.dev) { o.p = nullptr; }
   DevMem& operator=(DevMem&& o) noexcept {
     std::swap(p, o.p);
+    std::swap(dev, o.dev);
     return *this;
   }
   ~DevMem() {
-    if (p) cudaFree(p);
+    if (!p) return;
+    int cur = dev;
+    cudaGetDevice(&cur);
+    if (cur != dev) cudaSetDevice(dev);
+    cudaFree(p);
+    if (cur != dev) cudaSetDevice(cur);
   }
   template <typename T>
   T* as() const {
@@ -86,6 +98,11 @@ struct DevSeq {
   std::vector<int> cur;               // which pending buffer is current
   std::vector<int64_t> entries;       // per KV source
 };
+// SequenceState::device: the sequence's pools on every rank (replicated: each rank computes the
+// shared KV latent, compressors and indexer keys itself).
+struct DevSeqSet {
+  std::vector<std::unique_ptr<DevSeq>> ranks;
+};
 
 }  // namespace
 
@@ -96,6 +113,14 @@ struct CudaBackend::Impl {
   KvLayout layout;
   std::vector<int32_t> cids;
   CudaOptions opt;
+  // Tensor parallelism: this rank's slices; comm is null at world size 1 (exchanges are no-ops).
+  TpPartition part;
+  cuda::TpComm* comm = nullptr;
+  const std::map<std::string, const uint8_t*>* host_tables = nullptr;  // rank 0's pinned tables
+  std::map<std::string, const uint8_t*> host_ptr;                       // (rank 0) pinned host addresses
+  float *tp_send = nullptr, *tp_recv = nullptr;
+  int64_t tp_send_floats = 0;
+  cuda::ColSplit zg_split, hidden_split, vocab_split;  // columns each rank computes of the gathered products
   std::unique_ptr<EngramHasher> hasher;
   cudaStream_t stream = nullptr;
   std::vector<DevMem> owned;
@@ -145,8 +170,11 @@ struct CudaBackend::Impl {
   cudaEvent_t ev0 = nullptr, ev1 = nullptr;
   double last_graph_ms = 0;
 
-  Impl(const ModelConfig& c, const LoadedModel* m, std::vector<int32_t> ids, CudaOptions o)
-      : cfg(c), model(m), layout(KvLayout::from_config(c)), cids(std::move(ids)), opt(o) {}
+  Impl(const ModelConfig& c, const LoadedModel* m, std::vector<int32_t> ids, CudaOptions o, int rank)
+      : cfg(c), model(m), layout(KvLayout::from_config(c)), cids(std::move(ids)), opt(o),
+        part(TpPartition::make(c.text, std::max<int>(1, int(o.devices.size())), rank)) {
+    if (!opt.devices.empty()) opt.device = opt.devices[rank];
+  }
 
   template <typename T>
   T* alloc(size_t count) {
@@ -172,7 +200,7 @@ struct CudaBackend::Impl {
   }
   const uint8_t* pin(const uint8_t* host, size_t bytes) {
     void* p = nullptr;
-    DSUF_CUDA(cudaHostAlloc(&p, bytes, cudaHostAllocMapped));
+    DSUF_CUDA(cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
     std::memcpy(p, host, bytes);
     pinned.push_back(p);
     void* d = nullptr;
@@ -212,7 +240,7 @@ struct CudaBackend::Impl {
   DevSeq& seq(SequenceState& st);
   Step stage_step(std::vector<Part>& parts, bool fixed_layout);
   void enqueue_step(const Step& st, std::vector<Part>& parts, bool trace);
-  void run_step(std::vector<Part>& parts);
+  Step run_step(std::vector<Part>& parts);
   void finish_step(std::vector<Part>& parts, const Step& st);
   void attention(int l, const Step& st, float* out);
   void moe(int l, int n, const uint8_t* image, float* out);
@@ -243,24 +271,43 @@ uint8_t synthetic_scale(int64_t fan_in, bool fp4) {
 void CudaBackend::Impl::place_tensors(uint64_t synthetic_seed) {
   // Every backbone tensor by checkpoint name: on the device, except the Engram tables, which go to
   // pinned host memory the GPU reads directly. From the checkpoint, or drawn on the device.
+  // Tensor parallel: each rank takes only its row slice of a split tensor (tp_partition.h) and
+  // skips experts other ranks own; the Engram tables are pinned once (rank 0) and mapped by all.
   uint64_t salt = synthetic_seed;
   for (const WeightSpec& w : expected_weights(cfg)) {
     for (const TensorSpec& ts : physical_tensors(w)) {
       if (!on_device_backbone(ts.name)) continue;
-      const size_t bytes = size_t(numel(ts.shape)) * dtype_size(ts.dtype);
+      const size_t full_bytes = size_t(numel(ts.shape)) * dtype_size(ts.dtype);
       const bool host = in_host_memory(ts.name);
-      if (model) {
-        const uint8_t* src = model->checkpoint->get(ts.name).data;
-        dev[ts.name] = host ? pin(src, bytes) : upload<uint8_t>(src, bytes);
+      if (!model) ++salt;
+      const TensorSlice sl = tensor_slice(part, ts.name, ts.shape);
+      if (!sl.present) continue;
+      const size_t row_bytes = full_bytes / size_t(ts.shape[0]);
+      const size_t off = sl.sliced ? size_t(sl.rows.begin) * row_bytes : 0;
+      const size_t bytes = sl.sliced ? size_t(sl.rows.size()) * row_bytes : full_bytes;
+      if (host && host_tables) {
+        void* d = nullptr;
+        DSUF_CUDA(cudaHostGetDevicePointer(&d, const_cast<uint8_t*>(host_tables->at(ts.name)), 0));
+        dev[ts.name] = static_cast<const uint8_t*>(d);
         continue;
       }
-      ++salt;
+      if (model) {
+        const uint8_t* src = model->checkpoint->get(ts.name).data;
+        if (host) {
+          dev[ts.name] = pin(src, bytes);
+          host_ptr[ts.name] = static_cast<const uint8_t*>(pinned.back());
+        } else {
+          dev[ts.name] = upload<uint8_t>(src + off, bytes);
+        }
+        continue;
+      }
       const bool is_scale = ts.dtype == DType::F8_E8M0;
       const int64_t fan_in = w.shape.back();
       if (host) {
         void* p = nullptr;
-        DSUF_CUDA(cudaHostAlloc(&p, bytes, cudaHostAllocMapped));
+        DSUF_CUDA(cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
         pinned.push_back(p);
+        host_ptr[ts.name] = static_cast<const uint8_t*>(p);
         cuda::fill_host_synthetic(static_cast<uint8_t*>(p), bytes, salt,
                                   is_scale ? cuda::Fill::kConstant : cuda::Fill::kE4M3, synthetic_scale(fan_in, false));
         void* d = nullptr;
@@ -270,6 +317,11 @@ void CudaBackend::Impl::place_tensors(uint64_t synthetic_seed) {
       }
       uint8_t* d = alloc<uint8_t>(bytes);
       weight_bytes += bytes;
+      // A slice gets the bytes the whole tensor would hold there: drawn whole, then cut.
+      const bool partial = bytes != full_bytes;
+      uint8_t* fill_to = d;
+      DevMem whole;
+      if (partial) whole = DevMem(full_bytes), fill_to = whole.as<uint8_t>();
       cuda::Fill mode = cuda::Fill::kBytes;
       uint8_t constant = 0;
       float sigma = 1.0f;
@@ -286,7 +338,11 @@ void CudaBackend::Impl::place_tensors(uint64_t synthetic_seed) {
         sigma = w.init == WeightInit::kHcFn ? 0.1f / std::sqrt(float(fan_in)) : w.init == WeightInit::kBias ? 0.01f : 1.0f;
         if (w.init == WeightInit::kHcScale) mode = cuda::Fill::kF32One;
       }
-      cuda::fill_device_synthetic(d, bytes, salt, mode, constant, sigma, stream);
+      cuda::fill_device_synthetic(fill_to, full_bytes, salt, mode, constant, sigma, stream);
+      if (partial) {
+        DSUF_CUDA(cudaMemcpyAsync(d, fill_to + off, bytes, cudaMemcpyDeviceToDevice, stream));
+        DSUF_CUDA(cudaStreamSynchronize(stream));
+      }
       dev[ts.name] = d;
     }
   }
@@ -314,6 +370,12 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   embed = u16("embed.weight"), head = u16("head.weight"), norm = u16("norm.weight");
   const int64_t D = t.hidden_size, H = t.num_attention_heads, hd = t.head_dim, qr = t.q_lora_rank;
   const int64_t G = t.o_groups, ol = t.o_lora_rank, F = t.moe_intermediate_size;
+  // This rank's rows of the split products (all of them at world size 1).
+  const int64_t Hr = part.my_heads().size(), Gr = part.my_groups().size(), Dr = part.my_hidden().size();
+  int fallback_expert = 0;  // experts of other ranks point here: their rows are computed, then dropped
+  while (!part.owns_expert(fallback_expert)) ++fallback_expert;
+  zg_split = cuda::col_split(part.group_cols()), hidden_split = cuda::col_split(part.hidden);
+  vocab_split = cuda::col_split(part.vocab);
   for (const LayerPlan& lp : cfg.layers) {
     const std::string p = "layers." + std::to_string(lp.layer) + ".";
     DevLayer d{};
@@ -322,8 +384,8 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
     d.attn_norm = u16(p + "attn_norm.weight"), d.ffn_norm = u16(p + "ffn_norm.weight");
     d.q_norm = u16(p + "attn.q_norm.weight"), d.kv_norm = u16(p + "attn.kv_norm.weight");
     d.sink = f32(p + "attn.attn_sink");
-    d.wq_a = fp8(p + "attn.wq_a", qr, D), d.wq_b = fp8(p + "attn.wq_b", H * hd, qr), d.wkv = fp8(p + "attn.wkv", hd, D);
-    d.wo_a = fp8(p + "attn.wo_a", G * ol, H * hd / G), d.wo_b = fp8(p + "attn.wo_b", D, G * ol);
+    d.wq_a = fp8(p + "attn.wq_a", qr, D), d.wq_b = fp8(p + "attn.wq_b", Hr * hd, qr), d.wkv = fp8(p + "attn.wkv", hd, D);
+    d.wo_a = fp8(p + "attn.wo_a", Gr * ol, H * hd / G), d.wo_b = fp8(p + "attn.wo_b", Dr, G * ol);
     d.comp_wkv = u16(p + "attn.compressor.wkv.weight"), d.comp_wgate = u16(p + "attn.compressor.wgate.weight");
     d.comp_norm = u16(p + "attn.compressor.norm.weight");
     d.idx_wk = u16(p + "attn.indexer.wk.weight"), d.idx_k_norm = u16(p + "attn.indexer.k_norm.weight");
@@ -332,7 +394,8 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
     d.gate = u16(p + "ffn.gate.weight"), d.bias = f32(p + "ffn.gate.bias"), d.bias_vl = f32(p + "ffn.gate.bias_vl");
     std::vector<const uint8_t*> ptr[6];
     for (int e = 0; e < t.n_routed_experts; ++e) {
-      const std::string ep = p + "ffn.experts." + std::to_string(e) + ".";
+      const int own = part.owns_expert(e) ? e : fallback_expert;
+      const std::string ep = p + "ffn.experts." + std::to_string(own) + ".";
       const char* names[3] = {"w1", "w2", "w3"};
       for (int k = 0; k < 3; ++k) {
         ptr[2 * k].push_back(dev.at(ep + names[k] + ".weight"));
@@ -390,6 +453,20 @@ WorkspaceSizes workspace_sizes(const TextConfig& t, int64_t N, int64_t max_conte
   w.keys = N * (t.sliding_window + t.index_topk) * hd;
   return w;
 }
+// Scratch of the tensor-parallel exchanges, in floats (none at world size 1): the packed send block
+// of a column gather and the receive buffer of every rank's blocks or expert rows.
+struct TpScratch {
+  int64_t send = 0, recv = 0;
+};
+TpScratch tp_scratch(const TextConfig& t, const TpPartition& p, int64_t N) {
+  if (p.world == 1) return {};
+  int64_t cmax = 0;
+  for (const auto* ranges : {&p.hidden, &p.vocab})
+    for (const RowRange& r : *ranges) cmax = std::max(cmax, r.size());
+  for (const RowRange& r : p.group_cols()) cmax = std::max(cmax, r.size());
+  const int64_t moe = N * t.num_experts_per_tok * t.hidden_size;
+  return {N * cmax, p.world * std::max(N * cmax, moe)};
+}
 }  // namespace
 
 std::string CudaMemoryPlan::describe() const {
@@ -402,17 +479,23 @@ std::string CudaMemoryPlan::describe() const {
   return buf;
 }
 
-CudaMemoryPlan plan_cuda_memory(const LoadedModel& model, const CudaOptions& opt) {
-  return plan_cuda_memory(model.config, opt);
+CudaMemoryPlan plan_cuda_memory(const LoadedModel& model, const CudaOptions& opt, int rank) {
+  return plan_cuda_memory(model.config, opt, rank);
 }
 
-CudaMemoryPlan plan_cuda_memory(const ModelConfig& cfg, const CudaOptions& opt) {
+CudaMemoryPlan plan_cuda_memory(const ModelConfig& cfg, const CudaOptions& opt, int rank) {
   const TextConfig& t = cfg.text;
+  const TpPartition part = TpPartition::make(t, std::max<int>(1, int(opt.devices.size())), rank);
   CudaMemoryPlan p;
   for (const TensorSpec& ts : expected_tensors(cfg)) {
     if (!on_device_backbone(ts.name)) continue;
     const size_t bytes = size_t(numel(ts.shape)) * dtype_size(ts.dtype);
-    (in_host_memory(ts.name) ? p.host_pinned : p.weights) += bytes;
+    if (in_host_memory(ts.name)) {
+      p.host_pinned += bytes;  // once, shared by the ranks
+      continue;
+    }
+    const TensorSlice sl = tensor_slice(part, ts.name, ts.shape);
+    if (sl.present) p.weights += sl.sliced ? bytes / size_t(ts.shape[0]) * size_t(sl.rows.size()) : bytes;
   }
   const KvLayout L = KvLayout::from_config(cfg);
   p.per_sequence = size_t(L.num_layers) * L.window * L.window_entry_bytes;
@@ -422,7 +505,8 @@ CudaMemoryPlan plan_cuda_memory(const ModelConfig& cfg, const CudaOptions& opt) 
   p.sequences = p.per_sequence * size_t(opt.max_batch);
   const int64_t R = t.engram_layer_ids.empty() ? 0 : int64_t(t.engram_max_ngram_size - 1) * t.engram_n_heads;
   const WorkspaceSizes w = workspace_sizes(t, std::max(opt.max_chunk, opt.max_batch), opt.max_context, R);
-  p.workspace = w.bytes() + size_t(w.X + w.pre) * 4;  // + the head's gathered rows
+  const TpScratch tps = tp_scratch(t, part, std::max(opt.max_chunk, opt.max_batch));
+  p.workspace = w.bytes() + size_t(w.X + w.pre) * 4 + size_t(tps.send + tps.recv) * 4;  // + the head's gathered rows
   return p;
 }
 
@@ -444,6 +528,8 @@ void CudaBackend::Impl::alloc_workspace() {
   ws.router = alloc<float>(w.router), ws.ids = alloc<int32_t>(w.ids), ws.rw = alloc<float>(w.ids);
   ws.h1 = alloc<float>(w.h), ws.h3 = alloc<float>(w.h), ws.ye = alloc<float>(w.ye), ws.ys = alloc<float>(w.vecD);
   ws.keys = alloc<float>(w.keys);
+  const TpScratch tps = tp_scratch(t, part, max_rows);
+  if (tps.recv) tp_send = alloc<float>(tps.send), tp_recv = alloc<float>(tps.recv), tp_send_floats = tps.send;
   ws.h1s = alloc<float>(w.hs), ws.h3s = alloc<float>(w.hs), ws.emb = alloc<float>(w.emb), ws.ekv = alloc<float>(w.ekv);
   logits_rows = max_rows;
   ws.logits = alloc<float>(w.logits);
@@ -460,9 +546,13 @@ void CudaBackend::Impl::alloc_workspace() {
 }
 
 DevSeq& CudaBackend::Impl::seq(SequenceState& st) {
-  if (st.device) return *static_cast<DevSeq*>(st.device.get());
+  if (!st.device) st.device = std::make_shared<DevSeqSet>();
+  DevSeqSet& set = *static_cast<DevSeqSet*>(st.device.get());
+  if (set.ranks.size() < size_t(part.world)) set.ranks.resize(part.world);
+  if (set.ranks[part.rank]) return *set.ranks[part.rank];
+  DSUF_CUDA(cudaSetDevice(opt.device));
   const TextConfig& t = cfg.text;
-  auto ds = std::make_shared<DevSeq>();
+  auto ds = std::make_unique<DevSeq>();
   const size_t ring_bytes = size_t(layout.num_layers) * layout.window * layout.window_entry_bytes;
   ds->window = DevMem(ring_bytes);
   const size_t S = layout.kv_sources.size();
@@ -490,8 +580,8 @@ DevSeq& CudaBackend::Impl::seq(SequenceState& st) {
   } else {
     DSUF_CUDA(cudaMemset(ds->window.p, 0, ring_bytes));
   }
-  st.device = ds;
-  return *ds;
+  set.ranks[part.rank] = std::move(ds);
+  return *set.ranks[part.rank];
 }
 
 // Host side of a step: rows, sequences, RoPE tables, Engram rows and the compressor's job lists,
@@ -624,6 +714,11 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
   const int64_t D = t.hidden_size, hd = t.head_dim, qr = t.q_lora_rank, G = t.o_groups, ol = t.o_lora_rank;
   const float eps = float(t.rms_norm_eps);
   const float* cs = lp.compress_rope ? st.cs_comp : st.cs_main;
+  // Tensor parallel: this rank's query heads [h0, h0+Hr) and the output groups they feed
+  // [g0, g0+Gr); wo_b rows [d0, d0+Dr). Everything else here runs whole on every rank.
+  const int h0 = int(part.my_heads().begin), Hr = int(part.my_heads().size());
+  const int g0 = int(part.my_groups().begin), Gr = int(part.my_groups().size());
+  const int64_t d0 = part.my_hidden().begin, Dr = part.my_hidden().size();
 
   cuda::act_quant(ws.xn, n, D, aq, ws.xq, ws.sa, stream);
   cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, ws.xq, ws.sa, D, n, ws.tmp, qr, r, stream);
@@ -633,8 +728,8 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
   cuda::rope(ws.kvw, n, 1, hd, cs, half, 1.0f, r, stream);
   cuda::fp8_fake_quant(ws.kvw, n * hd, r, stream);
   cuda::act_quant(ws.q_lat, n, qr, aq, ws.xq2, ws.sa2, stream);
-  cuda::fp8_linear(d.wq_b.w, d.wq_b.s, H * hd, qr, ws.xq2, ws.sa2, qr, n, ws.q, H * hd, r, stream);
-  cuda::rope(ws.q, n, H, hd, cs, half, 1.0f, r, stream);
+  cuda::fp8_linear(d.wq_b.w, d.wq_b.s, Hr * hd, qr, ws.xq2, ws.sa2, qr, n, ws.q, Hr * hd, r, stream);
+  cuda::rope(ws.q, n, Hr, hd, cs, half, 1.0f, r, stream);
 
   const int slot = layout.source_slot[l];
   const int ratio = lp.ratio;
@@ -672,17 +767,19 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
 
   cuda::AttentionArgs aa{.q = ws.q, .kv_chunk = ws.kvw, .meta = st.meta, .seqs = st.seqtab, .layer = l,
                          .src = ratio > 0 ? slot : -1, .sel = ratio > 0 ? ws.sel : nullptr,
-                         .sel_stride = t.index_topk, .sink = d.sink, .out = ws.o, .keys = ws.keys,
-                         .kmax = W + t.index_topk, .rows = n, .H = H, .W = W, .hd = hd, .r = r};
+                         .sel_stride = t.index_topk, .sink = d.sink + h0, .out = ws.o, .keys = ws.keys,
+                         .kmax = W + t.index_topk, .rows = n, .H = Hr, .W = W, .hd = hd, .r = r};
   cuda::attention(aa, stream);
-  cuda::rope(ws.o, n, H, hd, cs, half, -1.0f, r, stream);
+  cuda::rope(ws.o, n, Hr, hd, cs, half, -1.0f, r, stream);
   const int64_t gin = (H / G) * hd;
-  cuda::act_quant(ws.o, n, H * hd, opt.numerics.wo_a_act_quant && aq, ws.xq, ws.sa, stream);
-  for (int g = 0; g < G; ++g)
+  cuda::act_quant(ws.o, n, Hr * hd, opt.numerics.wo_a_act_quant && aq, ws.xq, ws.sa, stream);
+  for (int g = 0; g < Gr; ++g)
     cuda::fp8_linear(d.wo_a.w + g * ol * gin, d.wo_a.s + (g * ol / 32) * (gin / 32), ol, gin, ws.xq + g * gin,
-                     ws.sa + g * gin / 32, H * hd, n, ws.zg + g * ol, G * ol, r, stream);
+                     ws.sa + g * gin / 32, Hr * hd, n, ws.zg + (g0 + g) * ol, G * ol, r, stream);
+  cuda::gather_cols(comm, zg_split, ws.zg, n, G * ol, tp_send, tp_recv, stream);
   cuda::act_quant(ws.zg, n, G * ol, aq, ws.xq2, ws.sa2, stream);
-  cuda::fp8_linear(d.wo_b.w, d.wo_b.s, D, G * ol, ws.xq2, ws.sa2, G * ol, n, out, D, r, stream);
+  cuda::fp8_linear(d.wo_b.w, d.wo_b.s, Dr, G * ol, ws.xq2, ws.sa2, G * ol, n, out + d0, D, r, stream);
+  cuda::gather_cols(comm, hidden_split, out, n, D, tp_send, tp_recv, stream);
   cuda::pack_window(ws.kvw, n, st.meta, st.seqtab, l, hd, W, stream);
 }
 
@@ -702,11 +799,16 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, float* out) {
   cuda::swiglu(ws.h1, ws.h3, int64_t(n) * K, F, ws.rw, limit, true, r, stream);
   cuda::act_quant(ws.h1, int64_t(n) * K, F, aq, ws.xq2, ws.sa2, stream);
   cuda::fp4_linear_grouped(d.experts.w2, d.experts.s2, ws.ids, D, F, ws.xq2, ws.sa2, 1, int64_t(n) * K, ws.ye, r, stream);
-  cuda::fp8_linear(d.sw1.w, d.sw1.s, F, D, ws.xq, ws.sa, D, n, ws.h1s, F, r, stream);
-  cuda::fp8_linear(d.sw3.w, d.sw3.s, F, D, ws.xq, ws.sa, D, n, ws.h3s, F, r, stream);
-  cuda::swiglu(ws.h1s, ws.h3s, n, F, nullptr, limit, opt.numerics.shared_expert_clamp, r, stream);
-  cuda::act_quant(ws.h1s, n, F, aq, ws.xq2, ws.sa2, stream);
-  cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, ws.xq2, ws.sa2, F, n, ws.ys, D, r, stream);
+  // Tensor parallel: the rows of ye whose expert another rank owns were computed with a stand-in
+  // expert and are replaced by the owner's; the shared expert runs whole on its layer's owner.
+  if (part.owns_shared(l)) {
+    cuda::fp8_linear(d.sw1.w, d.sw1.s, F, D, ws.xq, ws.sa, D, n, ws.h1s, F, r, stream);
+    cuda::fp8_linear(d.sw3.w, d.sw3.s, F, D, ws.xq, ws.sa, D, n, ws.h3s, F, r, stream);
+    cuda::swiglu(ws.h1s, ws.h3s, n, F, nullptr, limit, opt.numerics.shared_expert_clamp, r, stream);
+    cuda::act_quant(ws.h1s, n, F, aq, ws.xq2, ws.sa2, stream);
+    cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, ws.xq2, ws.sa2, F, n, ws.ys, D, r, stream);
+  }
+  cuda::gather_expert_rows(comm, ws.ye, ws.ids, int64_t(n) * K, D, tp_recv, ws.ys, n, part.shared_owner(l), stream);
   cuda::moe_sum(ws.ye, K, ws.ys, n, D, out, r, stream);
 }
 
@@ -749,7 +851,7 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
       std::vector<float> x(size_t(n) * hc * D);
       DSUF_CUDA(cudaMemcpyAsync(x.data(), ws.X, x.size() * 4, cudaMemcpyDeviceToHost, stream));
       DSUF_CUDA(cudaStreamSynchronize(stream));
-      parts[0].item->trace->push_back(std::move(x));
+      if (part.rank == 0) parts[0].item->trace->push_back(std::move(x));
     }
   }
   if (st.n_logit_rows > 0) {
@@ -757,8 +859,12 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
     cuda::gather_rows(ws.X, ws.pre, st.logit_rows, nl, hc, D, X_head, pre_head, stream);
     cuda::hc_collapse(pre_head, hc, X_head, nl, hc, D, ws.u, r, stream);
     cuda::rmsnorm(ws.u, nl, D, norm, eps, ws.xn, r, stream);
-    cuda::bf16_linear(head, V, D, ws.xn, D, nl, ws.logits, V, false, stream);
-    DSUF_CUDA(cudaMemcpyAsync(logits_host, ws.logits, size_t(nl) * V * 4, cudaMemcpyDeviceToHost, stream));
+    // Vocabulary-parallel head: this rank's rows, gathered; rank 0 hands the logits to the host.
+    const int64_t v0 = part.my_vocab().begin;
+    cuda::bf16_linear(head, part.my_vocab().size(), D, ws.xn, D, nl, ws.logits + v0, V, false, stream);
+    cuda::gather_cols(comm, vocab_split, ws.logits, nl, V, tp_send, tp_recv, stream);
+    if (part.rank == 0)
+      DSUF_CUDA(cudaMemcpyAsync(logits_host, ws.logits, size_t(nl) * V * 4, cudaMemcpyDeviceToHost, stream));
   }
 }
 
@@ -783,14 +889,17 @@ void CudaBackend::Impl::finish_step(std::vector<Part>& parts, const Step& st) {
       if (!hist.empty()) hist[0] = id == c.image_token_id ? -1 : cids[id];
     }
     s.pos += p.n;
-    for (size_t k = 0; k < layout.kv_sources.size(); ++k) {
-      p.ds->entries[k] = s.pos / layout.source_ratio[k];
-      p.ds->cur[k] ^= 1;
-    }
+    for (auto& ds : static_cast<DevSeqSet*>(s.device.get())->ranks)  // every rank's copy of the pools
+      for (size_t k = 0; k < layout.kv_sources.size(); ++k) {
+        ds->entries[k] = s.pos / layout.source_ratio[k];
+        ds->cur[k] ^= 1;
+      }
   }
 }
 
-void CudaBackend::Impl::run_step(std::vector<Part>& parts) {
+// One rank's share of a step (staging, kernels, synchronization); finish_step then runs once.
+CudaBackend::Impl::Step CudaBackend::Impl::run_step(std::vector<Part>& parts) {
+  DSUF_CUDA(cudaSetDevice(opt.device));
   bool trace = false, decode = use_graphs;
   for (const Part& p : parts) {
     trace |= p.item->trace != nullptr;
@@ -829,17 +938,17 @@ void CudaBackend::Impl::run_step(std::vector<Part>& parts) {
     DSUF_CUDA(cudaEventElapsedTime(&ms, ev0, ev1));
     last_graph_ms = ms;
   }
-  finish_step(parts, st);
+  return st;
 }
 
 namespace {
 // Refuses with the plan's numbers when it does not fit the device.
-void check_fits(const ModelConfig& cfg, const CudaOptions& opt) {
+void check_fits(const ModelConfig& cfg, const CudaOptions& opt, int rank) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) fail("--gpus: no CUDA device is available");
   if (opt.device >= count) fail("--gpus: device ", opt.device, " does not exist (", count, " visible)");
   DSUF_CUDA(cudaSetDevice(opt.device));
-  const CudaMemoryPlan plan = plan_cuda_memory(cfg, opt);
+  const CudaMemoryPlan plan = plan_cuda_memory(cfg, opt, rank);
   size_t free_b = 0, total_b = 0;
   DSUF_CUDA(cudaMemGetInfo(&free_b, &total_b));
   const size_t margin = size_t(512) << 20;  // CUDA context growth, allocator rounding
@@ -850,37 +959,90 @@ void check_fits(const ModelConfig& cfg, const CudaOptions& opt) {
 }
 }  // namespace
 
-CudaBackend::CudaBackend(const LoadedModel& model, std::vector<int32_t> compressed_ids, CudaOptions opt)
-    : impl_(std::make_unique<Impl>(model.config, &model, std::move(compressed_ids), opt)) {
-  if (const char* g = std::getenv("DSUF_CUDA_GRAPHS")) impl_->use_graphs = std::string(g) != "0";  // profiling
-  check_fits(model.config, opt);  // plan first: refuse before uploading anything
-  impl_->load(0);
+CudaBackend::CudaBackend(const LoadedModel& model, std::vector<int32_t> compressed_ids, CudaOptions opt) {
+  init(model.config, &model, std::move(compressed_ids), std::move(opt), 0);
 }
 
 CudaBackend::CudaBackend(const ModelConfig& config, std::vector<int32_t> compressed_ids, CudaOptions opt,
-                         uint64_t seed)
-    : impl_(std::make_unique<Impl>(config, nullptr, std::move(compressed_ids), opt)) {
-  if (const char* g = std::getenv("DSUF_CUDA_GRAPHS")) impl_->use_graphs = std::string(g) != "0";  // profiling
-  check_fits(config, opt);
-  impl_->load(seed);
+                         uint64_t seed) {
+  init(config, nullptr, std::move(compressed_ids), std::move(opt), seed);
+}
+
+struct CudaBackend::Tp {
+  std::vector<std::unique_ptr<cuda::TpComm>> comms;
+  std::unique_ptr<cuda::RankPool> pool;
+};
+
+void CudaBackend::init(const ModelConfig& cfg, const LoadedModel* model, std::vector<int32_t> ids, CudaOptions opt,
+                       uint64_t seed) {
+  if (opt.devices.empty()) opt.devices = {opt.device};
+  const int world = int(opt.devices.size());
+  for (int i = 0; i < world; ++i)
+    for (int j = 0; j < i; ++j)
+      if (opt.devices[i] == opt.devices[j]) fail("--gpus lists GPU ", opt.devices[i], " twice");
+  for (int r = 0; r < world; ++r) {
+    CudaOptions o = opt;
+    o.device = opt.devices[r];
+    check_fits(cfg, o, r);  // plan first: refuse before uploading anything
+  }
+  tp_ = std::make_unique<Tp>();
+  if (world > 1) tp_->comms = cuda::TpComm::create_all(opt.devices);
+  bool graphs = true;
+  if (const char* g = std::getenv("DSUF_CUDA_GRAPHS")) graphs = std::string(g) != "0";  // profiling
+  for (int r = 0; r < world; ++r) {
+    ranks_.push_back(std::make_unique<Impl>(cfg, model, ids, opt, r));
+    Impl& im = *ranks_.back();
+    im.use_graphs = graphs;
+    if (world > 1) im.comm = tp_->comms[r].get();
+    if (r > 0) im.host_tables = &ranks_[0]->host_ptr;
+    im.load(seed);
+  }
+  if (world > 1) {
+    tp_->pool = std::make_unique<cuda::RankPool>(opt.devices, [this] {
+      for (auto& c : tp_->comms) c->abort();
+    });
+    // Every collective kind once, small and large, outside any graph capture: NCCL connects its
+    // peers on first use, which must not happen inside a captured decode step.
+    tp_->pool->run([&](int r) {
+      Impl& im = *ranks_[r];
+      im.comm->all_gather(im.tp_send, im.tp_recv, 1, im.stream);
+      im.comm->all_gather(im.tp_send, im.tp_recv, size_t(im.tp_send_floats), im.stream);
+      im.comm->group_start();
+      im.comm->all_gather(im.tp_send, im.tp_recv, 1, im.stream);
+      im.comm->broadcast(im.tp_send, size_t(im.tp_send_floats), 0, im.stream);
+      im.comm->group_end();
+      DSUF_CUDA(cudaStreamSynchronize(im.stream));
+    });
+  }
+  DSUF_CUDA(cudaSetDevice(opt.devices[0]));
 }
 
 CudaBackend::~CudaBackend() {
-  if (!impl_) return;
-  for (auto& [b, g] : impl_->graphs)
-    if (g.exec) cudaGraphExecDestroy(g.exec);
-  for (void* p : impl_->pinned) cudaFreeHost(p);
-  if (impl_->stream) cudaStreamDestroy(impl_->stream);
+  if (tp_) tp_->pool.reset();  // joins the rank threads
+  // Last rank first: rank 0's pinned Engram tables are mapped by the others.
+  for (int r = int(ranks_.size()) - 1; r >= 0; --r) {
+    Impl& im = *ranks_[r];
+    cudaSetDevice(im.opt.device);
+    if (im.stream) cudaStreamSynchronize(im.stream);
+    for (auto& [b, g] : im.graphs)
+      if (g.exec) cudaGraphExecDestroy(g.exec);
+    if (im.ev0) cudaEventDestroy(im.ev0), cudaEventDestroy(im.ev1);
+    for (void* p : im.pinned) cudaFreeHost(p);
+    if (im.stream) cudaStreamDestroy(im.stream);
+    ranks_[r].reset();
+  }
+  tp_.reset();
 }
 
-const ModelConfig& CudaBackend::config() const { return impl_->cfg; }
-const KvLayout& CudaBackend::layout() const { return impl_->layout; }
-size_t CudaBackend::weight_bytes() const { return impl_->weight_bytes; }
+const ModelConfig& CudaBackend::config() const { return ranks_[0]->cfg; }
+const KvLayout& CudaBackend::layout() const { return ranks_[0]->layout; }
+size_t CudaBackend::weight_bytes(int rank) const { return ranks_.at(rank)->weight_bytes; }
+int CudaBackend::world_size() const { return int(ranks_.size()); }
 
-SequenceState CudaBackend::new_sequence() const { return SequenceState::empty(impl_->layout); }
+SequenceState CudaBackend::new_sequence() const { return SequenceState::empty(ranks_[0]->layout); }
 
 void CudaBackend::forward(std::span<ForwardItem> batch) {
-  Impl& im = *impl_;
+  Impl& im = *ranks_[0];
   std::vector<size_t> done(batch.size(), 0);
   std::vector<SequenceState*> seen;
   for (ForwardItem& item : batch) {
@@ -890,7 +1052,7 @@ void CudaBackend::forward(std::span<ForwardItem> batch) {
     if (item.state->pos + int64_t(item.tokens.size()) > im.cfg.text.max_position_embeddings)
       fail("sequence of ", item.state->pos + item.tokens.size(), " tokens exceeds max_position_embeddings");
     if (item.logits) item.logits->clear();
-    im.seq(*item.state);
+    for (auto& rk : ranks_) rk->seq(*item.state);  // every rank's pools, allocated here, not on the rank threads
   }
   // Steps of at most max_rows rows; each sequence contributes one chunk per step, in order. A traced
   // item runs alone (its trace is per step).
@@ -911,40 +1073,59 @@ void CudaBackend::forward(std::span<ForwardItem> batch) {
       if (item.trace) break;
     }
     if (parts.empty()) break;
-    im.run_step(parts);
+    if (ranks_.size() == 1) {
+      const Impl::Step st = im.run_step(parts);
+      im.finish_step(parts, st);
+      continue;
+    }
+    // Tensor parallel: every rank runs the step on its own thread with its own pools; the
+    // collectives inside keep them in lockstep. The host bookkeeping then runs once.
+    std::vector<Impl::Step> steps(ranks_.size());
+    tp_->pool->run([&](int r) {
+      std::vector<Impl::Part> mine = parts;
+      for (Impl::Part& p : mine) p.ds = &ranks_[r]->seq(*p.item->state);
+      steps[r] = ranks_[r]->run_step(mine);
+    });
+    im.finish_step(parts, steps[0]);
   }
 }
 
-double CudaBackend::last_graph_ms() const { return impl_->last_graph_ms; }
+double CudaBackend::last_graph_ms() const { return ranks_[0]->last_graph_ms; }
 
 SequenceState CudaBackend::synthetic_sequence(int64_t pos, uint64_t seed) {
-  Impl& im = *impl_;
-  const KvLayout& L = im.layout;
+  const KvLayout& L = ranks_[0]->layout;
   SequenceState st = SequenceState::empty(L);
-  DevSeq& ds = im.seq(st);
+  for (auto& rk : ranks_) rk->seq(st);
   st.pos = pos;
-  const int64_t hd = L.head_dim, ihd = L.index_head_dim;
-  cuda::fill_entries_synthetic(ds.window.as<uint8_t>(), int64_t(L.num_layers) * L.window, int64_t(L.window_entry_bytes),
-                               hd, true, 127, seed, im.stream);
-  for (size_t k = 0; k < L.kv_sources.size(); ++k) {
-    const int64_t entries = pos / L.source_ratio[k];
-    DSUF_CHECK(entries <= im.opt.max_context, "synthetic sequence longer than max_context");
-    cuda::fill_entries_synthetic(ds.ckv[k].as<uint8_t>(), entries, int64_t(L.ckv_entry_bytes), hd / 2, false, 0x30,
-                                 seed + 1 + k, im.stream);
-    cuda::fill_entries_synthetic(ds.ikey[k].as<uint8_t>(), entries, int64_t(L.ikey_entry_bytes), ihd / 2, false, 127,
-                                 seed + 101 + k, im.stream);
-    ds.entries[k] = entries;
-    DSUF_CUDA(cudaMemsetAsync(ds.pending[ds.cur[k]][k].p, 0, size_t(L.source_ratio[k]) * 2 * hd * 4, im.stream));
+  for (auto& rk : ranks_) {  // the same bytes on every rank (the pools are replicated)
+    Impl& im = *rk;
+    DSUF_CUDA(cudaSetDevice(im.opt.device));
+    DevSeq& ds = im.seq(st);
+    const int64_t hd = L.head_dim, ihd = L.index_head_dim;
+    cuda::fill_entries_synthetic(ds.window.as<uint8_t>(), int64_t(L.num_layers) * L.window, int64_t(L.window_entry_bytes),
+                                 hd, true, 127, seed, im.stream);
+    for (size_t k = 0; k < L.kv_sources.size(); ++k) {
+      const int64_t entries = pos / L.source_ratio[k];
+      DSUF_CHECK(entries <= im.opt.max_context, "synthetic sequence longer than max_context");
+      cuda::fill_entries_synthetic(ds.ckv[k].as<uint8_t>(), entries, int64_t(L.ckv_entry_bytes), hd / 2, false, 0x30,
+                                   seed + 1 + k, im.stream);
+      cuda::fill_entries_synthetic(ds.ikey[k].as<uint8_t>(), entries, int64_t(L.ikey_entry_bytes), ihd / 2, false, 127,
+                                   seed + 101 + k, im.stream);
+      ds.entries[k] = entries;
+      DSUF_CUDA(cudaMemsetAsync(ds.pending[ds.cur[k]][k].p, 0, size_t(L.source_ratio[k]) * 2 * hd * 4, im.stream));
+    }
+    DSUF_CUDA(cudaStreamSynchronize(im.stream));
   }
   for (size_t h = 0; h < st.engram_history.size(); ++h) st.engram_history[h] = int32_t((seed * 7919 + h * 104729) % 99092);
-  DSUF_CUDA(cudaStreamSynchronize(im.stream));
+  DSUF_CUDA(cudaSetDevice(ranks_[0]->opt.device));
   return st;
 }
 
 void CudaBackend::download(SequenceState& st) const {
   if (!st.device) return;
-  const KvLayout& L = impl_->layout;
-  DevSeq& ds = *static_cast<DevSeq*>(st.device.get());
+  const KvLayout& L = ranks_[0]->layout;
+  DSUF_CUDA(cudaSetDevice(ranks_[0]->opt.device));
+  DevSeq& ds = *static_cast<DevSeqSet*>(st.device.get())->ranks.at(0);  // rank 0's copy (all are equal)
   for (int l = 0; l < L.num_layers; ++l)
     DSUF_CUDA(cudaMemcpy(st.window[l].data(), ds.window.as<uint8_t>() + size_t(l) * L.window * L.window_entry_bytes,
                          st.window[l].size(), cudaMemcpyDeviceToHost));

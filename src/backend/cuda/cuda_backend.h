@@ -20,6 +20,9 @@ struct CudaOptions {
   int max_chunk = 512;         // largest prefill chunk per forward (longer inputs are split)
   CpuNumerics numerics;
   int max_batch = 8;           // sequences held at once: the memory plan reserves their pools
+  // Tensor parallelism (docs/tp.md): one rank per listed GPU. Empty: the one GPU `device`. A single
+  // device runs the same partitioned code at world size 1 (no collectives).
+  std::vector<int> devices;
 };
 
 // Device memory the backend will need, computed from the config before anything is uploaded.
@@ -32,8 +35,9 @@ struct CudaMemoryPlan {
   size_t total() const { return weights + sequences + workspace; }
   std::string describe() const;
 };
-CudaMemoryPlan plan_cuda_memory(const LoadedModel& model, const CudaOptions& opt);
-CudaMemoryPlan plan_cuda_memory(const ModelConfig& config, const CudaOptions& opt);
+// Per GPU: `rank` of opt.devices (tensor parallel), 0 for one GPU.
+CudaMemoryPlan plan_cuda_memory(const LoadedModel& model, const CudaOptions& opt, int rank = 0);
+CudaMemoryPlan plan_cuda_memory(const ModelConfig& config, const CudaOptions& opt, int rank = 0);
 
 class CudaBackend final : public Backend {
  public:
@@ -54,12 +58,18 @@ class CudaBackend final : public Backend {
   // GPU time of the last decode step replayed as a graph, in milliseconds (0 if none).
   double last_graph_ms() const;
 
-  // Device memory the weights take, in bytes.
-  size_t weight_bytes() const;
+  // Device memory the weights take, in bytes (on GPU `rank`).
+  size_t weight_bytes(int rank = 0) const;
+  // Ranks (GPUs) the model is split over.
+  int world_size() const;
 
  private:
   struct Impl;
-  std::unique_ptr<Impl> impl_;
+  struct Tp;
+  void init(const ModelConfig& cfg, const LoadedModel* model, std::vector<int32_t> ids, CudaOptions opt,
+            uint64_t seed);
+  std::vector<std::unique_ptr<Impl>> ranks_;  // one per GPU; ranks_[0] answers the host-side questions
+  std::unique_ptr<Tp> tp_;                    // communicators and rank threads (more than one GPU)
 };
 
 // True when a CUDA device is present and usable.
