@@ -4,6 +4,11 @@
 // step time, the bytes the step must read counted from the shapes, the device's copy bandwidth
 // measured in the same run, and their ratio (% of the bandwidth bound).
 //
+// --gpus 0,1,...: tensor parallel over those GPUs (docs/tp.md). The bytes are then per rank (its
+// slices of the split weights, its share of the experts, the replicated parts and the whole KV),
+// the bound is the busiest rank's bytes over device 0's measured copy bandwidth, and collectives
+// are not in the bound.
+//
 // Reductions, stated in the output: fewer routed experts per layer (--experts; the 6 a token picks
 // are read whatever the total, so batch-1 bytes do not change; larger batches touch more distinct
 // experts, counted for uniform routing), smaller Engram tables (--engram-vocab; a token still reads
@@ -25,6 +30,7 @@
 #include "core/parse.h"
 #include "model/config.h"
 #include "model/inventory.h"
+#include "model/tp_partition.h"
 
 namespace {
 
@@ -95,7 +101,8 @@ struct Bytes {
   double device() const { return dense + experts + head + embed + kv; }
 };
 
-Bytes count_bytes(const dsuf::ModelConfig& cfg, int B, int64_t ctx) {
+// Bytes one rank reads per step (world 1: the whole model's step).
+Bytes count_bytes(const dsuf::ModelConfig& cfg, int B, int64_t ctx, const dsuf::TpPartition& part) {
   const dsuf::TextConfig& t = cfg.text;
   Bytes b;
   double expert_bytes = 0;
@@ -103,6 +110,11 @@ Bytes count_bytes(const dsuf::ModelConfig& cfg, int B, int64_t ctx) {
     double n = double(dsuf::dtype_size(ts.dtype));
     for (int64_t d : ts.shape) n *= double(d);
     const std::string& s = ts.name;
+    if (s.find(".ffn.experts.") == std::string::npos) {  // experts: counted below, by share
+      const dsuf::TensorSlice sl = dsuf::tensor_slice(part, s, ts.shape);
+      if (!sl.present) continue;
+      if (sl.sliced) n = n / double(ts.shape[0]) * double(sl.rows.size());
+    }
     if (s.rfind("layers.", 0) != 0 && s != "head.weight" && s != "norm.weight" && s != "embed.weight") continue;
     if (s == "embed.weight") continue;
     if (s == "head.weight") b.head += n;
@@ -113,7 +125,7 @@ Bytes count_bytes(const dsuf::ModelConfig& cfg, int B, int64_t ctx) {
   }
   const double E = t.n_routed_experts, k = t.num_experts_per_tok;
   const double distinct = E * (1.0 - std::pow(1.0 - k / E, B));
-  b.experts = t.num_hidden_layers * distinct * expert_bytes;
+  b.experts = t.num_hidden_layers * distinct * expert_bytes / part.world;
   b.embed = double(B) * t.hidden_size * 2;
   const dsuf::KvLayout L = dsuf::KvLayout::from_config(cfg);
   double kv = double(t.num_hidden_layers) * t.sliding_window * L.window_entry_bytes;
@@ -138,6 +150,7 @@ Bytes count_bytes(const dsuf::ModelConfig& cfg, int B, int64_t ctx) {
 int main(int argc, char** argv) {
   try {
     int experts = 96, steps = 50, device = 0, warmup = 3;
+    std::vector<int> gpus;
     int64_t engram_vocab = 1000000;
     std::vector<int64_t> contexts = {8192, 131072, 1048576 - 64}, batches = {1, 4, 16, 64};
     for (int i = 1; i < argc; ++i) {
@@ -147,11 +160,16 @@ int main(int argc, char** argv) {
       else if (a == "--steps") steps = std::stoi(v());
       else if (a == "--warmup") warmup = std::stoi(v());
       else if (a == "--device") device = std::stoi(v());
+      else if (a == "--gpus")
+        for (int64_t g : dsuf::parse_int_list(v(), "--gpus", 0, 1024)) gpus.push_back(int(g));
       else if (a == "--engram-vocab") engram_vocab = std::stoll(v());
       else if (a == "--contexts") contexts = dsuf::parse_int_list(v(), "--contexts", 1, int64_t(1) << 20);
       else if (a == "--batches") batches = dsuf::parse_int_list(v(), "--batches", 1, 4096);
       else dsuf::fail("unknown argument ", a);
     }
+    if (gpus.empty()) gpus = {device};
+    device = gpus[0];
+    const int world = int(gpus.size());
     DSUF_CUDA(cudaSetDevice(device));
     const double bw = copy_bandwidth();
     std::printf("device copy bandwidth (read+write): %.0f GB/s, measured in this run\n", bw / 1e9);
@@ -161,6 +179,11 @@ int main(int argc, char** argv) {
                 " a token reads its 6 either way), Engram tables from vocab %lld (a token reads 24 rows per layer either"
                 " way), synthetic weights and KV\n",
                 experts, static_cast<long long>(engram_vocab));
+    std::vector<dsuf::TpPartition> parts;
+    for (int r = 0; r < world; ++r) parts.push_back(dsuf::TpPartition::make(cfg.text, world, r));
+    if (world > 1)
+      std::printf("tensor parallel over %d GPUs: bytes are the busiest rank's, the bound is those bytes over GPU %d's"
+                  " copy bandwidth\n", world, device);
     std::vector<int32_t> cids(cfg.text.vocab_size);
     for (size_t i = 0; i < cids.size(); ++i) cids[i] = int32_t(i % 99092);
     std::printf("%9s %5s %10s %10s %9s %9s %9s %8s %10s\n", "context", "batch", "step ms", "gpu ms", "GB read",
@@ -170,7 +193,7 @@ int main(int argc, char** argv) {
       int64_t max_b = 0;
       for (int64_t B : batches) {
         dsuf::CudaOptions o{.device = device, .max_context = ctx + steps + 16, .max_chunk = 64, .numerics = {},
-                            .max_batch = int(B)};
+                            .max_batch = int(B), .devices = gpus};
         size_t free_b, total_b;
         cudaMemGetInfo(&free_b, &total_b);
         if (dsuf::plan_cuda_memory(cfg, o).total() + (size_t(1) << 30) < free_b) max_b = std::max(max_b, B);
@@ -181,7 +204,7 @@ int main(int argc, char** argv) {
       }
       dsuf::CudaBackend be(cfg, cids,
                            dsuf::CudaOptions{.device = device, .max_context = ctx + steps + 16, .max_chunk = 64,
-                                             .numerics = {}, .max_batch = int(max_b)},
+                                             .numerics = {}, .max_batch = int(max_b), .devices = gpus},
                            1234);
       for (int64_t B : batches) {
         if (B > max_b) {
@@ -206,7 +229,11 @@ int main(int argc, char** argv) {
           const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
           if (s >= warmup) wall.push_back(ms), gpu.push_back(be.last_graph_ms());
         }
-        const Bytes by = count_bytes(cfg, int(B), ctx);
+        Bytes by;
+        for (const dsuf::TpPartition& part : parts) {  // the busiest rank
+          const Bytes r = count_bytes(cfg, int(B), ctx, part);
+          if (r.device() > by.device()) by = r;
+        }
         const double bound_ms = by.device() / bw * 1e3, gms = median(gpu), wms = median(wall);
         std::printf("%9lld %5lld %10.3f %10.3f %9.3f %9.3f %8.1f%% %8.1f %10.3f\n", static_cast<long long>(ctx),
                     static_cast<long long>(B), wms, gms, by.device() / 1e9, bound_ms, 100.0 * bound_ms / gms,
