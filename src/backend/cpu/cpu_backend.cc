@@ -127,7 +127,8 @@ void fp4_linear(const Fp4Linear& W, const float* x, float* y, bool act_quant, in
       float part = 0.0f;
       for (int k = 0; k < 16; ++k) {
         uint8_t b = wr[kb * 16 + k];
-        part += a.v[kb * 32 + 2 * k] * L[b & 0xf] + a.v[kb * 32 + 2 * k + 1] * L[b >> 4];
+        part += a.v[kb * 32 + 2 * k] * L[b & 0xf];  // one product at a time, low nibble first
+        part += a.v[kb * 32 + 2 * k + 1] * L[b >> 4];
       }
       return part * (a.s[kb] * lut().e8m0[sr[kb]]);
     });

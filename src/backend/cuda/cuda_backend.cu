@@ -626,14 +626,14 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
   const float* cs = lp.compress_rope ? st.cs_comp : st.cs_main;
 
   cuda::act_quant(ws.xn, n, D, aq, ws.xq, ws.sa, stream);
-  cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, ws.xq, ws.sa, D, n, ws.tmp, qr, r, stream);
+  cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, ws.xq, ws.sa, D, n, ws.tmp, qr, aq, r, stream);
   cuda::rmsnorm(ws.tmp, n, qr, d.q_norm, eps, ws.q_lat, r, stream);
-  cuda::fp8_linear(d.wkv.w, d.wkv.s, hd, D, ws.xq, ws.sa, D, n, ws.tmp, hd, r, stream);
+  cuda::fp8_linear(d.wkv.w, d.wkv.s, hd, D, ws.xq, ws.sa, D, n, ws.tmp, hd, aq, r, stream);
   cuda::rmsnorm(ws.tmp, n, hd, d.kv_norm, eps, ws.kvw, r, stream);
   cuda::rope(ws.kvw, n, 1, hd, cs, half, 1.0f, r, stream);
   cuda::fp8_fake_quant(ws.kvw, n * hd, r, stream);
   cuda::act_quant(ws.q_lat, n, qr, aq, ws.xq2, ws.sa2, stream);
-  cuda::fp8_linear(d.wq_b.w, d.wq_b.s, H * hd, qr, ws.xq2, ws.sa2, qr, n, ws.q, H * hd, r, stream);
+  cuda::fp8_linear(d.wq_b.w, d.wq_b.s, H * hd, qr, ws.xq2, ws.sa2, qr, n, ws.q, H * hd, aq, r, stream);
   cuda::rope(ws.q, n, H, hd, cs, half, 1.0f, r, stream);
 
   const int slot = layout.source_slot[l];
@@ -651,7 +651,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
   if (lp.runs_indexer) {
     const int IH = t.index_n_heads;
     const int64_t ihd = t.index_head_dim;
-    cuda::fp8_linear(d.idx_wq_b.w, d.idx_wq_b.s, IH * ihd, qr, ws.xq2, ws.sa2, qr, n, ws.qi, IH * ihd, r, stream);
+    cuda::fp8_linear(d.idx_wq_b.w, d.idx_wq_b.s, IH * ihd, qr, ws.xq2, ws.sa2, qr, n, ws.qi, IH * ihd, aq, r, stream);
     cuda::rope(ws.qi, n, IH, ihd, st.cs_comp, half, 1.0f, r, stream);
     cuda::fp4_fake_quant_pow2(ws.qi, n * IH * ihd, r, stream);
     cuda::bf16_linear(d.idx_wproj, IH, D, ws.xn, D, n, ws.wts, IH, false, stream);
@@ -680,9 +680,9 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
   cuda::act_quant(ws.o, n, H * hd, opt.numerics.wo_a_act_quant && aq, ws.xq, ws.sa, stream);
   for (int g = 0; g < G; ++g)
     cuda::fp8_linear(d.wo_a.w + g * ol * gin, d.wo_a.s + (g * ol / 32) * (gin / 32), ol, gin, ws.xq + g * gin,
-                     ws.sa + g * gin / 32, H * hd, n, ws.zg + g * ol, G * ol, r, stream);
+                     ws.sa + g * gin / 32, H * hd, n, ws.zg + g * ol, G * ol, opt.numerics.wo_a_act_quant && aq, r, stream);
   cuda::act_quant(ws.zg, n, G * ol, aq, ws.xq2, ws.sa2, stream);
-  cuda::fp8_linear(d.wo_b.w, d.wo_b.s, D, G * ol, ws.xq2, ws.sa2, G * ol, n, out, D, r, stream);
+  cuda::fp8_linear(d.wo_b.w, d.wo_b.s, D, G * ol, ws.xq2, ws.sa2, G * ol, n, out, D, aq, r, stream);
   cuda::pack_window(ws.kvw, n, st.meta, st.seqtab, l, hd, W, stream);
 }
 
@@ -697,16 +697,16 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, float* out) {
   cuda::route(ws.router, n, E, K, d.bias, d.bias_vl, image, float(t.gate_temp), float(t.routed_scaling_factor),
               ws.ids, ws.rw, stream);
   cuda::act_quant(ws.xn, n, D, aq, ws.xq, ws.sa, stream);
-  cuda::fp4_linear_grouped(d.experts.w1, d.experts.s1, ws.ids, F, D, ws.xq, ws.sa, K, int64_t(n) * K, ws.h1, r, stream);
-  cuda::fp4_linear_grouped(d.experts.w3, d.experts.s3, ws.ids, F, D, ws.xq, ws.sa, K, int64_t(n) * K, ws.h3, r, stream);
+  cuda::fp4_linear_grouped(d.experts.w1, d.experts.s1, ws.ids, F, D, ws.xq, ws.sa, K, int64_t(n) * K, ws.h1, aq, r, stream);
+  cuda::fp4_linear_grouped(d.experts.w3, d.experts.s3, ws.ids, F, D, ws.xq, ws.sa, K, int64_t(n) * K, ws.h3, aq, r, stream);
   cuda::swiglu(ws.h1, ws.h3, int64_t(n) * K, F, ws.rw, limit, true, r, stream);
   cuda::act_quant(ws.h1, int64_t(n) * K, F, aq, ws.xq2, ws.sa2, stream);
-  cuda::fp4_linear_grouped(d.experts.w2, d.experts.s2, ws.ids, D, F, ws.xq2, ws.sa2, 1, int64_t(n) * K, ws.ye, r, stream);
-  cuda::fp8_linear(d.sw1.w, d.sw1.s, F, D, ws.xq, ws.sa, D, n, ws.h1s, F, r, stream);
-  cuda::fp8_linear(d.sw3.w, d.sw3.s, F, D, ws.xq, ws.sa, D, n, ws.h3s, F, r, stream);
+  cuda::fp4_linear_grouped(d.experts.w2, d.experts.s2, ws.ids, D, F, ws.xq2, ws.sa2, 1, int64_t(n) * K, ws.ye, aq, r, stream);
+  cuda::fp8_linear(d.sw1.w, d.sw1.s, F, D, ws.xq, ws.sa, D, n, ws.h1s, F, aq, r, stream);
+  cuda::fp8_linear(d.sw3.w, d.sw3.s, F, D, ws.xq, ws.sa, D, n, ws.h3s, F, aq, r, stream);
   cuda::swiglu(ws.h1s, ws.h3s, n, F, nullptr, limit, opt.numerics.shared_expert_clamp, r, stream);
   cuda::act_quant(ws.h1s, n, F, aq, ws.xq2, ws.sa2, stream);
-  cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, ws.xq2, ws.sa2, F, n, ws.ys, D, r, stream);
+  cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, ws.xq2, ws.sa2, F, n, ws.ys, D, aq, r, stream);
   cuda::moe_sum(ws.ye, K, ws.ys, n, D, out, r, stream);
 }
 
@@ -730,7 +730,7 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
       cuda::engram_gather(st.engram_rows[lp.engram_slot], n, Rr, d.e_table, d.e_scale, ehd, ws.emb, stream);
       cuda::act_quant(ws.emb, n, Rr * ehd, opt.numerics.act_quant, ws.xq, ws.sa, stream);
       cuda::fp8_linear(d.e_wkv.w, d.e_wkv.s, d.e_wkv.out, d.e_wkv.in, ws.xq, ws.sa, Rr * ehd, n, ws.ekv, (hc + 1) * D,
-                       r, stream);
+                       opt.numerics.act_quant, r, stream);
       cuda::engram_gate(ws.X, ws.ekv, d.e_q, d.e_k, st.dead, n, hc, D, eps, r, stream);
     }
     cuda::hc_mix(d.hca_fn, d.hca_base, d.hca_scale, ws.X, n, hc, D, eps, t.hc_sinkhorn_iters, hc_eps, ws.mix_a, stream);

@@ -232,70 +232,182 @@ __global__ void k_act_quant(const float* x, int64_t blocks, bool on, float* xq, 
   sa[b] = s;
 }
 
-// One warp per (row, output); lanes take whole 32-blocks of K.
-// One block per (row, 8 outputs): the row's activation and scales are staged in shared memory once;
-// each warp takes one output, its lanes whole 32-blocks of K read as two 16-byte loads. The
-// arithmetic order is the canonical one (core/detmath.h), so the result is the reference's.
-__global__ void k_fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const float* xq,
-                             const float* sa, int64_t x_stride, float* y, int64_t y_stride, bool r) {
-  extern __shared__ float xs[];  // [K] values then [K/32] scales
-  const int64_t nb = K / 32;
-  const int row = blockIdx.y, lane = threadIdx.x % 32;
-  const float* xr = xq + int64_t(row) * x_stride;
-  const float* sr_a = sa + int64_t(row) * (x_stride / 32);
-  for (int64_t k = threadIdx.x; k < K; k += blockDim.x) xs[k] = xr[k];
-  for (int64_t k = threadIdx.x; k < nb; k += blockDim.x) xs[K + k] = sr_a[k];
-  __syncthreads();
-  const int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  if (o >= out) return;
-  const uint8_t* wr = W + o * K;
-  const uint8_t* sr = Ws + (o / 32) * nb;
-  float acc = 0.0f;
-  for (int64_t kb = lane; kb < nb; kb += 32) {
-    const uint4 w0 = *reinterpret_cast<const uint4*>(wr + kb * 32);
-    const uint4 w1 = *reinterpret_cast<const uint4*>(wr + kb * 32 + 16);
-    const uint32_t words[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
-    const float* xb = xs + kb * 32;
-    float part = 0.0f;
-#pragma unroll
-    for (int k = 0; k < 32; ++k) part += xb[k] * c_e4m3[(words[k / 4] >> (8 * (k % 4))) & 0xff];
-    acc += part * (xs[K + kb] * e8m0(sr[kb]));
+// ---- FP8 / FP4 matrix-vector products ------------------------------------------------------------
+// The canonical order (core/detmath.h lane_sum): lane l of a warp owns the K-blocks kb ≡ l (mod 32) in
+// ascending order; a block's 32 products are summed sequentially from 0, scaled by s_act·s_w and added
+// to the lane's sum; the 32 lane sums are then reduced by tree32 (= the xor butterfly of warp_sum).
+// Nothing here depends on which thread runs which lane, so a warp serves several outputs and several
+// rows at once while every (row, output) keeps exactly that order.
+//
+// Weights are decoded by placing their bits into an FP32 (no table: a table lookup with 32 different
+// addresses per warp serializes), giving value·2^-120 for E4M3 and value·2^-126 for E2M1 — both exact,
+// subnormal or not. On the quantized path (kExact: the inputs are E4M3 values) a product of two such
+// values is exact in FP32, so fma(x, w, part) rounds exactly as part + x·w; the inputs are staged as
+// x·2^64, so the partial is the reference's times 2^-56 (E4M3) or 2^-62 (E2M1) with no rounding
+// difference: every nonzero product is at least 2^-18 (2^-10) before scaling, far above FP32's
+// smallest normal after it. It is scaled back exactly before the block scale. On the general path
+// (inputs any FP32) the weight is scaled back first and the product rounded separately, as the
+// reference does.
+__device__ __forceinline__ float e4m3_bits(uint32_t b) {  // b's low byte: value·2^-120
+  return __uint_as_float(((b & 0x7fu) << 20) | ((b & 0x80u) << 24));
+}
+__device__ __forceinline__ float e2m1_bits(uint32_t n) {  // n's low nibble: value·2^-126
+  return __uint_as_float(((n & 0x7u) << 22) | ((n & 0x8u) << 28));
+}
+constexpr float kXStage = 0x1p64f;  // inputs staged as x·2^64 on the exact path
+
+// Stages rows [row0, row0+nr) of x (stride x_stride) and their scales in shared memory: per row,
+// per K-block, 8 float4 chunks with chunk j stored at j ^ (kb & 7), so that the 8 lanes of a
+// quarter-warp (consecutive kb) read 8 different bank groups.
+template <bool kExact>
+__device__ __forceinline__ void stage_rows(float4* xs4, float* ssa, const float* xq, const float* sa,
+                                           int64_t x_stride, int row0, int nr, int nb) {
+  const int n4 = nr * nb * 8;
+  for (int idx = threadIdx.x; idx < n4; idx += blockDim.x) {
+    const int rr = idx / (nb * 8), rem = idx % (nb * 8), kb = rem / 8, j = rem % 8;
+    float4 v = *reinterpret_cast<const float4*>(xq + int64_t(row0 + rr) * x_stride + kb * 32 + j * 4);
+    if (kExact) v.x *= kXStage, v.y *= kXStage, v.z *= kXStage, v.w *= kXStage;
+    xs4[(rr * nb + kb) * 8 + (j ^ (kb & 7))] = v;
   }
-  acc = warp_sum(acc);
-  if (lane == 0) y[int64_t(row) * y_stride + o] = rb(acc, r);
+  for (int idx = threadIdx.x; idx < nr * nb; idx += blockDim.x) {
+    const int rr = idx / nb, kb = idx % nb;
+    ssa[idx] = sa[int64_t(row0 + rr) * (x_stride / 32) + kb];
+  }
 }
 
-__global__ void k_fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids,
-                                     int64_t out, int64_t K, const float* xq, const float* sa, int x_div, float* y,
-                                     bool r) {
-  extern __shared__ float xs[];  // [K] values then [K/32] scales of this row's input
-  const int row = blockIdx.y, lane = threadIdx.x % 32;
-  const int64_t nb = K / 32;
-  const int xrow = row / x_div;
-  const float* xr = xq + int64_t(xrow) * K;
-  for (int64_t k = threadIdx.x; k < K; k += blockDim.x) xs[k] = xr[k];
-  for (int64_t k = threadIdx.x; k < nb; k += blockDim.x) xs[K + k] = sa[int64_t(xrow) * nb + k];
+__device__ __forceinline__ uint32_t word_of(const uint4 (&w)[2], int i) {
+  const uint4& q = w[i / 4];
+  return (i % 4 == 0) ? q.x : (i % 4 == 1) ? q.y : (i % 4 == 2) ? q.z : q.w;
+}
+
+// One product step on either path: part + x·w with the reference's rounding.
+template <bool kExact>
+__device__ __forceinline__ float mac(float part, float x, float wbits, float wscale) {
+  if (kExact) return fmaf(x, wbits, part);
+  return __fadd_rn(part, __fmul_rn(x, __fmul_rn(wbits, wscale)));
+}
+
+// Block of 8 warps; warp w takes outputs o0..o0+OPW-1 and the block's R rows (grid.y: row groups).
+template <int OPW, int R, bool kExact>
+__global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K,
+                                                   const float* xq, const float* sa, int64_t x_stride, int rows,
+                                                   float* y, int64_t y_stride, bool r) {
+  extern __shared__ float4 xs4[];
+  const int nb = int(K / 32);
+  float* ssa = reinterpret_cast<float*>(xs4 + R * nb * 8);
+  const int row0 = blockIdx.y * R, nr = min(R, rows - row0);
+  stage_rows<kExact>(xs4, ssa, xq, sa, x_stride, row0, nr, nb);
   __syncthreads();
-  const int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  if (o >= out) return;
-  const int e = ids ? ids[row] : 0;
-  const uint8_t* wr = W[e] + o * (K / 2);
-  const uint8_t* sr = Ws[e] + o * nb;
-  float acc = 0.0f;
-  for (int64_t kb = lane; kb < nb; kb += 32) {
-    const uint4 w = *reinterpret_cast<const uint4*>(wr + kb * 16);
-    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-    const float* xb = xs + kb * 32;
-    float part = 0.0f;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t o0 = (int64_t(blockIdx.x) * 8 + warp) * OPW;
+  if (o0 >= out) return;
+  const float wscale = 0x1p120f, back = 0x1p56f;
+  float acc[OPW][R];
 #pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      const uint32_t b = (words[k / 4] >> (8 * (k % 4))) & 0xff;
-      part += xb[2 * k] * c_e2m1[b & 0xf] + xb[2 * k + 1] * c_e2m1[b >> 4];
+  for (int o = 0; o < OPW; ++o)
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) acc[o][rr] = 0.0f;
+  for (int kb = lane; kb < nb; kb += 32) {
+    uint4 w[OPW][2];
+    float sw[OPW];
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) {
+      const int64_t oo = o0 + o < out ? o0 + o : out - 1;  // a tail warp repeats the last row
+      const uint8_t* wr = W + oo * K + int64_t(kb) * 32;
+      w[o][0] = __ldg(reinterpret_cast<const uint4*>(wr));
+      w[o][1] = __ldg(reinterpret_cast<const uint4*>(wr + 16));
+      sw[o] = e8m0(Ws[(oo / 32) * nb + kb]);
     }
-    acc += part * (xs[K + kb] * e8m0(sr[kb]));
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) {
+      if (rr >= nr) break;
+      float part[OPW];
+#pragma unroll
+      for (int o = 0; o < OPW; ++o) part[o] = 0.0f;
+      const float4* xb = xs4 + (rr * nb + kb) * 8;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float4 xv = xb[j ^ (kb & 7)];
+#pragma unroll
+        for (int o = 0; o < OPW; ++o) {
+          const uint32_t t = word_of(w[o], j);
+          part[o] = mac<kExact>(part[o], xv.x, e4m3_bits(t), wscale);
+          part[o] = mac<kExact>(part[o], xv.y, e4m3_bits(t >> 8), wscale);
+          part[o] = mac<kExact>(part[o], xv.z, e4m3_bits(t >> 16), wscale);
+          part[o] = mac<kExact>(part[o], xv.w, e4m3_bits(t >> 24), wscale);
+        }
+      }
+      const float s_a = ssa[rr * nb + kb];
+#pragma unroll
+      for (int o = 0; o < OPW; ++o) acc[o][rr] += (kExact ? part[o] * back : part[o]) * (s_a * sw[o]);
+    }
   }
-  acc = warp_sum(acc);
-  if (lane == 0) y[int64_t(row) * out + o] = rb(acc, r);
+#pragma unroll
+  for (int o = 0; o < OPW; ++o)
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) {
+      const float v = warp_sum(acc[o][rr]);
+      if (lane == 0 && rr < nr && o0 + o < out) y[int64_t(row0 + rr) * y_stride + o0 + o] = rb(v, r);
+    }
+}
+
+// Grouped FP4 (experts): grid.y = rows; row i uses expert ids[i] and input row i / x_div. Each
+// packed byte holds two inputs' weights, low nibble first; they are added one after the other.
+template <int OPW, bool kExact>
+__global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const uint8_t* const* Ws,
+                                                   const int32_t* ids, int64_t out, int64_t K, const float* xq,
+                                                   const float* sa, int x_div, float* y, bool r) {
+  extern __shared__ float4 xs4[];
+  const int nb = int(K / 32);
+  float* ssa = reinterpret_cast<float*>(xs4 + nb * 8);
+  const int row = blockIdx.y;
+  stage_rows<kExact>(xs4, ssa, xq, sa, K, row / x_div, 1, nb);
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t o0 = (int64_t(blockIdx.x) * 8 + warp) * OPW;
+  if (o0 >= out) return;
+  const int e = ids ? ids[row] : 0;
+  const uint8_t* We = W[e];
+  const uint8_t* Se = Ws[e];
+  const float wscale = 0x1p126f, back = 0x1p62f;
+  float acc[OPW];
+#pragma unroll
+  for (int o = 0; o < OPW; ++o) acc[o] = 0.0f;
+  for (int kb = lane; kb < nb; kb += 32) {
+    uint4 w[OPW];
+    float sw[OPW];
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) {
+      const int64_t oo = o0 + o < out ? o0 + o : out - 1;
+      w[o] = __ldg(reinterpret_cast<const uint4*>(We + oo * (K / 2) + int64_t(kb) * 16));
+      sw[o] = e8m0(Se[oo * nb + kb]);
+    }
+    float part[OPW];
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) part[o] = 0.0f;
+    const float4* xb = xs4 + kb * 8;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float4 xv = xb[j ^ (kb & 7)];
+#pragma unroll
+      for (int o = 0; o < OPW; ++o) {
+        const uint4& q = w[o];
+        const uint32_t t = (j / 2 == 0 ? q.x : j / 2 == 1 ? q.y : j / 2 == 2 ? q.z : q.w) >> (16 * (j % 2));
+        part[o] = mac<kExact>(part[o], xv.x, e2m1_bits(t), wscale);
+        part[o] = mac<kExact>(part[o], xv.y, e2m1_bits(t >> 4), wscale);
+        part[o] = mac<kExact>(part[o], xv.z, e2m1_bits(t >> 8), wscale);
+        part[o] = mac<kExact>(part[o], xv.w, e2m1_bits(t >> 12), wscale);
+      }
+    }
+    const float s_a = ssa[kb];
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) acc[o] += (kExact ? part[o] * back : part[o]) * (s_a * sw[o]);
+  }
+#pragma unroll
+  for (int o = 0; o < OPW; ++o) {
+    const float v = warp_sum(acc[o]);
+    if (lane == 0 && o0 + o < out) y[int64_t(row) * out + o0 + o] = rb(v, r);
+  }
 }
 
 __global__ void k_bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, float* y,
@@ -927,17 +1039,78 @@ void act_quant(const float* x, int64_t rows, int64_t K, bool on, float* xq, floa
   const int64_t blocks = rows * K / 32;
   k_act_quant<<<blocks_for(blocks, 128), 128, 0, s>>>(x, blocks, on, xq, sa);
 }
-void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const float* xq, const float* sa,
+namespace {
+template <typename Kernel>
+void set_smem(Kernel k, size_t smem) {
+  if (smem > 48 * 1024) DSUF_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+}
+// Outputs per warp: enough blocks to fill the GPU first, then fewer, longer rows per warp.
+int outputs_per_warp(int64_t out, int64_t row_groups) {
+  const int64_t warps = out * row_groups;
+  return warps >= 4 * 8 * 132 * 4 ? 4 : warps >= 2 * 8 * 132 * 4 ? 2 : 1;
+}
+template <int OPW, int R, bool kExact>
+void launch_fp8(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const float* xq, const float* sa,
                 int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool r, cudaStream_t s) {
-  const size_t smem = size_t(K + K / 32) * sizeof(float);
-  DSUF_CHECK(smem <= 48 * 1024, "fp8_linear: K = ", K, " needs more shared memory than the default 48 KiB");
-  k_fp8_linear<<<dim3(blocks_for(out, 8), rows), 256, smem, s>>>(W, Ws, out, K, xq, sa, x_stride, y, y_stride, r);
+  const int nb = int(K / 32);
+  const size_t smem = size_t(R) * nb * (32 + 1) * sizeof(float);
+  DSUF_CHECK(smem <= 200 * 1024, "fp8_linear: K = ", K, " with ", R, " rows needs too much shared memory");
+  auto k = k_fp8_gemv<OPW, R, kExact>;
+  set_smem(k, smem);
+  k<<<dim3(blocks_for(out, 8 * OPW), blocks_for(rows, R)), 256, smem, s>>>(W, Ws, out, K, xq, sa, x_stride,
+                                                                           int(rows), y, y_stride, r);
+}
+template <int R, bool kExact>
+void launch_fp8_opw(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const float* xq, const float* sa,
+                    int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool r, cudaStream_t s) {
+  switch (outputs_per_warp(out, blocks_for(rows, R))) {
+    case 4: return launch_fp8<4, R, kExact>(W, Ws, out, K, xq, sa, x_stride, rows, y, y_stride, r, s);
+    case 2: return launch_fp8<2, R, kExact>(W, Ws, out, K, xq, sa, x_stride, rows, y, y_stride, r, s);
+    default: return launch_fp8<1, R, kExact>(W, Ws, out, K, xq, sa, x_stride, rows, y, y_stride, r, s);
+  }
+}
+template <bool kExact>
+void launch_fp8_rows(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const float* xq, const float* sa,
+                     int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool r, cudaStream_t s) {
+  // Rows per block: each weight row is read once per group of R rows; R·K·4 bytes of inputs staged.
+  if (rows >= 4 && K <= 8192) return launch_fp8_opw<4, kExact>(W, Ws, out, K, xq, sa, x_stride, rows, y, y_stride, r, s);
+  if (rows >= 2) return launch_fp8_opw<2, kExact>(W, Ws, out, K, xq, sa, x_stride, rows, y, y_stride, r, s);
+  launch_fp8_opw<1, kExact>(W, Ws, out, K, xq, sa, x_stride, rows, y, y_stride, r, s);
+}
+template <int OPW, bool kExact>
+void launch_fp4(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
+                const float* xq, const float* sa, int x_div, int64_t rows, float* y, bool r, cudaStream_t s) {
+  const size_t smem = size_t(K / 32) * (32 + 1) * sizeof(float);
+  DSUF_CHECK(smem <= 200 * 1024, "fp4_linear: K = ", K, " needs too much shared memory");
+  auto k = k_fp4_gemv<OPW, kExact>;
+  set_smem(k, smem);
+  k<<<dim3(blocks_for(out, 8 * OPW), rows), 256, smem, s>>>(W, Ws, ids, out, K, xq, sa, x_div, y, r);
+}
+template <bool kExact>
+void launch_fp4_opw(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
+                    const float* xq, const float* sa, int x_div, int64_t rows, float* y, bool r, cudaStream_t s) {
+  switch (outputs_per_warp(out, rows)) {
+    case 4: return launch_fp4<4, kExact>(W, Ws, ids, out, K, xq, sa, x_div, rows, y, r, s);
+    case 2: return launch_fp4<2, kExact>(W, Ws, ids, out, K, xq, sa, x_div, rows, y, r, s);
+    default: return launch_fp4<1, kExact>(W, Ws, ids, out, K, xq, sa, x_div, rows, y, r, s);
+  }
+}
+}  // namespace
+
+void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const float* xq, const float* sa,
+                int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool quantized, bool r, cudaStream_t s) {
+  DSUF_CHECK(K % 32 == 0 && x_stride % 4 == 0, "fp8_linear: K = ", K, ", x_stride = ", x_stride);
+  if (rows <= 0) return;
+  if (quantized) return launch_fp8_rows<true>(W, Ws, out, K, xq, sa, x_stride, rows, y, y_stride, r, s);
+  launch_fp8_rows<false>(W, Ws, out, K, xq, sa, x_stride, rows, y, y_stride, r, s);
 }
 void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
-                        const float* xq, const float* sa, int x_div, int64_t rows, float* y, bool r, cudaStream_t s) {
-  const size_t smem = size_t(K + K / 32) * sizeof(float);
-  DSUF_CHECK(smem <= 48 * 1024, "fp4_linear: K = ", K, " needs more shared memory than the default 48 KiB");
-  k_fp4_linear_grouped<<<dim3(blocks_for(out, 8), rows), 256, smem, s>>>(W, Ws, ids, out, K, xq, sa, x_div, y, r);
+                        const float* xq, const float* sa, int x_div, int64_t rows, float* y, bool quantized, bool r,
+                        cudaStream_t s) {
+  DSUF_CHECK(K % 32 == 0, "fp4_linear: K = ", K);
+  if (rows <= 0) return;
+  if (quantized) return launch_fp4_opw<true>(W, Ws, ids, out, K, xq, sa, x_div, rows, y, r, s);
+  launch_fp4_opw<false>(W, Ws, ids, out, K, xq, sa, x_div, rows, y, r, s);
 }
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows, float* y,
                  int64_t y_stride, bool r, cudaStream_t s) {
