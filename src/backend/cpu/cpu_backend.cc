@@ -205,12 +205,14 @@ struct HcMix {
 };
 HcMix hc_mix(const HcParams& p, const float* X, int n, int64_t D, double norm_eps, int iters, float hc_eps) {
   const int64_t N = n * D;
-  const float r = rms_inv(X, N, norm_eps);
+  // Sums over the n·D stream values use a 1024-wide block_sum (one GPU block per mix row).
+  const float ss = det::block_sum<1024>(N, [&](int64_t i) { return X[i] * X[i]; });
+  const float r = 1.0f / std::sqrt(ss / static_cast<float>(N) + static_cast<float>(norm_eps));
   const int M = (2 + n) * n;
   float mix[(2 + 8) * 8];
   for (int m = 0; m < M; ++m) {
     const float* f = p.fn.data() + m * N;
-    mix[m] = det::block_sum<256>(N, [&](int64_t i) { return f[i] * X[i]; }) * r;
+    mix[m] = det::block_sum<1024>(N, [&](int64_t i) { return f[i] * X[i]; }) * r;
   }
   HcMix h;
   for (int k = 0; k < n; ++k) {

@@ -108,7 +108,7 @@ struct CudaBackend::Impl {
   // Workspace, sized for opt.max_chunk rows.
   struct {
     float *X, *pre, *mix_a, *mix_f, *u, *xn, *y, *xq, *sa, *xq2, *sa2, *tmp, *q_lat, *q, *kvw, *ag, *o, *zg, *qi, *wts,
-        *scores, *bscores, *router, *rw, *h1, *h3, *ye, *ys, *h1s, *h3s, *emb, *ekv, *logits, *keys;
+        *scores, *bscores, *router, *rw, *h1, *h3, *ye, *ys, *h1s, *h3s, *emb, *ekv, *logits, *keys, *att;
     int32_t *sel, *cand, *ids;
     uint8_t* cand_mask;
   } ws{};
@@ -296,7 +296,6 @@ void CudaBackend::Impl::place_tensors(uint64_t synthetic_seed) {
 void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   DSUF_CUDA(cudaSetDevice(opt.device));
   DSUF_CUDA(cudaStreamCreate(&stream));
-  cuda::init_tables();
   const TextConfig& t = cfg.text;
   DSUF_CHECK(int64_t(cids.size()) >= t.vocab_size, "compressed-id table too short");
   if (!t.engram_layer_ids.empty()) hasher = std::make_unique<EngramHasher>(t, cids.at(t.engram_pad_token_id));
@@ -362,12 +361,12 @@ namespace {
 // one list serves the allocation and the memory plan.
 struct WorkspaceSizes {
   int64_t X, pre, mix, vecD, xq, sa, tmp, q_lat, q, kvw, ag, o, zg, qi, wts, scores, bscores, sel, cand, cand_mask,
-      router, ids, h, ye, hs, emb, ekv, logits, keys;
+      router, ids, h, ye, hs, emb, ekv, logits, keys, att;
   int64_t score_stride, bscore_stride;
   size_t bytes() const {
     const int64_t floats = X + pre + 2 * mix + 3 * vecD + 2 * xq + 2 * sa + tmp + q_lat + q + kvw + ag + o + zg + qi +
                            wts + scores + bscores + router + ids /*rw*/ + 2 * h + ye + vecD /*ys*/ + 2 * hs + emb + ekv +
-                           logits + keys;
+                           logits + keys + att;
     return size_t(floats) * 4 + size_t(sel + cand + ids) * 4 + size_t(cand_mask);
   }
 };
@@ -388,6 +387,7 @@ WorkspaceSizes workspace_sizes(const TextConfig& t, int64_t N, int64_t max_conte
   w.router = N * E, w.ids = N * K, w.h = N * K * F, w.ye = N * K * D, w.hs = N * F;
   w.emb = N * std::max<int64_t>(R * ehd, 1), w.ekv = N * (hc + 1) * D, w.logits = N * t.vocab_size;
   w.keys = N * (t.sliding_window + t.index_topk) * hd;
+  w.att = N * H * (t.sliding_window + t.index_topk);
   return w;
 }
 }  // namespace
@@ -444,6 +444,7 @@ void CudaBackend::Impl::alloc_workspace() {
   ws.router = alloc<float>(w.router), ws.ids = alloc<int32_t>(w.ids), ws.rw = alloc<float>(w.ids);
   ws.h1 = alloc<float>(w.h), ws.h3 = alloc<float>(w.h), ws.ye = alloc<float>(w.ye), ws.ys = alloc<float>(w.vecD);
   ws.keys = alloc<float>(w.keys);
+  ws.att = alloc<float>(w.att);
   ws.h1s = alloc<float>(w.hs), ws.h3s = alloc<float>(w.hs), ws.emb = alloc<float>(w.emb), ws.ekv = alloc<float>(w.ekv);
   logits_rows = max_rows;
   ws.logits = alloc<float>(w.logits);
@@ -672,7 +673,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
 
   cuda::AttentionArgs aa{.q = ws.q, .kv_chunk = ws.kvw, .meta = st.meta, .seqs = st.seqtab, .layer = l,
                          .src = ratio > 0 ? slot : -1, .sel = ratio > 0 ? ws.sel : nullptr,
-                         .sel_stride = t.index_topk, .sink = d.sink, .out = ws.o, .keys = ws.keys,
+                         .sel_stride = t.index_topk, .sink = d.sink, .out = ws.o, .keys = ws.keys, .att = ws.att,
                          .kmax = W + t.index_topk, .rows = n, .H = H, .W = W, .hd = hd, .r = r};
   cuda::attention(aa, stream);
   cuda::rope(ws.o, n, H, hd, cs, half, -1.0f, r, stream);

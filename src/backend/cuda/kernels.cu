@@ -13,8 +13,6 @@
 namespace dsuf::cuda {
 namespace {
 
-__constant__ float c_e4m3[256];
-__constant__ float c_e2m1[16];
 
 __device__ __forceinline__ float bf16r(float x) {
   // Round to nearest even BF16 (NaN kept), as core/numerics.h.
@@ -29,6 +27,18 @@ __device__ __forceinline__ float e8m0(uint8_t v) {
   if (v == 0) return __uint_as_float(0x00400000u);  // 2^-127, a float subnormal
   return __uint_as_float(uint32_t(v) << 23);        // v = 255 gives inf (NaN in E8M0; never stored)
 }
+// Exact decodes by bit placement (value·2^-120 / value·2^-126 scaled back exactly): no table, so no
+// serialized constant-memory reads when the lanes of a warp look up different codes.
+__device__ __forceinline__ float e4m3_bits(uint32_t b) {  // b's low byte: value·2^-120
+  return __uint_as_float(((b & 0x7fu) << 20) | ((b & 0x80u) << 24));
+}
+__device__ __forceinline__ float e2m1_bits(uint32_t n) {  // n's low nibble: value·2^-126
+  return __uint_as_float(((n & 0x7u) << 22) | ((n & 0x8u) << 28));
+}
+__device__ __forceinline__ float e4m3_val(uint32_t b) {  // 0x7f/0xff: NaN, as the CPU's table
+  return (b & 0x7fu) == 0x7fu ? __uint_as_float(0x7fc00000u) : e4m3_bits(b) * 0x1p120f;
+}
+__device__ __forceinline__ float e2m1_val(uint32_t n) { return e2m1_bits(n) * 0x1p126f; }
 __device__ __forceinline__ float pow2_ceil(float x) {
   int e;
   float m = frexpf(x, &e);
@@ -130,53 +140,74 @@ __global__ void k_hc_mix_dots(const float* fn, const float* X, int hc, int64_t D
   const int m = blockIdx.x, i = blockIdx.y;
   const int64_t N = hc * D;
   const float* x = X + int64_t(i) * N;
-  float ss = 0.0f;
-  for (int64_t j = threadIdx.x; j < N; j += blockDim.x) ss += x[j] * x[j];
+  float ss = 0.0f, acc = 0.0f;
+  const float* f = fn + int64_t(m) * N;
+#pragma unroll 4
+  for (int64_t j = threadIdx.x; j < N; j += blockDim.x) {
+    const float v = x[j];
+    ss += v * v;
+    acc += f[j] * v;
+  }
   ss = block_sum(ss);
   const float rinv = 1.0f / sqrtf(ss / float(N) + norm_eps);
-  const float* f = fn + int64_t(m) * N;
-  float acc = 0.0f;
-  for (int64_t j = threadIdx.x; j < N; j += blockDim.x) acc += f[j] * x[j];
   acc = block_sum(acc);
   if (threadIdx.x == 0) out[int64_t(i) * hc_mix_stride(hc) + m] = acc * rinv;
 }
 
-// Step 2, one thread per token: pre, post and the Sinkhorn-normalized combination, in place.
+// Step 2, one block per token, thread t on entry t of the hc×hc combination (hc ≤ 8): pre, post and
+// the Sinkhorn-normalized combination, in place. Every row/column sum is still taken sequentially
+// in index order (each thread reads the whole row or column from shared memory), as the reference.
 __global__ void k_hc_mix_finish(const float* base, const float* scale, int n, int hc, int iters, float hc_eps,
                                 float* out) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  float mix[80];
+  __shared__ float C[64];
+  const int i = blockIdx.x, t = threadIdx.x;
+  const int nn = hc * hc, j = t / hc, k = t % hc;
+  const bool mine = t < nn;
   float* o = out + int64_t(i) * hc_mix_stride(hc);
-  for (int m = 0; m < hc_mix_stride(hc); ++m) mix[m] = o[m];
-  float* C = o + 2 * hc;
-  for (int k = 0; k < hc; ++k) {
-    o[k] = det::sigmoid(mix[k] * scale[0] + base[k]) + hc_eps;
-    o[hc + k] = 2.0f * det::sigmoid(mix[hc + k] * scale[1] + base[hc + k]);
+  if (t < hc) {
+    o[t] = det::sigmoid(o[t] * scale[0] + base[t]) + hc_eps;
+    o[hc + t] = 2.0f * det::sigmoid(o[hc + t] * scale[1] + base[hc + t]);
   }
-  for (int j = 0; j < hc; ++j) {
+  if (mine) C[t] = o[2 * hc + t] * scale[2] + base[2 * hc + t];
+  __syncthreads();
+  float v = 0.0f;
+  if (mine) {
     float mx = -INFINITY;
-    for (int k = 0; k < hc; ++k) {
-      C[j * hc + k] = mix[2 * hc + j * hc + k] * scale[2] + base[2 * hc + j * hc + k];
-      mx = fmaxf(mx, C[j * hc + k]);
-    }
+    for (int kk = 0; kk < hc; ++kk) mx = fmaxf(mx, C[j * hc + kk]);
+    v = det::fexp(C[t] - mx);
+  }
+  __syncthreads();
+  if (mine) C[t] = v;
+  __syncthreads();
+  if (mine) {
     float sum = 0.0f;
-    for (int k = 0; k < hc; ++k) sum += (C[j * hc + k] = det::fexp(C[j * hc + k] - mx));
-    for (int k = 0; k < hc; ++k) C[j * hc + k] = C[j * hc + k] / sum + hc_eps;
+    for (int kk = 0; kk < hc; ++kk) sum += C[j * hc + kk];
+    v = C[t] / sum + hc_eps;
   }
+  __syncthreads();
+  if (mine) C[t] = v;
+  __syncthreads();
   for (int it = 0; it < iters; ++it) {
-    if (it > 0)
-      for (int j = 0; j < hc; ++j) {
+    if (it > 0) {
+      if (mine) {
         float s = 0.0f;
-        for (int k = 0; k < hc; ++k) s += C[j * hc + k];
-        for (int k = 0; k < hc; ++k) C[j * hc + k] /= s + hc_eps;
+        for (int kk = 0; kk < hc; ++kk) s += C[j * hc + kk];
+        v = C[t] / (s + hc_eps);
       }
-    for (int k = 0; k < hc; ++k) {
-      float s = 0.0f;
-      for (int j = 0; j < hc; ++j) s += C[j * hc + k];
-      for (int j = 0; j < hc; ++j) C[j * hc + k] /= s + hc_eps;
+      __syncthreads();
+      if (mine) C[t] = v;
+      __syncthreads();
     }
+    if (mine) {
+      float s = 0.0f;
+      for (int jj = 0; jj < hc; ++jj) s += C[jj * hc + k];
+      v = C[t] / (s + hc_eps);
+    }
+    __syncthreads();
+    if (mine) C[t] = v;
+    __syncthreads();
   }
+  if (mine) o[2 * hc + t] = C[t];
 }
 
 __global__ void k_hc_collapse(const float* pre, int pre_stride, const float* X, int hc, int64_t D, float* u, bool r) {
@@ -208,6 +239,7 @@ __global__ void k_hc_expand(const float* mix, int mix_stride, const float* y, in
 __global__ void k_rmsnorm(const float* x, int64_t dim, const uint16_t* w, float eps, float* y, bool r) {
   const float* xr = x + int64_t(blockIdx.x) * dim;
   float ss = 0.0f;
+#pragma unroll 4
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) ss += xr[j] * xr[j];
   ss = block_sum(ss);
   const float rinv = 1.0f / sqrtf(ss / float(dim) + eps);
@@ -216,20 +248,25 @@ __global__ void k_rmsnorm(const float* x, int64_t dim, const uint16_t* w, float 
 }
 
 // ---- quantization and linears ------------------------------------------------------------------
+// The per-32 quantizers run one warp per block, lane k on element k (the max is order-free).
+__device__ __forceinline__ float fp8_block_scale(float v) {
+  return pow2_ceil(fmaxf(warp_max(fabsf(v)), 1e-4f) / 448.0f);
+}
+__device__ __forceinline__ uint8_t fp8_code(float v, float s) { return e4m3_code(fminf(fmaxf(v / s, -448.0f), 448.0f)); }
+
 __global__ void k_act_quant(const float* x, int64_t blocks, bool on, float* xq, float* sa) {
-  int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int k = threadIdx.x % 32;
   if (b >= blocks) return;
-  const float* xb = x + b * 32;
+  const float v = x[b * 32 + k];
   if (!on) {
-    for (int k = 0; k < 32; ++k) xq[b * 32 + k] = xb[k];
-    sa[b] = 1.0f;
+    xq[b * 32 + k] = v;
+    if (k == 0) sa[b] = 1.0f;
     return;
   }
-  float amax = 0.0f;
-  for (int k = 0; k < 32; ++k) amax = fmaxf(amax, fabsf(xb[k]));
-  const float s = pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f);
-  for (int k = 0; k < 32; ++k) xq[b * 32 + k] = c_e4m3[e4m3_code(fminf(fmaxf(xb[k] / s, -448.0f), 448.0f))];
-  sa[b] = s;
+  const float s = fp8_block_scale(v);
+  xq[b * 32 + k] = e4m3_val(fp8_code(v, s));
+  if (k == 0) sa[b] = s;
 }
 
 // ---- FP8 / FP4 matrix-vector products ------------------------------------------------------------
@@ -248,12 +285,6 @@ __global__ void k_act_quant(const float* x, int64_t blocks, bool on, float* xq, 
 // smallest normal after it. It is scaled back exactly before the block scale. On the general path
 // (inputs any FP32) the weight is scaled back first and the product rounded separately, as the
 // reference does.
-__device__ __forceinline__ float e4m3_bits(uint32_t b) {  // b's low byte: value·2^-120
-  return __uint_as_float(((b & 0x7fu) << 20) | ((b & 0x80u) << 24));
-}
-__device__ __forceinline__ float e2m1_bits(uint32_t n) {  // n's low nibble: value·2^-126
-  return __uint_as_float(((n & 0x7u) << 22) | ((n & 0x8u) << 28));
-}
 constexpr float kXStage = 0x1p64f;  // inputs staged as x·2^64 on the exact path
 
 // Stages rows [row0, row0+nr) of x (stride x_stride) and their scales in shared memory: per row,
@@ -439,23 +470,20 @@ __global__ void k_rope(float* x, int64_t rows, int heads, int64_t dim, const flo
 }
 
 __global__ void k_fp8_fake_quant(float* x, int64_t blocks, bool r) {
-  int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   if (b >= blocks) return;
-  float* xb = x + b * 32;
-  float amax = 0.0f;
-  for (int k = 0; k < 32; ++k) amax = fmaxf(amax, fabsf(xb[k]));
-  const float s = pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f);
-  for (int k = 0; k < 32; ++k) xb[k] = rb(c_e4m3[e4m3_code(fminf(fmaxf(xb[k] / s, -448.0f), 448.0f))] * s, r);
+  float* p = x + b * 32 + threadIdx.x % 32;
+  const float v = *p, s = fp8_block_scale(v);
+  *p = rb(e4m3_val(fp8_code(v, s)) * s, r);
 }
 
 __global__ void k_fp4_fake_quant_pow2(float* x, int64_t blocks, bool r) {
-  int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   if (b >= blocks) return;
-  float* xb = x + b * 32;
-  float amax = 0.0f;
-  for (int k = 0; k < 32; ++k) amax = fmaxf(amax, fabsf(xb[k]));
-  const float s = pow2_ceil(fmaxf(amax, 6.0f * ldexpf(1.0f, -126)) / 6.0f);
-  for (int k = 0; k < 32; ++k) xb[k] = rb(c_e2m1[e2m1_code(xb[k] / s)] * s, r);
+  float* p = x + b * 32 + threadIdx.x % 32;
+  const float v = *p;
+  const float s = pow2_ceil(fmaxf(warp_max(fabsf(v)), 6.0f * ldexpf(1.0f, -126)) / 6.0f);
+  *p = rb(e2m1_val(e2m1_code(v / s)) * s, r);
 }
 
 __device__ __forceinline__ uint8_t* ring_of(const SeqMeta& sq, int layer, int W, int64_t hd) {
@@ -465,26 +493,25 @@ __device__ __forceinline__ uint8_t* ring_of(const SeqMeta& sq, int layer, int W,
 __global__ void k_pack_window(const float* kv, int rows, const RowMeta* meta, const SeqMeta* seqs, int layer,
                               int64_t hd, int W) {
   const int64_t nb = hd / 32;
-  int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t t = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;  // one warp per 32-block
+  const int k = threadIdx.x % 32;
   if (t >= int64_t(rows) * nb) return;
   const int i = int(t / nb);
   const int64_t b = t % nb;
   const RowMeta m = meta[i];
   if (!m.write) return;
-  const float* xb = kv + int64_t(i) * hd + b * 32;
+  const float v = kv[int64_t(i) * hd + b * 32 + k];
   uint8_t* e = ring_of(seqs[m.seq], layer, W, hd) + (m.pos % W) * (hd + nb);
-  float amax = 0.0f;
-  for (int k = 0; k < 32; ++k) amax = fmaxf(amax, fabsf(xb[k]));
-  const float s = pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f);
-  for (int k = 0; k < 32; ++k) e[b * 32 + k] = e4m3_code(fminf(fmaxf(xb[k] / s, -448.0f), 448.0f));
-  e[hd + b] = e8m0_code(s);
+  const float s = fp8_block_scale(v);
+  e[b * 32 + k] = fp8_code(v, s);
+  if (k == 0) e[hd + b] = e8m0_code(s);
 }
 
 // ---- attention ---------------------------------------------------------------------------------
 __device__ __forceinline__ float ckv_elem(const uint8_t* entry, int64_t hd, int64_t d) {
   uint8_t b = entry[d >> 1];
-  float v = c_e2m1[(d & 1) ? (b >> 4) : (b & 0xf)];
-  return v * c_e4m3[entry[hd / 2 + d / 16]];
+  float v = e2m1_val((d & 1) ? (b >> 4) : (b & 0xf));
+  return v * e4m3_val(entry[hd / 2 + d / 16]);
 }
 
 // The keys a row attends (window ∪ selected compressed entries), decoded once into FP32 for all
@@ -504,7 +531,7 @@ __global__ void k_gather_keys(AttentionArgs a) {
       for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = a.kv_chunk[(sq.row0 + sp - sq.P) * hd + d];
     } else {
       const uint8_t* e = ring_of(sq, a.layer, a.W, hd) + (sp % a.W) * (hd + hd / 32);
-      for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = c_e4m3[e[d]] * e8m0(e[hd + d / 32]);
+      for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = e4m3_val(e[d]) * e8m0(e[hd + d / 32]);
     }
     return;
   }
@@ -515,43 +542,91 @@ __global__ void k_gather_keys(AttentionArgs a) {
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = ckv_elem(entry, hd, d);
 }
 
-// One block per (row, head); warps take keys, then threads take output dims.
-__global__ void k_attention(AttentionArgs a) {
-  extern __shared__ float logit[];
-  const int i = blockIdx.x, h = blockIdx.y;
-  const RowMeta m = a.meta[i];
-  const int64_t pos = m.pos, hd = a.hd;
+// Attention, in two kernels that keep the reference's arithmetic and spread it over the GPU:
+// logits (one warp per (key, 8 heads): the lane-strided dot of core/detmath.h for each head), then
+// softmax and P·V (one thread per output dim for 4 heads; the denominator is the 128-thread
+// block_sum, the P·V sum runs over keys in order).
+constexpr int kAttHeadsQK = 8, kAttHeadsPV = 4, kAttDimsPV = 128, kAttKeySplit = 10;
+
+__device__ __forceinline__ int attention_keys(const AttentionArgs& a, int i, int* first_free) {
+  // The row's keys: its window, then the selection up to its first -1 (found in parallel).
+  const int64_t pos = a.meta[i].pos;
   const int64_t w0 = pos - a.W + 1 > 0 ? pos - a.W + 1 : 0;
-  const int n_win = int(pos - w0 + 1);
-  int n_sel = 0;
+  if (threadIdx.x == 0) *first_free = a.sel ? a.sel_stride : 0;
+  __syncthreads();
   if (a.sel)
-    while (n_sel < a.sel_stride && a.sel[int64_t(i) * a.sel_stride + n_sel] >= 0) ++n_sel;
-  const int nk = n_win + n_sel;
-  const float* q = a.q + (int64_t(i) * a.H + h) * hd;
-  const float* keys = a.keys + int64_t(i) * a.kmax * hd;
+    for (int j = threadIdx.x; j < a.sel_stride; j += blockDim.x)
+      if (a.sel[int64_t(i) * a.sel_stride + j] < 0) atomicMin(first_free, j);
+  __syncthreads();
+  return int(pos - w0 + 1) + *first_free;
+}
+
+__global__ void __launch_bounds__(256) k_attention_logits(AttentionArgs a) {
+  extern __shared__ float qs[];  // [kAttHeadsQK][hd]
+  __shared__ int first_free;
+  const int i = blockIdx.x, h0 = blockIdx.y * kAttHeadsQK;
+  const int64_t hd = a.hd;
+  const int nk = attention_keys(a, i, &first_free);
+  const int nh = min(kAttHeadsQK, a.H - h0);  // the last group may be partial
+  for (int64_t t = threadIdx.x; t < kAttHeadsQK * hd; t += blockDim.x)
+    qs[t] = t < nh * hd ? a.q[(int64_t(i) * a.H + h0) * hd + t] : 0.0f;
+  __syncthreads();
   const float scale = 1.0f / sqrtf(float(hd));
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
-  for (int j = warp; j < nk; j += nw) {
-    float dot = 0.0f;
-    for (int64_t d = lane; d < hd; d += 32) dot += q[d] * keys[int64_t(j) * hd + d];
-    dot = warp_sum(dot);
-    if (lane == 0) logit[j] = dot * scale;
+  const int lane = threadIdx.x % 32;
+  const int gw = blockIdx.z * (blockDim.x / 32) + threadIdx.x / 32, nw = gridDim.z * (blockDim.x / 32);
+  const float* keys = a.keys + int64_t(i) * a.kmax * hd;
+  for (int j = gw; j < nk; j += nw) {
+    float dot[kAttHeadsQK];
+#pragma unroll
+    for (int h = 0; h < kAttHeadsQK; ++h) dot[h] = 0.0f;
+    for (int64_t d = lane; d < hd; d += 32) {
+      const float k = keys[int64_t(j) * hd + d];
+#pragma unroll
+      for (int h = 0; h < kAttHeadsQK; ++h) dot[h] += qs[h * hd + d] * k;
+    }
+#pragma unroll
+    for (int h = 0; h < kAttHeadsQK; ++h) {
+      const float v = warp_sum(dot[h]);
+      if (lane == h && h < nh) a.att[(int64_t(i) * a.H + h0 + h) * a.kmax + j] = v * scale;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kAttDimsPV) k_attention_pv(AttentionArgs a) {
+  extern __shared__ float p[];  // [kAttHeadsPV][kmax]: exp(logit − max)
+  __shared__ int first_free;
+  __shared__ float den_s[kAttHeadsPV];
+  const int i = blockIdx.x, h0 = blockIdx.y * kAttHeadsPV;
+  const int64_t hd = a.hd;
+  const int nk = attention_keys(a, i, &first_free);
+  const int nh = min(kAttHeadsPV, a.H - h0);
+  for (int h = 0; h < nh; ++h) {
+    const float* lg = a.att + (int64_t(i) * a.H + h0 + h) * a.kmax;
+    float* ph = p + h * a.kmax;
+    float mx = -INFINITY;
+    for (int j = threadIdx.x; j < nk; j += blockDim.x) mx = fmaxf(mx, lg[j]);
+    mx = block_max(mx);
+    float den = 0.0f;
+    for (int j = threadIdx.x; j < nk; j += blockDim.x) den += (ph[j] = det::fexp(lg[j] - mx));
+    den = block_sum(den) + det::fexp(a.sink[h0 + h] - mx);
+    if (threadIdx.x == 0) den_s[h] = den;
   }
   __syncthreads();
-  float mx = -INFINITY;
-  for (int j = threadIdx.x; j < nk; j += blockDim.x) mx = fmaxf(mx, logit[j]);
-  mx = block_max(mx);
-  for (int j = threadIdx.x; j < nk; j += blockDim.x) logit[j] = det::fexp(logit[j] - mx);
-  __syncthreads();
-  float den = 0.0f;
-  for (int j = threadIdx.x; j < nk; j += blockDim.x) den += logit[j];
-  den = block_sum(den) + det::fexp(a.sink[h] - mx);
-  float* o = a.out + (int64_t(i) * a.H + h) * hd;
-  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int j = 0; j < nk; ++j) acc += logit[j] * keys[int64_t(j) * hd + d];
-    o[d] = rb(acc / den, a.r);
+  const int64_t d = int64_t(blockIdx.z) * blockDim.x + threadIdx.x;
+  if (d >= hd) return;
+  const float* keys = a.keys + int64_t(i) * a.kmax * hd + d;
+  float acc[kAttHeadsPV];
+#pragma unroll
+  for (int h = 0; h < kAttHeadsPV; ++h) acc[h] = 0.0f;
+#pragma unroll 4
+  for (int j = 0; j < nk; ++j) {
+    const float k = keys[int64_t(j) * hd];
+#pragma unroll
+    for (int h = 0; h < kAttHeadsPV; ++h) acc[h] += p[h * a.kmax + j] * k;
   }
+#pragma unroll
+  for (int h = 0; h < kAttHeadsPV; ++h)
+    if (h < nh) a.out[(int64_t(i) * a.H + h0 + h) * hd + d] = rb(acc[h] / den_s[h], a.r);
 }
 
 // ---- compressor --------------------------------------------------------------------------------
@@ -629,7 +704,7 @@ __global__ void k_compress_emit(CompressArgs a) {
     float amax = 0.0f;
     for (int k = 0; k < 16; ++k) amax = fmaxf(amax, fabsf(latent[b * 16 + k]));
     const uint8_t sc = e4m3_code(fmaxf(amax, 6.0f * ldexpf(1.0f, -9)) / 6.0f);
-    const float s = c_e4m3[sc];
+    const float s = e4m3_val(sc);
     ent[hd / 2 + b] = sc;
     for (int k = 0; k < 16; k += 2)
       ent[b * 8 + k / 2] = e2m1_code(latent[b * 16 + k] / s) | (e2m1_code(latent[b * 16 + k + 1] / s) << 4);
@@ -674,7 +749,7 @@ __device__ void score_one(const IndexScoreArgs& a, int i, int64_t e, const uint8
     float dot = 0.0f;
     for (int64_t d = lane; d < a.ihd; d += 32) {
       uint8_t b = key[d >> 1];
-      dot += q[d] * c_e2m1[(d & 1) ? (b >> 4) : (b & 0xf)] * e8m0(key[a.ihd / 2 + d / 32]);
+      dot += q[d] * e2m1_val((d & 1) ? (b >> 4) : (b & 0xf)) * e8m0(key[a.ihd / 2 + d / 32]);
     }
     dot = warp_sum(dot);
     s += rb(a.wts[int64_t(i) * a.IH + h], a.r) * head_scale * fmaxf(dot, 0.0f) * dim_scale;
@@ -826,35 +901,47 @@ __global__ void k_mask_from_selection(const int32_t* sel, int sel_stride, uint8_
 }
 
 // ---- MoE ---------------------------------------------------------------------------------------
+// One warp per token: scores computed once per expert in parallel, then k rounds of argmax (largest
+// score + bias among the experts not yet taken, ties to the lower id — the reference's sequential
+// scan picks the same one for any non-NaN scores).
 __global__ void k_route(const float* logits, int E, int k, const float* bias, const float* bias_vl,
                         const uint8_t* image, float temp, float route_scale, int32_t* ids, float* w) {
-  const int i = blockIdx.x;
-  if (threadIdx.x != 0) return;
+  extern __shared__ float sv[];  // [E] score s, [E] s + bias, [E] taken flags
+  __shared__ float picked[32];
+  const int i = blockIdx.x, lane = threadIdx.x;
   const float* l = logits + int64_t(i) * E;
   const float* b = image && image[i] ? bias_vl : bias;
-  float sel[16];
-  int32_t id[16];
+  float* sc = sv;
+  float* val = sv + E;
+  float* taken = sv + 2 * E;
+  for (int e = lane; e < E; e += 32) {
+    const float x = l[e] / temp;
+    sc[e] = sqrtf(det::softplus(x));
+    val[e] = sc[e] + b[e];
+    taken[e] = 0.0f;
+  }
+  __syncwarp();
   float sum = 0.0f;
   for (int j = 0; j < k; ++j) {
     int best = -1;
-    float bv = -INFINITY, bs = 0.0f;
-    for (int e = 0; e < E; ++e) {
-      bool taken = false;
-      for (int q = 0; q < j; ++q) taken |= id[q] == e;
-      if (taken) continue;
-      float x = l[e] / temp;
-      float s = sqrtf(det::softplus(x));
-      float v = s + b[e];
-      if (best < 0 || v > bv) best = e, bv = v, bs = s;
+    float bv = -INFINITY;
+    for (int e = lane; e < E; e += 32)
+      if (taken[e] == 0.0f && (best < 0 || val[e] > bv)) best = e, bv = val[e];
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int ob = __shfl_xor_sync(0xffffffffu, best, o);
+      if (ob >= 0 && (best < 0 || ov > bv || (ov == bv && ob < best))) best = ob, bv = ov;
     }
-    id[j] = best;
-    sel[j] = bs;
+    const float bs = sc[best];
     sum += bs;
+    if (lane == 0) {
+      ids[i * k + j] = best;
+      picked[j] = bs;
+      taken[best] = 1.0f;
+    }
+    __syncwarp();
   }
-  for (int j = 0; j < k; ++j) {
-    ids[i * k + j] = id[j];
-    w[i * k + j] = sel[j] / (sum + 1e-20f) * route_scale;
-  }
+  if (lane < k) w[i * k + lane] = picked[lane] / (sum + 1e-20f) * route_scale;
 }
 
 __global__ void k_swiglu(float* h1, const float* h3, int64_t rows, int64_t F, const float* weight, float limit,
@@ -886,7 +973,7 @@ __global__ void k_engram_gather(const int64_t* row_ids, int rows, const uint8_t*
   for (int64_t t = threadIdx.x; t < rows * ehd; t += blockDim.x) {
     const int64_t r = t / ehd, d = t % ehd;
     const int64_t id = row_ids[int64_t(i) * rows + r];
-    emb[int64_t(i) * rows * ehd + t] = c_e4m3[table[id * ehd + d]] * e8m0(scales[id * (ehd / 32) + d / 32]);
+    emb[int64_t(i) * rows * ehd + t] = e4m3_val(table[id * ehd + d]) * e8m0(scales[id * (ehd / 32) + d / 32]);
   }
 }
 
@@ -1003,26 +1090,14 @@ void fill_entries_synthetic(uint8_t* p, int64_t entries, int64_t entry_bytes, in
   if (entries > 0) k_fill_entries<<<1024, 256, 0, s>>>(p, entries, entry_bytes, value_bytes, e4m3_values, scale, mix64(seed));
 }
 
-void init_tables() {
-  float e4m3[256], e2m1[16];
-  for (int i = 0; i < 256; ++i) {
-    int sign = i >> 7, exp = (i >> 3) & 0xf, man = i & 7;
-    float mag = (exp == 15 && man == 7) ? NAN : exp == 0 ? std::ldexp(float(man), -9) : std::ldexp(1.0f + man / 8.0f, exp - 7);
-    e4m3[i] = sign ? -mag : mag;
-  }
-  const float mags[8] = {0, .5f, 1, 1.5f, 2, 3, 4, 6};
-  for (int i = 0; i < 16; ++i) e2m1[i] = i < 8 ? mags[i] : -mags[i - 8];
-  DSUF_CUDA(cudaMemcpyToSymbol(c_e4m3, e4m3, sizeof e4m3));
-  DSUF_CUDA(cudaMemcpyToSymbol(c_e2m1, e2m1, sizeof e2m1));
-}
-
 void embed(const int32_t* tok, int n, const uint16_t* table, int64_t D, int hc, float* X, float* pre, cudaStream_t s) {
   k_embed<<<n, 256, 0, s>>>(tok, table, D, hc, X, pre);
 }
 void hc_mix(const float* fn, const float* base, const float* scale, const float* X, int n, int hc, int64_t D,
             float norm_eps, int iters, float hc_eps, float* out, cudaStream_t s) {
-  k_hc_mix_dots<<<dim3(hc_mix_stride(hc), n), 256, 0, s>>>(fn, X, hc, D, norm_eps, out);
-  k_hc_mix_finish<<<blocks_for(n, 64), 64, 0, s>>>(base, scale, n, hc, iters, hc_eps, out);
+  k_hc_mix_dots<<<dim3(hc_mix_stride(hc), n), 1024, 0, s>>>(fn, X, hc, D, norm_eps, out);
+  DSUF_CHECK(hc <= 8, "hc_mix: hc = ", hc, " (at most 8)");
+  k_hc_mix_finish<<<n, 64, 0, s>>>(base, scale, n, hc, iters, hc_eps, out);
 }
 void hc_collapse(const float* pre, int pre_stride, const float* X, int n, int hc, int64_t D, float* u, bool r,
                  cudaStream_t s) {
@@ -1037,7 +1112,7 @@ void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float
 }
 void act_quant(const float* x, int64_t rows, int64_t K, bool on, float* xq, float* sa, cudaStream_t s) {
   const int64_t blocks = rows * K / 32;
-  k_act_quant<<<blocks_for(blocks, 128), 128, 0, s>>>(x, blocks, on, xq, sa);
+  if (blocks) k_act_quant<<<blocks_for(blocks, 8), 256, 0, s>>>(x, blocks, on, xq, sa);
 }
 namespace {
 template <typename Kernel>
@@ -1122,20 +1197,23 @@ void rope(float* x, int64_t rows, int heads, int64_t dim, const float* cs, int h
   if (n) k_rope<<<blocks_for(n, 256), 256, 0, s>>>(x, rows, heads, dim, cs, half, sign, r);
 }
 void fp8_fake_quant(float* x, int64_t n, bool r, cudaStream_t s) {
-  if (n) k_fp8_fake_quant<<<blocks_for(n / 32, 128), 128, 0, s>>>(x, n / 32, r);
+  if (n) k_fp8_fake_quant<<<blocks_for(n / 32, 8), 256, 0, s>>>(x, n / 32, r);
 }
 void fp4_fake_quant_pow2(float* x, int64_t n, bool r, cudaStream_t s) {
-  if (n) k_fp4_fake_quant_pow2<<<blocks_for(n / 32, 128), 128, 0, s>>>(x, n / 32, r);
+  if (n) k_fp4_fake_quant_pow2<<<blocks_for(n / 32, 8), 256, 0, s>>>(x, n / 32, r);
 }
 void pack_window(const float* kv, int rows, const RowMeta* meta, const SeqMeta* seqs, int layer, int64_t hd, int W,
                  cudaStream_t s) {
   const int64_t t = int64_t(rows) * (hd / 32);
-  if (t > 0) k_pack_window<<<blocks_for(t, 128), 128, 0, s>>>(kv, rows, meta, seqs, layer, hd, W);
+  if (t > 0) k_pack_window<<<blocks_for(t, 8), 256, 0, s>>>(kv, rows, meta, seqs, layer, hd, W);
 }
 void attention(const AttentionArgs& a, cudaStream_t s) {
   k_gather_keys<<<dim3(a.rows, a.W + (a.sel ? a.sel_stride : 0)), 128, 0, s>>>(a);
-  const size_t smem = sizeof(float) * (a.W + (a.sel ? a.sel_stride : 0));
-  k_attention<<<dim3(a.rows, a.H), 128, smem, s>>>(a);
+  const size_t qk_smem = sizeof(float) * kAttHeadsQK * a.hd, pv_smem = sizeof(float) * kAttHeadsPV * a.kmax;
+  set_smem(k_attention_logits, qk_smem);
+  set_smem(k_attention_pv, pv_smem);
+  k_attention_logits<<<dim3(a.rows, blocks_for(a.H, kAttHeadsQK), kAttKeySplit), 256, qk_smem, s>>>(a);
+  k_attention_pv<<<dim3(a.rows, blocks_for(a.H, kAttHeadsPV), blocks_for(a.hd, kAttDimsPV)), kAttDimsPV, pv_smem, s>>>(a);
 }
 void compress_emit(const CompressArgs& a, cudaStream_t s) {
   if (a.n_jobs <= 0) return;
@@ -1172,7 +1250,10 @@ void gather_rows(const float* X, const float* pre, const int32_t* rows, int n, i
 }
 void route(const float* logits, int n, int E, int k, const float* bias, const float* bias_vl, const uint8_t* image,
            float temp, float route_scale, int32_t* ids, float* w, cudaStream_t s) {
-  k_route<<<n, 32, 0, s>>>(logits, E, k, bias, bias_vl, image, temp, route_scale, ids, w);
+  DSUF_CHECK(k <= 32 && k <= E, "route: top-", k, " of ", E, " experts");
+  const size_t smem = sizeof(float) * 3 * E;
+  set_smem(k_route, smem);
+  if (n) k_route<<<n, 32, smem, s>>>(logits, E, k, bias, bias_vl, image, temp, route_scale, ids, w);
 }
 void swiglu(float* h1, const float* h3, int64_t rows, int64_t F, const float* weight, float limit, bool clamp, bool r,
             cudaStream_t s) {

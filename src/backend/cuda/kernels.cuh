@@ -13,7 +13,6 @@
 
 namespace dsuf::cuda {
 
-void init_tables();  // the E4M3/E2M1 decode tables in constant memory; once per process
 
 // Embedding rows to every stream; pre[row] = one-hot(stream 0).
 void embed(const int32_t* tok, int n, const uint16_t* table, int64_t D, int hc, float* X, float* pre,
@@ -94,6 +93,7 @@ struct AttentionArgs {
   const float* sink;      // [H]
   float* out;             // [rows][H][hd]
   float* keys;            // workspace [rows][kmax][hd]: the row's keys decoded once for all heads
+  float* att;             // workspace [rows][H][kmax]: attention logits
   int kmax;               // W + sel_stride
   int rows, H, W;
   int64_t hd;
