@@ -125,8 +125,11 @@ TEST(TransformersParity, WithCacheQuantization) {
   // own recompute of this prefill differs from its first run by 5e-3 for the same reason,
   // fixture.json "recompute_check"). Measured: max 0.41 at one decode row, 62 of 64 greedy argmaxes
   // equal (steps 33 and 39 differ; transformers' top-1/top-2 gaps there are 0.027 and 0.38, inside
-  // the spread).
-  EXPECT_LT(r.max_abs_first4, 1e-4);
+  // the spread). The first stored rows stay within 1e-4 with the first summation orders; with the
+  // GPU-friendly orders adopted for decode speed (sequential FP4 block sums, 1024-wide mHC sums;
+  // docs/numerics.md) an FP8 boundary flip lands earlier: 2.9e-4, then 4.1e-3 — the size of
+  // transformers' own recompute difference (5e-3). The tight test above keeps 1.4e-5.
+  EXPECT_LT(r.max_abs_first4, 1e-2);
   EXPECT_LT(r.max_abs, 0.5);
   EXPECT_GE(r.greedy_equal, 60);
 }

@@ -127,7 +127,8 @@ void fp4_linear(const Fp4Linear& W, const float* x, float* y, bool act_quant, in
       float part = 0.0f;
       for (int k = 0; k < 16; ++k) {
         uint8_t b = wr[kb * 16 + k];
-        part += a.v[kb * 32 + 2 * k] * L[b & 0xf] + a.v[kb * 32 + 2 * k + 1] * L[b >> 4];
+        part += a.v[kb * 32 + 2 * k] * L[b & 0xf];  // one product at a time, low nibble first
+        part += a.v[kb * 32 + 2 * k + 1] * L[b >> 4];
       }
       return part * (a.s[kb] * lut().e8m0[sr[kb]]);
     });
@@ -204,12 +205,14 @@ struct HcMix {
 };
 HcMix hc_mix(const HcParams& p, const float* X, int n, int64_t D, double norm_eps, int iters, float hc_eps) {
   const int64_t N = n * D;
-  const float r = rms_inv(X, N, norm_eps);
+  // Sums over the n·D stream values use a 1024-wide block_sum (one GPU block per mix row).
+  const float ss = det::block_sum<1024>(N, [&](int64_t i) { return X[i] * X[i]; });
+  const float r = 1.0f / std::sqrt(ss / static_cast<float>(N) + static_cast<float>(norm_eps));
   const int M = (2 + n) * n;
   float mix[(2 + 8) * 8];
   for (int m = 0; m < M; ++m) {
     const float* f = p.fn.data() + m * N;
-    mix[m] = det::block_sum<256>(N, [&](int64_t i) { return f[i] * X[i]; }) * r;
+    mix[m] = det::block_sum<1024>(N, [&](int64_t i) { return f[i] * X[i]; }) * r;
   }
   HcMix h;
   for (int k = 0; k < n; ++k) {

@@ -133,7 +133,7 @@ struct CudaBackend::Impl {
   // Workspace, sized for opt.max_chunk rows.
   struct {
     float *X, *pre, *mix_a, *mix_f, *u, *xn, *y, *xq, *sa, *xq2, *sa2, *tmp, *q_lat, *q, *kvw, *ag, *o, *zg, *qi, *wts,
-        *scores, *bscores, *router, *rw, *h1, *h3, *ye, *ys, *h1s, *h3s, *emb, *ekv, *logits, *keys;
+        *scores, *bscores, *router, *rw, *h1, *h3, *ye, *ys, *h1s, *h3s, *emb, *ekv, *logits, *keys, *att;
     int32_t *sel, *cand, *ids;
     uint8_t* cand_mask;
   } ws{};
@@ -352,7 +352,6 @@ void CudaBackend::Impl::place_tensors(uint64_t synthetic_seed) {
 void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   DSUF_CUDA(cudaSetDevice(opt.device));
   DSUF_CUDA(cudaStreamCreate(&stream));
-  cuda::init_tables();
   const TextConfig& t = cfg.text;
   DSUF_CHECK(int64_t(cids.size()) >= t.vocab_size, "compressed-id table too short");
   if (!t.engram_layer_ids.empty()) hasher = std::make_unique<EngramHasher>(t, cids.at(t.engram_pad_token_id));
@@ -425,12 +424,12 @@ namespace {
 // one list serves the allocation and the memory plan.
 struct WorkspaceSizes {
   int64_t X, pre, mix, vecD, xq, sa, tmp, q_lat, q, kvw, ag, o, zg, qi, wts, scores, bscores, sel, cand, cand_mask,
-      router, ids, h, ye, hs, emb, ekv, logits, keys;
+      router, ids, h, ye, hs, emb, ekv, logits, keys, att;
   int64_t score_stride, bscore_stride;
   size_t bytes() const {
     const int64_t floats = X + pre + 2 * mix + 3 * vecD + 2 * xq + 2 * sa + tmp + q_lat + q + kvw + ag + o + zg + qi +
                            wts + scores + bscores + router + ids /*rw*/ + 2 * h + ye + vecD /*ys*/ + 2 * hs + emb + ekv +
-                           logits + keys;
+                           logits + keys + att;
     return size_t(floats) * 4 + size_t(sel + cand + ids) * 4 + size_t(cand_mask);
   }
 };
@@ -451,6 +450,7 @@ WorkspaceSizes workspace_sizes(const TextConfig& t, int64_t N, int64_t max_conte
   w.router = N * E, w.ids = N * K, w.h = N * K * F, w.ye = N * K * D, w.hs = N * F;
   w.emb = N * std::max<int64_t>(R * ehd, 1), w.ekv = N * (hc + 1) * D, w.logits = N * t.vocab_size;
   w.keys = N * (t.sliding_window + t.index_topk) * hd;
+  w.att = N * H * (t.sliding_window + t.index_topk);
   return w;
 }
 // Scratch of the tensor-parallel exchanges, in floats (none at world size 1): the packed send block
@@ -528,6 +528,7 @@ void CudaBackend::Impl::alloc_workspace() {
   ws.router = alloc<float>(w.router), ws.ids = alloc<int32_t>(w.ids), ws.rw = alloc<float>(w.ids);
   ws.h1 = alloc<float>(w.h), ws.h3 = alloc<float>(w.h), ws.ye = alloc<float>(w.ye), ws.ys = alloc<float>(w.vecD);
   ws.keys = alloc<float>(w.keys);
+  ws.att = alloc<float>(w.att);
   const TpScratch tps = tp_scratch(t, part, max_rows);
   if (tps.recv) tp_send = alloc<float>(tps.send), tp_recv = alloc<float>(tps.recv), tp_send_floats = tps.send;
   ws.h1s = alloc<float>(w.hs), ws.h3s = alloc<float>(w.hs), ws.emb = alloc<float>(w.emb), ws.ekv = alloc<float>(w.ekv);
@@ -721,14 +722,14 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
   const int64_t d0 = part.my_hidden().begin, Dr = part.my_hidden().size();
 
   cuda::act_quant(ws.xn, n, D, aq, ws.xq, ws.sa, stream);
-  cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, ws.xq, ws.sa, D, n, ws.tmp, qr, r, stream);
+  cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, ws.xq, ws.sa, D, n, ws.tmp, qr, aq, r, stream);
   cuda::rmsnorm(ws.tmp, n, qr, d.q_norm, eps, ws.q_lat, r, stream);
-  cuda::fp8_linear(d.wkv.w, d.wkv.s, hd, D, ws.xq, ws.sa, D, n, ws.tmp, hd, r, stream);
+  cuda::fp8_linear(d.wkv.w, d.wkv.s, hd, D, ws.xq, ws.sa, D, n, ws.tmp, hd, aq, r, stream);
   cuda::rmsnorm(ws.tmp, n, hd, d.kv_norm, eps, ws.kvw, r, stream);
   cuda::rope(ws.kvw, n, 1, hd, cs, half, 1.0f, r, stream);
   cuda::fp8_fake_quant(ws.kvw, n * hd, r, stream);
   cuda::act_quant(ws.q_lat, n, qr, aq, ws.xq2, ws.sa2, stream);
-  cuda::fp8_linear(d.wq_b.w, d.wq_b.s, Hr * hd, qr, ws.xq2, ws.sa2, qr, n, ws.q, Hr * hd, r, stream);
+  cuda::fp8_linear(d.wq_b.w, d.wq_b.s, Hr * hd, qr, ws.xq2, ws.sa2, qr, n, ws.q, Hr * hd, aq, r, stream);
   cuda::rope(ws.q, n, Hr, hd, cs, half, 1.0f, r, stream);
 
   const int slot = layout.source_slot[l];
@@ -746,7 +747,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
   if (lp.runs_indexer) {
     const int IH = t.index_n_heads;
     const int64_t ihd = t.index_head_dim;
-    cuda::fp8_linear(d.idx_wq_b.w, d.idx_wq_b.s, IH * ihd, qr, ws.xq2, ws.sa2, qr, n, ws.qi, IH * ihd, r, stream);
+    cuda::fp8_linear(d.idx_wq_b.w, d.idx_wq_b.s, IH * ihd, qr, ws.xq2, ws.sa2, qr, n, ws.qi, IH * ihd, aq, r, stream);
     cuda::rope(ws.qi, n, IH, ihd, st.cs_comp, half, 1.0f, r, stream);
     cuda::fp4_fake_quant_pow2(ws.qi, n * IH * ihd, r, stream);
     cuda::bf16_linear(d.idx_wproj, IH, D, ws.xn, D, n, ws.wts, IH, false, stream);
@@ -767,7 +768,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
 
   cuda::AttentionArgs aa{.q = ws.q, .kv_chunk = ws.kvw, .meta = st.meta, .seqs = st.seqtab, .layer = l,
                          .src = ratio > 0 ? slot : -1, .sel = ratio > 0 ? ws.sel : nullptr,
-                         .sel_stride = t.index_topk, .sink = d.sink + h0, .out = ws.o, .keys = ws.keys,
+                         .sel_stride = t.index_topk, .sink = d.sink + h0, .out = ws.o, .keys = ws.keys, .att = ws.att,
                          .kmax = W + t.index_topk, .rows = n, .H = Hr, .W = W, .hd = hd, .r = r};
   cuda::attention(aa, stream);
   cuda::rope(ws.o, n, Hr, hd, cs, half, -1.0f, r, stream);
@@ -775,10 +776,11 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
   cuda::act_quant(ws.o, n, Hr * hd, opt.numerics.wo_a_act_quant && aq, ws.xq, ws.sa, stream);
   for (int g = 0; g < Gr; ++g)
     cuda::fp8_linear(d.wo_a.w + g * ol * gin, d.wo_a.s + (g * ol / 32) * (gin / 32), ol, gin, ws.xq + g * gin,
-                     ws.sa + g * gin / 32, Hr * hd, n, ws.zg + (g0 + g) * ol, G * ol, r, stream);
+                     ws.sa + g * gin / 32, Hr * hd, n, ws.zg + (g0 + g) * ol, G * ol, opt.numerics.wo_a_act_quant && aq,
+                     r, stream);
   cuda::gather_cols(comm, zg_split, ws.zg, n, G * ol, tp_send, tp_recv, stream);
   cuda::act_quant(ws.zg, n, G * ol, aq, ws.xq2, ws.sa2, stream);
-  cuda::fp8_linear(d.wo_b.w, d.wo_b.s, Dr, G * ol, ws.xq2, ws.sa2, G * ol, n, out + d0, D, r, stream);
+  cuda::fp8_linear(d.wo_b.w, d.wo_b.s, Dr, G * ol, ws.xq2, ws.sa2, G * ol, n, out + d0, D, aq, r, stream);
   cuda::gather_cols(comm, hidden_split, out, n, D, tp_send, tp_recv, stream);
   cuda::pack_window(ws.kvw, n, st.meta, st.seqtab, l, hd, W, stream);
 }
@@ -794,19 +796,19 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, float* out) {
   cuda::route(ws.router, n, E, K, d.bias, d.bias_vl, image, float(t.gate_temp), float(t.routed_scaling_factor),
               ws.ids, ws.rw, stream);
   cuda::act_quant(ws.xn, n, D, aq, ws.xq, ws.sa, stream);
-  cuda::fp4_linear_grouped(d.experts.w1, d.experts.s1, ws.ids, F, D, ws.xq, ws.sa, K, int64_t(n) * K, ws.h1, r, stream);
-  cuda::fp4_linear_grouped(d.experts.w3, d.experts.s3, ws.ids, F, D, ws.xq, ws.sa, K, int64_t(n) * K, ws.h3, r, stream);
+  cuda::fp4_linear_grouped(d.experts.w1, d.experts.s1, ws.ids, F, D, ws.xq, ws.sa, K, int64_t(n) * K, ws.h1, aq, r, stream);
+  cuda::fp4_linear_grouped(d.experts.w3, d.experts.s3, ws.ids, F, D, ws.xq, ws.sa, K, int64_t(n) * K, ws.h3, aq, r, stream);
   cuda::swiglu(ws.h1, ws.h3, int64_t(n) * K, F, ws.rw, limit, true, r, stream);
   cuda::act_quant(ws.h1, int64_t(n) * K, F, aq, ws.xq2, ws.sa2, stream);
-  cuda::fp4_linear_grouped(d.experts.w2, d.experts.s2, ws.ids, D, F, ws.xq2, ws.sa2, 1, int64_t(n) * K, ws.ye, r, stream);
+  cuda::fp4_linear_grouped(d.experts.w2, d.experts.s2, ws.ids, D, F, ws.xq2, ws.sa2, 1, int64_t(n) * K, ws.ye, aq, r, stream);
   // Tensor parallel: the rows of ye whose expert another rank owns were computed with a stand-in
   // expert and are replaced by the owner's; the shared expert runs whole on its layer's owner.
   if (part.owns_shared(l)) {
-    cuda::fp8_linear(d.sw1.w, d.sw1.s, F, D, ws.xq, ws.sa, D, n, ws.h1s, F, r, stream);
-    cuda::fp8_linear(d.sw3.w, d.sw3.s, F, D, ws.xq, ws.sa, D, n, ws.h3s, F, r, stream);
+    cuda::fp8_linear(d.sw1.w, d.sw1.s, F, D, ws.xq, ws.sa, D, n, ws.h1s, F, aq, r, stream);
+    cuda::fp8_linear(d.sw3.w, d.sw3.s, F, D, ws.xq, ws.sa, D, n, ws.h3s, F, aq, r, stream);
     cuda::swiglu(ws.h1s, ws.h3s, n, F, nullptr, limit, opt.numerics.shared_expert_clamp, r, stream);
     cuda::act_quant(ws.h1s, n, F, aq, ws.xq2, ws.sa2, stream);
-    cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, ws.xq2, ws.sa2, F, n, ws.ys, D, r, stream);
+    cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, ws.xq2, ws.sa2, F, n, ws.ys, D, aq, r, stream);
   }
   cuda::gather_expert_rows(comm, ws.ye, ws.ids, int64_t(n) * K, D, tp_recv, ws.ys, n, part.shared_owner(l), stream);
   cuda::moe_sum(ws.ye, K, ws.ys, n, D, out, r, stream);
@@ -832,7 +834,7 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
       cuda::engram_gather(st.engram_rows[lp.engram_slot], n, Rr, d.e_table, d.e_scale, ehd, ws.emb, stream);
       cuda::act_quant(ws.emb, n, Rr * ehd, opt.numerics.act_quant, ws.xq, ws.sa, stream);
       cuda::fp8_linear(d.e_wkv.w, d.e_wkv.s, d.e_wkv.out, d.e_wkv.in, ws.xq, ws.sa, Rr * ehd, n, ws.ekv, (hc + 1) * D,
-                       r, stream);
+                       opt.numerics.act_quant, r, stream);
       cuda::engram_gate(ws.X, ws.ekv, d.e_q, d.e_k, st.dead, n, hc, D, eps, r, stream);
     }
     cuda::hc_mix(d.hca_fn, d.hca_base, d.hca_scale, ws.X, n, hc, D, eps, t.hc_sinkhorn_iters, hc_eps, ws.mix_a, stream);

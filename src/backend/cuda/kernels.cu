@@ -13,8 +13,6 @@
 namespace dsuf::cuda {
 namespace {
 
-__constant__ float c_e4m3[256];
-__constant__ float c_e2m1[16];
 
 __device__ __forceinline__ float bf16r(float x) {
   // Round to nearest even BF16 (NaN kept), as core/numerics.h.
@@ -29,6 +27,18 @@ __device__ __forceinline__ float e8m0(uint8_t v) {
   if (v == 0) return __uint_as_float(0x00400000u);  // 2^-127, a float subnormal
   return __uint_as_float(uint32_t(v) << 23);        // v = 255 gives inf (NaN in E8M0; never stored)
 }
+// Exact decodes by bit placement (value·2^-120 / value·2^-126 scaled back exactly): no table, so no
+// serialized constant-memory reads when the lanes of a warp look up different codes.
+__device__ __forceinline__ float e4m3_bits(uint32_t b) {  // b's low byte: value·2^-120
+  return __uint_as_float(((b & 0x7fu) << 20) | ((b & 0x80u) << 24));
+}
+__device__ __forceinline__ float e2m1_bits(uint32_t n) {  // n's low nibble: value·2^-126
+  return __uint_as_float(((n & 0x7u) << 22) | ((n & 0x8u) << 28));
+}
+__device__ __forceinline__ float e4m3_val(uint32_t b) {  // 0x7f/0xff: NaN, as the CPU's table
+  return (b & 0x7fu) == 0x7fu ? __uint_as_float(0x7fc00000u) : e4m3_bits(b) * 0x1p120f;
+}
+__device__ __forceinline__ float e2m1_val(uint32_t n) { return e2m1_bits(n) * 0x1p126f; }
 __device__ __forceinline__ float pow2_ceil(float x) {
   int e;
   float m = frexpf(x, &e);
@@ -130,53 +140,74 @@ __global__ void k_hc_mix_dots(const float* fn, const float* X, int hc, int64_t D
   const int m = blockIdx.x, i = blockIdx.y;
   const int64_t N = hc * D;
   const float* x = X + int64_t(i) * N;
-  float ss = 0.0f;
-  for (int64_t j = threadIdx.x; j < N; j += blockDim.x) ss += x[j] * x[j];
+  float ss = 0.0f, acc = 0.0f;
+  const float* f = fn + int64_t(m) * N;
+#pragma unroll 4
+  for (int64_t j = threadIdx.x; j < N; j += blockDim.x) {
+    const float v = x[j];
+    ss += v * v;
+    acc += f[j] * v;
+  }
   ss = block_sum(ss);
   const float rinv = 1.0f / sqrtf(ss / float(N) + norm_eps);
-  const float* f = fn + int64_t(m) * N;
-  float acc = 0.0f;
-  for (int64_t j = threadIdx.x; j < N; j += blockDim.x) acc += f[j] * x[j];
   acc = block_sum(acc);
   if (threadIdx.x == 0) out[int64_t(i) * hc_mix_stride(hc) + m] = acc * rinv;
 }
 
-// Step 2, one thread per token: pre, post and the Sinkhorn-normalized combination, in place.
+// Step 2, one block per token, thread t on entry t of the hc×hc combination (hc ≤ 8): pre, post and
+// the Sinkhorn-normalized combination, in place. Every row/column sum is still taken sequentially
+// in index order (each thread reads the whole row or column from shared memory), as the reference.
 __global__ void k_hc_mix_finish(const float* base, const float* scale, int n, int hc, int iters, float hc_eps,
                                 float* out) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  float mix[80];
+  __shared__ float C[64];
+  const int i = blockIdx.x, t = threadIdx.x;
+  const int nn = hc * hc, j = t / hc, k = t % hc;
+  const bool mine = t < nn;
   float* o = out + int64_t(i) * hc_mix_stride(hc);
-  for (int m = 0; m < hc_mix_stride(hc); ++m) mix[m] = o[m];
-  float* C = o + 2 * hc;
-  for (int k = 0; k < hc; ++k) {
-    o[k] = det::sigmoid(mix[k] * scale[0] + base[k]) + hc_eps;
-    o[hc + k] = 2.0f * det::sigmoid(mix[hc + k] * scale[1] + base[hc + k]);
+  if (t < hc) {
+    o[t] = det::sigmoid(o[t] * scale[0] + base[t]) + hc_eps;
+    o[hc + t] = 2.0f * det::sigmoid(o[hc + t] * scale[1] + base[hc + t]);
   }
-  for (int j = 0; j < hc; ++j) {
+  if (mine) C[t] = o[2 * hc + t] * scale[2] + base[2 * hc + t];
+  __syncthreads();
+  float v = 0.0f;
+  if (mine) {
     float mx = -INFINITY;
-    for (int k = 0; k < hc; ++k) {
-      C[j * hc + k] = mix[2 * hc + j * hc + k] * scale[2] + base[2 * hc + j * hc + k];
-      mx = fmaxf(mx, C[j * hc + k]);
-    }
+    for (int kk = 0; kk < hc; ++kk) mx = fmaxf(mx, C[j * hc + kk]);
+    v = det::fexp(C[t] - mx);
+  }
+  __syncthreads();
+  if (mine) C[t] = v;
+  __syncthreads();
+  if (mine) {
     float sum = 0.0f;
-    for (int k = 0; k < hc; ++k) sum += (C[j * hc + k] = det::fexp(C[j * hc + k] - mx));
-    for (int k = 0; k < hc; ++k) C[j * hc + k] = C[j * hc + k] / sum + hc_eps;
+    for (int kk = 0; kk < hc; ++kk) sum += C[j * hc + kk];
+    v = C[t] / sum + hc_eps;
   }
+  __syncthreads();
+  if (mine) C[t] = v;
+  __syncthreads();
   for (int it = 0; it < iters; ++it) {
-    if (it > 0)
-      for (int j = 0; j < hc; ++j) {
+    if (it > 0) {
+      if (mine) {
         float s = 0.0f;
-        for (int k = 0; k < hc; ++k) s += C[j * hc + k];
-        for (int k = 0; k < hc; ++k) C[j * hc + k] /= s + hc_eps;
+        for (int kk = 0; kk < hc; ++kk) s += C[j * hc + kk];
+        v = C[t] / (s + hc_eps);
       }
-    for (int k = 0; k < hc; ++k) {
-      float s = 0.0f;
-      for (int j = 0; j < hc; ++j) s += C[j * hc + k];
-      for (int j = 0; j < hc; ++j) C[j * hc + k] /= s + hc_eps;
+      __syncthreads();
+      if (mine) C[t] = v;
+      __syncthreads();
     }
+    if (mine) {
+      float s = 0.0f;
+      for (int jj = 0; jj < hc; ++jj) s += C[jj * hc + k];
+      v = C[t] / (s + hc_eps);
+    }
+    __syncthreads();
+    if (mine) C[t] = v;
+    __syncthreads();
   }
+  if (mine) o[2 * hc + t] = C[t];
 }
 
 __global__ void k_hc_collapse(const float* pre, int pre_stride, const float* X, int hc, int64_t D, float* u, bool r) {
@@ -208,6 +239,7 @@ __global__ void k_hc_expand(const float* mix, int mix_stride, const float* y, in
 __global__ void k_rmsnorm(const float* x, int64_t dim, const uint16_t* w, float eps, float* y, bool r) {
   const float* xr = x + int64_t(blockIdx.x) * dim;
   float ss = 0.0f;
+#pragma unroll 4
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) ss += xr[j] * xr[j];
   ss = block_sum(ss);
   const float rinv = 1.0f / sqrtf(ss / float(dim) + eps);
@@ -216,86 +248,197 @@ __global__ void k_rmsnorm(const float* x, int64_t dim, const uint16_t* w, float 
 }
 
 // ---- quantization and linears ------------------------------------------------------------------
+// The per-32 quantizers run one warp per block, lane k on element k (the max is order-free).
+__device__ __forceinline__ float fp8_block_scale(float v) {
+  return pow2_ceil(fmaxf(warp_max(fabsf(v)), 1e-4f) / 448.0f);
+}
+__device__ __forceinline__ uint8_t fp8_code(float v, float s) { return e4m3_code(fminf(fmaxf(v / s, -448.0f), 448.0f)); }
+
 __global__ void k_act_quant(const float* x, int64_t blocks, bool on, float* xq, float* sa) {
-  int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int k = threadIdx.x % 32;
   if (b >= blocks) return;
-  const float* xb = x + b * 32;
+  const float v = x[b * 32 + k];
   if (!on) {
-    for (int k = 0; k < 32; ++k) xq[b * 32 + k] = xb[k];
-    sa[b] = 1.0f;
+    xq[b * 32 + k] = v;
+    if (k == 0) sa[b] = 1.0f;
     return;
   }
-  float amax = 0.0f;
-  for (int k = 0; k < 32; ++k) amax = fmaxf(amax, fabsf(xb[k]));
-  const float s = pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f);
-  for (int k = 0; k < 32; ++k) xq[b * 32 + k] = c_e4m3[e4m3_code(fminf(fmaxf(xb[k] / s, -448.0f), 448.0f))];
-  sa[b] = s;
+  const float s = fp8_block_scale(v);
+  xq[b * 32 + k] = e4m3_val(fp8_code(v, s));
+  if (k == 0) sa[b] = s;
 }
 
-// One warp per (row, output); lanes take whole 32-blocks of K.
-// One block per (row, 8 outputs): the row's activation and scales are staged in shared memory once;
-// each warp takes one output, its lanes whole 32-blocks of K read as two 16-byte loads. The
-// arithmetic order is the canonical one (core/detmath.h), so the result is the reference's.
-__global__ void k_fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const float* xq,
-                             const float* sa, int64_t x_stride, float* y, int64_t y_stride, bool r) {
-  extern __shared__ float xs[];  // [K] values then [K/32] scales
-  const int64_t nb = K / 32;
-  const int row = blockIdx.y, lane = threadIdx.x % 32;
-  const float* xr = xq + int64_t(row) * x_stride;
-  const float* sr_a = sa + int64_t(row) * (x_stride / 32);
-  for (int64_t k = threadIdx.x; k < K; k += blockDim.x) xs[k] = xr[k];
-  for (int64_t k = threadIdx.x; k < nb; k += blockDim.x) xs[K + k] = sr_a[k];
-  __syncthreads();
-  const int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  if (o >= out) return;
-  const uint8_t* wr = W + o * K;
-  const uint8_t* sr = Ws + (o / 32) * nb;
-  float acc = 0.0f;
-  for (int64_t kb = lane; kb < nb; kb += 32) {
-    const uint4 w0 = *reinterpret_cast<const uint4*>(wr + kb * 32);
-    const uint4 w1 = *reinterpret_cast<const uint4*>(wr + kb * 32 + 16);
-    const uint32_t words[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
-    const float* xb = xs + kb * 32;
-    float part = 0.0f;
-#pragma unroll
-    for (int k = 0; k < 32; ++k) part += xb[k] * c_e4m3[(words[k / 4] >> (8 * (k % 4))) & 0xff];
-    acc += part * (xs[K + kb] * e8m0(sr[kb]));
+// ---- FP8 / FP4 matrix-vector products ------------------------------------------------------------
+// The canonical order (core/detmath.h lane_sum): lane l of a warp owns the K-blocks kb ≡ l (mod 32) in
+// ascending order; a block's 32 products are summed sequentially from 0, scaled by s_act·s_w and added
+// to the lane's sum; the 32 lane sums are then reduced by tree32 (= the xor butterfly of warp_sum).
+// Nothing here depends on which thread runs which lane, so a warp serves several outputs and several
+// rows at once while every (row, output) keeps exactly that order.
+//
+// Weights are decoded by placing their bits into an FP32 (no table: a table lookup with 32 different
+// addresses per warp serializes), giving value·2^-120 for E4M3 and value·2^-126 for E2M1 — both exact,
+// subnormal or not. On the quantized path (kExact: the inputs are E4M3 values) a product of two such
+// values is exact in FP32, so fma(x, w, part) rounds exactly as part + x·w; the inputs are staged as
+// x·2^64, so the partial is the reference's times 2^-56 (E4M3) or 2^-62 (E2M1) with no rounding
+// difference: every nonzero product is at least 2^-18 (2^-10) before scaling, far above FP32's
+// smallest normal after it. It is scaled back exactly before the block scale. On the general path
+// (inputs any FP32) the weight is scaled back first and the product rounded separately, as the
+// reference does.
+constexpr float kXStage = 0x1p64f;  // inputs staged as x·2^64 on the exact path
+
+// Stages rows [row0, row0+nr) of x (stride x_stride) and their scales in shared memory: per row,
+// per K-block, 8 float4 chunks with chunk j stored at j ^ (kb & 7), so that the 8 lanes of a
+// quarter-warp (consecutive kb) read 8 different bank groups.
+template <bool kExact>
+__device__ __forceinline__ void stage_rows(float4* xs4, float* ssa, const float* xq, const float* sa,
+                                           int64_t x_stride, int row0, int nr, int nb) {
+  const int n4 = nr * nb * 8;
+  for (int idx = threadIdx.x; idx < n4; idx += blockDim.x) {
+    const int rr = idx / (nb * 8), rem = idx % (nb * 8), kb = rem / 8, j = rem % 8;
+    float4 v = *reinterpret_cast<const float4*>(xq + int64_t(row0 + rr) * x_stride + kb * 32 + j * 4);
+    if (kExact) v.x *= kXStage, v.y *= kXStage, v.z *= kXStage, v.w *= kXStage;
+    xs4[(rr * nb + kb) * 8 + (j ^ (kb & 7))] = v;
   }
-  acc = warp_sum(acc);
-  if (lane == 0) y[int64_t(row) * y_stride + o] = rb(acc, r);
+  for (int idx = threadIdx.x; idx < nr * nb; idx += blockDim.x) {
+    const int rr = idx / nb, kb = idx % nb;
+    ssa[idx] = sa[int64_t(row0 + rr) * (x_stride / 32) + kb];
+  }
 }
 
-__global__ void k_fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids,
-                                     int64_t out, int64_t K, const float* xq, const float* sa, int x_div, float* y,
-                                     bool r) {
-  extern __shared__ float xs[];  // [K] values then [K/32] scales of this row's input
-  const int row = blockIdx.y, lane = threadIdx.x % 32;
-  const int64_t nb = K / 32;
-  const int xrow = row / x_div;
-  const float* xr = xq + int64_t(xrow) * K;
-  for (int64_t k = threadIdx.x; k < K; k += blockDim.x) xs[k] = xr[k];
-  for (int64_t k = threadIdx.x; k < nb; k += blockDim.x) xs[K + k] = sa[int64_t(xrow) * nb + k];
+__device__ __forceinline__ uint32_t word_of(const uint4 (&w)[2], int i) {
+  const uint4& q = w[i / 4];
+  return (i % 4 == 0) ? q.x : (i % 4 == 1) ? q.y : (i % 4 == 2) ? q.z : q.w;
+}
+
+// One product step on either path: part + x·w with the reference's rounding.
+template <bool kExact>
+__device__ __forceinline__ float mac(float part, float x, float wbits, float wscale) {
+  if (kExact) return fmaf(x, wbits, part);
+  return __fadd_rn(part, __fmul_rn(x, __fmul_rn(wbits, wscale)));
+}
+
+// Block of 8 warps; warp w takes outputs o0..o0+OPW-1 and the block's R rows (grid.y: row groups).
+template <int OPW, int R, bool kExact>
+__global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K,
+                                                   const float* xq, const float* sa, int64_t x_stride, int rows,
+                                                   float* y, int64_t y_stride, bool r) {
+  extern __shared__ float4 xs4[];
+  const int nb = int(K / 32);
+  float* ssa = reinterpret_cast<float*>(xs4 + R * nb * 8);
+  const int row0 = blockIdx.y * R, nr = min(R, rows - row0);
+  stage_rows<kExact>(xs4, ssa, xq, sa, x_stride, row0, nr, nb);
   __syncthreads();
-  const int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  if (o >= out) return;
-  const int e = ids ? ids[row] : 0;
-  const uint8_t* wr = W[e] + o * (K / 2);
-  const uint8_t* sr = Ws[e] + o * nb;
-  float acc = 0.0f;
-  for (int64_t kb = lane; kb < nb; kb += 32) {
-    const uint4 w = *reinterpret_cast<const uint4*>(wr + kb * 16);
-    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-    const float* xb = xs + kb * 32;
-    float part = 0.0f;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t o0 = (int64_t(blockIdx.x) * 8 + warp) * OPW;
+  if (o0 >= out) return;
+  const float wscale = 0x1p120f, back = 0x1p56f;
+  float acc[OPW][R];
 #pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      const uint32_t b = (words[k / 4] >> (8 * (k % 4))) & 0xff;
-      part += xb[2 * k] * c_e2m1[b & 0xf] + xb[2 * k + 1] * c_e2m1[b >> 4];
+  for (int o = 0; o < OPW; ++o)
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) acc[o][rr] = 0.0f;
+  for (int kb = lane; kb < nb; kb += 32) {
+    uint4 w[OPW][2];
+    float sw[OPW];
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) {
+      const int64_t oo = o0 + o < out ? o0 + o : out - 1;  // a tail warp repeats the last row
+      const uint8_t* wr = W + oo * K + int64_t(kb) * 32;
+      w[o][0] = __ldg(reinterpret_cast<const uint4*>(wr));
+      w[o][1] = __ldg(reinterpret_cast<const uint4*>(wr + 16));
+      sw[o] = e8m0(Ws[(oo / 32) * nb + kb]);
     }
-    acc += part * (xs[K + kb] * e8m0(sr[kb]));
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) {
+      if (rr >= nr) break;
+      float part[OPW];
+#pragma unroll
+      for (int o = 0; o < OPW; ++o) part[o] = 0.0f;
+      const float4* xb = xs4 + (rr * nb + kb) * 8;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float4 xv = xb[j ^ (kb & 7)];
+#pragma unroll
+        for (int o = 0; o < OPW; ++o) {
+          const uint32_t t = word_of(w[o], j);
+          part[o] = mac<kExact>(part[o], xv.x, e4m3_bits(t), wscale);
+          part[o] = mac<kExact>(part[o], xv.y, e4m3_bits(t >> 8), wscale);
+          part[o] = mac<kExact>(part[o], xv.z, e4m3_bits(t >> 16), wscale);
+          part[o] = mac<kExact>(part[o], xv.w, e4m3_bits(t >> 24), wscale);
+        }
+      }
+      const float s_a = ssa[rr * nb + kb];
+#pragma unroll
+      for (int o = 0; o < OPW; ++o) acc[o][rr] += (kExact ? part[o] * back : part[o]) * (s_a * sw[o]);
+    }
   }
-  acc = warp_sum(acc);
-  if (lane == 0) y[int64_t(row) * out + o] = rb(acc, r);
+#pragma unroll
+  for (int o = 0; o < OPW; ++o)
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) {
+      const float v = warp_sum(acc[o][rr]);
+      if (lane == 0 && rr < nr && o0 + o < out) y[int64_t(row0 + rr) * y_stride + o0 + o] = rb(v, r);
+    }
+}
+
+// Grouped FP4 (experts): grid.y = rows; row i uses expert ids[i] and input row i / x_div. Each
+// packed byte holds two inputs' weights, low nibble first; they are added one after the other.
+template <int OPW, bool kExact>
+__global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const uint8_t* const* Ws,
+                                                   const int32_t* ids, int64_t out, int64_t K, const float* xq,
+                                                   const float* sa, int x_div, float* y, bool r) {
+  extern __shared__ float4 xs4[];
+  const int nb = int(K / 32);
+  float* ssa = reinterpret_cast<float*>(xs4 + nb * 8);
+  const int row = blockIdx.y;
+  stage_rows<kExact>(xs4, ssa, xq, sa, K, row / x_div, 1, nb);
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t o0 = (int64_t(blockIdx.x) * 8 + warp) * OPW;
+  if (o0 >= out) return;
+  const int e = ids ? ids[row] : 0;
+  const uint8_t* We = W[e];
+  const uint8_t* Se = Ws[e];
+  const float wscale = 0x1p126f, back = 0x1p62f;
+  float acc[OPW];
+#pragma unroll
+  for (int o = 0; o < OPW; ++o) acc[o] = 0.0f;
+  for (int kb = lane; kb < nb; kb += 32) {
+    uint4 w[OPW];
+    float sw[OPW];
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) {
+      const int64_t oo = o0 + o < out ? o0 + o : out - 1;
+      w[o] = __ldg(reinterpret_cast<const uint4*>(We + oo * (K / 2) + int64_t(kb) * 16));
+      sw[o] = e8m0(Se[oo * nb + kb]);
+    }
+    float part[OPW];
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) part[o] = 0.0f;
+    const float4* xb = xs4 + kb * 8;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float4 xv = xb[j ^ (kb & 7)];
+#pragma unroll
+      for (int o = 0; o < OPW; ++o) {
+        const uint4& q = w[o];
+        const uint32_t t = (j / 2 == 0 ? q.x : j / 2 == 1 ? q.y : j / 2 == 2 ? q.z : q.w) >> (16 * (j % 2));
+        part[o] = mac<kExact>(part[o], xv.x, e2m1_bits(t), wscale);
+        part[o] = mac<kExact>(part[o], xv.y, e2m1_bits(t >> 4), wscale);
+        part[o] = mac<kExact>(part[o], xv.z, e2m1_bits(t >> 8), wscale);
+        part[o] = mac<kExact>(part[o], xv.w, e2m1_bits(t >> 12), wscale);
+      }
+    }
+    const float s_a = ssa[kb];
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) acc[o] += (kExact ? part[o] * back : part[o]) * (s_a * sw[o]);
+  }
+#pragma unroll
+  for (int o = 0; o < OPW; ++o) {
+    const float v = warp_sum(acc[o]);
+    if (lane == 0 && o0 + o < out) y[int64_t(row) * out + o0 + o] = rb(v, r);
+  }
 }
 
 __global__ void k_bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, float* y,
@@ -327,23 +470,20 @@ __global__ void k_rope(float* x, int64_t rows, int heads, int64_t dim, const flo
 }
 
 __global__ void k_fp8_fake_quant(float* x, int64_t blocks, bool r) {
-  int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   if (b >= blocks) return;
-  float* xb = x + b * 32;
-  float amax = 0.0f;
-  for (int k = 0; k < 32; ++k) amax = fmaxf(amax, fabsf(xb[k]));
-  const float s = pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f);
-  for (int k = 0; k < 32; ++k) xb[k] = rb(c_e4m3[e4m3_code(fminf(fmaxf(xb[k] / s, -448.0f), 448.0f))] * s, r);
+  float* p = x + b * 32 + threadIdx.x % 32;
+  const float v = *p, s = fp8_block_scale(v);
+  *p = rb(e4m3_val(fp8_code(v, s)) * s, r);
 }
 
 __global__ void k_fp4_fake_quant_pow2(float* x, int64_t blocks, bool r) {
-  int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   if (b >= blocks) return;
-  float* xb = x + b * 32;
-  float amax = 0.0f;
-  for (int k = 0; k < 32; ++k) amax = fmaxf(amax, fabsf(xb[k]));
-  const float s = pow2_ceil(fmaxf(amax, 6.0f * ldexpf(1.0f, -126)) / 6.0f);
-  for (int k = 0; k < 32; ++k) xb[k] = rb(c_e2m1[e2m1_code(xb[k] / s)] * s, r);
+  float* p = x + b * 32 + threadIdx.x % 32;
+  const float v = *p;
+  const float s = pow2_ceil(fmaxf(warp_max(fabsf(v)), 6.0f * ldexpf(1.0f, -126)) / 6.0f);
+  *p = rb(e2m1_val(e2m1_code(v / s)) * s, r);
 }
 
 __device__ __forceinline__ uint8_t* ring_of(const SeqMeta& sq, int layer, int W, int64_t hd) {
@@ -353,26 +493,25 @@ __device__ __forceinline__ uint8_t* ring_of(const SeqMeta& sq, int layer, int W,
 __global__ void k_pack_window(const float* kv, int rows, const RowMeta* meta, const SeqMeta* seqs, int layer,
                               int64_t hd, int W) {
   const int64_t nb = hd / 32;
-  int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t t = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;  // one warp per 32-block
+  const int k = threadIdx.x % 32;
   if (t >= int64_t(rows) * nb) return;
   const int i = int(t / nb);
   const int64_t b = t % nb;
   const RowMeta m = meta[i];
   if (!m.write) return;
-  const float* xb = kv + int64_t(i) * hd + b * 32;
+  const float v = kv[int64_t(i) * hd + b * 32 + k];
   uint8_t* e = ring_of(seqs[m.seq], layer, W, hd) + (m.pos % W) * (hd + nb);
-  float amax = 0.0f;
-  for (int k = 0; k < 32; ++k) amax = fmaxf(amax, fabsf(xb[k]));
-  const float s = pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f);
-  for (int k = 0; k < 32; ++k) e[b * 32 + k] = e4m3_code(fminf(fmaxf(xb[k] / s, -448.0f), 448.0f));
-  e[hd + b] = e8m0_code(s);
+  const float s = fp8_block_scale(v);
+  e[b * 32 + k] = fp8_code(v, s);
+  if (k == 0) e[hd + b] = e8m0_code(s);
 }
 
 // ---- attention ---------------------------------------------------------------------------------
 __device__ __forceinline__ float ckv_elem(const uint8_t* entry, int64_t hd, int64_t d) {
   uint8_t b = entry[d >> 1];
-  float v = c_e2m1[(d & 1) ? (b >> 4) : (b & 0xf)];
-  return v * c_e4m3[entry[hd / 2 + d / 16]];
+  float v = e2m1_val((d & 1) ? (b >> 4) : (b & 0xf));
+  return v * e4m3_val(entry[hd / 2 + d / 16]);
 }
 
 // The keys a row attends (window ∪ selected compressed entries), decoded once into FP32 for all
@@ -392,7 +531,7 @@ __global__ void k_gather_keys(AttentionArgs a) {
       for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = a.kv_chunk[(sq.row0 + sp - sq.P) * hd + d];
     } else {
       const uint8_t* e = ring_of(sq, a.layer, a.W, hd) + (sp % a.W) * (hd + hd / 32);
-      for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = c_e4m3[e[d]] * e8m0(e[hd + d / 32]);
+      for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = e4m3_val(e[d]) * e8m0(e[hd + d / 32]);
     }
     return;
   }
@@ -403,43 +542,91 @@ __global__ void k_gather_keys(AttentionArgs a) {
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = ckv_elem(entry, hd, d);
 }
 
-// One block per (row, head); warps take keys, then threads take output dims.
-__global__ void k_attention(AttentionArgs a) {
-  extern __shared__ float logit[];
-  const int i = blockIdx.x, h = blockIdx.y;
-  const RowMeta m = a.meta[i];
-  const int64_t pos = m.pos, hd = a.hd;
+// Attention, in two kernels that keep the reference's arithmetic and spread it over the GPU:
+// logits (one warp per (key, 8 heads): the lane-strided dot of core/detmath.h for each head), then
+// softmax and P·V (one thread per output dim for 4 heads; the denominator is the 128-thread
+// block_sum, the P·V sum runs over keys in order).
+constexpr int kAttHeadsQK = 8, kAttHeadsPV = 4, kAttDimsPV = 128, kAttKeySplit = 10;
+
+__device__ __forceinline__ int attention_keys(const AttentionArgs& a, int i, int* first_free) {
+  // The row's keys: its window, then the selection up to its first -1 (found in parallel).
+  const int64_t pos = a.meta[i].pos;
   const int64_t w0 = pos - a.W + 1 > 0 ? pos - a.W + 1 : 0;
-  const int n_win = int(pos - w0 + 1);
-  int n_sel = 0;
+  if (threadIdx.x == 0) *first_free = a.sel ? a.sel_stride : 0;
+  __syncthreads();
   if (a.sel)
-    while (n_sel < a.sel_stride && a.sel[int64_t(i) * a.sel_stride + n_sel] >= 0) ++n_sel;
-  const int nk = n_win + n_sel;
-  const float* q = a.q + (int64_t(i) * a.H + h) * hd;
-  const float* keys = a.keys + int64_t(i) * a.kmax * hd;
+    for (int j = threadIdx.x; j < a.sel_stride; j += blockDim.x)
+      if (a.sel[int64_t(i) * a.sel_stride + j] < 0) atomicMin(first_free, j);
+  __syncthreads();
+  return int(pos - w0 + 1) + *first_free;
+}
+
+__global__ void __launch_bounds__(256) k_attention_logits(AttentionArgs a) {
+  extern __shared__ float qs[];  // [kAttHeadsQK][hd]
+  __shared__ int first_free;
+  const int i = blockIdx.x, h0 = blockIdx.y * kAttHeadsQK;
+  const int64_t hd = a.hd;
+  const int nk = attention_keys(a, i, &first_free);
+  const int nh = min(kAttHeadsQK, a.H - h0);  // the last group may be partial
+  for (int64_t t = threadIdx.x; t < kAttHeadsQK * hd; t += blockDim.x)
+    qs[t] = t < nh * hd ? a.q[(int64_t(i) * a.H + h0) * hd + t] : 0.0f;
+  __syncthreads();
   const float scale = 1.0f / sqrtf(float(hd));
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
-  for (int j = warp; j < nk; j += nw) {
-    float dot = 0.0f;
-    for (int64_t d = lane; d < hd; d += 32) dot += q[d] * keys[int64_t(j) * hd + d];
-    dot = warp_sum(dot);
-    if (lane == 0) logit[j] = dot * scale;
+  const int lane = threadIdx.x % 32;
+  const int gw = blockIdx.z * (blockDim.x / 32) + threadIdx.x / 32, nw = gridDim.z * (blockDim.x / 32);
+  const float* keys = a.keys + int64_t(i) * a.kmax * hd;
+  for (int j = gw; j < nk; j += nw) {
+    float dot[kAttHeadsQK];
+#pragma unroll
+    for (int h = 0; h < kAttHeadsQK; ++h) dot[h] = 0.0f;
+    for (int64_t d = lane; d < hd; d += 32) {
+      const float k = keys[int64_t(j) * hd + d];
+#pragma unroll
+      for (int h = 0; h < kAttHeadsQK; ++h) dot[h] += qs[h * hd + d] * k;
+    }
+#pragma unroll
+    for (int h = 0; h < kAttHeadsQK; ++h) {
+      const float v = warp_sum(dot[h]);
+      if (lane == h && h < nh) a.att[(int64_t(i) * a.H + h0 + h) * a.kmax + j] = v * scale;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kAttDimsPV) k_attention_pv(AttentionArgs a) {
+  extern __shared__ float p[];  // [kAttHeadsPV][kmax]: exp(logit − max)
+  __shared__ int first_free;
+  __shared__ float den_s[kAttHeadsPV];
+  const int i = blockIdx.x, h0 = blockIdx.y * kAttHeadsPV;
+  const int64_t hd = a.hd;
+  const int nk = attention_keys(a, i, &first_free);
+  const int nh = min(kAttHeadsPV, a.H - h0);
+  for (int h = 0; h < nh; ++h) {
+    const float* lg = a.att + (int64_t(i) * a.H + h0 + h) * a.kmax;
+    float* ph = p + h * a.kmax;
+    float mx = -INFINITY;
+    for (int j = threadIdx.x; j < nk; j += blockDim.x) mx = fmaxf(mx, lg[j]);
+    mx = block_max(mx);
+    float den = 0.0f;
+    for (int j = threadIdx.x; j < nk; j += blockDim.x) den += (ph[j] = det::fexp(lg[j] - mx));
+    den = block_sum(den) + det::fexp(a.sink[h0 + h] - mx);
+    if (threadIdx.x == 0) den_s[h] = den;
   }
   __syncthreads();
-  float mx = -INFINITY;
-  for (int j = threadIdx.x; j < nk; j += blockDim.x) mx = fmaxf(mx, logit[j]);
-  mx = block_max(mx);
-  for (int j = threadIdx.x; j < nk; j += blockDim.x) logit[j] = det::fexp(logit[j] - mx);
-  __syncthreads();
-  float den = 0.0f;
-  for (int j = threadIdx.x; j < nk; j += blockDim.x) den += logit[j];
-  den = block_sum(den) + det::fexp(a.sink[h] - mx);
-  float* o = a.out + (int64_t(i) * a.H + h) * hd;
-  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int j = 0; j < nk; ++j) acc += logit[j] * keys[int64_t(j) * hd + d];
-    o[d] = rb(acc / den, a.r);
+  const int64_t d = int64_t(blockIdx.z) * blockDim.x + threadIdx.x;
+  if (d >= hd) return;
+  const float* keys = a.keys + int64_t(i) * a.kmax * hd + d;
+  float acc[kAttHeadsPV];
+#pragma unroll
+  for (int h = 0; h < kAttHeadsPV; ++h) acc[h] = 0.0f;
+#pragma unroll 4
+  for (int j = 0; j < nk; ++j) {
+    const float k = keys[int64_t(j) * hd];
+#pragma unroll
+    for (int h = 0; h < kAttHeadsPV; ++h) acc[h] += p[h * a.kmax + j] * k;
   }
+#pragma unroll
+  for (int h = 0; h < kAttHeadsPV; ++h)
+    if (h < nh) a.out[(int64_t(i) * a.H + h0 + h) * hd + d] = rb(acc[h] / den_s[h], a.r);
 }
 
 // ---- compressor --------------------------------------------------------------------------------
@@ -517,7 +704,7 @@ __global__ void k_compress_emit(CompressArgs a) {
     float amax = 0.0f;
     for (int k = 0; k < 16; ++k) amax = fmaxf(amax, fabsf(latent[b * 16 + k]));
     const uint8_t sc = e4m3_code(fmaxf(amax, 6.0f * ldexpf(1.0f, -9)) / 6.0f);
-    const float s = c_e4m3[sc];
+    const float s = e4m3_val(sc);
     ent[hd / 2 + b] = sc;
     for (int k = 0; k < 16; k += 2)
       ent[b * 8 + k / 2] = e2m1_code(latent[b * 16 + k] / s) | (e2m1_code(latent[b * 16 + k + 1] / s) << 4);
@@ -562,7 +749,7 @@ __device__ void score_one(const IndexScoreArgs& a, int i, int64_t e, const uint8
     float dot = 0.0f;
     for (int64_t d = lane; d < a.ihd; d += 32) {
       uint8_t b = key[d >> 1];
-      dot += q[d] * c_e2m1[(d & 1) ? (b >> 4) : (b & 0xf)] * e8m0(key[a.ihd / 2 + d / 32]);
+      dot += q[d] * e2m1_val((d & 1) ? (b >> 4) : (b & 0xf)) * e8m0(key[a.ihd / 2 + d / 32]);
     }
     dot = warp_sum(dot);
     s += rb(a.wts[int64_t(i) * a.IH + h], a.r) * head_scale * fmaxf(dot, 0.0f) * dim_scale;
@@ -714,35 +901,47 @@ __global__ void k_mask_from_selection(const int32_t* sel, int sel_stride, uint8_
 }
 
 // ---- MoE ---------------------------------------------------------------------------------------
+// One warp per token: scores computed once per expert in parallel, then k rounds of argmax (largest
+// score + bias among the experts not yet taken, ties to the lower id — the reference's sequential
+// scan picks the same one for any non-NaN scores).
 __global__ void k_route(const float* logits, int E, int k, const float* bias, const float* bias_vl,
                         const uint8_t* image, float temp, float route_scale, int32_t* ids, float* w) {
-  const int i = blockIdx.x;
-  if (threadIdx.x != 0) return;
+  extern __shared__ float sv[];  // [E] score s, [E] s + bias, [E] taken flags
+  __shared__ float picked[32];
+  const int i = blockIdx.x, lane = threadIdx.x;
   const float* l = logits + int64_t(i) * E;
   const float* b = image && image[i] ? bias_vl : bias;
-  float sel[16];
-  int32_t id[16];
+  float* sc = sv;
+  float* val = sv + E;
+  float* taken = sv + 2 * E;
+  for (int e = lane; e < E; e += 32) {
+    const float x = l[e] / temp;
+    sc[e] = sqrtf(det::softplus(x));
+    val[e] = sc[e] + b[e];
+    taken[e] = 0.0f;
+  }
+  __syncwarp();
   float sum = 0.0f;
   for (int j = 0; j < k; ++j) {
     int best = -1;
-    float bv = -INFINITY, bs = 0.0f;
-    for (int e = 0; e < E; ++e) {
-      bool taken = false;
-      for (int q = 0; q < j; ++q) taken |= id[q] == e;
-      if (taken) continue;
-      float x = l[e] / temp;
-      float s = sqrtf(det::softplus(x));
-      float v = s + b[e];
-      if (best < 0 || v > bv) best = e, bv = v, bs = s;
+    float bv = -INFINITY;
+    for (int e = lane; e < E; e += 32)
+      if (taken[e] == 0.0f && (best < 0 || val[e] > bv)) best = e, bv = val[e];
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int ob = __shfl_xor_sync(0xffffffffu, best, o);
+      if (ob >= 0 && (best < 0 || ov > bv || (ov == bv && ob < best))) best = ob, bv = ov;
     }
-    id[j] = best;
-    sel[j] = bs;
+    const float bs = sc[best];
     sum += bs;
+    if (lane == 0) {
+      ids[i * k + j] = best;
+      picked[j] = bs;
+      taken[best] = 1.0f;
+    }
+    __syncwarp();
   }
-  for (int j = 0; j < k; ++j) {
-    ids[i * k + j] = id[j];
-    w[i * k + j] = sel[j] / (sum + 1e-20f) * route_scale;
-  }
+  if (lane < k) w[i * k + lane] = picked[lane] / (sum + 1e-20f) * route_scale;
 }
 
 __global__ void k_swiglu(float* h1, const float* h3, int64_t rows, int64_t F, const float* weight, float limit,
@@ -774,7 +973,7 @@ __global__ void k_engram_gather(const int64_t* row_ids, int rows, const uint8_t*
   for (int64_t t = threadIdx.x; t < rows * ehd; t += blockDim.x) {
     const int64_t r = t / ehd, d = t % ehd;
     const int64_t id = row_ids[int64_t(i) * rows + r];
-    emb[int64_t(i) * rows * ehd + t] = c_e4m3[table[id * ehd + d]] * e8m0(scales[id * (ehd / 32) + d / 32]);
+    emb[int64_t(i) * rows * ehd + t] = e4m3_val(table[id * ehd + d]) * e8m0(scales[id * (ehd / 32) + d / 32]);
   }
 }
 
@@ -891,26 +1090,14 @@ void fill_entries_synthetic(uint8_t* p, int64_t entries, int64_t entry_bytes, in
   if (entries > 0) k_fill_entries<<<1024, 256, 0, s>>>(p, entries, entry_bytes, value_bytes, e4m3_values, scale, mix64(seed));
 }
 
-void init_tables() {
-  float e4m3[256], e2m1[16];
-  for (int i = 0; i < 256; ++i) {
-    int sign = i >> 7, exp = (i >> 3) & 0xf, man = i & 7;
-    float mag = (exp == 15 && man == 7) ? NAN : exp == 0 ? std::ldexp(float(man), -9) : std::ldexp(1.0f + man / 8.0f, exp - 7);
-    e4m3[i] = sign ? -mag : mag;
-  }
-  const float mags[8] = {0, .5f, 1, 1.5f, 2, 3, 4, 6};
-  for (int i = 0; i < 16; ++i) e2m1[i] = i < 8 ? mags[i] : -mags[i - 8];
-  DSUF_CUDA(cudaMemcpyToSymbol(c_e4m3, e4m3, sizeof e4m3));
-  DSUF_CUDA(cudaMemcpyToSymbol(c_e2m1, e2m1, sizeof e2m1));
-}
-
 void embed(const int32_t* tok, int n, const uint16_t* table, int64_t D, int hc, float* X, float* pre, cudaStream_t s) {
   k_embed<<<n, 256, 0, s>>>(tok, table, D, hc, X, pre);
 }
 void hc_mix(const float* fn, const float* base, const float* scale, const float* X, int n, int hc, int64_t D,
             float norm_eps, int iters, float hc_eps, float* out, cudaStream_t s) {
-  k_hc_mix_dots<<<dim3(hc_mix_stride(hc), n), 256, 0, s>>>(fn, X, hc, D, norm_eps, out);
-  k_hc_mix_finish<<<blocks_for(n, 64), 64, 0, s>>>(base, scale, n, hc, iters, hc_eps, out);
+  k_hc_mix_dots<<<dim3(hc_mix_stride(hc), n), 1024, 0, s>>>(fn, X, hc, D, norm_eps, out);
+  DSUF_CHECK(hc <= 8, "hc_mix: hc = ", hc, " (at most 8)");
+  k_hc_mix_finish<<<n, 64, 0, s>>>(base, scale, n, hc, iters, hc_eps, out);
 }
 void hc_collapse(const float* pre, int pre_stride, const float* X, int n, int hc, int64_t D, float* u, bool r,
                  cudaStream_t s) {
@@ -925,19 +1112,80 @@ void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float
 }
 void act_quant(const float* x, int64_t rows, int64_t K, bool on, float* xq, float* sa, cudaStream_t s) {
   const int64_t blocks = rows * K / 32;
-  k_act_quant<<<blocks_for(blocks, 128), 128, 0, s>>>(x, blocks, on, xq, sa);
+  if (blocks) k_act_quant<<<blocks_for(blocks, 8), 256, 0, s>>>(x, blocks, on, xq, sa);
 }
-void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const float* xq, const float* sa,
+namespace {
+template <typename Kernel>
+void set_smem(Kernel k, size_t smem) {
+  if (smem > 48 * 1024) DSUF_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+}
+// Outputs per warp: enough blocks to fill the GPU first, then fewer, longer rows per warp.
+int outputs_per_warp(int64_t out, int64_t row_groups) {
+  const int64_t warps = out * row_groups;
+  return warps >= 4 * 8 * 132 * 4 ? 4 : warps >= 2 * 8 * 132 * 4 ? 2 : 1;
+}
+template <int OPW, int R, bool kExact>
+void launch_fp8(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const float* xq, const float* sa,
                 int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool r, cudaStream_t s) {
-  const size_t smem = size_t(K + K / 32) * sizeof(float);
-  DSUF_CHECK(smem <= 48 * 1024, "fp8_linear: K = ", K, " needs more shared memory than the default 48 KiB");
-  k_fp8_linear<<<dim3(blocks_for(out, 8), rows), 256, smem, s>>>(W, Ws, out, K, xq, sa, x_stride, y, y_stride, r);
+  const int nb = int(K / 32);
+  const size_t smem = size_t(R) * nb * (32 + 1) * sizeof(float);
+  DSUF_CHECK(smem <= 200 * 1024, "fp8_linear: K = ", K, " with ", R, " rows needs too much shared memory");
+  auto k = k_fp8_gemv<OPW, R, kExact>;
+  set_smem(k, smem);
+  k<<<dim3(blocks_for(out, 8 * OPW), blocks_for(rows, R)), 256, smem, s>>>(W, Ws, out, K, xq, sa, x_stride,
+                                                                           int(rows), y, y_stride, r);
+}
+template <int R, bool kExact>
+void launch_fp8_opw(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const float* xq, const float* sa,
+                    int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool r, cudaStream_t s) {
+  switch (outputs_per_warp(out, blocks_for(rows, R))) {
+    case 4: return launch_fp8<4, R, kExact>(W, Ws, out, K, xq, sa, x_stride, rows, y, y_stride, r, s);
+    case 2: return launch_fp8<2, R, kExact>(W, Ws, out, K, xq, sa, x_stride, rows, y, y_stride, r, s);
+    default: return launch_fp8<1, R, kExact>(W, Ws, out, K, xq, sa, x_stride, rows, y, y_stride, r, s);
+  }
+}
+template <bool kExact>
+void launch_fp8_rows(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const float* xq, const float* sa,
+                     int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool r, cudaStream_t s) {
+  // Rows per block: each weight row is read once per group of R rows; R·K·4 bytes of inputs staged.
+  if (rows >= 4 && K <= 8192) return launch_fp8_opw<4, kExact>(W, Ws, out, K, xq, sa, x_stride, rows, y, y_stride, r, s);
+  if (rows >= 2) return launch_fp8_opw<2, kExact>(W, Ws, out, K, xq, sa, x_stride, rows, y, y_stride, r, s);
+  launch_fp8_opw<1, kExact>(W, Ws, out, K, xq, sa, x_stride, rows, y, y_stride, r, s);
+}
+template <int OPW, bool kExact>
+void launch_fp4(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
+                const float* xq, const float* sa, int x_div, int64_t rows, float* y, bool r, cudaStream_t s) {
+  const size_t smem = size_t(K / 32) * (32 + 1) * sizeof(float);
+  DSUF_CHECK(smem <= 200 * 1024, "fp4_linear: K = ", K, " needs too much shared memory");
+  auto k = k_fp4_gemv<OPW, kExact>;
+  set_smem(k, smem);
+  k<<<dim3(blocks_for(out, 8 * OPW), rows), 256, smem, s>>>(W, Ws, ids, out, K, xq, sa, x_div, y, r);
+}
+template <bool kExact>
+void launch_fp4_opw(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
+                    const float* xq, const float* sa, int x_div, int64_t rows, float* y, bool r, cudaStream_t s) {
+  switch (outputs_per_warp(out, rows)) {
+    case 4: return launch_fp4<4, kExact>(W, Ws, ids, out, K, xq, sa, x_div, rows, y, r, s);
+    case 2: return launch_fp4<2, kExact>(W, Ws, ids, out, K, xq, sa, x_div, rows, y, r, s);
+    default: return launch_fp4<1, kExact>(W, Ws, ids, out, K, xq, sa, x_div, rows, y, r, s);
+  }
+}
+}  // namespace
+
+void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const float* xq, const float* sa,
+                int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool quantized, bool r, cudaStream_t s) {
+  DSUF_CHECK(K % 32 == 0 && x_stride % 4 == 0, "fp8_linear: K = ", K, ", x_stride = ", x_stride);
+  if (rows <= 0) return;
+  if (quantized) return launch_fp8_rows<true>(W, Ws, out, K, xq, sa, x_stride, rows, y, y_stride, r, s);
+  launch_fp8_rows<false>(W, Ws, out, K, xq, sa, x_stride, rows, y, y_stride, r, s);
 }
 void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
-                        const float* xq, const float* sa, int x_div, int64_t rows, float* y, bool r, cudaStream_t s) {
-  const size_t smem = size_t(K + K / 32) * sizeof(float);
-  DSUF_CHECK(smem <= 48 * 1024, "fp4_linear: K = ", K, " needs more shared memory than the default 48 KiB");
-  k_fp4_linear_grouped<<<dim3(blocks_for(out, 8), rows), 256, smem, s>>>(W, Ws, ids, out, K, xq, sa, x_div, y, r);
+                        const float* xq, const float* sa, int x_div, int64_t rows, float* y, bool quantized, bool r,
+                        cudaStream_t s) {
+  DSUF_CHECK(K % 32 == 0, "fp4_linear: K = ", K);
+  if (rows <= 0) return;
+  if (quantized) return launch_fp4_opw<true>(W, Ws, ids, out, K, xq, sa, x_div, rows, y, r, s);
+  launch_fp4_opw<false>(W, Ws, ids, out, K, xq, sa, x_div, rows, y, r, s);
 }
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows, float* y,
                  int64_t y_stride, bool r, cudaStream_t s) {
@@ -949,20 +1197,23 @@ void rope(float* x, int64_t rows, int heads, int64_t dim, const float* cs, int h
   if (n) k_rope<<<blocks_for(n, 256), 256, 0, s>>>(x, rows, heads, dim, cs, half, sign, r);
 }
 void fp8_fake_quant(float* x, int64_t n, bool r, cudaStream_t s) {
-  if (n) k_fp8_fake_quant<<<blocks_for(n / 32, 128), 128, 0, s>>>(x, n / 32, r);
+  if (n) k_fp8_fake_quant<<<blocks_for(n / 32, 8), 256, 0, s>>>(x, n / 32, r);
 }
 void fp4_fake_quant_pow2(float* x, int64_t n, bool r, cudaStream_t s) {
-  if (n) k_fp4_fake_quant_pow2<<<blocks_for(n / 32, 128), 128, 0, s>>>(x, n / 32, r);
+  if (n) k_fp4_fake_quant_pow2<<<blocks_for(n / 32, 8), 256, 0, s>>>(x, n / 32, r);
 }
 void pack_window(const float* kv, int rows, const RowMeta* meta, const SeqMeta* seqs, int layer, int64_t hd, int W,
                  cudaStream_t s) {
   const int64_t t = int64_t(rows) * (hd / 32);
-  if (t > 0) k_pack_window<<<blocks_for(t, 128), 128, 0, s>>>(kv, rows, meta, seqs, layer, hd, W);
+  if (t > 0) k_pack_window<<<blocks_for(t, 8), 256, 0, s>>>(kv, rows, meta, seqs, layer, hd, W);
 }
 void attention(const AttentionArgs& a, cudaStream_t s) {
   k_gather_keys<<<dim3(a.rows, a.W + (a.sel ? a.sel_stride : 0)), 128, 0, s>>>(a);
-  const size_t smem = sizeof(float) * (a.W + (a.sel ? a.sel_stride : 0));
-  k_attention<<<dim3(a.rows, a.H), 128, smem, s>>>(a);
+  const size_t qk_smem = sizeof(float) * kAttHeadsQK * a.hd, pv_smem = sizeof(float) * kAttHeadsPV * a.kmax;
+  set_smem(k_attention_logits, qk_smem);
+  set_smem(k_attention_pv, pv_smem);
+  k_attention_logits<<<dim3(a.rows, blocks_for(a.H, kAttHeadsQK), kAttKeySplit), 256, qk_smem, s>>>(a);
+  k_attention_pv<<<dim3(a.rows, blocks_for(a.H, kAttHeadsPV), blocks_for(a.hd, kAttDimsPV)), kAttDimsPV, pv_smem, s>>>(a);
 }
 void compress_emit(const CompressArgs& a, cudaStream_t s) {
   if (a.n_jobs <= 0) return;
@@ -999,7 +1250,10 @@ void gather_rows(const float* X, const float* pre, const int32_t* rows, int n, i
 }
 void route(const float* logits, int n, int E, int k, const float* bias, const float* bias_vl, const uint8_t* image,
            float temp, float route_scale, int32_t* ids, float* w, cudaStream_t s) {
-  k_route<<<n, 32, 0, s>>>(logits, E, k, bias, bias_vl, image, temp, route_scale, ids, w);
+  DSUF_CHECK(k <= 32 && k <= E, "route: top-", k, " of ", E, " experts");
+  const size_t smem = sizeof(float) * 3 * E;
+  set_smem(k_route, smem);
+  if (n) k_route<<<n, 32, smem, s>>>(logits, E, k, bias, bias_vl, image, temp, route_scale, ids, w);
 }
 void swiglu(float* h1, const float* h3, int64_t rows, int64_t F, const float* weight, float limit, bool clamp, bool r,
             cudaStream_t s) {

@@ -13,7 +13,6 @@
 
 namespace dsuf::cuda {
 
-void init_tables();  // the E4M3/E2M1 decode tables in constant memory; once per process
 
 // Embedding rows to every stream; pre[row] = one-hot(stream 0).
 void embed(const int32_t* tok, int n, const uint16_t* table, int64_t D, int hc, float* X, float* pre,
@@ -32,12 +31,13 @@ void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float
 void act_quant(const float* x, int64_t rows, int64_t K, bool on, float* xq, float* sa, cudaStream_t s);
 // y[r][o] = Σ_kb sa[r][kb]·sw[o/32][kb]·Σ xq·w ; x rows have stride x_stride (sa: x_stride/32),
 // y rows stride y_stride. W may be a row slice of a larger weight (the grouped o-projection).
+// quantized: xq holds E4M3 values (act_quant on), which allows the exact FMA path.
 void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const float* xq, const float* sa,
-                int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool r, cudaStream_t s);
+                int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool quantized, bool r, cudaStream_t s);
 // Grouped FP4 linear (experts): row r uses expert ids[r]'s weights and input row r / x_div.
 void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out,
-                        int64_t K, const float* xq, const float* sa, int x_div, int64_t rows, float* y, bool r,
-                        cudaStream_t s);
+                        int64_t K, const float* xq, const float* sa, int x_div, int64_t rows, float* y,
+                        bool quantized, bool r, cudaStream_t s);
 // FP32 product with a BF16 weight; y = W·x (optionally BF16-rounded).
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows,
                  float* y, int64_t y_stride, bool r, cudaStream_t s);
@@ -93,6 +93,7 @@ struct AttentionArgs {
   const float* sink;      // [H]
   float* out;             // [rows][H][hd]
   float* keys;            // workspace [rows][kmax][hd]: the row's keys decoded once for all heads
+  float* att;             // workspace [rows][H][kmax]: attention logits
   int kmax;               // W + sel_stride
   int rows, H, W;
   int64_t hd;
