@@ -77,12 +77,10 @@ TensorSlice tensor_slice(const TpPartition& p, const std::string& name, const st
   if (is("attn.wo_a"))
     return rows_of(name, shape, {p.my_groups().begin * ol, p.my_groups().end * ol}, p.groups.back().end * ol);
   if (is("attn.wo_b")) return rows_of(name, shape, p.my_hidden(), p.hidden.back().end);
-  if (rest.rfind("ffn.shared_experts.", 0) == 0) return {.present = p.owns_shared(layer)};
-  if (rest.rfind("ffn.experts.", 0) == 0) {
-    const int e = std::stoi(rest.substr(12));
-    return {.present = p.owns_expert(e)};
-  }
-  return {};
+  TensorSlice whole;
+  if (rest.rfind("ffn.shared_experts.", 0) == 0) whole.present = p.owns_shared(layer);
+  if (rest.rfind("ffn.experts.", 0) == 0) whole.present = p.owns_expert(std::stoi(rest.substr(12)));
+  return whole;
 }
 
 }  // namespace dsuf
