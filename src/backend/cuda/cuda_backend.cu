@@ -1020,7 +1020,16 @@ void CudaBackend::init(const ModelConfig& cfg, const LoadedModel* model, std::ve
 }
 
 CudaBackend::~CudaBackend() {
-  if (tp_) tp_->pool.reset();  // joins the rank threads
+  if (tp_ && tp_->pool) {
+    // Each rank frees its own communicator on its own thread (NCCL's finalize waits for the peers),
+    // then the threads end. After a failure the communicators were aborted and need no freeing.
+    try {
+      tp_->pool->run([&](int r) { tp_->comms[r].reset(); });
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "tensor parallel: freeing the communicators: %s\n", e.what());
+    }
+    tp_->pool.reset();
+  }
   // Last rank first: rank 0's pinned Engram tables are mapped by the others.
   for (int r = int(ranks_.size()) - 1; r >= 0; --r) {
     Impl& im = *ranks_[r];
