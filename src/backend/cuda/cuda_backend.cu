@@ -1062,6 +1062,15 @@ void CudaBackend::forward(std::span<ForwardItem> batch) {
     seen.push_back(item.state);
     if (item.state->pos + int64_t(item.tokens.size()) > im.cfg.text.max_position_embeddings)
       fail("sequence of ", item.state->pos + item.tokens.size(), " tokens exceeds max_position_embeddings");
+    // Input errors are refused here, before any rank starts: a rank failing alone inside a step
+    // would have to abort the communicators (the backend is then unusable).
+    for (const int32_t id : item.tokens)
+      if (id < 0 || id >= im.cfg.text.vocab_size)
+        fail("token id ", id, " is outside the vocabulary [0, ", im.cfg.text.vocab_size, ")");
+    for (size_t k = 0; k < im.layout.kv_sources.size(); ++k)
+      if ((item.state->pos + int64_t(item.tokens.size())) / im.layout.source_ratio[k] > im.opt.max_context)
+        fail("sequence of ", item.state->pos + item.tokens.size(), " tokens exceeds the CUDA backend's max_context ",
+             im.opt.max_context);
     if (item.logits) item.logits->clear();
     for (auto& rk : ranks_) rk->seq(*item.state);  // every rank's pools, allocated here, not on the rank threads
   }
