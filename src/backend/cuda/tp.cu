@@ -106,12 +106,16 @@ std::vector<std::unique_ptr<TpComm>> TpComm::create_all(const std::vector<int>& 
   setenv("NCCL_NVLS_ENABLE", "0", 0);  // never NVLink multicast (unset only: a value given wins)
   // Connect every peer at init, not lazily inside the first (possibly graph-captured) collective.
   setenv("NCCL_RUNTIME_CONNECT", "0", 0);
+  // Captured collectives use NCCL's own buffers, not registrations of ours (messages are small).
+  setenv("NCCL_GRAPH_REGISTER", "0", 0);
   const Nccl& n = nccl();
   int version = 0;
   check_nccl(n.get_version(&version), "ncclGetVersion");
-  std::fprintf(stderr, "tensor parallel: %zu GPUs, NCCL %d from %s, NCCL_NVLS_ENABLE=%s NCCL_RUNTIME_CONNECT=%s\n",
+  std::fprintf(stderr,
+               "tensor parallel: %zu GPUs, NCCL %d from %s, NCCL_NVLS_ENABLE=%s NCCL_RUNTIME_CONNECT=%s "
+               "NCCL_GRAPH_REGISTER=%s\n",
                devices.size(), version, n.path.c_str(), std::getenv("NCCL_NVLS_ENABLE"),
-               std::getenv("NCCL_RUNTIME_CONNECT"));
+               std::getenv("NCCL_RUNTIME_CONNECT"), std::getenv("NCCL_GRAPH_REGISTER"));
   std::vector<ncclComm_t> comms(devices.size());
   check_nccl(n.init_all(comms.data(), int(devices.size()), devices.data()), "ncclCommInitAll");
   std::vector<std::unique_ptr<TpComm>> out;
