@@ -989,6 +989,17 @@ void CudaBackend::init(const ModelConfig& cfg, const LoadedModel* model, std::ve
   }
   tp_ = std::make_unique<Tp>();
   if (world > 1) tp_->comms = cuda::TpComm::create_all(opt.devices);
+  try {
+    load_ranks(cfg, model, ids, opt, seed);
+  } catch (...) {
+    for (auto& c : tp_->comms) c->abort();  // local: freeing them normally would wait for the peers
+    throw;
+  }
+}
+
+void CudaBackend::load_ranks(const ModelConfig& cfg, const LoadedModel* model, const std::vector<int32_t>& ids,
+                             const CudaOptions& opt, uint64_t seed) {
+  const int world = int(opt.devices.size());
   bool graphs = true;
   if (const char* g = std::getenv("DSUF_CUDA_GRAPHS")) graphs = std::string(g) != "0";  // profiling
   for (int r = 0; r < world; ++r) {
@@ -1020,6 +1031,14 @@ void CudaBackend::init(const ModelConfig& cfg, const LoadedModel* model, std::ve
 }
 
 CudaBackend::~CudaBackend() {
+  // First the captured graphs (they hold NCCL work), then the communicators, then the rest.
+  for (auto& rk : ranks_) {
+    cudaSetDevice(rk->opt.device);
+    if (rk->stream) cudaStreamSynchronize(rk->stream);
+    for (auto& [b, g] : rk->graphs)
+      if (g.exec) cudaGraphExecDestroy(g.exec);
+    rk->graphs.clear();
+  }
   if (tp_ && tp_->pool) {
     // Each rank frees its own communicator on its own thread (NCCL's finalize waits for the peers),
     // then the threads end. After a failure the communicators were aborted and need no freeing.
@@ -1034,9 +1053,6 @@ CudaBackend::~CudaBackend() {
   for (int r = int(ranks_.size()) - 1; r >= 0; --r) {
     Impl& im = *ranks_[r];
     cudaSetDevice(im.opt.device);
-    if (im.stream) cudaStreamSynchronize(im.stream);
-    for (auto& [b, g] : im.graphs)
-      if (g.exec) cudaGraphExecDestroy(g.exec);
     if (im.ev0) cudaEventDestroy(im.ev0), cudaEventDestroy(im.ev1);
     for (void* p : im.pinned) cudaFreeHost(p);
     if (im.stream) cudaStreamDestroy(im.stream);

@@ -68,6 +68,8 @@ class CudaBackend final : public Backend {
   struct Tp;
   void init(const ModelConfig& cfg, const LoadedModel* model, std::vector<int32_t> ids, CudaOptions opt,
             uint64_t seed);
+  void load_ranks(const ModelConfig& cfg, const LoadedModel* model, const std::vector<int32_t>& ids,
+                  const CudaOptions& opt, uint64_t seed);
   std::vector<std::unique_ptr<Impl>> ranks_;  // one per GPU; ranks_[0] answers the host-side questions
   std::unique_ptr<Tp> tp_;                    // communicators and rank threads (more than one GPU)
 };
