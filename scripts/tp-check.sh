@@ -4,6 +4,7 @@
 #      against the CPU reference, TP=2 against TP=1 bit for bit (tiny and real-dimension
 #      checkpoints, synthetic weights; prefill layer by layer, 64 greedy decode steps, chunked
 #      prefill, batches; with and without CUDA graphs);
+#      the engine's GPU tests (continuous batching, cancellation) on TP=2;
 #   2. `run --gpus 0,1` against `run --gpus 0` and `run --cpu` (64 greedy tokens, tiny checkpoint);
 #   3. bench_decode at TP=1 and TP=2 (batch-1 and batch-4 decode step time, tok/s, % of the bound);
 #      then TP=2 with 352 experts per layer (close to the real model's 384, which need 140 GiB per
@@ -47,7 +48,7 @@ if [ "${1:-}" = "--build" ]; then
     -DDSUF_JSON_INCLUDE="$PWD/.deps/include" -DDSUF_GTEST_SOURCE="$PWD/.deps/googletest" > "$LOG/configure.log" 2>&1 \
     || note "configure FAILED (see configure.log)"
   grep -i "tensor parallelism\|nccl" "$LOG/configure.log" | tee -a "$SUMMARY"
-  cmake --build "$B" --target run dsuf cuda_backend_tests cuda_tp_tests bench_decode > "$LOG/build.log" 2>&1 \
+  cmake --build "$B" --target run dsuf cuda_backend_tests cuda_tp_tests engine_cuda_tests bench_decode > "$LOG/build.log" 2>&1 \
     || note "build FAILED (see build.log)"
 fi
 STAGES=" ${*:-all} "
@@ -110,7 +111,9 @@ if want tests; then
   step tp2_tiny 120 "$T" --gtest_filter='TpTiny.TwoGpusEqualOne'
   step tp2_synthetic 120 "$T" --gtest_filter='TpSynthetic.*'
   step tp_more_gpus 60 "$T" --gtest_filter='TpTiny.MoreGpusThanOutputGroupsRefused'
-  tp_summary tp_plan tp1_tiny_vs_cpu tp2_tiny_nographs tp2_tiny tp2_synthetic tp_more_gpus
+  # The engine (continuous batching, cancellation) on TP=2 against the CPU reference alone.
+  [ -x "$B/bin/engine_cuda_tests" ] && step tp2_engine 120 env DSUF_TEST_GPUS=0,1 "$B/bin/engine_cuda_tests"
+  tp_summary tp_plan tp1_tiny_vs_cpu tp2_tiny_nographs tp2_tiny tp2_synthetic tp_more_gpus tp2_engine
 fi
 
 if want run; then

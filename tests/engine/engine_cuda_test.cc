@@ -17,10 +17,16 @@ constexpr int kBatch = 4;
 constexpr int64_t kContext = 512;
 constexpr std::chrono::milliseconds kWait{60000};  // a hang fails the test instead of stalling
 
+// DSUF_TEST_GPUS=0,1 runs the same checks tensor parallel (scripts/tp-check.sh).
+std::vector<int> test_gpus() {
+  const char* g = std::getenv("DSUF_TEST_GPUS");
+  return g ? parse_gpu_list(g) : std::vector<int>{0};
+}
+
 Backend& cuda() {
   static std::unique_ptr<Backend> b = make_backend(tiny_model(), compressed_ids(),
                                                    BackendOptions{.cpu = false,
-                                                                  .gpus = {0},
+                                                                  .gpus = test_gpus(),
                                                                   .max_batch = kBatch,
                                                                   .max_context = kContext,
                                                                   .numerics = {},
