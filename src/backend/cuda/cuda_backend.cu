@@ -679,9 +679,8 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
   cuda::rope(ws.o, n, H, hd, cs, half, -1.0f, r, stream);
   const int64_t gin = (H / G) * hd;
   cuda::act_quant(ws.o, n, H * hd, opt.numerics.wo_a_act_quant && aq, ws.xq, ws.sa, stream);
-  for (int g = 0; g < G; ++g)
-    cuda::fp8_linear(d.wo_a.w + g * ol * gin, d.wo_a.s + (g * ol / 32) * (gin / 32), ol, gin, ws.xq + g * gin,
-                     ws.sa + g * gin / 32, H * hd, n, ws.zg + g * ol, G * ol, opt.numerics.wo_a_act_quant && aq, r, stream);
+  cuda::fp8_linear_groups(d.wo_a.w, d.wo_a.s, G, ol, gin, ws.xq, ws.sa, H * hd, n, ws.zg, G * ol,
+                          opt.numerics.wo_a_act_quant && aq, r, stream);
   cuda::act_quant(ws.zg, n, G * ol, aq, ws.xq2, ws.sa2, stream);
   cuda::fp8_linear(d.wo_b.w, d.wo_b.s, D, G * ol, ws.xq2, ws.sa2, G * ol, n, out, D, aq, r, stream);
   cuda::pack_window(ws.kvw, n, st.meta, st.seqtab, l, hd, W, stream);

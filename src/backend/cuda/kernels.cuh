@@ -34,6 +34,11 @@ void act_quant(const float* x, int64_t rows, int64_t K, bool on, float* xq, floa
 // quantized: xq holds E4M3 values (act_quant on), which allows the exact FMA path.
 void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const float* xq, const float* sa,
                 int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool quantized, bool r, cudaStream_t s);
+// `groups` independent products in one launch (the grouped o-projection): group g uses weight rows
+// [g·out, (g+1)·out) (out a multiple of 32), inputs g·K.. of each row, outputs g·out.. of each row.
+void fp8_linear_groups(const uint8_t* W, const uint8_t* Ws, int groups, int64_t out, int64_t K, const float* xq,
+                       const float* sa, int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool quantized,
+                       bool r, cudaStream_t s);
 // Grouped FP4 linear (experts): row r uses expert ids[r]'s weights and input row r / x_div.
 void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out,
                         int64_t K, const float* xq, const float* sa, int x_div, int64_t rows, float* y,
