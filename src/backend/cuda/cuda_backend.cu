@@ -111,6 +111,9 @@ struct CudaBackend::Impl {
         *scores, *bscores, *router, *rw, *h1, *h3, *ye, *ys, *h1s, *h3s, *emb, *ekv, *logits, *keys;
     int32_t *sel, *cand, *ids;
     uint8_t* cand_mask;
+    float* sample_w;          // [max_rows][V] sampling weights
+    uint32_t* sample_max;     // [max_rows]
+    int32_t* sample_out;      // [max_rows] sampled tokens
   } ws{};
   int64_t score_stride = 0, bscore_stride = 0, mask_stride = 0, logits_rows = 0;
   int max_rows = 0;  // rows per step: max(max_chunk, max_batch)
@@ -133,14 +136,15 @@ struct CudaBackend::Impl {
       return d;
     }
   } stage;
-  float* logits_host = nullptr;  // pinned
+  float* logits_host = nullptr;    // pinned
+  int32_t* tokens_host = nullptr;  // pinned, one per logits row
 
-  // Decode steps captured as CUDA graphs, by batch size.
+  // Decode steps captured as CUDA graphs, by batch size and whether the logits come back.
   struct Graph {
     cudaGraphExec_t exec = nullptr;
     size_t stage_bytes = 0;
   };
-  std::map<int, Graph> graphs;
+  std::map<std::pair<int, bool>, Graph> graphs;
   bool use_graphs = true;
   cudaEvent_t ev0 = nullptr, ev1 = nullptr;
   double last_graph_ms = 0;
@@ -186,6 +190,7 @@ struct CudaBackend::Impl {
     DevSeq* ds;
     int offset, n;
     bool logits;  // rows of this part get logits (the last row, or all for kAll)
+    bool sample;  // the item's last row is in this part and its token is sampled here
   };
   // Device addresses of one step's staged inputs.
   struct Step {
@@ -203,6 +208,9 @@ struct CudaBackend::Impl {
     int n_logit_rows = 0;
     std::vector<int> logit_row_of_part;  // first logits row of each part, −1 if none
     bool all_rows_logits = false;        // fixed layout: every row has logits
+    bool copy_logits = false;            // some item wants its logits on the host
+    cuda::SampleJob* jobs = nullptr;     // one per logits row (on for the rows sampled)
+    std::vector<int> sample_row_of_part;  // the logits row whose token a part gets, −1 if none
     int64_t max_entries = 0;
   };
 
@@ -362,13 +370,13 @@ namespace {
 // one list serves the allocation and the memory plan.
 struct WorkspaceSizes {
   int64_t X, pre, mix, vecD, xq, sa, tmp, q_lat, q, kvw, ag, o, zg, qi, wts, scores, bscores, sel, cand, cand_mask,
-      router, ids, h, ye, hs, emb, ekv, logits, keys;
+      router, ids, h, ye, hs, emb, ekv, logits, keys, sample_w, sample;
   int64_t score_stride, bscore_stride;
   size_t bytes() const {
     const int64_t floats = X + pre + 2 * mix + 3 * vecD + 2 * xq + 2 * sa + tmp + q_lat + q + kvw + ag + o + zg + qi +
                            wts + scores + bscores + router + ids /*rw*/ + 2 * h + ye + vecD /*ys*/ + 2 * hs + emb + ekv +
-                           logits + keys;
-    return size_t(floats) * 4 + size_t(sel + cand + ids) * 4 + size_t(cand_mask);
+                           logits + keys + sample_w;
+    return size_t(floats) * 4 + size_t(sel + cand + ids + 2 * sample) * 4 + size_t(cand_mask);
   }
 };
 WorkspaceSizes workspace_sizes(const TextConfig& t, int64_t N, int64_t max_context, int64_t R) {
@@ -388,6 +396,7 @@ WorkspaceSizes workspace_sizes(const TextConfig& t, int64_t N, int64_t max_conte
   w.router = N * E, w.ids = N * K, w.h = N * K * F, w.ye = N * K * D, w.hs = N * F;
   w.emb = N * std::max<int64_t>(R * ehd, 1), w.ekv = N * (hc + 1) * D, w.logits = N * t.vocab_size;
   w.keys = N * (t.sliding_window + t.index_topk) * hd;
+  w.sample_w = N * t.vocab_size, w.sample = N;
   return w;
 }
 }  // namespace
@@ -449,10 +458,15 @@ void CudaBackend::Impl::alloc_workspace() {
   ws.logits = alloc<float>(w.logits);
   DSUF_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&logits_host), size_t(w.logits) * 4, cudaHostAllocDefault));
   pinned.push_back(logits_host);
+  ws.sample_w = alloc<float>(w.sample_w), ws.sample_max = alloc<uint32_t>(w.sample);
+  ws.sample_out = alloc<int32_t>(w.sample);
+  DSUF_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&tokens_host), size_t(w.sample) * 4, cudaHostAllocDefault));
+  pinned.push_back(tokens_host);
   // Staging: every per-step list, bounded by max_rows rows (and as many sequences).
   const size_t Rn = size_t(max_rows), S = layout.kv_sources.size();
   const size_t slots = hasher ? size_t(hasher->num_slots()) : 0, Rr = hasher ? size_t(hasher->rows_per_token()) : 0;
-  stage.cap = 64 * 16 + Rn * (4 + sizeof(RowMeta) + sizeof(SeqMeta) + 2 + 4 + 2 * 2 * half * 4 + slots * Rr * 8) +
+  stage.cap = 64 * 16 + Rn * (4 + sizeof(RowMeta) + sizeof(SeqMeta) + 2 + 4 + 2 * 2 * half * 4 + slots * Rr * 8 +
+                              sizeof(cuda::SampleJob)) +
               S * (2 * Rn) * (sizeof(cuda::EmitJob) + sizeof(cuda::PendingJob) + 2 * half * 4) + 2 * half * 4;
   DSUF_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&stage.host), stage.cap, cudaHostAllocDefault));
   pinned.push_back(stage.host);
@@ -611,6 +625,23 @@ CudaBackend::Impl::Step CudaBackend::Impl::stage_step(std::vector<Part>& parts, 
   }
   st.n_logit_rows = int(lrows.size());
   st.logit_rows = stage.put(lrows.data(), lrows.size());
+  // Sampling jobs: one per logits row (a fixed layout keeps their number), on for each part's last
+  // row when its item's token is sampled.
+  std::vector<cuda::SampleJob> jobs(lrows.size());
+  for (size_t j = 0; j < jobs.size(); ++j) jobs[j] = {.params = {}, .draw = 0, .row = int32_t(j), .on = 0};
+  for (size_t q = 0; q < parts.size(); ++q) {
+    const Part& p = parts[q];
+    st.copy_logits |= p.logits && p.item->logits != nullptr;
+    int row = -1;
+    if (p.sample) {
+      const bool rows_of_all = st.all_rows_logits || p.item->want == ForwardItem::Logits::kAll;
+      row = st.logit_row_of_part[q] + (rows_of_all ? p.n - 1 : 0);
+      DSUF_CHECK(row >= 0 && row < int(jobs.size()), "sampled row without logits");
+      jobs[row] = {.params = p.item->sampling, .draw = p.item->draw, .row = int32_t(row), .on = 1};
+    }
+    st.sample_row_of_part.push_back(row);
+  }
+  st.jobs = stage.put(jobs.data(), jobs.size());
   if (fixed_layout) st.max_entries = opt.max_context;
   return st;
 }
@@ -758,7 +789,11 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
     cuda::hc_collapse(pre_head, hc, X_head, nl, hc, D, ws.u, r, stream);
     cuda::rmsnorm(ws.u, nl, D, norm, eps, ws.xn, r, stream);
     cuda::bf16_linear(head, V, D, ws.xn, D, nl, ws.logits, V, false, stream);
-    DSUF_CUDA(cudaMemcpyAsync(logits_host, ws.logits, size_t(nl) * V * 4, cudaMemcpyDeviceToHost, stream));
+    // Sampling where the logits are; the tokens come back, the logits only when an item wants them.
+    cuda::sample(ws.logits, V, st.jobs, nl, ws.sample_max, ws.sample_w, ws.sample_out, stream);
+    DSUF_CUDA(cudaMemcpyAsync(tokens_host, ws.sample_out, size_t(nl) * 4, cudaMemcpyDeviceToHost, stream));
+    if (st.copy_logits)
+      DSUF_CUDA(cudaMemcpyAsync(logits_host, ws.logits, size_t(nl) * V * 4, cudaMemcpyDeviceToHost, stream));
   }
 }
 
@@ -776,6 +811,7 @@ void CudaBackend::Impl::finish_step(std::vector<Part>& parts, const Step& st) {
       p.item->logits->resize(off + size_t(rows) * V);
       std::memcpy(p.item->logits->data() + off, logits_host + size_t(src_row) * V, size_t(rows) * V * 4);
     }
+    if (p.sample) *p.item->token = tokens_host[st.sample_row_of_part[q]];
     auto& hist = s.engram_history;
     for (int j = 0; j < p.n; ++j) {
       const int32_t id = p.item->tokens[p.offset + j];
@@ -801,7 +837,7 @@ void CudaBackend::Impl::run_step(std::vector<Part>& parts) {
   if (decode) {
     // Decode steps replay a graph captured for this batch size; the staged inputs change, the
     // kernels and their arguments do not.
-    Graph& g = graphs[st.rows];
+    Graph& g = graphs[{st.rows, st.copy_logits}];
     if (!g.exec || g.stage_bytes != stage.used) {
       if (g.exec) cudaGraphExecDestroy(g.exec);
       cudaGraph_t graph;
@@ -890,6 +926,8 @@ void CudaBackend::forward(std::span<ForwardItem> batch) {
     if (item.state->pos + int64_t(item.tokens.size()) > im.cfg.text.max_position_embeddings)
       fail("sequence of ", item.state->pos + item.tokens.size(), " tokens exceeds max_position_embeddings");
     if (item.logits) item.logits->clear();
+    DSUF_CHECK(!item.token || (item.want != ForwardItem::Logits::kNone && !item.tokens.empty()),
+               "sampling a token needs the last row's logits");
     im.seq(*item.state);
   }
   // Steps of at most max_rows rows; each sequence contributes one chunk per step, in order. A traced
@@ -905,7 +943,7 @@ void CudaBackend::forward(std::span<ForwardItem> batch) {
       const int take = std::min(left, im.max_rows - used);
       const bool last = done[i] + take == item.tokens.size();
       const bool logits = item.want == ForwardItem::Logits::kAll || (last && item.want == ForwardItem::Logits::kLast);
-      parts.push_back({&item, &im.seq(*item.state), int(done[i]), take, logits});
+      parts.push_back({&item, &im.seq(*item.state), int(done[i]), take, logits, last && item.token != nullptr});
       done[i] += take;
       used += take;
       if (item.trace) break;
