@@ -16,8 +16,8 @@
 // range (warp totals, the warp where the running sum crosses, that warp's scan).
 // Histograms use warp-aggregated atomics: the lanes of a warp that hit the same digit add their sum
 // once (most keys of a row share their high digits, so plain atomics would serialize).
-// Cost per row, one block: 1 pass over the row for greedy, 3 for top_p = 1, about 9 for top_p < 1
-// (the row is L2-resident after the head); no sort.
+// Passes over a row (L2-resident after the head), no sort: 1 for greedy, 4 at top_p = 1 (max,
+// weights, Q, the draw), 10 with top-p (+ 4 radix, the tie walk, M), 15 with top-k as well.
 #include <algorithm>
 
 #include "backend/cuda/check.h"
