@@ -297,7 +297,8 @@ void Engine::step(std::vector<Sequence*>& batch) {
   for (auto& s : running_) {
     if (!s->decoding()) continue;
     batch.push_back(s.get());
-    items.push_back({.state = &s->state, .tokens = {&s->last, 1}, .want = ForwardItem::Logits::kLast});
+    items.push_back(
+        {.state = &s->state, .tokens = {&s->last, 1}, .want = ForwardItem::Logits::kLast});
     ++decodes;
   }
   // Prefill gets what decodes leave of the step budget, and at least one chunk, so new requests
