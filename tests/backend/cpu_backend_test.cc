@@ -246,7 +246,8 @@ TEST(Sampling, TheBackendsTokenIsTheSharedSamplersOnItsLogits) {
   std::vector<float> la;
   int32_t ta = -1, tb = -1, fed = 0;
   for (int step = 0; step < 4; ++step) {
-    const std::span<const int32_t> toks = step == 0 ? std::span<const int32_t>(prompt) : std::span<const int32_t>(&fed, 1);
+    const std::span<const int32_t> toks =
+        step == 0 ? std::span<const int32_t>(prompt) : std::span<const int32_t>(&fed, 1);
     ForwardItem ia{.state = &a, .tokens = toks, .want = Logits::kLast, .logits = &la, .sampling = p,
                    .draw = uint64_t(step), .token = &ta};
     ForwardItem ib{.state = &b, .tokens = toks, .want = Logits::kLast, .sampling = p, .draw = uint64_t(step),

@@ -210,7 +210,8 @@ TEST(CudaSampling, BackendTokensAreTheHostsOnTheSameLogits) {
   for (int step = 0; step < 12; ++step) {
     std::vector<ForwardItem> ia, ib, ic;
     for (size_t i = 0; i < B; ++i) {
-      const std::span<const int32_t> toks = step == 0 ? std::span<const int32_t>(prompts[i]) : std::span<const int32_t>(&fed[i], 1);
+      const std::span<const int32_t> toks =
+          step == 0 ? std::span<const int32_t>(prompts[i]) : std::span<const int32_t>(&fed[i], 1);
       const uint64_t draw = uint64_t(step);
       ia.push_back({.state = &a[i], .tokens = toks, .want = Logits::kLast, .logits = &la[i], .sampling = params[i],
                     .draw = draw, .token = &ta[i]});
