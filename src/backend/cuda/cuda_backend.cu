@@ -111,9 +111,9 @@ struct CudaBackend::Impl {
         *scores, *bscores, *router, *rw, *h1, *h3, *ye, *ys, *h1s, *h3s, *emb, *ekv, *logits, *keys;
     int32_t *sel, *cand, *ids;
     uint8_t* cand_mask;
-    float* sample_w;          // [max_rows][V] sampling weights
+    float* sample_w;          // [sample_chunk][V] sampling weights
     uint32_t* sample_max;     // [max_rows]
-    int32_t* sample_out;      // [max_rows] sampled tokens
+    int32_t* sample_out;      // [max_rows] sampled tokens, one per sampling job
   } ws{};
   int64_t score_stride = 0, bscore_stride = 0, mask_stride = 0, logits_rows = 0;
   int max_rows = 0;  // rows per step: max(max_chunk, max_batch)
@@ -137,7 +137,8 @@ struct CudaBackend::Impl {
     }
   } stage;
   float* logits_host = nullptr;    // pinned
-  int32_t* tokens_host = nullptr;  // pinned, one per logits row
+  int32_t* tokens_host = nullptr;  // pinned, one per sampling job
+  int sample_chunk = 1;            // sampling jobs per launch (rows of ws.sample_w): max_batch
 
   // Decode steps captured as CUDA graphs, by batch size and whether the logits come back.
   struct Graph {
@@ -209,8 +210,9 @@ struct CudaBackend::Impl {
     std::vector<int> logit_row_of_part;  // first logits row of each part, −1 if none
     bool all_rows_logits = false;        // fixed layout: every row has logits
     bool copy_logits = false;            // some item wants its logits on the host
-    cuda::SampleJob* jobs = nullptr;     // one per logits row (on for the rows sampled)
-    std::vector<int> sample_row_of_part;  // the logits row whose token a part gets, −1 if none
+    cuda::SampleJob* jobs = nullptr;     // the rows sampled (fixed layout: one per row, on or off)
+    int n_jobs = 0;
+    std::vector<int> sample_job_of_part;  // the job whose token a part gets, −1 if none
     int64_t max_entries = 0;
   };
 
@@ -379,7 +381,8 @@ struct WorkspaceSizes {
     return size_t(floats) * 4 + size_t(sel + cand + ids + 2 * sample) * 4 + size_t(cand_mask);
   }
 };
-WorkspaceSizes workspace_sizes(const TextConfig& t, int64_t N, int64_t max_context, int64_t R) {
+// N rows per step; S sampling jobs per launch (max_batch).
+WorkspaceSizes workspace_sizes(const TextConfig& t, int64_t N, int64_t max_context, int64_t R, int64_t S) {
   const int64_t D = t.hidden_size, hc = t.hc_mult, H = t.num_attention_heads, hd = t.head_dim;
   const int64_t qr = t.q_lora_rank, G = t.o_groups, ol = t.o_lora_rank, F = t.moe_intermediate_size;
   const int64_t E = t.n_routed_experts, K = t.num_experts_per_tok, IH = t.index_n_heads, ihd = t.index_head_dim;
@@ -396,7 +399,7 @@ WorkspaceSizes workspace_sizes(const TextConfig& t, int64_t N, int64_t max_conte
   w.router = N * E, w.ids = N * K, w.h = N * K * F, w.ye = N * K * D, w.hs = N * F;
   w.emb = N * std::max<int64_t>(R * ehd, 1), w.ekv = N * (hc + 1) * D, w.logits = N * t.vocab_size;
   w.keys = N * (t.sliding_window + t.index_topk) * hd;
-  w.sample_w = N * t.vocab_size, w.sample = N;
+  w.sample_w = S * t.vocab_size, w.sample = N;
   return w;
 }
 }  // namespace
@@ -430,7 +433,8 @@ CudaMemoryPlan plan_cuda_memory(const ModelConfig& cfg, const CudaOptions& opt) 
                       2 * size_t(L.source_ratio[k]) * 2 * L.head_dim * 4;
   p.sequences = p.per_sequence * size_t(opt.max_batch);
   const int64_t R = t.engram_layer_ids.empty() ? 0 : int64_t(t.engram_max_ngram_size - 1) * t.engram_n_heads;
-  const WorkspaceSizes w = workspace_sizes(t, std::max(opt.max_chunk, opt.max_batch), opt.max_context, R);
+  const WorkspaceSizes w =
+      workspace_sizes(t, std::max(opt.max_chunk, opt.max_batch), opt.max_context, R, std::max(opt.max_batch, 1));
   p.workspace = w.bytes() + size_t(w.X + w.pre) * 4;  // + the head's gathered rows
   return p;
 }
@@ -439,7 +443,8 @@ void CudaBackend::Impl::alloc_workspace() {
   const TextConfig& t = cfg.text;
   const int64_t R = hasher ? hasher->rows_per_token() : 0;
   max_rows = std::max(opt.max_chunk, opt.max_batch);
-  const WorkspaceSizes w = workspace_sizes(t, max_rows, opt.max_context, R);
+  sample_chunk = std::max(opt.max_batch, 1);
+  const WorkspaceSizes w = workspace_sizes(t, max_rows, opt.max_context, R, sample_chunk);
   X_head = alloc<float>(w.X), pre_head = alloc<float>(w.pre);
   ws.X = alloc<float>(w.X), ws.pre = alloc<float>(w.pre), ws.mix_a = alloc<float>(w.mix), ws.mix_f = alloc<float>(w.mix);
   ws.u = alloc<float>(w.vecD), ws.xn = alloc<float>(w.vecD), ws.y = alloc<float>(w.vecD);
@@ -625,22 +630,29 @@ CudaBackend::Impl::Step CudaBackend::Impl::stage_step(std::vector<Part>& parts, 
   }
   st.n_logit_rows = int(lrows.size());
   st.logit_rows = stage.put(lrows.data(), lrows.size());
-  // Sampling jobs: one per logits row (a fixed layout keeps their number), on for each part's last
-  // row when its item's token is sampled.
-  std::vector<cuda::SampleJob> jobs(lrows.size());
-  for (size_t j = 0; j < jobs.size(); ++j) jobs[j] = {.params = {}, .draw = 0, .row = int32_t(j), .on = 0};
+  // Sampling jobs: one per sampled part (its last row). A fixed layout has one job per logits row,
+  // off where nothing is sampled, so the graph's launches do not depend on who samples.
+  std::vector<cuda::SampleJob> jobs;
+  if (fixed_layout)
+    for (size_t j = 0; j < lrows.size(); ++j) jobs.push_back({.params = {}, .draw = 0, .row = int32_t(j), .on = 0});
   for (size_t q = 0; q < parts.size(); ++q) {
     const Part& p = parts[q];
     st.copy_logits |= p.logits && p.item->logits != nullptr;
-    int row = -1;
+    int job = -1;
     if (p.sample) {
       const bool rows_of_all = st.all_rows_logits || p.item->want == ForwardItem::Logits::kAll;
-      row = st.logit_row_of_part[q] + (rows_of_all ? p.n - 1 : 0);
-      DSUF_CHECK(row >= 0 && row < int(jobs.size()), "sampled row without logits");
-      jobs[row] = {.params = p.item->sampling, .draw = p.item->draw, .row = int32_t(row), .on = 1};
+      const int row = st.logit_row_of_part[q] + (rows_of_all ? p.n - 1 : 0);
+      DSUF_CHECK(st.logit_row_of_part[q] >= 0 && row < int(lrows.size()), "sampled row without logits");
+      const cuda::SampleJob sj{.params = p.item->sampling, .draw = p.item->draw, .row = int32_t(row), .on = 1};
+      job = fixed_layout ? row : int(jobs.size());
+      if (fixed_layout)
+        jobs[row] = sj;
+      else
+        jobs.push_back(sj);
     }
-    st.sample_row_of_part.push_back(row);
+    st.sample_job_of_part.push_back(job);
   }
+  st.n_jobs = int(jobs.size());
   st.jobs = stage.put(jobs.data(), jobs.size());
   if (fixed_layout) st.max_entries = opt.max_context;
   return st;
@@ -789,9 +801,13 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
     cuda::hc_collapse(pre_head, hc, X_head, nl, hc, D, ws.u, r, stream);
     cuda::rmsnorm(ws.u, nl, D, norm, eps, ws.xn, r, stream);
     cuda::bf16_linear(head, V, D, ws.xn, D, nl, ws.logits, V, false, stream);
-    // Sampling where the logits are; the tokens come back, the logits only when an item wants them.
-    cuda::sample(ws.logits, V, st.jobs, nl, ws.sample_max, ws.sample_w, ws.sample_out, stream);
-    DSUF_CUDA(cudaMemcpyAsync(tokens_host, ws.sample_out, size_t(nl) * 4, cudaMemcpyDeviceToHost, stream));
+    // Sampling where the logits are (sample_chunk jobs per launch, the size of the weight
+    // workspace); the tokens come back, the logits only when an item wants them.
+    for (int j0 = 0; j0 < st.n_jobs; j0 += sample_chunk)
+      cuda::sample(ws.logits, V, st.jobs + j0, std::min(sample_chunk, st.n_jobs - j0), ws.sample_max + j0,
+                   ws.sample_w, ws.sample_out + j0, stream);
+    if (st.n_jobs > 0)
+      DSUF_CUDA(cudaMemcpyAsync(tokens_host, ws.sample_out, size_t(st.n_jobs) * 4, cudaMemcpyDeviceToHost, stream));
     if (st.copy_logits)
       DSUF_CUDA(cudaMemcpyAsync(logits_host, ws.logits, size_t(nl) * V * 4, cudaMemcpyDeviceToHost, stream));
   }
@@ -811,7 +827,7 @@ void CudaBackend::Impl::finish_step(std::vector<Part>& parts, const Step& st) {
       p.item->logits->resize(off + size_t(rows) * V);
       std::memcpy(p.item->logits->data() + off, logits_host + size_t(src_row) * V, size_t(rows) * V * 4);
     }
-    if (p.sample) *p.item->token = tokens_host[st.sample_row_of_part[q]];
+    if (p.sample) *p.item->token = tokens_host[st.sample_job_of_part[q]];
     auto& hist = s.engram_history;
     for (int j = 0; j < p.n; ++j) {
       const int32_t id = p.item->tokens[p.offset + j];
