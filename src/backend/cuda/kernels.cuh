@@ -11,6 +11,8 @@
 
 #include <cuda_runtime.h>
 
+#include "core/sampling.h"
+
 namespace dsuf::cuda {
 
 
@@ -174,6 +176,21 @@ void engram_gate(float* X, const float* kv, const uint16_t* qw, const uint16_t* 
                  int hc, int64_t D, float eps, bool r, cudaStream_t s);
 
 void add_rows(float* y, const float* x, int64_t n, cudaStream_t s);  // y += x
+
+// ---- Sampling (sample.cu): core/sampling.h's definition, block-parallel. One job per logits row
+// that may be sampled; jobs with on = 0 are skipped (fixed job lists keep graph-captured grids constant).
+struct SampleJob {
+  SamplingParams params;
+  uint64_t draw;
+  int32_t row;  // the logits row
+  int32_t on;
+};
+// out[j] = the token of job j. Workspace: max_key [n_jobs], weights [n_jobs][V] FP32.
+void sample(const float* logits, int64_t V, const SampleJob* jobs, int n_jobs, uint32_t* max_key, float* weights,
+            int32_t* out, cudaStream_t s);
+// Checking aid: the serial form (sampling::draw_serial) on one device thread per job, same outputs.
+void sample_serial(const float* logits, int64_t V, const SampleJob* jobs, int n_jobs, float* weights, int32_t* out,
+                   cudaStream_t s);
 
 // Synthetic weights (benchmarks): raw bytes, E4M3 codes with |value| ≤ 1.875 (no NaN), a constant
 // byte, BF16 ≈ N(0, σ²) or ≈ 1, FP32 ≈ N(0, σ²) or 1; deterministic in the seed.
