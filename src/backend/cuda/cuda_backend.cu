@@ -777,13 +777,11 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
       cuda::engram_gate(ws.X, ws.ekv, d.e_q, d.e_k, st.dead, n, hc, D, eps, r, stream);
     }
     cuda::hc_mix(d.hca_fn, d.hca_base, d.hca_scale, ws.X, n, hc, D, eps, t.hc_sinkhorn_iters, hc_eps, ws.mix_a, stream);
-    cuda::hc_collapse(ws.pre, hc, ws.X, n, hc, D, ws.u, r, stream);
-    cuda::rmsnorm(ws.u, n, D, d.attn_norm, eps, ws.xn, r, stream);
+    cuda::collapse_norm(ws.pre, hc, ws.X, n, hc, D, d.attn_norm, eps, ws.xn, r, stream);
     attention(l, st, ws.y);
     cuda::hc_expand(ws.mix_a, ms, ws.y, n, hc, D, ws.X, r, stream);
     cuda::hc_mix(d.hcf_fn, d.hcf_base, d.hcf_scale, ws.X, n, hc, D, eps, t.hc_sinkhorn_iters, hc_eps, ws.mix_f, stream);
-    cuda::hc_collapse(ws.mix_a, ms, ws.X, n, hc, D, ws.u, r, stream);
-    cuda::rmsnorm(ws.u, n, D, d.ffn_norm, eps, ws.xn, r, stream);
+    cuda::collapse_norm(ws.mix_a, ms, ws.X, n, hc, D, d.ffn_norm, eps, ws.xn, r, stream);
     moe(l, n, st.image, ws.y);
     cuda::hc_expand(ws.mix_f, ms, ws.y, n, hc, D, ws.X, r, stream);
     // pre of the FFN site feeds the next attention site's collapse.
@@ -798,8 +796,7 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
   if (st.n_logit_rows > 0) {
     const int nl = st.n_logit_rows;
     cuda::gather_rows(ws.X, ws.pre, st.logit_rows, nl, hc, D, X_head, pre_head, stream);
-    cuda::hc_collapse(pre_head, hc, X_head, nl, hc, D, ws.u, r, stream);
-    cuda::rmsnorm(ws.u, nl, D, norm, eps, ws.xn, r, stream);
+    cuda::collapse_norm(pre_head, hc, X_head, nl, hc, D, norm, eps, ws.xn, r, stream);
     cuda::bf16_linear(head, V, D, ws.xn, D, nl, ws.logits, V, false, stream);
     // Sampling where the logits are (sample_chunk jobs per launch, the size of the weight
     // workspace); the tokens come back, the logits only when an item wants them.

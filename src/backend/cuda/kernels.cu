@@ -240,6 +240,37 @@ __global__ void k_hc_expand(const float* __restrict__ mix, int mix_stride, const
   }
 }
 
+// Collapse + RMSNorm fused, one 1024-thread block per row: u = Σ_k pre[k]·X[k] (as k_hc_collapse)
+// into shared memory, then the norm as k_rmsnorm. Its sum of squares keeps the canonical 256-wide
+// partials: threads 0..255 take them, the other 28 warps add zeros — block_sum<256> pads its 8 warp
+// sums with zeros to 32 the same way.
+__global__ void __launch_bounds__(1024) k_collapse_norm(const float* __restrict__ pre, int pre_stride,
+                                                        const float* __restrict__ X, int hc, int64_t D,
+                                                        const uint16_t* __restrict__ w, float eps,
+                                                        float* __restrict__ y, bool r) {
+  extern __shared__ float us[];  // [D]
+  const int i = blockIdx.x;
+  if (w)
+    for (int64_t j = int64_t(threadIdx.x) * 64; j < D; j += int64_t(blockDim.x) * 64)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(w + j));
+  const float* p = pre + int64_t(i) * pre_stride;
+  const float* x = X + int64_t(i) * hc * D;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int k = 0; k < hc; ++k) acc += p[k] * x[int64_t(k) * D + d];
+    us[d] = rb(acc, r);
+  }
+  __syncthreads();
+  float ss = 0.0f;
+  if (threadIdx.x < 256)
+#pragma unroll 4
+    for (int64_t j = threadIdx.x; j < D; j += 256) ss += us[j] * us[j];
+  ss = block_sum(ss);
+  const float rinv = 1.0f / sqrtf(ss / float(D) + eps);
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x)
+    y[int64_t(i) * D + d] = rb((w ? bf16_load(w, d) : 1.0f) * (us[d] * rinv), r);
+}
+
 __global__ void k_rmsnorm(const float* __restrict__ x, int64_t dim, const uint16_t* __restrict__ w, float eps,
                           float* __restrict__ y, bool r) {
   const float* xr = x + int64_t(blockIdx.x) * dim;
@@ -1181,6 +1212,13 @@ void fill_entries_synthetic(uint8_t* p, int64_t entries, int64_t entry_bytes, in
   if (entries > 0) k_fill_entries<<<1024, 256, 0, s>>>(p, entries, entry_bytes, value_bytes, e4m3_values, scale, mix64(seed));
 }
 
+namespace {
+template <typename Kernel>
+void set_smem(Kernel k, size_t smem) {
+  if (smem > 48 * 1024) DSUF_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+}
+}  // namespace
+
 void embed(const int32_t* tok, int n, const uint16_t* table, int64_t D, int hc, float* X, float* pre, cudaStream_t s) {
   k_embed<<<n, 256, 0, s>>>(tok, table, D, hc, X, pre);
 }
@@ -1198,6 +1236,13 @@ void hc_expand(const float* mix, int mix_stride, const float* y, int n, int hc, 
                cudaStream_t s) {
   k_hc_expand<<<dim3(blocks_for(D, 256), n), 256, 0, s>>>(mix, mix_stride, y, hc, D, X, r);
 }
+void collapse_norm(const float* pre, int pre_stride, const float* X, int n, int hc, int64_t D, const uint16_t* w,
+                   float eps, float* y, bool r, cudaStream_t s) {
+  const size_t smem = size_t(D) * sizeof(float);
+  DSUF_CHECK(smem <= 200 * 1024, "collapse_norm: hidden size ", D, " too large");
+  set_smem(k_collapse_norm, smem);
+  if (n > 0) k_collapse_norm<<<n, 1024, smem, s>>>(pre, pre_stride, X, hc, D, w, eps, y, r);
+}
 void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s) {
   k_rmsnorm<<<rows, 256, 0, s>>>(x, dim, w, eps, y, r);
 }
@@ -1206,10 +1251,6 @@ void act_quant(const float* x, int64_t rows, int64_t K, bool on, float* xq, floa
   if (blocks) k_act_quant<<<blocks_for(blocks, 8), 256, 0, s>>>(x, blocks, on, xq, sa);
 }
 namespace {
-template <typename Kernel>
-void set_smem(Kernel k, size_t smem) {
-  if (smem > 48 * 1024) DSUF_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-}
 // Outputs per warp: more per warp (fewer blocks, each staging its inputs once for more weights) while
 // the grid still gives every SM a few blocks.
 int outputs_per_warp(int64_t outputs) {

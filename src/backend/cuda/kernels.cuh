@@ -27,6 +27,9 @@ void hc_collapse(const float* pre, int pre_stride, const float* X, int n, int hc
                  cudaStream_t s);
 void hc_expand(const float* mix, int mix_stride, const float* y, int n, int hc, int64_t D, float* X, bool r,
                cudaStream_t s);
+// hc_collapse then rmsnorm in one kernel (the collapsed row stays in shared memory).
+void collapse_norm(const float* pre, int pre_stride, const float* X, int n, int hc, int64_t D, const uint16_t* w,
+                   float eps, float* y, bool r, cudaStream_t s);
 void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float eps, float* y, bool r,
              cudaStream_t s);
 // Per-32 FP8 activation quantization: xq holds the E4M3 values, sa the power-of-two scales.
