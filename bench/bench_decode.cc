@@ -13,6 +13,7 @@
 // are read whatever the total, so batch-1 bytes do not change; larger batches touch more distinct
 // experts, counted for uniform routing), smaller Engram tables (--engram-vocab; a token still reads
 // 24 rows per Engram layer), Engram compressed ids synthetic (t mod 99092).
+// --sample runs the head as the engine does: tokens sampled on the device, no logits copied.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -151,6 +152,7 @@ int main(int argc, char** argv) {
   try {
     int experts = 96, steps = 50, device = 0, warmup = 3;
     std::vector<int> gpus;
+    bool sample = false;  // --sample: the engine's path (tokens sampled on the device, no logits copied)
     int64_t engram_vocab = 1000000;
     std::vector<int64_t> contexts = {8192, 131072, 1048576 - 64}, batches = {1, 4, 16, 64};
     for (int i = 1; i < argc; ++i) {
@@ -165,6 +167,7 @@ int main(int argc, char** argv) {
       else if (a == "--engram-vocab") engram_vocab = std::stoll(v());
       else if (a == "--contexts") contexts = dsuf::parse_int_list(v(), "--contexts", 1, int64_t(1) << 20);
       else if (a == "--batches") batches = dsuf::parse_int_list(v(), "--batches", 1, 4096);
+      else if (a == "--sample") sample = true;
       else dsuf::fail("unknown argument ", a);
     }
     if (gpus.empty()) gpus = {device};
@@ -179,6 +182,8 @@ int main(int argc, char** argv) {
                 " a token reads its 6 either way), Engram tables from vocab %lld (a token reads 24 rows per layer either"
                 " way), synthetic weights and KV\n",
                 experts, static_cast<long long>(engram_vocab));
+    std::printf("head: %s\n", sample ? "tokens sampled on the device (T 0.7, top_p 0.9), no logits copied (--sample)"
+                                     : "FP32 logits copied to the host (--sample: the engine's device sampling)");
     std::vector<dsuf::TpPartition> parts;
     for (int r = 0; r < world; ++r) parts.push_back(dsuf::TpPartition::make(cfg.text, world, r));
     if (world > 1)
@@ -214,7 +219,7 @@ int main(int argc, char** argv) {
         }
         std::vector<dsuf::SequenceState> seqs;
         for (int64_t b = 0; b < B; ++b) seqs.push_back(be.synthetic_sequence(ctx, 77 + b));
-        std::vector<int32_t> tok(B);
+        std::vector<int32_t> tok(B), sampled(B);
         std::vector<std::vector<float>> logits(B);
         std::vector<double> wall, gpu;
         for (int s = 0; s < steps + warmup; ++s) {
@@ -222,7 +227,9 @@ int main(int argc, char** argv) {
           for (int64_t b = 0; b < B; ++b) {
             tok[b] = int32_t((s * 7919 + b * 104729) % 120000) + 3;  // fresh tokens: varied routing
             items.push_back({.state = &seqs[b], .tokens = {&tok[b], 1}, .want = dsuf::ForwardItem::Logits::kLast,
-                             .logits = &logits[b]});
+                             .logits = sample ? nullptr : &logits[b],
+                             .sampling = {.temperature = 0.7f, .top_p = 0.9f, .top_k = 0, .seed = uint64_t(b)},
+                             .draw = uint64_t(s), .token = sample ? &sampled[b] : nullptr});
           }
           auto t0 = std::chrono::steady_clock::now();
           be.forward(items);

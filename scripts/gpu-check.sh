@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU check in one go, on the GPU machine (H200, sm_90a): the CUDA backend against the CPU
 # reference (tiny checkpoint and the real-dimension variant, bit for bit), the memory plan's
-# refusal, and `run --gpus 0` against `run --cpu` on the same prompt.
+# refusal, device sampling against the host's (cuda_backend_tests: CudaSampling.*), and
+# `run --gpus 0` against `run --cpu` on the same prompt, greedy and sampled.
 #
 #   scripts/gpu-check.sh --prepare   (on a Debian dev machine) copy the header-only JSON library and
 #                                    GoogleTest's source into .deps/ so the GPU machine can build
@@ -50,4 +51,9 @@ PROMPT=0,19923,11,1204,344,6621,16,4017,1380,128000,3,77,5091
 "$B/bin/run" --ckpt $CK --gpus 0 --prompt-ids $PROMPT --max-tokens 64 --ignore-eos --print-ids > "$LOG/run_gpu.txt" 2> "$LOG/run_gpu.err"
 cat "$LOG/run_cpu.err" "$LOG/run_gpu.err"
 if cmp -s "$LOG/run_cpu.txt" "$LOG/run_gpu.txt"; then echo "run: --gpus 0 and --cpu print the same 64 tokens"; else echo "run: --gpus 0 and --cpu differ"; status=1; fi
+# Sampled: the GPU samples on the device, the CPU on the host; the tokens must still be the same.
+SAMPLE="--temperature 0.8 --top-p 0.9 --top-k 40 --seed 5"
+"$B/bin/run" --ckpt $CK --cpu --prompt-ids $PROMPT --max-tokens 64 --ignore-eos --print-ids $SAMPLE > "$LOG/run_cpu_sampled.txt" 2> "$LOG/run_cpu_sampled.err"
+"$B/bin/run" --ckpt $CK --gpus 0 --prompt-ids $PROMPT --max-tokens 64 --ignore-eos --print-ids $SAMPLE > "$LOG/run_gpu_sampled.txt" 2> "$LOG/run_gpu_sampled.err"
+if cmp -s "$LOG/run_cpu_sampled.txt" "$LOG/run_gpu_sampled.txt"; then echo "run (sampled): --gpus 0 and --cpu print the same 64 tokens"; else echo "run (sampled): --gpus 0 and --cpu differ"; status=1; fi
 exit $status

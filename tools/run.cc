@@ -12,7 +12,7 @@
 #include "backend/factory.h"
 #include "core/error.h"
 #include "core/parse.h"
-#include "engine/sampler.h"
+#include "core/sampling.h"
 #include "model/weights.h"
 #ifdef DSUF_HAVE_TEXT
 #include "text/engram_ids.h"
@@ -129,22 +129,26 @@ int run_main(int argc, char** argv) {
     dump.open(a.dump_logits, std::ios::binary);
     if (!dump) fail(a.dump_logits, ": cannot write");
   }
-  dsuf::Sampler sampler(a.sampling);
   std::vector<int32_t> out;
+  // The backend samples (on the GPU with --gpus); logits come back only for --dump-logits.
+  const bool dumping = !a.dump_logits.empty();
+  std::vector<float>* want_logits = dumping ? &logits : nullptr;
 
   auto t0 = std::chrono::steady_clock::now();
-  dsuf::ForwardItem item{.state = &st, .tokens = a.prompt_ids, .want = dsuf::ForwardItem::Logits::kLast, .logits = &logits};
+  int32_t next = 0;
+  dsuf::ForwardItem item{.state = &st, .tokens = a.prompt_ids, .want = dsuf::ForwardItem::Logits::kLast,
+                         .logits = want_logits, .sampling = a.sampling, .draw = 0, .token = &next};
   backend.forward({&item, 1});
   const double prefill_s = seconds_since(t0);
   auto t1 = std::chrono::steady_clock::now();
-  int32_t next = 0;
   for (int step = 0; step < a.max_tokens; ++step) {
     if (step > 0) {
-      dsuf::ForwardItem d{.state = &st, .tokens = {&next, 1}, .want = dsuf::ForwardItem::Logits::kLast, .logits = &logits};
+      const int32_t fed = next;
+      dsuf::ForwardItem d{.state = &st, .tokens = {&fed, 1}, .want = dsuf::ForwardItem::Logits::kLast,
+                          .logits = want_logits, .sampling = a.sampling, .draw = uint64_t(step), .token = &next};
       backend.forward({&d, 1});
     }
-    if (dump) dump.write(reinterpret_cast<const char*>(logits.data()), logits.size() * sizeof(float));
-    next = sampler.sample(logits);
+    if (dumping) dump.write(reinterpret_cast<const char*>(logits.data()), logits.size() * sizeof(float));
     out.push_back(next);
     if (!a.ignore_eos && next == model->config.eos_token_id) break;
   }

@@ -56,7 +56,6 @@ struct Engine::Sequence {
   Request req;
   EventSink sink;
   SequenceState state;
-  Sampler sampler;
   int64_t limit = 0;      // prompt + generated tokens at which the sequence ends with kLength
   size_t reserved = 0;    // bytes_for(limit)
   int64_t prefilled = 0;  // prompt tokens consumed
@@ -68,7 +67,7 @@ struct Engine::Sequence {
   bool done = false;
 
   Sequence(Request r, EventSink k, SequenceState st)
-      : req(std::move(r)), sink(std::move(k)), state(std::move(st)), sampler(req.sampling) {}
+      : req(std::move(r)), sink(std::move(k)), state(std::move(st)) {}
   bool decoding() const { return prefilled == static_cast<int64_t>(req.prompt.size()); }
 };
 
@@ -205,13 +204,12 @@ void Engine::loop() {
   if (opt_.warm_up) {
     try {
       SequenceState st = backend_.new_sequence();
-      std::vector<float> logits;
       const int32_t tok = config().bos_token_id;
+      int32_t next = -1;
       ForwardItem item{
-          .state = &st, .tokens = {&tok, 1}, .want = ForwardItem::Logits::kLast, .logits = &logits};
+          .state = &st, .tokens = {&tok, 1}, .want = ForwardItem::Logits::kLast, .token = &next};
       backend_.forward({&item, 1});
-      DSUF_CHECK(logits.size() == static_cast<size_t>(config().text.vocab_size),
-                 "warm-up returned ", logits.size(), " logits");
+      DSUF_CHECK(next >= 0 && next < config().text.vocab_size, "warm-up sampled token ", next);
     } catch (const std::exception& e) {
       std::lock_guard lk(mu_);
       counters_.warm_up_error = e.what();
@@ -316,8 +314,15 @@ void Engine::step(std::vector<Sequence*>& batch) {
                      .tokens = {s->req.prompt.data() + s->prefilled, static_cast<size_t>(n)},
                      .want = n == left ? ForwardItem::Logits::kLast : ForwardItem::Logits::kNone});
   }
-  if (logits_.size() < items.size()) logits_.resize(items.size());
-  for (size_t i = 0; i < items.size(); ++i) items[i].logits = &logits_[i];
+  // Every row that ends a prompt or decodes comes back as a token sampled by the backend (the
+  // request's draw number is its count of tokens so far); no logits cross to the host.
+  if (tokens_.size() < items.size()) tokens_.resize(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (items[i].want == ForwardItem::Logits::kNone) continue;
+    items[i].sampling = batch[i]->req.sampling;
+    items[i].draw = static_cast<uint64_t>(batch[i]->generated);
+    items[i].token = &tokens_[i];
+  }
 
   const auto t0 = std::chrono::steady_clock::now();
   const double cpu0 = thread_cpu_seconds();
@@ -349,7 +354,7 @@ void Engine::step(std::vector<Sequence*>& batch) {
         s.req.on_state(s.req.prompt, std::move(copy));
       }
     }
-    const int32_t tok = s.sampler.sample(logits_[i]);
+    const int32_t tok = tokens_[i];
     s.last = tok;
     if (s.req.on_state) s.out.push_back(tok);
     ++s.generated;

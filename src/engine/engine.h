@@ -155,7 +155,7 @@ class Engine {
   EngineStats counters_;                            // guarded by mu_ (the counter fields)
   int running_count_ = 0;                           // guarded by mu_
   std::atomic<bool> ready_{false};
-  std::vector<std::vector<float>> logits_;  // per batch slot, reused across steps
+  std::vector<int32_t> tokens_;  // the backend's sampled token per batch slot, reused across steps
   std::thread thread_;
 };
 

@@ -1,31 +1,28 @@
-// Token sampling from FP32 logits: greedy at temperature 0, else temperature, top-k and top-p
-// (nucleus) with a per-request seeded generator.
+// Host-side sampling for tools and tests: a request's stream of draws over core/sampling.h. The
+// engine itself never samples: the backend does (ForwardItem::token), with the same definition.
 #pragma once
 
 #include <cstdint>
-#include <random>
 #include <span>
+
+#include "core/sampling.h"
 
 namespace dsuf {
 
-struct SamplingParams {
-  float temperature = 0.0f;  // 0: greedy
-  float top_p = 1.0f;
-  int top_k = 0;             // 0: off
-  uint64_t seed = 0;
-};
-
 class Sampler {
  public:
-  explicit Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {}
-  int32_t sample(std::span<const float> logits);
+  explicit Sampler(const SamplingParams& p) : p_(p) {}
+  // Draw number draws() of the request: the token the engine would get from the backend there.
+  int32_t sample(std::span<const float> logits) { return sample_token(logits, p_, draws_++); }
+  uint64_t draws() const { return draws_; }
 
  private:
   SamplingParams p_;
-  std::mt19937_64 rng_;
+  uint64_t draws_ = 0;
 };
 
-// Index of the largest logit, the lowest index on ties.
+// Index of the largest logit, the lowest index on ties (core/sampling.h's order: −0 = +0, NaN
+// lowest).
 int32_t argmax(std::span<const float> logits);
 
 }  // namespace dsuf

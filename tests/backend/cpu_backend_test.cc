@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <span>
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
@@ -234,6 +235,33 @@ TEST(Numerics, QuantizationChangesLogitsButLittle) {
   }
   EXPECT_GT(max_diff, 0.0);
   EXPECT_LT(max_diff, 0.5 * max_abs);
+}
+
+TEST(Sampling, TheBackendsTokenIsTheSharedSamplersOnItsLogits) {
+  // With logits and a token, the token is sample_token() on those logits; with the token alone the
+  // same token comes back (the engine's path); a token without logits rows is refused.
+  const SamplingParams p{.temperature = 0.9f, .top_p = 0.95f, .top_k = 0, .seed = 17};
+  const std::vector<int32_t> prompt = random_prompt(19, 71);
+  SequenceState a = backend().new_sequence(), b = backend().new_sequence();
+  std::vector<float> la;
+  int32_t ta = -1, tb = -1, fed = 0;
+  for (int step = 0; step < 4; ++step) {
+    const std::span<const int32_t> toks =
+        step == 0 ? std::span<const int32_t>(prompt) : std::span<const int32_t>(&fed, 1);
+    ForwardItem ia{.state = &a, .tokens = toks, .want = Logits::kLast, .logits = &la, .sampling = p,
+                   .draw = uint64_t(step), .token = &ta};
+    ForwardItem ib{.state = &b, .tokens = toks, .want = Logits::kLast, .sampling = p, .draw = uint64_t(step),
+                   .token = &tb};
+    backend().forward({&ia, 1});
+    backend().forward({&ib, 1});
+    EXPECT_EQ(ta, sample_token(la, p, uint64_t(step))) << "step " << step;
+    EXPECT_EQ(tb, ta) << "step " << step;
+    fed = ta;
+  }
+  SequenceState c = backend().new_sequence();
+  int32_t tc = -1;
+  ForwardItem none{.state = &c, .tokens = prompt, .want = Logits::kNone, .token = &tc};
+  EXPECT_THROW(backend().forward({&none, 1}), Error);
 }
 
 TEST(Errors, TokenOutsideVocabulary) {

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <random>
+#include <span>
 
 #include "core/error.h"
 
@@ -185,6 +186,61 @@ TEST(CudaBatch, DecodeAtDifferentLengthsEqualsCpuAlone) {
       EXPECT_EQ(diff(lg[b], lc[b]).max_abs, 0.0) << "step " << step << " sequence " << b;
     }
   }
+}
+
+TEST(CudaSampling, BackendTokensAreTheHostsOnTheSameLogits) {
+  // Ten sequences (greedy, top-k + top-p, plain temperature; more than the backend's max_batch of 8,
+  // so the sampling jobs run in two launches) prefill and then decode together (the graph-captured
+  // step) three times over: run A asks for logits and tokens, run B for tokens only (only the ids
+  // cross to the host), run C is the CPU backend sampling its own logits. Every token of A must be
+  // core/sampling.h's on A's logits, and B and C must give the same tokens as A.
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<SamplingParams> params;
+  for (uint32_t i = 0; i < 10; ++i) {
+    prompts.push_back(random_prompt(9 + 5 * i, 61 + i, i % 2 == 0));
+    const uint64_t seed = 5 + i;
+    params.push_back(i % 3 == 0   ? SamplingParams{}
+                     : i % 3 == 1 ? SamplingParams{.temperature = 0.8f, .top_p = 0.9f, .top_k = 40, .seed = seed}
+                                  : SamplingParams{.temperature = 1.2f, .seed = seed});
+  }
+  const size_t B = prompts.size();
+  std::vector<SequenceState> a, b, c;
+  for (size_t i = 0; i < B; ++i) {
+    a.push_back(gpu().new_sequence());
+    b.push_back(gpu().new_sequence());
+    c.push_back(cpu().new_sequence());
+  }
+  std::vector<std::vector<float>> la(B);
+  std::vector<int32_t> ta(B, -1), tb(B, -1), tc(B, -1), fed(B);
+  int drawn = 0;
+  for (int step = 0; step < 12; ++step) {
+    std::vector<ForwardItem> ia, ib, ic;
+    for (size_t i = 0; i < B; ++i) {
+      const std::span<const int32_t> toks =
+          step == 0 ? std::span<const int32_t>(prompts[i]) : std::span<const int32_t>(&fed[i], 1);
+      const uint64_t draw = uint64_t(step);
+      ia.push_back({.state = &a[i], .tokens = toks, .want = Logits::kLast, .logits = &la[i], .sampling = params[i],
+                    .draw = draw, .token = &ta[i]});
+      ib.push_back({.state = &b[i], .tokens = toks, .want = Logits::kLast, .sampling = params[i], .draw = draw,
+                    .token = &tb[i]});
+      ic.push_back({.state = &c[i], .tokens = toks, .want = Logits::kLast, .sampling = params[i], .draw = draw,
+                    .token = &tc[i]});
+    }
+    gpu().forward(ia);
+    gpu().forward(ib);
+    cpu().forward(ic);
+    for (size_t i = 0; i < B; ++i) {
+      ASSERT_EQ(la[i].size(), size_t(gpu().config().text.vocab_size));
+      const int32_t host = sample_token(la[i], params[i], uint64_t(step));
+      EXPECT_EQ(ta[i], host) << "step " << step << " sequence " << i << ": device token vs host on the same logits";
+      EXPECT_EQ(tb[i], ta[i]) << "step " << step << " sequence " << i << ": without logits";
+      EXPECT_EQ(tc[i], ta[i]) << "step " << step << " sequence " << i << ": CPU backend";
+      drawn += ta[i] != argmax(la[i]);
+      fed[i] = ta[i];  // every run continues with A's token, so one difference does not cascade
+    }
+  }
+  std::printf("backend sampling: %d of %zu tokens drawn away from the argmax\n", drawn, 12 * B);
+  EXPECT_GT(drawn, 10);
 }
 
 TEST(CudaBatch, LongPrefillInterleavedWithDecode) {

@@ -1,6 +1,8 @@
 // The engine over the CUDA backend (GPU machine only, label "gpu"): continuous batching with
 // prefill chunks interleaved with decodes must give, token for token, what the CPU reference gives
-// each request alone; finished and cancelled sequences must give their device pools back.
+// each request alone (the engine's tokens are sampled on the GPU, the reference's on the host from
+// the CPU's logits, greedy and sampled); finished and cancelled sequences must give their device
+// pools back.
 #include "backend/cpu/cpu_backend.h"
 #include "backend/factory.h"
 #include "engine/engine.h"

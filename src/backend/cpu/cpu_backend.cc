@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/detmath.h"
 #include "core/numerics.h"
+#include "core/sampling.h"
 #include "model/rope.h"
 
 namespace dsuf {
@@ -692,6 +693,8 @@ void CpuBackend::forward_one(ForwardItem& item) {
   const ModelWeights& mw = model_.weights;
   DSUF_CHECK(item.state != nullptr, "forward item without a sequence state");
   DSUF_CHECK(item.state->unquantized == !numerics_.kv_quant, "sequence state made for other numerics");
+  DSUF_CHECK(!item.token || (item.want != ForwardItem::Logits::kNone && !item.tokens.empty()),
+             "sampling a token needs the last row's logits");
   Chunk c;
   c.st = item.state;
   c.P = item.state->pos;
@@ -756,17 +759,21 @@ void CpuBackend::forward_one(ForwardItem& item) {
   }
   c.st->pos += n;
 
-  // Head: final collapse, norm, FP32 logits for the rows asked for.
-  if (item.want == ForwardItem::Logits::kNone || !item.logits) return;
-  const int first = item.want == ForwardItem::Logits::kAll ? 0 : n - 1;
+  // Head: final collapse, norm, FP32 logits for the rows asked for; the token from the last one.
+  if (item.want == ForwardItem::Logits::kNone || (!item.logits && !item.token)) return;
+  std::vector<float> last_only;
+  std::vector<float>& logits = item.logits ? *item.logits : last_only;
+  const int first = item.want == ForwardItem::Logits::kAll && item.logits ? 0 : n - 1;
   const int64_t V = t.vocab_size;
-  item.logits->assign((n - first) * V, 0.0f);
+  logits.assign((n - first) * V, 0.0f);
   std::vector<float> h(D);
   for (int i = first; i < n; ++i) {
     hc_collapse(c.pre_prev.data() + i * hc, c.X.data() + int64_t{i} * hc * D, hc, D, u.data());
     rms_norm(u.data(), D, &mw.norm, t.rms_norm_eps, h.data());
-    bf16_linear_f32(mw.head, h.data(), item.logits->data() + (i - first) * V, threads_);
+    bf16_linear_f32(mw.head, h.data(), logits.data() + (i - first) * V, threads_);
   }
+  if (item.token)
+    *item.token = sample_token({logits.data() + (n - 1 - first) * V, static_cast<size_t>(V)}, item.sampling, item.draw);
 }
 
 }  // namespace dsuf

@@ -136,6 +136,9 @@ struct CudaBackend::Impl {
         *scores, *bscores, *router, *rw, *h1, *h3, *ye, *ys, *h1s, *h3s, *emb, *ekv, *logits, *keys, *att;
     int32_t *sel, *cand, *ids;
     uint8_t* cand_mask;
+    float* sample_w;          // [sample_chunk][V] sampling weights
+    uint32_t* sample_max;     // [max_rows]
+    int32_t* sample_out;      // [max_rows] sampled tokens, one per sampling job
   } ws{};
   int64_t score_stride = 0, bscore_stride = 0, mask_stride = 0, logits_rows = 0;
   int max_rows = 0;  // rows per step: max(max_chunk, max_batch)
@@ -158,14 +161,16 @@ struct CudaBackend::Impl {
       return d;
     }
   } stage;
-  float* logits_host = nullptr;  // pinned
+  float* logits_host = nullptr;    // pinned
+  int32_t* tokens_host = nullptr;  // pinned, one per sampling job
+  int sample_chunk = 1;            // sampling jobs per launch (rows of ws.sample_w): max_batch
 
-  // Decode steps captured as CUDA graphs, by batch size.
+  // Decode steps captured as CUDA graphs, by batch size and whether the logits come back.
   struct Graph {
     cudaGraphExec_t exec = nullptr;
     size_t stage_bytes = 0;
   };
-  std::map<int, Graph> graphs;
+  std::map<std::pair<int, bool>, Graph> graphs;
   bool use_graphs = true;
   cudaEvent_t ev0 = nullptr, ev1 = nullptr;
   double last_graph_ms = 0;
@@ -214,6 +219,7 @@ struct CudaBackend::Impl {
     DevSeq* ds;
     int offset, n;
     bool logits;  // rows of this part get logits (the last row, or all for kAll)
+    bool sample;  // the item's last row is in this part and its token is sampled here
   };
   // Device addresses of one step's staged inputs.
   struct Step {
@@ -231,6 +237,10 @@ struct CudaBackend::Impl {
     int n_logit_rows = 0;
     std::vector<int> logit_row_of_part;  // first logits row of each part, −1 if none
     bool all_rows_logits = false;        // fixed layout: every row has logits
+    bool copy_logits = false;            // some item wants its logits on the host
+    cuda::SampleJob* jobs = nullptr;     // the rows sampled (fixed layout: one per row, on or off)
+    int n_jobs = 0;
+    std::vector<int> sample_job_of_part;  // the job whose token a part gets, −1 if none
     int64_t max_entries = 0;
   };
 
@@ -424,16 +434,17 @@ namespace {
 // one list serves the allocation and the memory plan.
 struct WorkspaceSizes {
   int64_t X, pre, mix, vecD, xq, sa, tmp, q_lat, q, kvw, ag, o, zg, qi, wts, scores, bscores, sel, cand, cand_mask,
-      router, ids, h, ye, hs, emb, ekv, logits, keys, att;
+      router, ids, h, ye, hs, emb, ekv, logits, keys, att, sample_w, sample;
   int64_t score_stride, bscore_stride;
   size_t bytes() const {
     const int64_t floats = X + pre + 2 * mix + 3 * vecD + 2 * xq + 2 * sa + tmp + q_lat + q + kvw + ag + o + zg + qi +
                            wts + scores + bscores + router + ids /*rw*/ + 2 * h + ye + vecD /*ys*/ + 2 * hs + emb + ekv +
-                           logits + keys + att;
-    return size_t(floats) * 4 + size_t(sel + cand + ids) * 4 + size_t(cand_mask);
+                           logits + keys + att + sample_w;
+    return size_t(floats) * 4 + size_t(sel + cand + ids + 2 * sample) * 4 + size_t(cand_mask);
   }
 };
-WorkspaceSizes workspace_sizes(const TextConfig& t, int64_t N, int64_t max_context, int64_t R) {
+// N rows per step; S sampling jobs per launch (max_batch).
+WorkspaceSizes workspace_sizes(const TextConfig& t, int64_t N, int64_t max_context, int64_t R, int64_t S) {
   const int64_t D = t.hidden_size, hc = t.hc_mult, H = t.num_attention_heads, hd = t.head_dim;
   const int64_t qr = t.q_lora_rank, G = t.o_groups, ol = t.o_lora_rank, F = t.moe_intermediate_size;
   const int64_t E = t.n_routed_experts, K = t.num_experts_per_tok, IH = t.index_n_heads, ihd = t.index_head_dim;
@@ -451,6 +462,7 @@ WorkspaceSizes workspace_sizes(const TextConfig& t, int64_t N, int64_t max_conte
   w.emb = N * std::max<int64_t>(R * ehd, 1), w.ekv = N * (hc + 1) * D, w.logits = N * t.vocab_size;
   w.keys = N * (t.sliding_window + t.index_topk) * hd;
   w.att = N * H * (t.sliding_window + t.index_topk);
+  w.sample_w = S * t.vocab_size, w.sample = N;
   return w;
 }
 // Scratch of the tensor-parallel exchanges, in floats (none at world size 1): the packed send block
@@ -504,7 +516,8 @@ CudaMemoryPlan plan_cuda_memory(const ModelConfig& cfg, const CudaOptions& opt, 
                       2 * size_t(L.source_ratio[k]) * 2 * L.head_dim * 4;
   p.sequences = p.per_sequence * size_t(opt.max_batch);
   const int64_t R = t.engram_layer_ids.empty() ? 0 : int64_t(t.engram_max_ngram_size - 1) * t.engram_n_heads;
-  const WorkspaceSizes w = workspace_sizes(t, std::max(opt.max_chunk, opt.max_batch), opt.max_context, R);
+  const WorkspaceSizes w =
+      workspace_sizes(t, std::max(opt.max_chunk, opt.max_batch), opt.max_context, R, std::max(opt.max_batch, 1));
   const TpScratch tps = tp_scratch(t, part, std::max(opt.max_chunk, opt.max_batch));
   p.workspace = w.bytes() + size_t(w.X + w.pre) * 4 + size_t(tps.send + tps.recv) * 4;  // + the head's gathered rows
   return p;
@@ -514,7 +527,8 @@ void CudaBackend::Impl::alloc_workspace() {
   const TextConfig& t = cfg.text;
   const int64_t R = hasher ? hasher->rows_per_token() : 0;
   max_rows = std::max(opt.max_chunk, opt.max_batch);
-  const WorkspaceSizes w = workspace_sizes(t, max_rows, opt.max_context, R);
+  sample_chunk = std::max(opt.max_batch, 1);
+  const WorkspaceSizes w = workspace_sizes(t, max_rows, opt.max_context, R, sample_chunk);
   X_head = alloc<float>(w.X), pre_head = alloc<float>(w.pre);
   ws.X = alloc<float>(w.X), ws.pre = alloc<float>(w.pre), ws.mix_a = alloc<float>(w.mix), ws.mix_f = alloc<float>(w.mix);
   ws.u = alloc<float>(w.vecD), ws.xn = alloc<float>(w.vecD), ws.y = alloc<float>(w.vecD);
@@ -536,10 +550,15 @@ void CudaBackend::Impl::alloc_workspace() {
   ws.logits = alloc<float>(w.logits);
   DSUF_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&logits_host), size_t(w.logits) * 4, cudaHostAllocDefault));
   pinned.push_back(logits_host);
+  ws.sample_w = alloc<float>(w.sample_w), ws.sample_max = alloc<uint32_t>(w.sample);
+  ws.sample_out = alloc<int32_t>(w.sample);
+  DSUF_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&tokens_host), size_t(w.sample) * 4, cudaHostAllocDefault));
+  pinned.push_back(tokens_host);
   // Staging: every per-step list, bounded by max_rows rows (and as many sequences).
   const size_t Rn = size_t(max_rows), S = layout.kv_sources.size();
   const size_t slots = hasher ? size_t(hasher->num_slots()) : 0, Rr = hasher ? size_t(hasher->rows_per_token()) : 0;
-  stage.cap = 64 * 16 + Rn * (4 + sizeof(RowMeta) + sizeof(SeqMeta) + 2 + 4 + 2 * 2 * half * 4 + slots * Rr * 8) +
+  stage.cap = 64 * 16 + Rn * (4 + sizeof(RowMeta) + sizeof(SeqMeta) + 2 + 4 + 2 * 2 * half * 4 + slots * Rr * 8 +
+                              sizeof(cuda::SampleJob)) +
               S * (2 * Rn) * (sizeof(cuda::EmitJob) + sizeof(cuda::PendingJob) + 2 * half * 4) + 2 * half * 4;
   DSUF_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&stage.host), stage.cap, cudaHostAllocDefault));
   pinned.push_back(stage.host);
@@ -702,6 +721,30 @@ CudaBackend::Impl::Step CudaBackend::Impl::stage_step(std::vector<Part>& parts, 
   }
   st.n_logit_rows = int(lrows.size());
   st.logit_rows = stage.put(lrows.data(), lrows.size());
+  // Sampling jobs: one per sampled part (its last row). A fixed layout has one job per logits row,
+  // off where nothing is sampled, so the graph's launches do not depend on who samples.
+  std::vector<cuda::SampleJob> jobs;
+  if (fixed_layout)
+    for (size_t j = 0; j < lrows.size(); ++j) jobs.push_back({.params = {}, .draw = 0, .row = int32_t(j), .on = 0});
+  for (size_t q = 0; q < parts.size(); ++q) {
+    const Part& p = parts[q];
+    st.copy_logits |= p.logits && p.item->logits != nullptr;
+    int job = -1;
+    if (p.sample) {
+      const bool rows_of_all = st.all_rows_logits || p.item->want == ForwardItem::Logits::kAll;
+      const int row = st.logit_row_of_part[q] + (rows_of_all ? p.n - 1 : 0);
+      DSUF_CHECK(st.logit_row_of_part[q] >= 0 && row < int(lrows.size()), "sampled row without logits");
+      const cuda::SampleJob sj{.params = p.item->sampling, .draw = p.item->draw, .row = int32_t(row), .on = 1};
+      job = fixed_layout ? row : int(jobs.size());
+      if (fixed_layout)
+        jobs[row] = sj;
+      else
+        jobs.push_back(sj);
+    }
+    st.sample_job_of_part.push_back(job);
+  }
+  st.n_jobs = int(jobs.size());
+  st.jobs = stage.put(jobs.data(), jobs.size());
   if (fixed_layout) st.max_entries = opt.max_context;
   return st;
 }
@@ -774,10 +817,8 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
   cuda::rope(ws.o, n, Hr, hd, cs, half, -1.0f, r, stream);
   const int64_t gin = (H / G) * hd;
   cuda::act_quant(ws.o, n, Hr * hd, opt.numerics.wo_a_act_quant && aq, ws.xq, ws.sa, stream);
-  for (int g = 0; g < Gr; ++g)
-    cuda::fp8_linear(d.wo_a.w + g * ol * gin, d.wo_a.s + (g * ol / 32) * (gin / 32), ol, gin, ws.xq + g * gin,
-                     ws.sa + g * gin / 32, Hr * hd, n, ws.zg + (g0 + g) * ol, G * ol, opt.numerics.wo_a_act_quant && aq,
-                     r, stream);
+  cuda::fp8_linear_groups(d.wo_a.w, d.wo_a.s, Gr, ol, gin, ws.xq, ws.sa, Hr * hd, n, ws.zg + g0 * ol, G * ol,
+                          opt.numerics.wo_a_act_quant && aq, r, stream);
   cuda::gather_cols(comm, zg_split, ws.zg, n, G * ol, tp_send, tp_recv, stream);
   cuda::act_quant(ws.zg, n, G * ol, aq, ws.xq2, ws.sa2, stream);
   cuda::fp8_linear(d.wo_b.w, d.wo_b.s, Dr, G * ol, ws.xq2, ws.sa2, G * ol, n, out + d0, D, aq, r, stream);
@@ -838,13 +879,11 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
       cuda::engram_gate(ws.X, ws.ekv, d.e_q, d.e_k, st.dead, n, hc, D, eps, r, stream);
     }
     cuda::hc_mix(d.hca_fn, d.hca_base, d.hca_scale, ws.X, n, hc, D, eps, t.hc_sinkhorn_iters, hc_eps, ws.mix_a, stream);
-    cuda::hc_collapse(ws.pre, hc, ws.X, n, hc, D, ws.u, r, stream);
-    cuda::rmsnorm(ws.u, n, D, d.attn_norm, eps, ws.xn, r, stream);
+    cuda::collapse_norm(ws.pre, hc, ws.X, n, hc, D, d.attn_norm, eps, ws.xn, r, stream);
     attention(l, st, ws.y);
     cuda::hc_expand(ws.mix_a, ms, ws.y, n, hc, D, ws.X, r, stream);
     cuda::hc_mix(d.hcf_fn, d.hcf_base, d.hcf_scale, ws.X, n, hc, D, eps, t.hc_sinkhorn_iters, hc_eps, ws.mix_f, stream);
-    cuda::hc_collapse(ws.mix_a, ms, ws.X, n, hc, D, ws.u, r, stream);
-    cuda::rmsnorm(ws.u, n, D, d.ffn_norm, eps, ws.xn, r, stream);
+    cuda::collapse_norm(ws.mix_a, ms, ws.X, n, hc, D, d.ffn_norm, eps, ws.xn, r, stream);
     moe(l, n, st.image, ws.y);
     cuda::hc_expand(ws.mix_f, ms, ws.y, n, hc, D, ws.X, r, stream);
     // pre of the FFN site feeds the next attention site's collapse.
@@ -859,13 +898,21 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
   if (st.n_logit_rows > 0) {
     const int nl = st.n_logit_rows;
     cuda::gather_rows(ws.X, ws.pre, st.logit_rows, nl, hc, D, X_head, pre_head, stream);
-    cuda::hc_collapse(pre_head, hc, X_head, nl, hc, D, ws.u, r, stream);
-    cuda::rmsnorm(ws.u, nl, D, norm, eps, ws.xn, r, stream);
-    // Vocabulary-parallel head: this rank's rows, gathered; rank 0 hands the logits to the host.
+    cuda::collapse_norm(pre_head, hc, X_head, nl, hc, D, norm, eps, ws.xn, r, stream);
+    // Vocabulary-parallel head: this rank's rows, gathered; rank 0 samples and hands the tokens
+    // (and the logits when asked) to the host.
     const int64_t v0 = part.my_vocab().begin;
     cuda::bf16_linear(head, part.my_vocab().size(), D, ws.xn, D, nl, ws.logits + v0, V, false, stream);
     cuda::gather_cols(comm, vocab_split, ws.logits, nl, V, tp_send, tp_recv, stream);
-    if (part.rank == 0)
+    if (part.rank != 0) return;
+    // Sampling where the logits are (sample_chunk jobs per launch, the size of the weight
+    // workspace); the tokens come back, the logits only when an item wants them.
+    for (int j0 = 0; j0 < st.n_jobs; j0 += sample_chunk)
+      cuda::sample(ws.logits, V, st.jobs + j0, std::min(sample_chunk, st.n_jobs - j0), ws.sample_max + j0,
+                   ws.sample_w, ws.sample_out + j0, stream);
+    if (st.n_jobs > 0)
+      DSUF_CUDA(cudaMemcpyAsync(tokens_host, ws.sample_out, size_t(st.n_jobs) * 4, cudaMemcpyDeviceToHost, stream));
+    if (st.copy_logits)
       DSUF_CUDA(cudaMemcpyAsync(logits_host, ws.logits, size_t(nl) * V * 4, cudaMemcpyDeviceToHost, stream));
   }
 }
@@ -884,6 +931,7 @@ void CudaBackend::Impl::finish_step(std::vector<Part>& parts, const Step& st) {
       p.item->logits->resize(off + size_t(rows) * V);
       std::memcpy(p.item->logits->data() + off, logits_host + size_t(src_row) * V, size_t(rows) * V * 4);
     }
+    if (p.sample) *p.item->token = tokens_host[st.sample_job_of_part[q]];
     auto& hist = s.engram_history;
     for (int j = 0; j < p.n; ++j) {
       const int32_t id = p.item->tokens[p.offset + j];
@@ -912,7 +960,7 @@ CudaBackend::Impl::Step CudaBackend::Impl::run_step(std::vector<Part>& parts) {
   if (decode) {
     // Decode steps replay a graph captured for this batch size; the staged inputs change, the
     // kernels and their arguments do not.
-    Graph& g = graphs[st.rows];
+    Graph& g = graphs[{st.rows, st.copy_logits}];
     if (!g.exec || g.stage_bytes != stage.used) {
       if (g.exec) cudaGraphExecDestroy(g.exec);
       cudaGraph_t graph;
@@ -1088,6 +1136,8 @@ void CudaBackend::forward(std::span<ForwardItem> batch) {
         fail("sequence of ", item.state->pos + item.tokens.size(), " tokens exceeds the CUDA backend's max_context ",
              im.opt.max_context);
     if (item.logits) item.logits->clear();
+    DSUF_CHECK(!item.token || (item.want != ForwardItem::Logits::kNone && !item.tokens.empty()),
+               "sampling a token needs the last row's logits");
     for (auto& rk : ranks_) rk->seq(*item.state);  // every rank's pools, allocated here, not on the rank threads
   }
   // Steps of at most max_rows rows; each sequence contributes one chunk per step, in order. A traced
@@ -1103,7 +1153,7 @@ void CudaBackend::forward(std::span<ForwardItem> batch) {
       const int take = std::min(left, im.max_rows - used);
       const bool last = done[i] + take == item.tokens.size();
       const bool logits = item.want == ForwardItem::Logits::kAll || (last && item.want == ForwardItem::Logits::kLast);
-      parts.push_back({&item, &im.seq(*item.state), int(done[i]), take, logits});
+      parts.push_back({&item, &im.seq(*item.state), int(done[i]), take, logits, last && item.token != nullptr});
       done[i] += take;
       used += take;
       if (item.trace) break;

@@ -5,6 +5,8 @@
 #include <cfloat>
 #include <thread>
 #include <vector>
+#include <string>
+#include <cstdlib>
 #include <cmath>
 
 #include "backend/cuda/check.h"
@@ -210,7 +212,8 @@ __global__ void k_hc_mix_finish(const float* base, const float* scale, int n, in
   if (mine) o[2 * hc + t] = C[t];
 }
 
-__global__ void k_hc_collapse(const float* pre, int pre_stride, const float* X, int hc, int64_t D, float* u, bool r) {
+__global__ void k_hc_collapse(const float* __restrict__ pre, int pre_stride, const float* __restrict__ X, int hc,
+                              int64_t D, float* __restrict__ u, bool r) {
   int i = blockIdx.y;
   int64_t d = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (d >= D) return;
@@ -219,7 +222,8 @@ __global__ void k_hc_collapse(const float* pre, int pre_stride, const float* X, 
   u[int64_t(i) * D + d] = rb(acc, r);
 }
 
-__global__ void k_hc_expand(const float* mix, int mix_stride, const float* y, int hc, int64_t D, float* X, bool r) {
+__global__ void k_hc_expand(const float* __restrict__ mix, int mix_stride, const float* __restrict__ y, int hc,
+                            int64_t D, float* __restrict__ X, bool r) {
   int i = blockIdx.y;
   int64_t d = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (d >= D) return;
@@ -236,13 +240,49 @@ __global__ void k_hc_expand(const float* mix, int mix_stride, const float* y, in
   }
 }
 
-__global__ void k_rmsnorm(const float* x, int64_t dim, const uint16_t* w, float eps, float* y, bool r) {
+// Collapse + RMSNorm fused, one 1024-thread block per row: u = Σ_k pre[k]·X[k] (as k_hc_collapse)
+// into shared memory, then the norm as k_rmsnorm. Its sum of squares keeps the canonical 256-wide
+// partials: threads 0..255 take them, the other 28 warps add zeros — block_sum<256> pads its 8 warp
+// sums with zeros to 32 the same way.
+__global__ void __launch_bounds__(1024) k_collapse_norm(const float* __restrict__ pre, int pre_stride,
+                                                        const float* __restrict__ X, int hc, int64_t D,
+                                                        const uint16_t* __restrict__ w, float eps,
+                                                        float* __restrict__ y, bool r) {
+  extern __shared__ float us[];  // [D]
+  const int i = blockIdx.x;
+  if (w)
+    for (int64_t j = int64_t(threadIdx.x) * 64; j < D; j += int64_t(blockDim.x) * 64)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(w + j));
+  const float* p = pre + int64_t(i) * pre_stride;
+  const float* x = X + int64_t(i) * hc * D;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int k = 0; k < hc; ++k) acc += p[k] * x[int64_t(k) * D + d];
+    us[d] = rb(acc, r);
+  }
+  __syncthreads();
+  float ss = 0.0f;
+  if (threadIdx.x < 256)
+#pragma unroll 4
+    for (int64_t j = threadIdx.x; j < D; j += 256) ss += us[j] * us[j];
+  ss = block_sum(ss);
+  const float rinv = 1.0f / sqrtf(ss / float(D) + eps);
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x)
+    y[int64_t(i) * D + d] = rb((w ? bf16_load(w, d) : 1.0f) * (us[d] * rinv), r);
+}
+
+__global__ void k_rmsnorm(const float* __restrict__ x, int64_t dim, const uint16_t* __restrict__ w, float eps,
+                          float* __restrict__ y, bool r) {
   const float* xr = x + int64_t(blockIdx.x) * dim;
+  if (w)  // the weight row's latency overlaps the sum of squares
+    for (int64_t j = int64_t(threadIdx.x) * 64; j < dim; j += int64_t(blockDim.x) * 64)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(w + j));
   float ss = 0.0f;
 #pragma unroll 4
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) ss += xr[j] * xr[j];
   ss = block_sum(ss);
   const float rinv = 1.0f / sqrtf(ss / float(dim) + eps);
+#pragma unroll 4
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
     y[int64_t(blockIdx.x) * dim + j] = rb((w ? bf16_load(w, j) : 1.0f) * (xr[j] * rinv), r);
 }
@@ -294,6 +334,7 @@ template <bool kExact>
 __device__ __forceinline__ void stage_rows(float4* xs4, float* ssa, const float* xq, const float* sa,
                                            int64_t x_stride, int row0, int nr, int nb) {
   const int n4 = nr * nb * 8;
+#pragma unroll 4
   for (int idx = threadIdx.x; idx < n4; idx += blockDim.x) {
     const int rr = idx / (nb * 8), rem = idx % (nb * 8), kb = rem / 8, j = rem % 8;
     float4 v = *reinterpret_cast<const float4*>(xq + int64_t(row0 + rr) * x_stride + kb * 32 + j * 4);
@@ -319,18 +360,33 @@ __device__ __forceinline__ float mac(float part, float x, float wbits, float wsc
 }
 
 // Block of 8 warps; warp w takes outputs o0..o0+OPW-1 and the block's R rows (grid.y: row groups).
-template <int OPW, int R, bool kExact>
-__global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K,
-                                                   const float* xq, const float* sa, int64_t x_stride, int rows,
-                                                   float* y, int64_t y_stride, bool r) {
+// grid.z: independent groups (the grouped o-projection): group g uses weight rows g·out.., inputs
+// g·K.. of each row and outputs g·out.. .
+// kPipe: double-buffer the weight loads in registers (more bytes in flight per warp, more registers,
+// fewer resident warps); which wins is measured (DSUF_GEMV_PIPELINE, docs/perf.md).
+template <int OPW, int R, bool kExact, bool kPipe>
+__global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws,
+                                                   int64_t out, int64_t K, const float* __restrict__ xq,
+                                                   const float* __restrict__ sa, int64_t x_stride, int rows,
+                                                   float* __restrict__ y, int64_t y_stride, bool r) {
   extern __shared__ float4 xs4[];
   const int nb = int(K / 32);
+  const int g = blockIdx.z;
+  W += int64_t(g) * out * K, Ws += int64_t(g) * (out / 32) * nb, xq += int64_t(g) * K, sa += int64_t(g) * nb;
+  y += int64_t(g) * out;
   float* ssa = reinterpret_cast<float*>(xs4 + R * nb * 8);
   const int row0 = blockIdx.y * R, nr = min(R, rows - row0);
-  stage_rows<kExact>(xs4, ssa, xq, sa, x_stride, row0, nr, nb);
-  __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t o0 = (int64_t(blockIdx.x) * 8 + warp) * OPW;
+  // Start this warp's first weight loads before staging the inputs, so both latencies overlap.
+  if (o0 < out && lane < nb)
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) {
+      const int64_t oo = o0 + o < out ? o0 + o : out - 1;
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(W + oo * K + int64_t(lane) * 32));
+    }
+  stage_rows<kExact>(xs4, ssa, xq, sa, x_stride, row0, nr, nb);
+  __syncthreads();
   if (o0 >= out) return;
   const float wscale = 0x1p120f, back = 0x1p56f;
   float acc[OPW][R];
@@ -338,17 +394,27 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* W, const uint8_
   for (int o = 0; o < OPW; ++o)
 #pragma unroll
     for (int rr = 0; rr < R; ++rr) acc[o][rr] = 0.0f;
-  for (int kb = lane; kb < nb; kb += 32) {
-    uint4 w[OPW][2];
-    float sw[OPW];
+  // Weights double-buffered in registers: block kb+32's loads are in flight while kb is computed.
+  uint4 wn[OPW][2];
+  uint8_t swn[OPW];
+  auto load = [&](int kb) {
 #pragma unroll
     for (int o = 0; o < OPW; ++o) {
       const int64_t oo = o0 + o < out ? o0 + o : out - 1;  // a tail warp repeats the last row
       const uint8_t* wr = W + oo * K + int64_t(kb) * 32;
-      w[o][0] = __ldg(reinterpret_cast<const uint4*>(wr));
-      w[o][1] = __ldg(reinterpret_cast<const uint4*>(wr + 16));
-      sw[o] = e8m0(Ws[(oo / 32) * nb + kb]);
+      wn[o][0] = __ldg(reinterpret_cast<const uint4*>(wr));
+      wn[o][1] = __ldg(reinterpret_cast<const uint4*>(wr + 16));
+      swn[o] = __ldg(Ws + (oo / 32) * nb + kb);
     }
+  };
+  if (kPipe && lane < nb) load(lane);
+  for (int kb = lane; kb < nb; kb += 32) {
+    if (!kPipe) load(kb);
+    uint4 w[OPW][2];
+    float sw[OPW];
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) w[o][0] = wn[o][0], w[o][1] = wn[o][1], sw[o] = e8m0(swn[o]);
+    if (kPipe && kb + 32 < nb) load(kb + 32);
 #pragma unroll
     for (int rr = 0; rr < R; ++rr) {
       if (rr >= nr) break;
@@ -384,7 +450,7 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* W, const uint8_
 
 // Grouped FP4 (experts): grid.y = rows; row i uses expert ids[i] and input row i / x_div. Each
 // packed byte holds two inputs' weights, low nibble first; they are added one after the other.
-template <int OPW, bool kExact>
+template <int OPW, bool kExact, bool kPipe>
 __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const uint8_t* const* Ws,
                                                    const int32_t* ids, int64_t out, int64_t K, const float* xq,
                                                    const float* sa, int x_div, float* y, bool r) {
@@ -392,27 +458,42 @@ __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const
   const int nb = int(K / 32);
   float* ssa = reinterpret_cast<float*>(xs4 + nb * 8);
   const int row = blockIdx.y;
-  stage_rows<kExact>(xs4, ssa, xq, sa, K, row / x_div, 1, nb);
-  __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t o0 = (int64_t(blockIdx.x) * 8 + warp) * OPW;
-  if (o0 >= out) return;
   const int e = ids ? ids[row] : 0;
   const uint8_t* We = W[e];
   const uint8_t* Se = Ws[e];
+  if (o0 < out && lane < nb)
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) {
+      const int64_t oo = o0 + o < out ? o0 + o : out - 1;
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(We + oo * (K / 2) + int64_t(lane) * 16));
+    }
+  stage_rows<kExact>(xs4, ssa, xq, sa, K, row / x_div, 1, nb);
+  __syncthreads();
+  if (o0 >= out) return;
   const float wscale = 0x1p126f, back = 0x1p62f;
   float acc[OPW];
 #pragma unroll
   for (int o = 0; o < OPW; ++o) acc[o] = 0.0f;
-  for (int kb = lane; kb < nb; kb += 32) {
-    uint4 w[OPW];
-    float sw[OPW];
+  uint4 wn[OPW];
+  uint8_t swn[OPW];
+  auto load = [&](int kb) {
 #pragma unroll
     for (int o = 0; o < OPW; ++o) {
       const int64_t oo = o0 + o < out ? o0 + o : out - 1;
-      w[o] = __ldg(reinterpret_cast<const uint4*>(We + oo * (K / 2) + int64_t(kb) * 16));
-      sw[o] = e8m0(Se[oo * nb + kb]);
+      wn[o] = __ldg(reinterpret_cast<const uint4*>(We + oo * (K / 2) + int64_t(kb) * 16));
+      swn[o] = __ldg(Se + oo * nb + kb);
     }
+  };
+  if (kPipe && lane < nb) load(lane);
+  for (int kb = lane; kb < nb; kb += 32) {
+    if (!kPipe) load(kb);
+    uint4 w[OPW];
+    float sw[OPW];
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) w[o] = wn[o], sw[o] = e8m0(swn[o]);
+    if (kPipe && kb + 32 < nb) load(kb + 32);
     float part[OPW];
 #pragma unroll
     for (int o = 0; o < OPW; ++o) part[o] = 0.0f;
@@ -441,14 +522,15 @@ __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const
   }
 }
 
-__global__ void k_bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, float* y,
-                              int64_t y_stride, bool r) {
+__global__ void k_bf16_linear(const uint16_t* __restrict__ W, int64_t out, int64_t K, const float* __restrict__ x,
+                              int64_t x_stride, float* __restrict__ y, int64_t y_stride, bool r) {
   const int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int row = blockIdx.y, lane = threadIdx.x % 32;
   if (o >= out) return;
   const uint16_t* wr = W + o * K;
   const float* xr = x + int64_t(row) * x_stride;
   float acc = 0.0f;
+#pragma unroll 8
   for (int64_t k = lane; k < K; k += 32) acc += bf16_load(wr, k) * xr[k];
   acc = warp_sum(acc);
   if (lane == 0) y[int64_t(row) * y_stride + o] = rb(acc, r);
@@ -614,15 +696,22 @@ __global__ void __launch_bounds__(kAttDimsPV) k_attention_pv(AttentionArgs a) {
   __syncthreads();
   const int64_t d = int64_t(blockIdx.z) * blockDim.x + threadIdx.x;
   if (d >= hd) return;
-  const float* keys = a.keys + int64_t(i) * a.kmax * hd + d;
+  const float* __restrict__ keys = a.keys + int64_t(i) * a.kmax * hd + d;
   float acc[kAttHeadsPV];
 #pragma unroll
   for (int h = 0; h < kAttHeadsPV; ++h) acc[h] = 0.0f;
-#pragma unroll 4
-  for (int j = 0; j < nk; ++j) {
-    const float k = keys[int64_t(j) * hd];
+  // Keys in register tiles of 32: the tile's loads are all in flight together, then used in order.
+  constexpr int kTile = 32;
+  for (int j0 = 0; j0 < nk; j0 += kTile) {
+    float kt[kTile];
 #pragma unroll
-    for (int h = 0; h < kAttHeadsPV; ++h) acc[h] += p[h * a.kmax + j] * k;
+    for (int t = 0; t < kTile; ++t) kt[t] = j0 + t < nk ? keys[int64_t(j0 + t) * hd] : 0.0f;
+#pragma unroll
+    for (int t = 0; t < kTile; ++t) {
+      if (j0 + t >= nk) break;
+#pragma unroll
+      for (int h = 0; h < kAttHeadsPV; ++h) acc[h] += p[h * a.kmax + j0 + t] * kt[t];
+    }
   }
 #pragma unroll
   for (int h = 0; h < kAttHeadsPV; ++h)
@@ -735,36 +824,69 @@ __global__ void k_update_pending(const float* ag, const PendingJob* jobs, const 
 }
 
 // ---- indexer -----------------------------------------------------------------------------------
-__device__ void score_one(const IndexScoreArgs& a, int i, int64_t e, const uint8_t* keys, int lane) {
-  float* out = a.scores + int64_t(i) * a.score_stride + e;
-  if (a.cand_mask && !a.cand_mask[int64_t(i) * a.mask_stride + e / a.block]) {
-    if (lane == 0) *out = -INFINITY;
-    return;
-  }
-  const uint8_t* key = keys + e * (a.ihd / 2 + a.ihd / 32);
-  const float head_scale = 1.0f / sqrtf(float(a.IH)), dim_scale = 1.0f / sqrtf(float(a.ihd));
-  float s = 0.0f;
-  for (int h = 0; h < a.IH; ++h) {
-    const float* q = a.qi + (int64_t(i) * a.IH + h) * a.ihd;
-    float dot = 0.0f;
-    for (int64_t d = lane; d < a.ihd; d += 32) {
-      uint8_t b = key[d >> 1];
-      dot += q[d] * e2m1_val((d & 1) ? (b >> 4) : (b & 0xf)) * e8m0(key[a.ihd / 2 + d / 32]);
-    }
-    dot = warp_sum(dot);
-    s += rb(a.wts[int64_t(i) * a.IH + h], a.r) * head_scale * fmaxf(dot, 0.0f) * dim_scale;
-  }
-  if (lane == 0) *out = s;
-}
+// Indexer scores. A warp takes a tile of 32 entries: for each entry it decodes the key once into
+// shared memory, then lane l computes the heads l, l+32, … — each head's dot in the canonical
+// lane-strided order (32 partials, then tree32) — and leaves the head terms in shared memory;
+// finally lane t adds entry t's terms over the heads in order. Same operations and order as the
+// reference; a warp-wide reduction per (entry, head) made the old kernel latency-bound.
+constexpr int kIdxWarps = 4;
 
-__global__ void k_index_scores(IndexScoreArgs a) {
-  const int i = blockIdx.y, lane = threadIdx.x % 32;
+__global__ void __launch_bounds__(kIdxWarps * 32) k_index_scores(IndexScoreArgs a) {
+  extern __shared__ float sm[];
+  const int IH = a.IH, ihd = int(a.ihd), qst = ihd + 1, tst = IH + 1;
+  float* qs = sm;                                     // [IH][ihd+1] this row's queries
+  float* wv = qs + IH * qst;                          // [IH] rb(weight)·head_scale
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* kb = wv + IH + warp * ihd;                   // [ihd] this warp's decoded key
+  float* terms = wv + IH + kIdxWarps * ihd + warp * 32 * tst;  // [32][IH+1] head terms per entry
+  const int i = blockIdx.y;
   const RowMeta m = a.meta[i];
   const int64_t vis = (m.pos + 1) / a.ratio;
   const uint8_t* keys = a.seqs[m.seq].ikey[a.src];
-  const int64_t step = int64_t(gridDim.x) * (blockDim.x / 32);
-  for (int64_t e = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; e < vis; e += step)
-    score_one(a, i, e, keys, lane);
+  const float head_scale = 1.0f / sqrtf(float(IH)), dim_scale = 1.0f / sqrtf(float(ihd));
+  for (int t = threadIdx.x; t < IH * ihd; t += blockDim.x)
+    qs[(t / ihd) * qst + t % ihd] = a.qi[int64_t(i) * IH * ihd + t];
+  for (int h = threadIdx.x; h < IH; h += blockDim.x) wv[h] = rb(a.wts[int64_t(i) * IH + h], a.r) * head_scale;
+  __syncthreads();
+  const int64_t key_bytes = ihd / 2 + ihd / 32;
+  const int64_t step = int64_t(gridDim.x) * kIdxWarps * 32;
+  for (int64_t e0 = (int64_t(blockIdx.x) * kIdxWarps + warp) * 32; e0 < vis; e0 += step) {
+    const int n_e = int(vis - e0 < 32 ? vis - e0 : 32);
+    for (int t = 0; t < n_e; ++t) {
+      const int64_t e = e0 + t;
+      if (a.cand_mask && !a.cand_mask[int64_t(i) * a.mask_stride + e / a.block]) continue;
+      const uint8_t* key = keys + e * key_bytes;
+      for (int d = lane; d < ihd; d += 32) {
+        const uint8_t b = key[d >> 1];
+        kb[d] = e2m1_val((d & 1) ? (b >> 4) : (b & 0xf)) * e8m0(key[ihd / 2 + d / 32]);
+      }
+      __syncwarp();
+      for (int h = lane; h < IH; h += 32) {
+        const float* q = qs + h * qst;
+        float p[32];
+#pragma unroll
+        for (int l = 0; l < 32; ++l) {
+          float acc = 0.0f;
+          for (int d = l; d < ihd; d += 32) acc += q[d] * kb[d];
+          p[l] = acc;
+        }
+        const float dot = det::tree32(p);
+        terms[t * tst + h] = wv[h] * fmaxf(dot, 0.0f) * dim_scale;
+      }
+      __syncwarp();
+    }
+    if (lane < n_e) {
+      const int64_t e = e0 + lane;
+      float s = 0.0f;
+      if (a.cand_mask && !a.cand_mask[int64_t(i) * a.mask_stride + e / a.block]) {
+        s = -INFINITY;
+      } else {
+        for (int h = 0; h < IH; ++h) s += terms[lane * tst + h];
+      }
+      a.scores[int64_t(i) * a.score_stride + e] = s;
+    }
+    __syncwarp();
+  }
 }
 
 __global__ void k_candidate_block_scores(const float* scores, int64_t score_stride, const RowMeta* meta, int ratio,
@@ -1090,6 +1212,13 @@ void fill_entries_synthetic(uint8_t* p, int64_t entries, int64_t entry_bytes, in
   if (entries > 0) k_fill_entries<<<1024, 256, 0, s>>>(p, entries, entry_bytes, value_bytes, e4m3_values, scale, mix64(seed));
 }
 
+namespace {
+template <typename Kernel>
+void set_smem(Kernel k, size_t smem) {
+  if (smem > 48 * 1024) DSUF_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+}
+}  // namespace
+
 void embed(const int32_t* tok, int n, const uint16_t* table, int64_t D, int hc, float* X, float* pre, cudaStream_t s) {
   k_embed<<<n, 256, 0, s>>>(tok, table, D, hc, X, pre);
 }
@@ -1097,7 +1226,7 @@ void hc_mix(const float* fn, const float* base, const float* scale, const float*
             float norm_eps, int iters, float hc_eps, float* out, cudaStream_t s) {
   k_hc_mix_dots<<<dim3(hc_mix_stride(hc), n), 1024, 0, s>>>(fn, X, hc, D, norm_eps, out);
   DSUF_CHECK(hc <= 8, "hc_mix: hc = ", hc, " (at most 8)");
-  k_hc_mix_finish<<<n, 64, 0, s>>>(base, scale, n, hc, iters, hc_eps, out);
+  k_hc_mix_finish<<<n, hc * hc <= 32 ? 32 : 64, 0, s>>>(base, scale, n, hc, iters, hc_eps, out);
 }
 void hc_collapse(const float* pre, int pre_stride, const float* X, int n, int hc, int64_t D, float* u, bool r,
                  cudaStream_t s) {
@@ -1107,6 +1236,13 @@ void hc_expand(const float* mix, int mix_stride, const float* y, int n, int hc, 
                cudaStream_t s) {
   k_hc_expand<<<dim3(blocks_for(D, 256), n), 256, 0, s>>>(mix, mix_stride, y, hc, D, X, r);
 }
+void collapse_norm(const float* pre, int pre_stride, const float* X, int n, int hc, int64_t D, const uint16_t* w,
+                   float eps, float* y, bool r, cudaStream_t s) {
+  const size_t smem = size_t(D) * sizeof(float);
+  DSUF_CHECK(smem <= 200 * 1024, "collapse_norm: hidden size ", D, " too large");
+  set_smem(k_collapse_norm, smem);
+  if (n > 0) k_collapse_norm<<<n, 1024, smem, s>>>(pre, pre_stride, X, hc, D, w, eps, y, r);
+}
 void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s) {
   k_rmsnorm<<<rows, 256, 0, s>>>(x, dim, w, eps, y, r);
 }
@@ -1115,56 +1251,70 @@ void act_quant(const float* x, int64_t rows, int64_t K, bool on, float* xq, floa
   if (blocks) k_act_quant<<<blocks_for(blocks, 8), 256, 0, s>>>(x, blocks, on, xq, sa);
 }
 namespace {
-template <typename Kernel>
-void set_smem(Kernel k, size_t smem) {
-  if (smem > 48 * 1024) DSUF_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+// Outputs per warp: more per warp (fewer blocks, each staging its inputs once for more weights) while
+// the grid still gives every SM a few blocks.
+int outputs_per_warp(int64_t outputs) {
+  const int64_t sms = 132;
+  return outputs >= 8 * 4 * 4 * sms ? 4 : outputs >= 8 * 2 * 2 * sms ? 2 : 1;
 }
-// Outputs per warp: enough blocks to fill the GPU first, then fewer, longer rows per warp.
-int outputs_per_warp(int64_t out, int64_t row_groups) {
-  const int64_t warps = out * row_groups;
-  return warps >= 4 * 8 * 132 * 4 ? 4 : warps >= 2 * 8 * 132 * 4 ? 2 : 1;
+struct Fp8Call {
+  const uint8_t* W;
+  const uint8_t* Ws;
+  int64_t out, K;
+  const float* xq;
+  const float* sa;
+  int64_t x_stride, rows;
+  float* y;
+  int64_t y_stride;
+  int groups;
+  bool r;
+  cudaStream_t s;
+};
+bool gemv_pipeline() {
+  static const bool on = [] {
+    const char* v = std::getenv("DSUF_GEMV_PIPELINE");
+    return v && std::string(v) == "1";
+  }();
+  return on;
 }
 template <int OPW, int R, bool kExact>
-void launch_fp8(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const float* xq, const float* sa,
-                int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool r, cudaStream_t s) {
-  const int nb = int(K / 32);
+void launch_fp8(const Fp8Call& c) {
+  const int nb = int(c.K / 32);
   const size_t smem = size_t(R) * nb * (32 + 1) * sizeof(float);
-  DSUF_CHECK(smem <= 200 * 1024, "fp8_linear: K = ", K, " with ", R, " rows needs too much shared memory");
-  auto k = k_fp8_gemv<OPW, R, kExact>;
+  DSUF_CHECK(smem <= 200 * 1024, "fp8_linear: K = ", c.K, " with ", R, " rows needs too much shared memory");
+  auto k = gemv_pipeline() ? k_fp8_gemv<OPW, R, kExact, true> : k_fp8_gemv<OPW, R, kExact, false>;
   set_smem(k, smem);
-  k<<<dim3(blocks_for(out, 8 * OPW), blocks_for(rows, R)), 256, smem, s>>>(W, Ws, out, K, xq, sa, x_stride,
-                                                                           int(rows), y, y_stride, r);
+  k<<<dim3(blocks_for(c.out, 8 * OPW), blocks_for(c.rows, R), c.groups), 256, smem, c.s>>>(
+      c.W, c.Ws, c.out, c.K, c.xq, c.sa, c.x_stride, int(c.rows), c.y, c.y_stride, c.r);
 }
 template <int R, bool kExact>
-void launch_fp8_opw(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const float* xq, const float* sa,
-                    int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool r, cudaStream_t s) {
-  switch (outputs_per_warp(out, blocks_for(rows, R))) {
-    case 4: return launch_fp8<4, R, kExact>(W, Ws, out, K, xq, sa, x_stride, rows, y, y_stride, r, s);
-    case 2: return launch_fp8<2, R, kExact>(W, Ws, out, K, xq, sa, x_stride, rows, y, y_stride, r, s);
-    default: return launch_fp8<1, R, kExact>(W, Ws, out, K, xq, sa, x_stride, rows, y, y_stride, r, s);
+void launch_fp8_opw(const Fp8Call& c) {
+  switch (outputs_per_warp(c.out * c.groups * blocks_for(c.rows, R))) {
+    case 4: return launch_fp8<4, R, kExact>(c);
+    case 2: return launch_fp8<2, R, kExact>(c);
+    default: return launch_fp8<1, R, kExact>(c);
   }
 }
 template <bool kExact>
-void launch_fp8_rows(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const float* xq, const float* sa,
-                     int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool r, cudaStream_t s) {
+void launch_fp8_rows(const Fp8Call& c) {
   // Rows per block: each weight row is read once per group of R rows; R·K·4 bytes of inputs staged.
-  if (rows >= 4 && K <= 8192) return launch_fp8_opw<4, kExact>(W, Ws, out, K, xq, sa, x_stride, rows, y, y_stride, r, s);
-  if (rows >= 2) return launch_fp8_opw<2, kExact>(W, Ws, out, K, xq, sa, x_stride, rows, y, y_stride, r, s);
-  launch_fp8_opw<1, kExact>(W, Ws, out, K, xq, sa, x_stride, rows, y, y_stride, r, s);
+  if (c.rows >= 4 && c.K <= 8192) return launch_fp8_opw<4, kExact>(c);
+  if (c.rows >= 2) return launch_fp8_opw<2, kExact>(c);
+  launch_fp8_opw<1, kExact>(c);
 }
 template <int OPW, bool kExact>
 void launch_fp4(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
                 const float* xq, const float* sa, int x_div, int64_t rows, float* y, bool r, cudaStream_t s) {
   const size_t smem = size_t(K / 32) * (32 + 1) * sizeof(float);
   DSUF_CHECK(smem <= 200 * 1024, "fp4_linear: K = ", K, " needs too much shared memory");
-  auto k = k_fp4_gemv<OPW, kExact>;
+  auto k = gemv_pipeline() ? k_fp4_gemv<OPW, kExact, true> : k_fp4_gemv<OPW, kExact, false>;
   set_smem(k, smem);
   k<<<dim3(blocks_for(out, 8 * OPW), rows), 256, smem, s>>>(W, Ws, ids, out, K, xq, sa, x_div, y, r);
 }
 template <bool kExact>
 void launch_fp4_opw(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
                     const float* xq, const float* sa, int x_div, int64_t rows, float* y, bool r, cudaStream_t s) {
-  switch (outputs_per_warp(out, rows)) {
+  switch (outputs_per_warp(out * rows)) {
     case 4: return launch_fp4<4, kExact>(W, Ws, ids, out, K, xq, sa, x_div, rows, y, r, s);
     case 2: return launch_fp4<2, kExact>(W, Ws, ids, out, K, xq, sa, x_div, rows, y, r, s);
     default: return launch_fp4<1, kExact>(W, Ws, ids, out, K, xq, sa, x_div, rows, y, r, s);
@@ -1172,12 +1322,19 @@ void launch_fp4_opw(const uint8_t* const* W, const uint8_t* const* Ws, const int
 }
 }  // namespace
 
+void fp8_linear_groups(const uint8_t* W, const uint8_t* Ws, int groups, int64_t out, int64_t K, const float* xq,
+                       const float* sa, int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool quantized,
+                       bool r, cudaStream_t s) {
+  DSUF_CHECK(K % 32 == 0 && x_stride % 4 == 0 && groups >= 1 && (groups == 1 || out % 32 == 0), "fp8_linear: K = ",
+             K, ", x_stride = ", x_stride, ", groups = ", groups, ", out = ", out);
+  if (rows <= 0) return;
+  const Fp8Call c{W, Ws, out, K, xq, sa, x_stride, rows, y, y_stride, groups, r, s};
+  if (quantized) return launch_fp8_rows<true>(c);
+  launch_fp8_rows<false>(c);
+}
 void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const float* xq, const float* sa,
                 int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool quantized, bool r, cudaStream_t s) {
-  DSUF_CHECK(K % 32 == 0 && x_stride % 4 == 0, "fp8_linear: K = ", K, ", x_stride = ", x_stride);
-  if (rows <= 0) return;
-  if (quantized) return launch_fp8_rows<true>(W, Ws, out, K, xq, sa, x_stride, rows, y, y_stride, r, s);
-  launch_fp8_rows<false>(W, Ws, out, K, xq, sa, x_stride, rows, y, y_stride, r, s);
+  fp8_linear_groups(W, Ws, 1, out, K, xq, sa, x_stride, rows, y, y_stride, quantized, r, s);
 }
 void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
                         const float* xq, const float* sa, int x_div, int64_t rows, float* y, bool quantized, bool r,
@@ -1227,8 +1384,12 @@ void update_pending(const float* ag, const PendingJob* jobs, int n_jobs, const S
 }
 void index_scores(const IndexScoreArgs& a, cudaStream_t s) {
   if (a.max_entries <= 0) return;
-  const int bx = int(std::min<int64_t>(blocks_for(a.max_entries, 8), 1024));
-  k_index_scores<<<dim3(bx, a.rows), 256, 0, s>>>(a);
+  const int bx = int(std::min<int64_t>(blocks_for(a.max_entries, kIdxWarps * 32), 1024));
+  const size_t smem = sizeof(float) * (size_t(a.IH) * (a.ihd + 1) + a.IH + kIdxWarps * a.ihd +
+                                       size_t(kIdxWarps) * 32 * (a.IH + 1));
+  DSUF_CHECK(smem <= 200 * 1024, "index_scores: ", a.IH, " heads × ", a.ihd, " need too much shared memory");
+  set_smem(k_index_scores, smem);
+  k_index_scores<<<dim3(bx, a.rows), kIdxWarps * 32, smem, s>>>(a);
 }
 void candidate_block_scores(const float* scores, int64_t score_stride, int rows, const RowMeta* meta, int ratio,
                             int block, float* bscores, int64_t b_stride, cudaStream_t s) {

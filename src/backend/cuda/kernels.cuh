@@ -11,6 +11,8 @@
 
 #include <cuda_runtime.h>
 
+#include "core/sampling.h"
+
 namespace dsuf::cuda {
 
 
@@ -25,6 +27,9 @@ void hc_collapse(const float* pre, int pre_stride, const float* X, int n, int hc
                  cudaStream_t s);
 void hc_expand(const float* mix, int mix_stride, const float* y, int n, int hc, int64_t D, float* X, bool r,
                cudaStream_t s);
+// hc_collapse then rmsnorm in one kernel (the collapsed row stays in shared memory).
+void collapse_norm(const float* pre, int pre_stride, const float* X, int n, int hc, int64_t D, const uint16_t* w,
+                   float eps, float* y, bool r, cudaStream_t s);
 void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float eps, float* y, bool r,
              cudaStream_t s);
 // Per-32 FP8 activation quantization: xq holds the E4M3 values, sa the power-of-two scales.
@@ -34,6 +39,11 @@ void act_quant(const float* x, int64_t rows, int64_t K, bool on, float* xq, floa
 // quantized: xq holds E4M3 values (act_quant on), which allows the exact FMA path.
 void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const float* xq, const float* sa,
                 int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool quantized, bool r, cudaStream_t s);
+// `groups` independent products in one launch (the grouped o-projection): group g uses weight rows
+// [g·out, (g+1)·out) (out a multiple of 32), inputs g·K.. of each row, outputs g·out.. of each row.
+void fp8_linear_groups(const uint8_t* W, const uint8_t* Ws, int groups, int64_t out, int64_t K, const float* xq,
+                       const float* sa, int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool quantized,
+                       bool r, cudaStream_t s);
 // Grouped FP4 linear (experts): row r uses expert ids[r]'s weights and input row r / x_div.
 void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out,
                         int64_t K, const float* xq, const float* sa, int x_div, int64_t rows, float* y,
@@ -169,6 +179,21 @@ void engram_gate(float* X, const float* kv, const uint16_t* qw, const uint16_t* 
                  int hc, int64_t D, float eps, bool r, cudaStream_t s);
 
 void add_rows(float* y, const float* x, int64_t n, cudaStream_t s);  // y += x
+
+// ---- Sampling (sample.cu): core/sampling.h's definition, block-parallel. One job per logits row
+// that may be sampled; jobs with on = 0 are skipped (fixed job lists keep graph-captured grids constant).
+struct SampleJob {
+  SamplingParams params;
+  uint64_t draw;
+  int32_t row;  // the logits row
+  int32_t on;
+};
+// out[j] = the token of job j. Workspace: max_key [n_jobs], weights [n_jobs][V] FP32.
+void sample(const float* logits, int64_t V, const SampleJob* jobs, int n_jobs, uint32_t* max_key, float* weights,
+            int32_t* out, cudaStream_t s);
+// Checking aid: the serial form (sampling::draw_serial) on one device thread per job, same outputs.
+void sample_serial(const float* logits, int64_t V, const SampleJob* jobs, int n_jobs, float* weights, int32_t* out,
+                   cudaStream_t s);
 
 // Synthetic weights (benchmarks): raw bytes, E4M3 codes with |value| ≤ 1.875 (no NaN), a constant
 // byte, BF16 ≈ N(0, σ²) or ≈ 1, FP32 ≈ N(0, σ²) or 1; deterministic in the seed.
