@@ -1,11 +1,11 @@
 // Tensor parallelism (docs/tp.md) on the GPU machine (CTest label "gpu"). The split is by output
 // rows with all-gathers of the pieces, so the tolerance is zero: TP=1 (the partitioned code at
 // world size 1) must equal the CPU reference (tiny here; real dimensions in cuda_backend_tests),
-// and TP=2 (and every visible GPU, when there are more)
-// must equal TP=1 bit for bit — per-layer residual streams, logits, ≥ 64 greedy decode steps,
-// chunked prefill, batches, the downloaded state — on the tiny checkpoint and the real-dimension
-// one, from checkpoints and from synthetic weights. Tests that need more GPUs than are visible skip
-// with a message.
+// and TP=2 (and every visible GPU, when there are more) must equal TP=1 bit for bit — per-layer
+// residual streams, logits, ≥ 64 greedy decode steps, chunked prefill, batches, tokens sampled in
+// the backend, the downloaded state — on the tiny checkpoint and the real-dimension one, from
+// checkpoints and from synthetic weights. Tests that need more GPUs than are visible skip with a
+// message.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -17,6 +17,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "core/error.h"
+#include "core/sampling.h"
 #include "engine/sampler.h"
 #include "model/config.h"
 #include "model/tiny.h"
@@ -145,6 +146,33 @@ void compare(Backend& tp, Backend& ref, const ModelConfig& cfg, const Scenario& 
   SequenceState s = tp.new_sequence();
   EXPECT_EQ(max_abs_diff(testing::prefill_chunked(tp, s, p2, {5, 1, 16, 2, 33, 9, 17}), one_shot), 0.0)
       << what << ": ragged chunks";
+
+  // Sampling in the backend (rank 0 samples the gathered logits): three sequences, tokens only
+  // (no logits copied: the engine's path), 32 steps each feeding its own sampled token.
+  {
+    const SamplingParams params[3] = {{}, {.temperature = 0.7f, .top_p = 0.9f, .seed = 5},
+                                      {.temperature = 1.0f, .top_k = 40, .seed = 9}};
+    std::vector<SequenceState> a, b;
+    std::vector<int32_t> ta(3), tb(3);
+    std::vector<std::vector<int32_t>> toks(3);
+    for (int i = 0; i < 3; ++i) {
+      a.push_back(tp.new_sequence()), b.push_back(ref.new_sequence());
+      toks[i] = prompt_for(cfg, 20 + 9 * i, 70 + i);
+    }
+    for (uint64_t draw = 0; draw < 32; ++draw) {
+      std::vector<ForwardItem> ia, ib;
+      for (int i = 0; i < 3; ++i) {
+        ia.push_back({.state = &a[i], .tokens = toks[i], .want = Logits::kLast, .sampling = params[i], .draw = draw,
+                      .token = &ta[i]});
+        ib.push_back({.state = &b[i], .tokens = toks[i], .want = Logits::kLast, .sampling = params[i], .draw = draw,
+                      .token = &tb[i]});
+      }
+      tp.forward(ia);
+      ref.forward(ib);
+      ASSERT_EQ(ta, tb) << what << ": sampled tokens, draw " << draw;
+      for (int i = 0; i < 3; ++i) toks[i] = {tb[i]};
+    }
+  }
 
   // A batch at different lengths: mixed prefill in shared steps, then 24 batched decode steps
   // (the graph-captured path), against the reference running the same batch.
