@@ -86,6 +86,9 @@ step() {  # step NAME MAX_SECONDS command...
     note "FAIL  $name (rc $rc, ${dt}s; see $name.log)"
     status=1
   fi
+  if [ $rc -ne 0 ]; then  # the end of the log, so the summary alone says what went wrong
+    grep -v "^\[ RUN\|^\[       OK\|NCCL INFO" "$LOG/$name.log" | tail -12 | cut -c1-300 | sed 's/^/      | /' >> "$SUMMARY"
+  fi
 }
 
 {
