@@ -522,6 +522,9 @@ __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const
   }
 }
 
+// One warp per output; lane l takes 8-element chunks l, l+32, … (chunk_lane_sum<8>): one 16-byte
+// weight load and two float4 input loads per chunk when K and the strides allow, else scalars in
+// the same order.
 __global__ void k_bf16_linear(const uint16_t* __restrict__ W, int64_t out, int64_t K, const float* __restrict__ x,
                               int64_t x_stride, float* __restrict__ y, int64_t y_stride, bool r) {
   const int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
@@ -530,8 +533,27 @@ __global__ void k_bf16_linear(const uint16_t* __restrict__ W, int64_t out, int64
   const uint16_t* wr = W + o * K;
   const float* xr = x + int64_t(row) * x_stride;
   float acc = 0.0f;
-#pragma unroll 8
-  for (int64_t k = lane; k < K; k += 32) acc += bf16_load(wr, k) * xr[k];
+  const bool vec = K % 8 == 0 && x_stride % 4 == 0 && (reinterpret_cast<uintptr_t>(W) & 15) == 0 &&
+                   (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+  if (vec) {
+#pragma unroll 4
+    for (int64_t c = lane; c * 8 < K; c += 32) {
+      const uint4 wv = __ldg(reinterpret_cast<const uint4*>(wr + c * 8));
+      const float4 x0 = *reinterpret_cast<const float4*>(xr + c * 8);
+      const float4 x1 = *reinterpret_cast<const float4*>(xr + c * 8 + 4);
+      acc += __uint_as_float(wv.x << 16) * x0.x;
+      acc += __uint_as_float(wv.x & 0xffff0000u) * x0.y;
+      acc += __uint_as_float(wv.y << 16) * x0.z;
+      acc += __uint_as_float(wv.y & 0xffff0000u) * x0.w;
+      acc += __uint_as_float(wv.z << 16) * x1.x;
+      acc += __uint_as_float(wv.z & 0xffff0000u) * x1.y;
+      acc += __uint_as_float(wv.w << 16) * x1.z;
+      acc += __uint_as_float(wv.w & 0xffff0000u) * x1.w;
+    }
+  } else {
+    for (int64_t c = lane; c * 8 < K; c += 32)
+      for (int64_t k = c * 8; k < c * 8 + 8 && k < K; ++k) acc += bf16_load(wr, k) * xr[k];
+  }
   acc = warp_sum(acc);
   if (lane == 0) y[int64_t(row) * y_stride + o] = rb(acc, r);
 }
@@ -760,7 +782,8 @@ __global__ void k_compress_emit(CompressArgs a) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
   for (int64_t o = warp; o < ihd; o += nw) {
     float acc = 0.0f;
-    for (int64_t d = lane; d < hd; d += 32) acc += bf16_load(a.wk, o * hd + d) * latent[d];
+    for (int64_t c = lane; c * 8 < hd; c += 32)  // chunk_lane_sum<8>, as every BF16 linear
+      for (int64_t d = c * 8; d < c * 8 + 8 && d < hd; ++d) acc += bf16_load(a.wk, o * hd + d) * latent[d];
     acc = warp_sum(acc);
     if (lane == 0) kv[o] = rb(acc, a.r);
   }
