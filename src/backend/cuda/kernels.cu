@@ -5,6 +5,7 @@
 #include <cfloat>
 #include <thread>
 #include <vector>
+#include <utility>
 #include <string>
 #include <cstdlib>
 #include <cmath>
@@ -124,6 +125,13 @@ __device__ float block_max(float v) {
 }
 
 int blocks_for(int64_t n, int per) { return int((n + per - 1) / per); }
+
+// Programmatic dependent launch (sm_90+): a kernel launched with the attribute may start while the
+// previous one finishes; everything before pdl_wait() must touch only memory no earlier kernel of
+// the step writes (weights). pdl_trigger() lets the next kernel start early. Both are no-ops when
+// the launch has no such dependency.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
 
 // ---- embedding and mHC -------------------------------------------------------------------------
 __global__ void k_embed(const int32_t* tok, const uint16_t* table, int64_t D, int hc, float* X, float* pre) {
@@ -295,6 +303,7 @@ __device__ __forceinline__ float fp8_block_scale(float v) {
 __device__ __forceinline__ uint8_t fp8_code(float v, float s) { return e4m3_code(fminf(fmaxf(v / s, -448.0f), 448.0f)); }
 
 __global__ void k_act_quant(const float* x, int64_t blocks, bool on, float* xq, float* sa) {
+  pdl_trigger();  // the linear that follows may start prefetching its weights
   const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int k = threadIdx.x % 32;
   if (b >= blocks) return;
@@ -378,13 +387,16 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
   const int row0 = blockIdx.y * R, nr = min(R, rows - row0);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t o0 = (int64_t(blockIdx.x) * 8 + warp) * OPW;
-  // Start this warp's first weight loads before staging the inputs, so both latencies overlap.
-  if (o0 < out && lane < nb)
+  // Before the previous kernel has finished (pdl_wait): pull this warp's weight rows towards L2.
+  if (o0 < out)
 #pragma unroll
     for (int o = 0; o < OPW; ++o) {
       const int64_t oo = o0 + o < out ? o0 + o : out - 1;
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(W + oo * K + int64_t(lane) * 32));
+      for (int64_t line = lane; line * 128 < K; line += 32)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(W + oo * K + line * 128));
     }
+  pdl_trigger();
+  pdl_wait();
   stage_rows<kExact>(xs4, ssa, xq, sa, x_stride, row0, nr, nb);
   __syncthreads();
   if (o0 >= out) return;
@@ -460,6 +472,8 @@ __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const
   const int row = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t o0 = (int64_t(blockIdx.x) * 8 + warp) * OPW;
+  pdl_trigger();
+  pdl_wait();  // the expert ids come from this step's router
   const int e = ids ? ids[row] : 0;
   const uint8_t* We = W[e];
   const uint8_t* Se = Ws[e];
@@ -1236,6 +1250,24 @@ void fill_entries_synthetic(uint8_t* p, int64_t entries, int64_t entry_bytes, in
 }
 
 namespace {
+bool pdl_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("DSUF_PDL");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+// Launches k with programmatic stream serialization (see pdl_wait) unless DSUF_PDL=0.
+template <typename... KArgs, typename... Args>
+void launch_pdl(void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = s;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = at, cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  DSUF_CUDA(cudaLaunchKernelEx(&cfg, k, std::forward<Args>(args)...));
+}
 template <typename Kernel>
 void set_smem(Kernel k, size_t smem) {
   if (smem > 48 * 1024) DSUF_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
@@ -1307,8 +1339,8 @@ void launch_fp8(const Fp8Call& c) {
   DSUF_CHECK(smem <= 200 * 1024, "fp8_linear: K = ", c.K, " with ", R, " rows needs too much shared memory");
   auto k = gemv_pipeline() ? k_fp8_gemv<OPW, R, kExact, true> : k_fp8_gemv<OPW, R, kExact, false>;
   set_smem(k, smem);
-  k<<<dim3(blocks_for(c.out, 8 * OPW), blocks_for(c.rows, R), c.groups), 256, smem, c.s>>>(
-      c.W, c.Ws, c.out, c.K, c.xq, c.sa, c.x_stride, int(c.rows), c.y, c.y_stride, c.r);
+  launch_pdl(k, dim3(blocks_for(c.out, 8 * OPW), blocks_for(c.rows, R), c.groups), dim3(256), smem, c.s, c.W, c.Ws,
+             c.out, c.K, c.xq, c.sa, c.x_stride, int(c.rows), c.y, c.y_stride, c.r);
 }
 template <int R, bool kExact>
 void launch_fp8_opw(const Fp8Call& c) {
@@ -1332,7 +1364,7 @@ void launch_fp4(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t
   DSUF_CHECK(smem <= 200 * 1024, "fp4_linear: K = ", K, " needs too much shared memory");
   auto k = gemv_pipeline() ? k_fp4_gemv<OPW, kExact, true> : k_fp4_gemv<OPW, kExact, false>;
   set_smem(k, smem);
-  k<<<dim3(blocks_for(out, 8 * OPW), rows), 256, smem, s>>>(W, Ws, ids, out, K, xq, sa, x_div, y, r);
+  launch_pdl(k, dim3(blocks_for(out, 8 * OPW), int(rows)), dim3(256), smem, s, W, Ws, ids, out, K, xq, sa, x_div, y, r);
 }
 template <bool kExact>
 void launch_fp4_opw(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
