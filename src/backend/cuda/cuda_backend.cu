@@ -150,6 +150,24 @@ struct CudaBackend::Impl {
   cudaEvent_t ev0 = nullptr, ev1 = nullptr;
   double last_graph_ms = 0;
 
+  // Component timing (set_component_timing): an event at each boundary, tagged with the part
+  // that starts there.
+  enum Comp { kEmbed, kEngram, kMhc, kAttention, kIndexer, kMoe, kHead, kEnd, kComps = kEnd };
+  bool comp_timing = false;
+  std::vector<cudaEvent_t> comp_events;
+  std::vector<int> comp_tags;
+  double comp_ms[kComps] = {};
+  void mark(Comp c) {
+    if (!comp_timing) return;
+    if (comp_tags.size() == comp_events.size()) {
+      cudaEvent_t e;
+      DSUF_CUDA(cudaEventCreate(&e));
+      comp_events.push_back(e);
+    }
+    DSUF_CUDA(cudaEventRecord(comp_events[comp_tags.size()], stream));
+    comp_tags.push_back(c);
+  }
+
   Impl(const ModelConfig& c, const LoadedModel* m, std::vector<int32_t> ids, CudaOptions o)
       : cfg(c), model(m), layout(KvLayout::from_config(c)), cids(std::move(ids)), opt(o) {}
 
@@ -669,6 +687,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
   const float eps = float(t.rms_norm_eps);
   const float* cs = lp.compress_rope ? st.cs_comp : st.cs_main;
 
+  mark(kAttention);
   cuda::act_quant(ws.xn, n, D, aq, ws.xq, ws.sa, stream);
   cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, ws.xq, ws.sa, D, n, ws.tmp, qr, aq, r, stream);
   cuda::rmsnorm(ws.tmp, n, qr, d.q_norm, eps, ws.q_lat, r, stream);
@@ -682,6 +701,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
 
   const int slot = layout.source_slot[l];
   const int ratio = lp.ratio;
+  mark(kIndexer);
   if (lp.owns_compressor) {
     cuda::bf16_linear(d.comp_wkv, hd, D, ws.xn, D, n, ws.ag, 2 * hd, false, stream);
     if (ratio > 1) cuda::bf16_linear(d.comp_wgate, hd, D, ws.xn, D, n, ws.ag + hd, 2 * hd, false, stream);
@@ -714,6 +734,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
     cuda::top_k(ws.scores, score_stride, n, st.meta, ratio, 0, t.index_topk, ws.sel, t.index_topk, stream);
   }
 
+  mark(kAttention);
   cuda::AttentionArgs aa{.q = ws.q, .kv_chunk = ws.kvw, .meta = st.meta, .seqs = st.seqtab, .layer = l,
                          .src = ratio > 0 ? slot : -1, .sel = ratio > 0 ? ws.sel : nullptr,
                          .sel_stride = t.index_topk, .sink = d.sink, .out = ws.o, .keys = ws.keys, .att = ws.att,
@@ -762,6 +783,7 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
   const int hc = t.hc_mult, n = st.rows, ms = cuda::hc_mix_stride(hc);
   const int64_t D = t.hidden_size, V = t.vocab_size;
   const float eps = float(t.rms_norm_eps), hc_eps = float(t.hc_eps);
+  mark(kEmbed);
   DSUF_CUDA(cudaMemcpyAsync(stage.dev, stage.host, stage.used, cudaMemcpyHostToDevice, stream));
   cuda::embed(st.tok, n, embed, D, hc, ws.X, ws.pre, stream);
   for (const LayerPlan& lp : c.layers) {
@@ -770,19 +792,24 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
     if (lp.engram_slot >= 0) {
       const int Rr = hasher->rows_per_token();
       const int64_t ehd = t.engram_head_dim;
+      mark(kEngram);
       cuda::engram_gather(st.engram_rows[lp.engram_slot], n, Rr, d.e_table, d.e_scale, ehd, ws.emb, stream);
       cuda::act_quant(ws.emb, n, Rr * ehd, opt.numerics.act_quant, ws.xq, ws.sa, stream);
       cuda::fp8_linear(d.e_wkv.w, d.e_wkv.s, d.e_wkv.out, d.e_wkv.in, ws.xq, ws.sa, Rr * ehd, n, ws.ekv, (hc + 1) * D,
                        opt.numerics.act_quant, r, stream);
       cuda::engram_gate(ws.X, ws.ekv, d.e_q, d.e_k, st.dead, n, hc, D, eps, r, stream);
     }
+    mark(kMhc);
     cuda::hc_mix(d.hca_fn, d.hca_base, d.hca_scale, ws.X, n, hc, D, eps, t.hc_sinkhorn_iters, hc_eps, ws.mix_a, stream);
     cuda::collapse_norm(ws.pre, hc, ws.X, n, hc, D, d.attn_norm, eps, ws.xn, r, stream);
     attention(l, st, ws.y);
+    mark(kMhc);
     cuda::hc_expand(ws.mix_a, ms, ws.y, n, hc, D, ws.X, r, stream);
     cuda::hc_mix(d.hcf_fn, d.hcf_base, d.hcf_scale, ws.X, n, hc, D, eps, t.hc_sinkhorn_iters, hc_eps, ws.mix_f, stream);
     cuda::collapse_norm(ws.mix_a, ms, ws.X, n, hc, D, d.ffn_norm, eps, ws.xn, r, stream);
+    mark(kMoe);
     moe(l, n, st.image, ws.y);
+    mark(kMhc);
     cuda::hc_expand(ws.mix_f, ms, ws.y, n, hc, D, ws.X, r, stream);
     // pre of the FFN site feeds the next attention site's collapse.
     DSUF_CUDA(cudaMemcpy2DAsync(ws.pre, hc * 4, ws.mix_f, ms * 4, hc * 4, n, cudaMemcpyDeviceToDevice, stream));
@@ -795,6 +822,7 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
   }
   if (st.n_logit_rows > 0) {
     const int nl = st.n_logit_rows;
+    mark(kHead);
     cuda::gather_rows(ws.X, ws.pre, st.logit_rows, nl, hc, D, X_head, pre_head, stream);
     cuda::collapse_norm(pre_head, hc, X_head, nl, hc, D, norm, eps, ws.xn, r, stream);
     cuda::bf16_linear(head, V, D, ws.xn, D, nl, ws.logits, V, false, stream);
@@ -808,6 +836,7 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
     if (st.copy_logits)
       DSUF_CUDA(cudaMemcpyAsync(logits_host, ws.logits, size_t(nl) * V * 4, cudaMemcpyDeviceToHost, stream));
   }
+  mark(kEnd);
 }
 
 void CudaBackend::Impl::finish_step(std::vector<Part>& parts, const Step& st) {
@@ -840,7 +869,8 @@ void CudaBackend::Impl::finish_step(std::vector<Part>& parts, const Step& st) {
 }
 
 void CudaBackend::Impl::run_step(std::vector<Part>& parts) {
-  bool trace = false, decode = use_graphs;
+  bool trace = false, decode = use_graphs && !comp_timing;
+  comp_tags.clear();
   for (const Part& p : parts) {
     trace |= p.item->trace != nullptr;
     decode &= p.n == 1;
@@ -877,6 +907,14 @@ void CudaBackend::Impl::run_step(std::vector<Part>& parts) {
     float ms = 0;
     DSUF_CUDA(cudaEventElapsedTime(&ms, ev0, ev1));
     last_graph_ms = ms;
+  }
+  if (comp_timing) {
+    std::fill(comp_ms, comp_ms + kComps, 0.0);
+    for (size_t j = 0; j + 1 < comp_tags.size(); ++j) {
+      float ms = 0;
+      DSUF_CUDA(cudaEventElapsedTime(&ms, comp_events[j], comp_events[j + 1]));
+      comp_ms[comp_tags[j]] += ms;
+    }
   }
   finish_step(parts, st);
 }
@@ -919,6 +957,7 @@ CudaBackend::~CudaBackend() {
   for (auto& [b, g] : impl_->graphs)
     if (g.exec) cudaGraphExecDestroy(g.exec);
   for (void* p : impl_->pinned) cudaFreeHost(p);
+  for (cudaEvent_t e : impl_->comp_events) cudaEventDestroy(e);
   if (impl_->stream) cudaStreamDestroy(impl_->stream);
 }
 
@@ -967,6 +1006,14 @@ void CudaBackend::forward(std::span<ForwardItem> batch) {
 }
 
 double CudaBackend::last_graph_ms() const { return impl_->last_graph_ms; }
+void CudaBackend::set_component_timing(bool on) { impl_->comp_timing = on; }
+std::vector<std::pair<std::string, double>> CudaBackend::component_ms() const {
+  static const char* names[Impl::kComps] = {"embedding", "engram", "mhc+norms", "attention", "indexer+compressor",
+                                            "moe", "head+sampling"};
+  std::vector<std::pair<std::string, double>> out;
+  for (int c = 0; c < Impl::kComps; ++c) out.emplace_back(names[c], impl_->comp_ms[c]);
+  return out;
+}
 
 SequenceState CudaBackend::synthetic_sequence(int64_t pos, uint64_t seed) {
   Impl& im = *impl_;
