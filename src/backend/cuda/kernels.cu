@@ -664,7 +664,7 @@ __global__ void k_gather_keys(AttentionArgs a) {
 // logits (one warp per (key, 8 heads): the lane-strided dot of core/detmath.h for each head), then
 // softmax and P·V (one thread per output dim for 4 heads; the denominator is the 128-thread
 // block_sum, the P·V sum runs over keys in order).
-constexpr int kAttHeadsQK = 8, kAttHeadsPV = 4, kAttDimsPV = 128, kAttKeySplit = 10;
+constexpr int kAttHeadsQK = 8, kAttHeadsPV = 4, kAttDimsPV = 128, kAttKeySplit = 20;
 
 __device__ __forceinline__ int attention_keys(const AttentionArgs& a, int i, int* first_free) {
   // The row's keys: its window, then the selection up to its first -1 (found in parallel).
@@ -697,6 +697,7 @@ __global__ void __launch_bounds__(256) k_attention_logits(AttentionArgs a) {
     float dot[kAttHeadsQK];
 #pragma unroll
     for (int h = 0; h < kAttHeadsQK; ++h) dot[h] = 0.0f;
+#pragma unroll 4
     for (int64_t d = lane; d < hd; d += 32) {
       const float k = keys[int64_t(j) * hd + d];
 #pragma unroll
@@ -944,6 +945,20 @@ __device__ __forceinline__ uint32_t fkey(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+// Inclusive prefix sum over a 256-thread block (warp shuffles, then the 8 warp totals).
+__device__ __forceinline__ int block_scan_256(int v, int* warp_tot) {
+  const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int u = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += u;
+  }
+  __syncthreads();
+  if (lane == 31) warp_tot[w] = v;
+  __syncthreads();
+  for (int q = 0; q < w; ++q) v += warp_tot[q];
+  return v;
+}
+
 // One block per row: radix-select the k-th largest key, then gather (> threshold) and the first ties
 // in index order, then sort the picks by (value desc, index asc).
 __global__ void k_top_k(const float* x, int64_t stride, const RowMeta* meta, int ratio, int block, int k, int32_t* out,
@@ -970,21 +985,29 @@ __global__ void k_top_k(const float* x, int64_t stride, const RowMeta* meta, int
   if (s_eligible > k) {
     if (t == 0) s_prefix = 0, s_mask = 0, s_remaining = k;
     __syncthreads();
+    __shared__ int warp_tot[8], s_digit, above[257];
     for (int shift = 24; shift >= 0; shift -= 8) {
       hist[t] = 0;
+      if (t == 0) s_digit = 0, above[256] = 0;
       __syncthreads();
+      const uint32_t mask = s_mask, prefix = s_prefix;
       for (int64_t j = t; j < count; j += T) {
         uint32_t key = fkey(row[j]);
-        if (key > neg_inf_key && (key & s_mask) == s_prefix) atomicAdd(&hist[(key >> shift) & 255], 1);
+        if (key > neg_inf_key && (key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1);
       }
       __syncthreads();
+      // The digit: the largest d ≥ 1 whose bins d..255 hold at least the remaining count, else 0
+      // (bins from the top, as a sequential scan would stop). Suffix sums by a scan of the
+      // reversed histogram.
+      const int rev = block_scan_256(hist[255 - t], warp_tot);  // Σ hist[255-t..255]
+      above[255 - t] = rev;                                    // bins ≥ 255-t
+      __syncthreads();
+      const int rem = s_remaining;
+      if (t >= 1 && above[t] >= rem) atomicMax(&s_digit, t);
+      __syncthreads();
       if (t == 0) {
-        int acc = 0, d = 255;
-        for (; d > 0; --d) {
-          if (acc + hist[d] >= s_remaining) break;
-          acc += hist[d];
-        }
-        s_remaining -= acc;
+        const int d = s_digit;
+        s_remaining -= above[d + 1];
         s_prefix |= uint32_t(d) << shift;
         s_mask |= 255u << shift;
       }
@@ -1003,18 +1026,11 @@ __global__ void k_top_k(const float* x, int64_t stride, const RowMeta* meta, int
     if (s_eligible <= k || key > threshold) ++n_gt;
     else if (key == threshold) ++n_eq;
   }
-  __shared__ int sc_gt[T], sc_eq[T];
-  sc_gt[t] = n_gt;
-  sc_eq[t] = n_eq;
-  __syncthreads();
-  if (t == 0) {
-    int a = 0, b = 0;
-    for (int u = 0; u < T; ++u) {
-      int x1 = sc_gt[u], x2 = sc_eq[u];
-      sc_gt[u] = a, sc_eq[u] = b;
-      a += x1, b += x2;
-    }
-  }
+  __shared__ int sc_gt[T], sc_eq[T], scan_tot[8];
+  const int inc_gt = block_scan_256(n_gt, scan_tot);
+  const int inc_eq = block_scan_256(n_eq, scan_tot);
+  sc_gt[t] = inc_gt - n_gt;  // exclusive offsets
+  sc_eq[t] = inc_eq - n_eq;
   __syncthreads();
   extern __shared__ uint64_t picks[];  // (key << 32) | ~index, sorted descending
   int og = sc_gt[t], oe = sc_eq[t];
