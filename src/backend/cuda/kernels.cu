@@ -371,9 +371,105 @@ __device__ __forceinline__ float mac(float part, float x, float wbits, float wsc
 // Block of 8 warps; warp w takes outputs o0..o0+OPW-1 and the block's R rows (grid.y: row groups).
 // grid.z: independent groups (the grouped o-projection): group g uses weight rows g·out.., inputs
 // g·K.. of each row and outputs g·out.. .
-// kPipe: double-buffer the weight loads in registers (more bytes in flight per warp, more registers,
-// fewer resident warps); which wins is measured (DSUF_GEMV_PIPELINE, docs/perf.md).
-template <int OPW, int R, bool kExact, bool kPipe>
+// How a GEMV gets its weights (docs/perf.md measures them; DSUF_GEMV picks one):
+//   kRegs      each lane loads its K-block's weights into registers, then uses them;
+//   kRegsPipe  the same, double-buffered in registers (more bytes in flight, more registers);
+//   kSmem      the block streams its rows' weights through shared memory in chunks of 32 K-blocks
+//              with cp.async, two chunks in flight, so the bytes in flight do not cost registers.
+// The arithmetic is the same in all three: one K-block of one lane is fp8_kb_mac / fp4_kb_mac.
+enum GemvMode { kRegs = 0, kRegsPipe = 1, kSmem = 2 };
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+// Issues chunk c of `rows` weight rows (row_bytes each, chunk_bytes per row and chunk; all multiples
+// of 16) into dst[rows][chunk_bytes]; row_ptr(rr) gives row rr's start.
+template <typename RowPtr>
+__device__ __forceinline__ void issue_chunk(uint8_t* dst, int rows, int64_t row_bytes, int chunk_bytes, int c,
+                                            RowPtr row_ptr) {
+  const int64_t off = int64_t(c) * chunk_bytes;
+  const int len = int(row_bytes - off < chunk_bytes ? row_bytes - off : chunk_bytes);
+  const int pieces = len / 16;
+  for (int p = threadIdx.x; p < rows * pieces; p += blockDim.x) {
+    const int rr = p / pieces, q = p % pieces;
+    cp_async16(dst + rr * chunk_bytes + q * 16, row_ptr(rr) + off + q * 16);
+  }
+  cp_async_commit();
+}
+
+// One lane's K-block kb for OPW outputs (weights w, scales sw) and the block's nr ≤ R rows.
+template <int OPW, int R, bool kExact>
+__device__ __forceinline__ void fp8_kb_mac(const uint4 (&w)[OPW][2], const float (&sw)[OPW], const float4* xs4,
+                                           const float* ssa, int nb, int kb, int nr, float (&acc)[OPW][R]) {
+  const float wscale = 0x1p120f, back = 0x1p56f;
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr) {
+    if (rr >= nr) break;
+    float part[OPW];
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) part[o] = 0.0f;
+    const float4* xb = xs4 + (rr * nb + kb) * 8;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float4 xv = xb[j ^ (kb & 7)];
+#pragma unroll
+      for (int o = 0; o < OPW; ++o) {
+        const uint32_t t = word_of(w[o], j);
+        part[o] = mac<kExact>(part[o], xv.x, e4m3_bits(t), wscale);
+        part[o] = mac<kExact>(part[o], xv.y, e4m3_bits(t >> 8), wscale);
+        part[o] = mac<kExact>(part[o], xv.z, e4m3_bits(t >> 16), wscale);
+        part[o] = mac<kExact>(part[o], xv.w, e4m3_bits(t >> 24), wscale);
+      }
+    }
+    const float s_a = ssa[rr * nb + kb];
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) acc[o][rr] += (kExact ? part[o] * back : part[o]) * (s_a * sw[o]);
+  }
+}
+
+template <int OPW, bool kExact>
+__device__ __forceinline__ void fp4_kb_mac(const uint4 (&w)[OPW], const float (&sw)[OPW], const float4* xs4,
+                                           const float* ssa, int kb, float (&acc)[OPW]) {
+  const float wscale = 0x1p126f, back = 0x1p62f;
+  float part[OPW];
+#pragma unroll
+  for (int o = 0; o < OPW; ++o) part[o] = 0.0f;
+  const float4* xb = xs4 + kb * 8;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float4 xv = xb[j ^ (kb & 7)];
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) {
+      const uint4& q = w[o];
+      const uint32_t t = (j / 2 == 0 ? q.x : j / 2 == 1 ? q.y : j / 2 == 2 ? q.z : q.w) >> (16 * (j % 2));
+      part[o] = mac<kExact>(part[o], xv.x, e2m1_bits(t), wscale);
+      part[o] = mac<kExact>(part[o], xv.y, e2m1_bits(t >> 4), wscale);
+      part[o] = mac<kExact>(part[o], xv.z, e2m1_bits(t >> 8), wscale);
+      part[o] = mac<kExact>(part[o], xv.w, e2m1_bits(t >> 12), wscale);
+    }
+  }
+  const float s_a = ssa[kb];
+#pragma unroll
+  for (int o = 0; o < OPW; ++o) acc[o] += (kExact ? part[o] * back : part[o]) * (s_a * sw[o]);
+}
+
+// Shared-memory layout of a GEMV block: staged inputs (R rows), their scales, then (kSmem) two
+// chunk buffers of the block's weight rows, 16-byte aligned.
+__host__ __device__ constexpr int64_t gemv_weights_offset(int R, int64_t nb) {
+  return (int64_t(R) * nb * 33 * 4 + 15) / 16 * 16;
+}
+constexpr int kFp8Chunk = 32 * 32, kFp4Chunk = 32 * 16;  // bytes of a row per chunk (32 K-blocks)
+
+// Block of 8 warps; warp w takes outputs o0..o0+OPW-1 and the block's R rows (grid.y: row groups).
+// grid.z: independent groups (the grouped o-projection): group g uses weight rows g·out.., inputs
+// g·K.. of each row and outputs g·out.. .
+template <int OPW, int R, bool kExact, int kMode>
 __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws,
                                                    int64_t out, int64_t K, const float* __restrict__ xq,
                                                    const float* __restrict__ sa, int64_t x_stride, int rows,
@@ -384,73 +480,80 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
   W += int64_t(g) * out * K, Ws += int64_t(g) * (out / 32) * nb, xq += int64_t(g) * K, sa += int64_t(g) * nb;
   y += int64_t(g) * out;
   float* ssa = reinterpret_cast<float*>(xs4 + R * nb * 8);
+  uint8_t* wsm = reinterpret_cast<uint8_t*>(xs4) + gemv_weights_offset(R, nb);
   const int row0 = blockIdx.y * R, nr = min(R, rows - row0);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t o0 = (int64_t(blockIdx.x) * 8 + warp) * OPW;
-  // Before the previous kernel has finished (pdl_wait): pull this warp's weight rows towards L2.
-  if (o0 < out)
+  constexpr int BR = 8 * OPW;  // weight rows of the block
+  const int64_t ob = int64_t(blockIdx.x) * BR, o0 = ob + warp * OPW;
+  const int nch = (nb + 31) / 32;
+  auto clamp = [&](int rr) { return ob + rr < out ? ob + rr : out - 1; };  // a tail repeats the last row
+  auto row_ptr = [&](int rr) { return W + clamp(rr) * K; };
+  // Before the previous kernel has finished (pdl_wait) only weights are touched.
+  if (kMode == kSmem) {
+    issue_chunk(wsm, BR, K, kFp8Chunk, 0, row_ptr);
+    if (nch > 1) issue_chunk(wsm + BR * kFp8Chunk, BR, K, kFp8Chunk, 1, row_ptr);
+  } else if (o0 < out) {
 #pragma unroll
-    for (int o = 0; o < OPW; ++o) {
-      const int64_t oo = o0 + o < out ? o0 + o : out - 1;
+    for (int o = 0; o < OPW; ++o)
       for (int64_t line = lane; line * 128 < K; line += 32)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(W + oo * K + line * 128));
-    }
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(row_ptr(warp * OPW + o) + line * 128));
+  }
   pdl_trigger();
   pdl_wait();
   stage_rows<kExact>(xs4, ssa, xq, sa, x_stride, row0, nr, nb);
   __syncthreads();
-  if (o0 >= out) return;
-  const float wscale = 0x1p120f, back = 0x1p56f;
   float acc[OPW][R];
 #pragma unroll
   for (int o = 0; o < OPW; ++o)
 #pragma unroll
     for (int rr = 0; rr < R; ++rr) acc[o][rr] = 0.0f;
-  // Weights double-buffered in registers: block kb+32's loads are in flight while kb is computed.
-  uint4 wn[OPW][2];
-  uint8_t swn[OPW];
-  auto load = [&](int kb) {
+  uint4 w[OPW][2];
+  float sw[OPW];
+  auto scales = [&](int kb) {
 #pragma unroll
-    for (int o = 0; o < OPW; ++o) {
-      const int64_t oo = o0 + o < out ? o0 + o : out - 1;  // a tail warp repeats the last row
-      const uint8_t* wr = W + oo * K + int64_t(kb) * 32;
-      wn[o][0] = __ldg(reinterpret_cast<const uint4*>(wr));
-      wn[o][1] = __ldg(reinterpret_cast<const uint4*>(wr + 16));
-      swn[o] = __ldg(Ws + (oo / 32) * nb + kb);
-    }
+    for (int o = 0; o < OPW; ++o) sw[o] = e8m0(__ldg(Ws + (clamp(warp * OPW + o) / 32) * nb + kb));
   };
-  if (kPipe && lane < nb) load(lane);
-  for (int kb = lane; kb < nb; kb += 32) {
-    if (!kPipe) load(kb);
-    uint4 w[OPW][2];
-    float sw[OPW];
-#pragma unroll
-    for (int o = 0; o < OPW; ++o) w[o][0] = wn[o][0], w[o][1] = wn[o][1], sw[o] = e8m0(swn[o]);
-    if (kPipe && kb + 32 < nb) load(kb + 32);
-#pragma unroll
-    for (int rr = 0; rr < R; ++rr) {
-      if (rr >= nr) break;
-      float part[OPW];
-#pragma unroll
-      for (int o = 0; o < OPW; ++o) part[o] = 0.0f;
-      const float4* xb = xs4 + (rr * nb + kb) * 8;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float4 xv = xb[j ^ (kb & 7)];
+  if (kMode == kSmem) {
+    for (int c = 0; c < nch; ++c) {
+      if (c + 1 < nch) cp_async_wait<1>();
+      else cp_async_wait<0>();
+      __syncthreads();
+      const int kb = c * 32 + lane;
+      if (kb < nb && o0 < out) {
+        const uint8_t* src = wsm + (c & 1) * BR * kFp8Chunk + lane * 32;
 #pragma unroll
         for (int o = 0; o < OPW; ++o) {
-          const uint32_t t = word_of(w[o], j);
-          part[o] = mac<kExact>(part[o], xv.x, e4m3_bits(t), wscale);
-          part[o] = mac<kExact>(part[o], xv.y, e4m3_bits(t >> 8), wscale);
-          part[o] = mac<kExact>(part[o], xv.z, e4m3_bits(t >> 16), wscale);
-          part[o] = mac<kExact>(part[o], xv.w, e4m3_bits(t >> 24), wscale);
+          w[o][0] = *reinterpret_cast<const uint4*>(src + (warp * OPW + o) * kFp8Chunk);
+          w[o][1] = *reinterpret_cast<const uint4*>(src + (warp * OPW + o) * kFp8Chunk + 16);
         }
+        scales(kb);
+        fp8_kb_mac<OPW, R, kExact>(w, sw, xs4, ssa, nb, kb, nr, acc);
       }
-      const float s_a = ssa[rr * nb + kb];
+      __syncthreads();
+      if (c + 2 < nch) issue_chunk(wsm + (c & 1) * BR * kFp8Chunk, BR, K, kFp8Chunk, c + 2, row_ptr);
+    }
+  } else {
+    if (o0 >= out) return;
+    uint4 wn[OPW][2];
+    auto load = [&](int kb) {
 #pragma unroll
-      for (int o = 0; o < OPW; ++o) acc[o][rr] += (kExact ? part[o] * back : part[o]) * (s_a * sw[o]);
+      for (int o = 0; o < OPW; ++o) {
+        const uint8_t* wr = row_ptr(warp * OPW + o) + int64_t(kb) * 32;
+        wn[o][0] = __ldg(reinterpret_cast<const uint4*>(wr));
+        wn[o][1] = __ldg(reinterpret_cast<const uint4*>(wr + 16));
+      }
+    };
+    if (kMode == kRegsPipe && lane < nb) load(lane);
+    for (int kb = lane; kb < nb; kb += 32) {
+      if (kMode == kRegs) load(kb);
+#pragma unroll
+      for (int o = 0; o < OPW; ++o) w[o][0] = wn[o][0], w[o][1] = wn[o][1];
+      if (kMode == kRegsPipe && kb + 32 < nb) load(kb + 32);
+      scales(kb);
+      fp8_kb_mac<OPW, R, kExact>(w, sw, xs4, ssa, nb, kb, nr, acc);
     }
   }
+  if (o0 >= out) return;
 #pragma unroll
   for (int o = 0; o < OPW; ++o)
 #pragma unroll
@@ -462,73 +565,81 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
 
 // Grouped FP4 (experts): grid.y = rows; row i uses expert ids[i] and input row i / x_div. Each
 // packed byte holds two inputs' weights, low nibble first; they are added one after the other.
-template <int OPW, bool kExact, bool kPipe>
+template <int OPW, bool kExact, int kMode>
 __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const uint8_t* const* Ws,
                                                    const int32_t* ids, int64_t out, int64_t K, const float* xq,
                                                    const float* sa, int x_div, float* y, bool r) {
   extern __shared__ float4 xs4[];
   const int nb = int(K / 32);
   float* ssa = reinterpret_cast<float*>(xs4 + nb * 8);
+  uint8_t* wsm = reinterpret_cast<uint8_t*>(xs4) + gemv_weights_offset(1, nb);
   const int row = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t o0 = (int64_t(blockIdx.x) * 8 + warp) * OPW;
+  constexpr int BR = 8 * OPW;
+  const int64_t ob = int64_t(blockIdx.x) * BR, o0 = ob + warp * OPW;
+  const int64_t row_bytes = K / 2;
+  const int nch = (nb + 31) / 32;
   pdl_trigger();
   pdl_wait();  // the expert ids come from this step's router
   const int e = ids ? ids[row] : 0;
   const uint8_t* We = W[e];
   const uint8_t* Se = Ws[e];
-  if (o0 < out && lane < nb)
+  auto clamp = [&](int rr) { return ob + rr < out ? ob + rr : out - 1; };
+  auto row_ptr = [&](int rr) { return We + clamp(rr) * row_bytes; };
+  if (kMode == kSmem) {
+    issue_chunk(wsm, BR, row_bytes, kFp4Chunk, 0, row_ptr);
+    if (nch > 1) issue_chunk(wsm + BR * kFp4Chunk, BR, row_bytes, kFp4Chunk, 1, row_ptr);
+  } else if (o0 < out && lane < nb) {
 #pragma unroll
-    for (int o = 0; o < OPW; ++o) {
-      const int64_t oo = o0 + o < out ? o0 + o : out - 1;
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(We + oo * (K / 2) + int64_t(lane) * 16));
-    }
+    for (int o = 0; o < OPW; ++o)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(row_ptr(warp * OPW + o) + int64_t(lane) * 16));
+  }
   stage_rows<kExact>(xs4, ssa, xq, sa, K, row / x_div, 1, nb);
   __syncthreads();
-  if (o0 >= out) return;
-  const float wscale = 0x1p126f, back = 0x1p62f;
   float acc[OPW];
 #pragma unroll
   for (int o = 0; o < OPW; ++o) acc[o] = 0.0f;
-  uint4 wn[OPW];
-  uint8_t swn[OPW];
-  auto load = [&](int kb) {
+  uint4 w[OPW];
+  float sw[OPW];
+  auto scales = [&](int kb) {
 #pragma unroll
-    for (int o = 0; o < OPW; ++o) {
-      const int64_t oo = o0 + o < out ? o0 + o : out - 1;
-      wn[o] = __ldg(reinterpret_cast<const uint4*>(We + oo * (K / 2) + int64_t(kb) * 16));
-      swn[o] = __ldg(Se + oo * nb + kb);
-    }
+    for (int o = 0; o < OPW; ++o) sw[o] = e8m0(__ldg(Se + clamp(warp * OPW + o) * nb + kb));
   };
-  if (kPipe && lane < nb) load(lane);
-  for (int kb = lane; kb < nb; kb += 32) {
-    if (!kPipe) load(kb);
-    uint4 w[OPW];
-    float sw[OPW];
+  if (kMode == kSmem) {
+    for (int c = 0; c < nch; ++c) {
+      if (c + 1 < nch) cp_async_wait<1>();
+      else cp_async_wait<0>();
+      __syncthreads();
+      const int kb = c * 32 + lane;
+      if (kb < nb && o0 < out) {
+        const uint8_t* src = wsm + (c & 1) * BR * kFp4Chunk + lane * 16;
 #pragma unroll
-    for (int o = 0; o < OPW; ++o) w[o] = wn[o], sw[o] = e8m0(swn[o]);
-    if (kPipe && kb + 32 < nb) load(kb + 32);
-    float part[OPW];
-#pragma unroll
-    for (int o = 0; o < OPW; ++o) part[o] = 0.0f;
-    const float4* xb = xs4 + kb * 8;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float4 xv = xb[j ^ (kb & 7)];
-#pragma unroll
-      for (int o = 0; o < OPW; ++o) {
-        const uint4& q = w[o];
-        const uint32_t t = (j / 2 == 0 ? q.x : j / 2 == 1 ? q.y : j / 2 == 2 ? q.z : q.w) >> (16 * (j % 2));
-        part[o] = mac<kExact>(part[o], xv.x, e2m1_bits(t), wscale);
-        part[o] = mac<kExact>(part[o], xv.y, e2m1_bits(t >> 4), wscale);
-        part[o] = mac<kExact>(part[o], xv.z, e2m1_bits(t >> 8), wscale);
-        part[o] = mac<kExact>(part[o], xv.w, e2m1_bits(t >> 12), wscale);
+        for (int o = 0; o < OPW; ++o) w[o] = *reinterpret_cast<const uint4*>(src + (warp * OPW + o) * kFp4Chunk);
+        scales(kb);
+        fp4_kb_mac<OPW, kExact>(w, sw, xs4, ssa, kb, acc);
       }
+      __syncthreads();
+      if (c + 2 < nch) issue_chunk(wsm + (c & 1) * BR * kFp4Chunk, BR, row_bytes, kFp4Chunk, c + 2, row_ptr);
     }
-    const float s_a = ssa[kb];
+  } else {
+    if (o0 >= out) return;
+    uint4 wn[OPW];
+    auto load = [&](int kb) {
 #pragma unroll
-    for (int o = 0; o < OPW; ++o) acc[o] += (kExact ? part[o] * back : part[o]) * (s_a * sw[o]);
+      for (int o = 0; o < OPW; ++o)
+        wn[o] = __ldg(reinterpret_cast<const uint4*>(row_ptr(warp * OPW + o) + int64_t(kb) * 16));
+    };
+    if (kMode == kRegsPipe && lane < nb) load(lane);
+    for (int kb = lane; kb < nb; kb += 32) {
+      if (kMode == kRegs) load(kb);
+#pragma unroll
+      for (int o = 0; o < OPW; ++o) w[o] = wn[o];
+      if (kMode == kRegsPipe && kb + 32 < nb) load(kb + 32);
+      scales(kb);
+      fp4_kb_mac<OPW, kExact>(w, sw, xs4, ssa, kb, acc);
+    }
   }
+  if (o0 >= out) return;
 #pragma unroll
   for (int o = 0; o < OPW; ++o) {
     const float v = warp_sum(acc[o]);
@@ -1341,19 +1452,28 @@ struct Fp8Call {
   bool r;
   cudaStream_t s;
 };
-bool gemv_pipeline() {
-  static const bool on = [] {
-    const char* v = std::getenv("DSUF_GEMV_PIPELINE");
-    return v && std::string(v) == "1";
+// DSUF_GEMV=regs|pipe|smem picks how the FP8/FP4 linears fetch weights (see GemvMode); smem by default.
+int gemv_mode() {
+  static const int mode = [] {
+    const char* v = std::getenv("DSUF_GEMV");
+    const std::string m = v ? v : "smem";
+    if (m == "regs") return int(kRegs);
+    if (m == "pipe") return int(kRegsPipe);
+    if (m == "smem") return int(kSmem);
+    fail("DSUF_GEMV=", m, ": expected regs, pipe or smem");
   }();
-  return on;
+  return mode;
+}
+size_t gemv_smem(int R, int64_t K, int rows_per_block, int chunk) {
+  return size_t(gemv_weights_offset(R, K / 32)) + (gemv_mode() == kSmem ? size_t(2) * rows_per_block * chunk : 0);
 }
 template <int OPW, int R, bool kExact>
 void launch_fp8(const Fp8Call& c) {
-  const int nb = int(c.K / 32);
-  const size_t smem = size_t(R) * nb * (32 + 1) * sizeof(float);
-  DSUF_CHECK(smem <= 200 * 1024, "fp8_linear: K = ", c.K, " with ", R, " rows needs too much shared memory");
-  auto k = gemv_pipeline() ? k_fp8_gemv<OPW, R, kExact, true> : k_fp8_gemv<OPW, R, kExact, false>;
+  const size_t smem = gemv_smem(R, c.K, 8 * OPW, kFp8Chunk);
+  DSUF_CHECK(smem <= 227 * 1024, "fp8_linear: K = ", c.K, " with ", R, " rows needs too much shared memory");
+  const int mode = gemv_mode();
+  auto k = mode == kSmem ? k_fp8_gemv<OPW, R, kExact, kSmem>
+           : mode == kRegsPipe ? k_fp8_gemv<OPW, R, kExact, kRegsPipe> : k_fp8_gemv<OPW, R, kExact, kRegs>;
   set_smem(k, smem);
   launch_pdl(k, dim3(blocks_for(c.out, 8 * OPW), blocks_for(c.rows, R), c.groups), dim3(256), smem, c.s, c.W, c.Ws,
              c.out, c.K, c.xq, c.sa, c.x_stride, int(c.rows), c.y, c.y_stride, c.r);
@@ -1376,9 +1496,11 @@ void launch_fp8_rows(const Fp8Call& c) {
 template <int OPW, bool kExact>
 void launch_fp4(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
                 const float* xq, const float* sa, int x_div, int64_t rows, float* y, bool r, cudaStream_t s) {
-  const size_t smem = size_t(K / 32) * (32 + 1) * sizeof(float);
-  DSUF_CHECK(smem <= 200 * 1024, "fp4_linear: K = ", K, " needs too much shared memory");
-  auto k = gemv_pipeline() ? k_fp4_gemv<OPW, kExact, true> : k_fp4_gemv<OPW, kExact, false>;
+  const size_t smem = gemv_smem(1, K, 8 * OPW, kFp4Chunk);
+  DSUF_CHECK(smem <= 227 * 1024, "fp4_linear: K = ", K, " needs too much shared memory");
+  const int mode = gemv_mode();
+  auto k = mode == kSmem ? k_fp4_gemv<OPW, kExact, kSmem>
+           : mode == kRegsPipe ? k_fp4_gemv<OPW, kExact, kRegsPipe> : k_fp4_gemv<OPW, kExact, kRegs>;
   set_smem(k, smem);
   launch_pdl(k, dim3(blocks_for(out, 8 * OPW), int(rows)), dim3(256), smem, s, W, Ws, ids, out, K, xq, sa, x_div, y, r);
 }
