@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Decode-speed measurements on the GPU machine with binaries already in build-gpu/bin (docs/perf.md):
 #   scripts/perf-check.sh [quick|full|ncu]
-# quick: batch 1 and 64 at 8K and 128K with the per-component table, the same at 8K with
-#        programmatic dependent launch off (DSUF_PDL=0), and batch 1 at ~1M tokens.
-# full:  also batches 4 and 16, and the GEMV double-buffering variant (DSUF_GEMV_PIPELINE=1).
+# quick: batch 1 and 64 at 8K and 128K with the per-component table; batch 1 at 8K with the
+#        register GEMVs (DSUF_GEMV=regs) and with programmatic dependent launch off (DSUF_PDL=0);
+#        batch 1 at ~1M tokens.
+# full:  also batches 4 and 16, and the double-buffered register GEMVs (DSUF_GEMV=pipe).
 # ncu:   a per-kernel Nsight Compute breakdown of one batch-1 step at 8K (bench/ncu_breakdown.py).
 # Each step is time-limited and the script goes on past a failing one; logs go to $OUT or /tmp.
 set -uo pipefail
@@ -22,8 +23,9 @@ batches=1,64
 [ "$mode" = full ] && batches=1,4,16,64
 if [ "$mode" != ncu ]; then
   bench main 200 --contexts 8192,131072 --batches $batches --steps 10 --warmup 2 --components
+  DSUF_GEMV=regs bench gemv_regs 60 --contexts 8192 --batches 1 --steps 10 --warmup 2
   DSUF_PDL=0 bench pdl_off 60 --contexts 8192 --batches 1 --steps 10 --warmup 2
-  [ "$mode" = full ] && DSUF_GEMV_PIPELINE=1 bench pipeline 60 --contexts 8192 --batches 1 --steps 10 --warmup 2
+  [ "$mode" = full ] && DSUF_GEMV=pipe bench gemv_pipe 60 --contexts 8192 --batches 1 --steps 10 --warmup 2
   bench 1m 120 --contexts 1048000 --batches 1 --steps 5 --warmup 1 --components
 fi
 if [ "$mode" = ncu ] || [ "$mode" = full ]; then
