@@ -107,7 +107,7 @@ struct CudaBackend::Impl {
   int half = 0;
   // Workspace, sized for opt.max_chunk rows.
   struct {
-    float *X, *pre, *mix_a, *mix_f, *u, *xn, *y, *xq, *sa, *xq2, *sa2, *tmp, *q_lat, *q, *kvw, *ag, *o, *zg, *qi, *wts,
+    float *X, *pre, *mix_a, *mix_f, *u, *xn, *y, *tmp, *q_lat, *q, *kvw, *ag, *o, *zg, *qi, *wts,
         *scores, *bscores, *router, *rw, *h1, *h3, *ye, *ys, *h1s, *h3s, *emb, *ekv, *logits, *keys, *att;
     int32_t *sel, *cand, *ids;
     uint8_t* cand_mask;
@@ -388,11 +388,11 @@ namespace {
 // Every workspace buffer, in floats (or the element counts named), for one max_chunk forward. The
 // one list serves the allocation and the memory plan.
 struct WorkspaceSizes {
-  int64_t X, pre, mix, vecD, xq, sa, tmp, q_lat, q, kvw, ag, o, zg, qi, wts, scores, bscores, sel, cand, cand_mask,
+  int64_t X, pre, mix, vecD, tmp, q_lat, q, kvw, ag, o, zg, qi, wts, scores, bscores, sel, cand, cand_mask,
       router, ids, h, ye, hs, emb, ekv, logits, keys, att, sample_w, sample;
   int64_t score_stride, bscore_stride;
   size_t bytes() const {
-    const int64_t floats = X + pre + 2 * mix + 3 * vecD + 2 * xq + 2 * sa + tmp + q_lat + q + kvw + ag + o + zg + qi +
+    const int64_t floats = X + pre + 2 * mix + 3 * vecD + tmp + q_lat + q + kvw + ag + o + zg + qi +
                            wts + scores + bscores + router + ids /*rw*/ + 2 * h + ye + vecD /*ys*/ + 2 * hs + emb + ekv +
                            logits + keys + att + sample_w;
     return size_t(floats) * 4 + size_t(sel + cand + ids + 2 * sample) * 4 + size_t(cand_mask);
@@ -404,12 +404,11 @@ WorkspaceSizes workspace_sizes(const TextConfig& t, int64_t N, int64_t max_conte
   const int64_t qr = t.q_lora_rank, G = t.o_groups, ol = t.o_lora_rank, F = t.moe_intermediate_size;
   const int64_t E = t.n_routed_experts, K = t.num_experts_per_tok, IH = t.index_n_heads, ihd = t.index_head_dim;
   const int64_t ehd = t.engram_head_dim, half = t.qk_rope_head_dim / 2;
-  const int64_t maxk = std::max({D, qr, H * hd, G * ol, F, R * ehd, hd});
   WorkspaceSizes w{};
   w.score_stride = max_context;
   w.bscore_stride = (max_context + t.candidate_block_size - 1) / t.candidate_block_size;
   w.X = N * hc * D, w.pre = N * hc, w.mix = N * cuda::hc_mix_stride(int(hc)), w.vecD = N * D;
-  w.xq = N * K * maxk, w.sa = N * K * maxk / 32, w.tmp = N * std::max(qr, hd), w.q_lat = N * qr, w.q = N * H * hd;
+  w.tmp = N * std::max(qr, hd), w.q_lat = N * qr, w.q = N * H * hd;
   w.kvw = N * hd, w.ag = N * 2 * hd, w.o = N * H * hd, w.zg = N * G * ol;
   w.qi = N * IH * ihd, w.wts = N * IH, w.scores = N * w.score_stride, w.bscores = N * w.bscore_stride;
   w.sel = N * t.index_topk, w.cand = N * t.candidate_topk_blocks, w.cand_mask = N * w.bscore_stride;
@@ -466,7 +465,6 @@ void CudaBackend::Impl::alloc_workspace() {
   X_head = alloc<float>(w.X), pre_head = alloc<float>(w.pre);
   ws.X = alloc<float>(w.X), ws.pre = alloc<float>(w.pre), ws.mix_a = alloc<float>(w.mix), ws.mix_f = alloc<float>(w.mix);
   ws.u = alloc<float>(w.vecD), ws.xn = alloc<float>(w.vecD), ws.y = alloc<float>(w.vecD);
-  ws.xq = alloc<float>(w.xq), ws.sa = alloc<float>(w.sa), ws.xq2 = alloc<float>(w.xq), ws.sa2 = alloc<float>(w.sa);
   ws.tmp = alloc<float>(w.tmp), ws.q_lat = alloc<float>(w.q_lat), ws.q = alloc<float>(w.q), ws.kvw = alloc<float>(w.kvw);
   ws.ag = alloc<float>(w.ag), ws.o = alloc<float>(w.o), ws.zg = alloc<float>(w.zg);
   ws.qi = alloc<float>(w.qi), ws.wts = alloc<float>(w.wts);
@@ -688,15 +686,13 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
   const float* cs = lp.compress_rope ? st.cs_comp : st.cs_main;
 
   mark(kAttention);
-  cuda::act_quant(ws.xn, n, D, aq, ws.xq, ws.sa, stream);
-  cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, ws.xq, ws.sa, D, n, ws.tmp, qr, aq, r, stream);
+  cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, ws.xn, D, n, ws.tmp, qr, aq, r, stream);
   cuda::rmsnorm(ws.tmp, n, qr, d.q_norm, eps, ws.q_lat, r, stream);
-  cuda::fp8_linear(d.wkv.w, d.wkv.s, hd, D, ws.xq, ws.sa, D, n, ws.tmp, hd, aq, r, stream);
+  cuda::fp8_linear(d.wkv.w, d.wkv.s, hd, D, ws.xn, D, n, ws.tmp, hd, aq, r, stream);
   cuda::rmsnorm(ws.tmp, n, hd, d.kv_norm, eps, ws.kvw, r, stream);
   cuda::rope(ws.kvw, n, 1, hd, cs, half, 1.0f, r, stream);
   cuda::fp8_fake_quant(ws.kvw, n * hd, r, stream);
-  cuda::act_quant(ws.q_lat, n, qr, aq, ws.xq2, ws.sa2, stream);
-  cuda::fp8_linear(d.wq_b.w, d.wq_b.s, H * hd, qr, ws.xq2, ws.sa2, qr, n, ws.q, H * hd, aq, r, stream);
+  cuda::fp8_linear(d.wq_b.w, d.wq_b.s, H * hd, qr, ws.q_lat, qr, n, ws.q, H * hd, aq, r, stream);
   cuda::rope(ws.q, n, H, hd, cs, half, 1.0f, r, stream);
 
   const int slot = layout.source_slot[l];
@@ -715,7 +711,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
   if (lp.runs_indexer) {
     const int IH = t.index_n_heads;
     const int64_t ihd = t.index_head_dim;
-    cuda::fp8_linear(d.idx_wq_b.w, d.idx_wq_b.s, IH * ihd, qr, ws.xq2, ws.sa2, qr, n, ws.qi, IH * ihd, aq, r, stream);
+    cuda::fp8_linear(d.idx_wq_b.w, d.idx_wq_b.s, IH * ihd, qr, ws.q_lat, qr, n, ws.qi, IH * ihd, aq, r, stream);
     cuda::rope(ws.qi, n, IH, ihd, st.cs_comp, half, 1.0f, r, stream);
     cuda::fp4_fake_quant_pow2(ws.qi, n * IH * ihd, r, stream);
     cuda::bf16_linear(d.idx_wproj, IH, D, ws.xn, D, n, ws.wts, IH, false, stream);
@@ -742,11 +738,9 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
   cuda::attention(aa, stream);
   cuda::rope(ws.o, n, H, hd, cs, half, -1.0f, r, stream);
   const int64_t gin = (H / G) * hd;
-  cuda::act_quant(ws.o, n, H * hd, opt.numerics.wo_a_act_quant && aq, ws.xq, ws.sa, stream);
-  cuda::fp8_linear_groups(d.wo_a.w, d.wo_a.s, G, ol, gin, ws.xq, ws.sa, H * hd, n, ws.zg, G * ol,
+  cuda::fp8_linear_groups(d.wo_a.w, d.wo_a.s, G, ol, gin, ws.o, H * hd, n, ws.zg, G * ol,
                           opt.numerics.wo_a_act_quant && aq, r, stream);
-  cuda::act_quant(ws.zg, n, G * ol, aq, ws.xq2, ws.sa2, stream);
-  cuda::fp8_linear(d.wo_b.w, d.wo_b.s, D, G * ol, ws.xq2, ws.sa2, G * ol, n, out, D, aq, r, stream);
+  cuda::fp8_linear(d.wo_b.w, d.wo_b.s, D, G * ol, ws.zg, G * ol, n, out, D, aq, r, stream);
   cuda::pack_window(ws.kvw, n, st.meta, st.seqtab, l, hd, W, stream);
 }
 
@@ -760,17 +754,14 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, float* out) {
   cuda::bf16_linear(d.gate, E, D, ws.xn, D, n, ws.router, E, false, stream);
   cuda::route(ws.router, n, E, K, d.bias, d.bias_vl, image, float(t.gate_temp), float(t.routed_scaling_factor),
               ws.ids, ws.rw, stream);
-  cuda::act_quant(ws.xn, n, D, aq, ws.xq, ws.sa, stream);
-  cuda::fp4_linear_grouped(d.experts.w1, d.experts.s1, ws.ids, F, D, ws.xq, ws.sa, K, int64_t(n) * K, ws.h1, aq, r, stream);
-  cuda::fp4_linear_grouped(d.experts.w3, d.experts.s3, ws.ids, F, D, ws.xq, ws.sa, K, int64_t(n) * K, ws.h3, aq, r, stream);
+  cuda::fp4_linear_grouped(d.experts.w1, d.experts.s1, ws.ids, F, D, ws.xn, K, int64_t(n) * K, ws.h1, aq, r, stream);
+  cuda::fp4_linear_grouped(d.experts.w3, d.experts.s3, ws.ids, F, D, ws.xn, K, int64_t(n) * K, ws.h3, aq, r, stream);
   cuda::swiglu(ws.h1, ws.h3, int64_t(n) * K, F, ws.rw, limit, true, r, stream);
-  cuda::act_quant(ws.h1, int64_t(n) * K, F, aq, ws.xq2, ws.sa2, stream);
-  cuda::fp4_linear_grouped(d.experts.w2, d.experts.s2, ws.ids, D, F, ws.xq2, ws.sa2, 1, int64_t(n) * K, ws.ye, aq, r, stream);
-  cuda::fp8_linear(d.sw1.w, d.sw1.s, F, D, ws.xq, ws.sa, D, n, ws.h1s, F, aq, r, stream);
-  cuda::fp8_linear(d.sw3.w, d.sw3.s, F, D, ws.xq, ws.sa, D, n, ws.h3s, F, aq, r, stream);
+  cuda::fp4_linear_grouped(d.experts.w2, d.experts.s2, ws.ids, D, F, ws.h1, 1, int64_t(n) * K, ws.ye, aq, r, stream);
+  cuda::fp8_linear(d.sw1.w, d.sw1.s, F, D, ws.xn, D, n, ws.h1s, F, aq, r, stream);
+  cuda::fp8_linear(d.sw3.w, d.sw3.s, F, D, ws.xn, D, n, ws.h3s, F, aq, r, stream);
   cuda::swiglu(ws.h1s, ws.h3s, n, F, nullptr, limit, opt.numerics.shared_expert_clamp, r, stream);
-  cuda::act_quant(ws.h1s, n, F, aq, ws.xq2, ws.sa2, stream);
-  cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, ws.xq2, ws.sa2, F, n, ws.ys, D, aq, r, stream);
+  cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, ws.h1s, F, n, ws.ys, D, aq, r, stream);
   cuda::moe_sum(ws.ye, K, ws.ys, n, D, out, r, stream);
 }
 
@@ -794,8 +785,7 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
       const int64_t ehd = t.engram_head_dim;
       mark(kEngram);
       cuda::engram_gather(st.engram_rows[lp.engram_slot], n, Rr, d.e_table, d.e_scale, ehd, ws.emb, stream);
-      cuda::act_quant(ws.emb, n, Rr * ehd, opt.numerics.act_quant, ws.xq, ws.sa, stream);
-      cuda::fp8_linear(d.e_wkv.w, d.e_wkv.s, d.e_wkv.out, d.e_wkv.in, ws.xq, ws.sa, Rr * ehd, n, ws.ekv, (hc + 1) * D,
+      cuda::fp8_linear(d.e_wkv.w, d.e_wkv.s, d.e_wkv.out, d.e_wkv.in, ws.emb, Rr * ehd, n, ws.ekv, (hc + 1) * D,
                        opt.numerics.act_quant, r, stream);
       cuda::engram_gate(ws.X, ws.ekv, d.e_q, d.e_k, st.dead, n, hc, D, eps, r, stream);
     }

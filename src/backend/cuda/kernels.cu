@@ -336,23 +336,28 @@ __global__ void k_act_quant(const float* x, int64_t blocks, bool on, float* xq, 
 // reference does.
 constexpr float kXStage = 0x1p64f;  // inputs staged as x·2^64 on the exact path
 
-// Stages rows [row0, row0+nr) of x (stride x_stride) and their scales in shared memory: per row,
-// per K-block, 8 float4 chunks with chunk j stored at j ^ (kb & 7), so that the 8 lanes of a
-// quarter-warp (consecutive kb) read 8 different bank groups.
+// Stages rows [row0, row0+nr) of the raw input x (stride x_stride) in shared memory, quantized on
+// the way when kExact (activation quantization on: the per-32 FP8 quantization of k_act_quant, a
+// warp per 32-block, E4M3 values staged times 2^64, scales to ssa), else as they are (scales 1).
+// Per row and K-block, 8 float4 chunks with chunk j stored at j ^ (kb & 7), so that the 8 lanes of
+// a quarter-warp (consecutive kb) read 8 different bank groups.
 template <bool kExact>
-__device__ __forceinline__ void stage_rows(float4* xs4, float* ssa, const float* xq, const float* sa,
-                                           int64_t x_stride, int row0, int nr, int nb) {
-  const int n4 = nr * nb * 8;
+__device__ __forceinline__ void stage_rows(float4* xs4, float* ssa, const float* __restrict__ x, int64_t x_stride,
+                                           int row0, int nr, int nb) {
+  float* xs = reinterpret_cast<float*>(xs4);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
+  const int pos = ((lane / 4) << 2) + (lane % 4);  // chunk lane/4, component lane%4, before the swizzle
 #pragma unroll 4
-  for (int idx = threadIdx.x; idx < n4; idx += blockDim.x) {
-    const int rr = idx / (nb * 8), rem = idx % (nb * 8), kb = rem / 8, j = rem % 8;
-    float4 v = *reinterpret_cast<const float4*>(xq + int64_t(row0 + rr) * x_stride + kb * 32 + j * 4);
-    if (kExact) v.x *= kXStage, v.y *= kXStage, v.z *= kXStage, v.w *= kXStage;
-    xs4[(rr * nb + kb) * 8 + (j ^ (kb & 7))] = v;
-  }
-  for (int idx = threadIdx.x; idx < nr * nb; idx += blockDim.x) {
-    const int rr = idx / nb, kb = idx % nb;
-    ssa[idx] = sa[int64_t(row0 + rr) * (x_stride / 32) + kb];
+  for (int blk = warp; blk < nr * nb; blk += nw) {
+    const int rr = blk / nb, kb = blk % nb;
+    const float v = x[int64_t(row0 + rr) * x_stride + kb * 32 + lane];
+    float q = v, sc = 1.0f;
+    if (kExact) {
+      sc = fp8_block_scale(v);
+      q = e4m3_val(fp8_code(v, sc)) * kXStage;
+    }
+    xs[int64_t(blk) * 32 + (((pos >> 2) ^ (kb & 7)) << 2) + (pos & 3)] = q;
+    if (lane == 0) ssa[blk] = sc;
   }
 }
 
@@ -471,13 +476,13 @@ constexpr int kFp8Chunk = 32 * 32, kFp4Chunk = 32 * 16;  // bytes of a row per c
 // g·K.. of each row and outputs g·out.. .
 template <int OPW, int R, bool kExact, int kMode>
 __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws,
-                                                   int64_t out, int64_t K, const float* __restrict__ xq,
-                                                   const float* __restrict__ sa, int64_t x_stride, int rows,
-                                                   float* __restrict__ y, int64_t y_stride, bool r) {
+                                                   int64_t out, int64_t K, const float* __restrict__ x,
+                                                   int64_t x_stride, int rows, float* __restrict__ y,
+                                                   int64_t y_stride, bool r) {
   extern __shared__ float4 xs4[];
   const int nb = int(K / 32);
   const int g = blockIdx.z;
-  W += int64_t(g) * out * K, Ws += int64_t(g) * (out / 32) * nb, xq += int64_t(g) * K, sa += int64_t(g) * nb;
+  W += int64_t(g) * out * K, Ws += int64_t(g) * (out / 32) * nb, x += int64_t(g) * K;
   y += int64_t(g) * out;
   float* ssa = reinterpret_cast<float*>(xs4 + R * nb * 8);
   uint8_t* wsm = reinterpret_cast<uint8_t*>(xs4) + gemv_weights_offset(R, nb);
@@ -500,7 +505,7 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
   }
   pdl_trigger();
   pdl_wait();
-  stage_rows<kExact>(xs4, ssa, xq, sa, x_stride, row0, nr, nb);
+  stage_rows<kExact>(xs4, ssa, x, x_stride, row0, nr, nb);
   __syncthreads();
   float acc[OPW][R];
 #pragma unroll
@@ -567,8 +572,8 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
 // packed byte holds two inputs' weights, low nibble first; they are added one after the other.
 template <int OPW, bool kExact, int kMode>
 __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const uint8_t* const* Ws,
-                                                   const int32_t* ids, int64_t out, int64_t K, const float* xq,
-                                                   const float* sa, int x_div, float* y, bool r) {
+                                                   const int32_t* ids, int64_t out, int64_t K, const float* x,
+                                                   int x_div, float* y, bool r) {
   extern __shared__ float4 xs4[];
   const int nb = int(K / 32);
   float* ssa = reinterpret_cast<float*>(xs4 + nb * 8);
@@ -594,7 +599,7 @@ __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const
     for (int o = 0; o < OPW; ++o)
       asm volatile("prefetch.global.L2 [%0];" ::"l"(row_ptr(warp * OPW + o) + int64_t(lane) * 16));
   }
-  stage_rows<kExact>(xs4, ssa, xq, sa, K, row / x_div, 1, nb);
+  stage_rows<kExact>(xs4, ssa, x, K, row / x_div, 1, nb);
   __syncthreads();
   float acc[OPW];
 #pragma unroll
@@ -1443,8 +1448,7 @@ struct Fp8Call {
   const uint8_t* W;
   const uint8_t* Ws;
   int64_t out, K;
-  const float* xq;
-  const float* sa;
+  const float* x;
   int64_t x_stride, rows;
   float* y;
   int64_t y_stride;
@@ -1476,7 +1480,7 @@ void launch_fp8(const Fp8Call& c) {
            : mode == kRegsPipe ? k_fp8_gemv<OPW, R, kExact, kRegsPipe> : k_fp8_gemv<OPW, R, kExact, kRegs>;
   set_smem(k, smem);
   launch_pdl(k, dim3(blocks_for(c.out, 8 * OPW), blocks_for(c.rows, R), c.groups), dim3(256), smem, c.s, c.W, c.Ws,
-             c.out, c.K, c.xq, c.sa, c.x_stride, int(c.rows), c.y, c.y_stride, c.r);
+             c.out, c.K, c.x, c.x_stride, int(c.rows), c.y, c.y_stride, c.r);
 }
 template <int R, bool kExact>
 void launch_fp8_opw(const Fp8Call& c) {
@@ -1495,47 +1499,46 @@ void launch_fp8_rows(const Fp8Call& c) {
 }
 template <int OPW, bool kExact>
 void launch_fp4(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
-                const float* xq, const float* sa, int x_div, int64_t rows, float* y, bool r, cudaStream_t s) {
+                const float* x, int x_div, int64_t rows, float* y, bool r, cudaStream_t s) {
   const size_t smem = gemv_smem(1, K, 8 * OPW, kFp4Chunk);
   DSUF_CHECK(smem <= 227 * 1024, "fp4_linear: K = ", K, " needs too much shared memory");
   const int mode = gemv_mode();
   auto k = mode == kSmem ? k_fp4_gemv<OPW, kExact, kSmem>
            : mode == kRegsPipe ? k_fp4_gemv<OPW, kExact, kRegsPipe> : k_fp4_gemv<OPW, kExact, kRegs>;
   set_smem(k, smem);
-  launch_pdl(k, dim3(blocks_for(out, 8 * OPW), int(rows)), dim3(256), smem, s, W, Ws, ids, out, K, xq, sa, x_div, y, r);
+  launch_pdl(k, dim3(blocks_for(out, 8 * OPW), int(rows)), dim3(256), smem, s, W, Ws, ids, out, K, x, x_div, y, r);
 }
 template <bool kExact>
 void launch_fp4_opw(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
-                    const float* xq, const float* sa, int x_div, int64_t rows, float* y, bool r, cudaStream_t s) {
+                    const float* x, int x_div, int64_t rows, float* y, bool r, cudaStream_t s) {
   switch (outputs_per_warp(out * rows)) {
-    case 4: return launch_fp4<4, kExact>(W, Ws, ids, out, K, xq, sa, x_div, rows, y, r, s);
-    case 2: return launch_fp4<2, kExact>(W, Ws, ids, out, K, xq, sa, x_div, rows, y, r, s);
-    default: return launch_fp4<1, kExact>(W, Ws, ids, out, K, xq, sa, x_div, rows, y, r, s);
+    case 4: return launch_fp4<4, kExact>(W, Ws, ids, out, K, x, x_div, rows, y, r, s);
+    case 2: return launch_fp4<2, kExact>(W, Ws, ids, out, K, x, x_div, rows, y, r, s);
+    default: return launch_fp4<1, kExact>(W, Ws, ids, out, K, x, x_div, rows, y, r, s);
   }
 }
 }  // namespace
 
-void fp8_linear_groups(const uint8_t* W, const uint8_t* Ws, int groups, int64_t out, int64_t K, const float* xq,
-                       const float* sa, int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool quantized,
-                       bool r, cudaStream_t s) {
+void fp8_linear_groups(const uint8_t* W, const uint8_t* Ws, int groups, int64_t out, int64_t K, const float* x,
+                       int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool quantize, bool r,
+                       cudaStream_t s) {
   DSUF_CHECK(K % 32 == 0 && x_stride % 4 == 0 && groups >= 1 && (groups == 1 || out % 32 == 0), "fp8_linear: K = ",
              K, ", x_stride = ", x_stride, ", groups = ", groups, ", out = ", out);
   if (rows <= 0) return;
-  const Fp8Call c{W, Ws, out, K, xq, sa, x_stride, rows, y, y_stride, groups, r, s};
-  if (quantized) return launch_fp8_rows<true>(c);
+  const Fp8Call c{W, Ws, out, K, x, x_stride, rows, y, y_stride, groups, r, s};
+  if (quantize) return launch_fp8_rows<true>(c);
   launch_fp8_rows<false>(c);
 }
-void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const float* xq, const float* sa,
-                int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool quantized, bool r, cudaStream_t s) {
-  fp8_linear_groups(W, Ws, 1, out, K, xq, sa, x_stride, rows, y, y_stride, quantized, r, s);
+void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const float* x, int64_t x_stride,
+                int64_t rows, float* y, int64_t y_stride, bool quantize, bool r, cudaStream_t s) {
+  fp8_linear_groups(W, Ws, 1, out, K, x, x_stride, rows, y, y_stride, quantize, r, s);
 }
 void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
-                        const float* xq, const float* sa, int x_div, int64_t rows, float* y, bool quantized, bool r,
-                        cudaStream_t s) {
+                        const float* x, int x_div, int64_t rows, float* y, bool quantize, bool r, cudaStream_t s) {
   DSUF_CHECK(K % 32 == 0, "fp4_linear: K = ", K);
   if (rows <= 0) return;
-  if (quantized) return launch_fp4_opw<true>(W, Ws, ids, out, K, xq, sa, x_div, rows, y, r, s);
-  launch_fp4_opw<false>(W, Ws, ids, out, K, xq, sa, x_div, rows, y, r, s);
+  if (quantize) return launch_fp4_opw<true>(W, Ws, ids, out, K, x, x_div, rows, y, r, s);
+  launch_fp4_opw<false>(W, Ws, ids, out, K, x, x_div, rows, y, r, s);
 }
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows, float* y,
                  int64_t y_stride, bool r, cudaStream_t s) {
