@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include <map>
+
 #include <cuda_runtime.h>
 #include <nlohmann/json.hpp>
 
@@ -97,9 +99,24 @@ double copy_bandwidth() {
   return median(bw);
 }
 
+// Bytes a step must read, by component (the same parts CudaBackend::component_ms() times).
 struct Bytes {
-  double dense = 0, experts = 0, head = 0, embed = 0, kv = 0, engram_host = 0;
-  double device() const { return dense + experts + head + embed + kv; }
+  double attention = 0, indexer = 0, moe = 0, experts = 0, mhc = 0, engram = 0, head = 0, embed = 0;
+  double kv_attention = 0, kv_indexer = 0, engram_host = 0;
+  double dense() const { return attention + indexer + moe + mhc + engram; }
+  double kv() const { return kv_attention + kv_indexer; }
+  double device() const { return dense() + experts + head + embed + kv(); }
+  // Per component name of component_ms(): device bytes of that part.
+  double of(const std::string& c) const {
+    if (c == "embedding") return embed;
+    if (c == "engram") return engram;
+    if (c == "mhc+norms") return mhc;
+    if (c == "attention") return attention + kv_attention;
+    if (c == "indexer+compressor") return indexer + kv_indexer;
+    if (c == "moe") return moe + experts;
+    if (c == "head+sampling") return head;
+    return 0;
+  }
 };
 
 // Bytes one rank reads per step (world 1: the whole model's step).
@@ -118,30 +135,35 @@ Bytes count_bytes(const dsuf::ModelConfig& cfg, int B, int64_t ctx, const dsuf::
     }
     if (s.rfind("layers.", 0) != 0 && s != "head.weight" && s != "norm.weight" && s != "embed.weight") continue;
     if (s == "embed.weight") continue;
-    if (s == "head.weight") b.head += n;
-    else if (s.find(".engram.embed.") != std::string::npos) continue;
-    else if (s.find(".ffn.experts.") != std::string::npos) {
+    auto has = [&](const char* part) { return s.find(part) != std::string::npos; };
+    if (s == "head.weight" || s == "norm.weight") b.head += n;
+    else if (has(".engram.embed.")) continue;
+    else if (has(".ffn.experts.")) {
       if (s.rfind("layers.0.ffn.experts.0.", 0) == 0) expert_bytes += n;
-    } else b.dense += n;
+    } else if (has(".engram.")) b.engram += n;
+    else if (has(".attn.compressor.") || has(".attn.indexer.")) b.indexer += n;
+    else if (has(".hc_") || has("_norm.")) b.mhc += n;  // mixes, and the norms fused with the collapse
+    else if (has(".ffn.")) b.moe += n;
+    else b.attention += n;
   }
   const double E = t.n_routed_experts, k = t.num_experts_per_tok;
   const double distinct = E * (1.0 - std::pow(1.0 - k / E, B));
   b.experts = t.num_hidden_layers * distinct * expert_bytes / part.world;
   b.embed = double(B) * t.hidden_size * 2;
   const dsuf::KvLayout L = dsuf::KvLayout::from_config(cfg);
-  double kv = double(t.num_hidden_layers) * t.sliding_window * L.window_entry_bytes;
+  double kv_a = double(t.num_hidden_layers) * t.sliding_window * L.window_entry_bytes, kv_i = 0;
   for (const dsuf::LayerPlan& lp : cfg.layers) {
     if (lp.ratio == 0) continue;
     const double vis = double(ctx / lp.ratio);
-    kv += std::min<double>(t.index_topk, vis) * L.ckv_entry_bytes;
+    kv_a += std::min<double>(t.index_topk, vis) * L.ckv_entry_bytes;
     if (lp.runs_indexer) {
       const double scored = lp.candidate_constrained
                                 ? std::min<double>(double(t.candidate_topk_blocks) * t.candidate_block_size, vis)
                                 : vis;
-      kv += scored * L.ikey_entry_bytes;
+      kv_i += scored * L.ikey_entry_bytes;
     }
   }
-  b.kv = B * kv;
+  b.kv_attention = B * kv_a, b.kv_indexer = B * kv_i;
   b.engram_host = double(B) * t.engram_layer_ids.size() * 24 * (t.engram_head_dim + t.engram_head_dim / 32);
   return b;
 }
@@ -152,7 +174,8 @@ int main(int argc, char** argv) {
   try {
     int experts = 96, steps = 50, device = 0, warmup = 3;
     std::vector<int> gpus;
-    bool sample = false;  // --sample: the engine's path (tokens sampled on the device, no logits copied)
+    bool sample = false;      // --sample: the engine's path (tokens sampled on the device, no logits copied)
+    bool components = false;  // --components: per-part GPU time (a step without graphs) against its bytes
     int64_t engram_vocab = 1000000;
     std::vector<int64_t> contexts = {8192, 131072, 1048576 - 64}, batches = {1, 4, 16, 64};
     for (int i = 1; i < argc; ++i) {
@@ -168,6 +191,7 @@ int main(int argc, char** argv) {
       else if (a == "--contexts") contexts = dsuf::parse_int_list(v(), "--contexts", 1, int64_t(1) << 20);
       else if (a == "--batches") batches = dsuf::parse_int_list(v(), "--batches", 1, 4096);
       else if (a == "--sample") sample = true;
+      else if (a == "--components") components = true;
       else dsuf::fail("unknown argument ", a);
     }
     if (gpus.empty()) gpus = {device};
@@ -194,10 +218,16 @@ int main(int argc, char** argv) {
     std::printf("%9s %5s %10s %10s %9s %9s %9s %8s %10s\n", "context", "batch", "step ms", "gpu ms", "GB read",
                 "bound ms", "% bound", "tok/s", "engram MB");
     for (int64_t ctx : contexts) {
+      // Room for the steps the run decodes, within the model's positions.
+      const int64_t max_pos = cfg.text.max_position_embeddings;
+      const int64_t max_ctx = std::min(ctx + steps + warmup + 16, max_pos);
+      if (ctx + steps + warmup + 5 + 1 > max_pos)
+        dsuf::fail("--contexts ", ctx, ": ", steps + warmup + 6, " decode steps would pass max_position_embeddings ",
+                   max_pos, " (use at most ", max_pos - steps - warmup - 6, ")");
       // The largest batch whose pools fit next to the weights at this context.
       int64_t max_b = 0;
       for (int64_t B : batches) {
-        dsuf::CudaOptions o{.device = device, .max_context = ctx + steps + 16, .max_chunk = 64, .numerics = {},
+        dsuf::CudaOptions o{.device = device, .max_context = max_ctx, .max_chunk = 64, .numerics = {},
                             .max_batch = int(B), .devices = gpus};
         size_t free_b, total_b;
         cudaMemGetInfo(&free_b, &total_b);
@@ -208,7 +238,7 @@ int main(int argc, char** argv) {
         continue;
       }
       dsuf::CudaBackend be(cfg, cids,
-                           dsuf::CudaOptions{.device = device, .max_context = ctx + steps + 16, .max_chunk = 64,
+                           dsuf::CudaOptions{.device = device, .max_context = max_ctx, .max_chunk = 64,
                                              .numerics = {}, .max_batch = int(max_b), .devices = gpus},
                            1234);
       for (int64_t B : batches) {
@@ -246,6 +276,36 @@ int main(int argc, char** argv) {
                     static_cast<long long>(B), wms, gms, by.device() / 1e9, bound_ms, 100.0 * bound_ms / gms,
                     B / (wms * 1e-3), by.engram_host / 1e6);
         std::fflush(stdout);
+        if (components) {
+          // The same step without a graph, CUDA events between its parts; median of 5 per part.
+          be.set_component_timing(true);
+          std::map<std::string, std::vector<double>> per;
+          double total = 0;
+          for (int s = 0; s < 5; ++s) {
+            std::vector<dsuf::ForwardItem> items;
+            for (int64_t b = 0; b < B; ++b) {
+              tok[b] = int32_t((s * 104723 + b * 7919 + 55) % 120000) + 3;
+              items.push_back({.state = &seqs[b], .tokens = {&tok[b], 1}, .want = dsuf::ForwardItem::Logits::kLast,
+                               .logits = sample ? nullptr : &logits[b],
+                               .sampling = {.temperature = 0.7f, .top_p = 0.9f, .top_k = 0, .seed = uint64_t(b)},
+                               .draw = uint64_t(s), .token = sample ? &sampled[b] : nullptr});
+            }
+            be.forward(items);
+            for (const auto& [name, ms] : be.component_ms()) per[name].push_back(ms);
+          }
+          be.set_component_timing(false);
+          std::printf("    %-20s %9s %9s %9s %8s   (no graph: launch gaps included)\n", "component", "gpu ms", "GB",
+                      "bound ms", "% bound");
+          for (auto& [name, v] : per) {
+            const double ms = median(v), gb = by.of(name);
+            total += ms;
+            std::printf("    %-20s %9.3f %9.3f %9.3f %7.1f%%\n", name.c_str(), ms, gb / 1e9, gb / bw * 1e3,
+                        ms > 0 ? 100.0 * (gb / bw * 1e3) / ms : 0.0);
+          }
+          std::printf("    %-20s %9.3f %9.3f %9.3f %7.1f%%\n", "all", total, by.device() / 1e9, bound_ms,
+                      100.0 * bound_ms / total);
+          std::fflush(stdout);
+        }
       }
     }
     return 0;

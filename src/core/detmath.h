@@ -11,6 +11,9 @@
 //
 // Canonical orders (N values f(0..N-1)):
 //   lane_sum(32):  32 partials p[l] = f(l) + f(l+32) + f(l+64) + … (in that order), then tree32(p).
+//   chunk_lane_sum<C>(32): the same over chunks of C consecutive values: lane l takes chunks
+//                  l, l+32, … and adds their values one at a time in index order, then tree32
+//                  (a GPU lane reads a chunk as one vector load; BF16 linears use C = 8).
 //   block_sum(T):  T partials p[t] = f(t) + f(t+T) + …, then per warp of 32 partials tree32 → q[w],
 //                  then tree32 over q padded with zeros to 32.
 //   tree32(v):     for o = 16, 8, 4, 2, 1: v[i] = v[i] + v[i+o] for i < o; result v[0]
@@ -128,6 +131,19 @@ DSUF_HD float lane_sum(int64_t n, F&& f) {
   for (int l = 0; l < 32; ++l) {
     float acc = 0.0f;
     for (int64_t j = l; j < n; j += 32) acc += f(j);
+    p[l] = acc;
+  }
+  return tree32(p);
+}
+
+// The canonical chunked lane sum (see above).
+template <int C, typename F>
+DSUF_HD float chunk_lane_sum(int64_t n, F&& f) {
+  float p[32];
+  for (int l = 0; l < 32; ++l) {
+    float acc = 0.0f;
+    for (int64_t c = l; c * C < n; c += 32)
+      for (int64_t j = c * C; j < c * C + C && j < n; ++j) acc += f(j);
     p[l] = acc;
   }
   return tree32(p);

@@ -144,7 +144,7 @@ void bf16_linear_f32(const Bf16Mat& W, const float* x, float* y, int threads = 1
     std::vector<float> row(W.cols);
     for (int64_t r = r0; r < r1; ++r) {
       W.row(r, row.data());
-      y[r] = det::lane_sum(W.cols, [&](int64_t c) { return row[c] * x[c]; });
+      y[r] = det::chunk_lane_sum<8>(W.cols, [&](int64_t c) { return row[c] * x[c]; });
     }
   });
 }

@@ -132,7 +132,7 @@ struct CudaBackend::Impl {
   int half = 0;
   // Workspace, sized for opt.max_chunk rows.
   struct {
-    float *X, *pre, *mix_a, *mix_f, *u, *xn, *y, *xq, *sa, *xq2, *sa2, *tmp, *q_lat, *q, *kvw, *ag, *o, *zg, *qi, *wts,
+    float *X, *pre, *mix_a, *mix_f, *u, *xn, *y, *tmp, *q_lat, *q, *kvw, *ag, *o, *zg, *qi, *wts,
         *scores, *bscores, *router, *rw, *h1, *h3, *ye, *ys, *h1s, *h3s, *emb, *ekv, *logits, *keys, *att;
     int32_t *sel, *cand, *ids;
     uint8_t* cand_mask;
@@ -174,6 +174,24 @@ struct CudaBackend::Impl {
   bool use_graphs = true;
   cudaEvent_t ev0 = nullptr, ev1 = nullptr;
   double last_graph_ms = 0;
+
+  // Component timing (set_component_timing): an event at each boundary, tagged with the part
+  // that starts there.
+  enum Comp { kEmbed, kEngram, kMhc, kAttention, kIndexer, kMoe, kHead, kEnd, kComps = kEnd };
+  bool comp_timing = false;
+  std::vector<cudaEvent_t> comp_events;
+  std::vector<int> comp_tags;
+  double comp_ms[kComps] = {};
+  void mark(Comp c) {
+    if (!comp_timing) return;
+    if (comp_tags.size() == comp_events.size()) {
+      cudaEvent_t e;
+      DSUF_CUDA(cudaEventCreate(&e));
+      comp_events.push_back(e);
+    }
+    DSUF_CUDA(cudaEventRecord(comp_events[comp_tags.size()], stream));
+    comp_tags.push_back(c);
+  }
 
   Impl(const ModelConfig& c, const LoadedModel* m, std::vector<int32_t> ids, CudaOptions o, int rank)
       : cfg(c), model(m), layout(KvLayout::from_config(c)), cids(std::move(ids)), opt(o),
@@ -433,11 +451,11 @@ namespace {
 // Every workspace buffer, in floats (or the element counts named), for one max_chunk forward. The
 // one list serves the allocation and the memory plan.
 struct WorkspaceSizes {
-  int64_t X, pre, mix, vecD, xq, sa, tmp, q_lat, q, kvw, ag, o, zg, qi, wts, scores, bscores, sel, cand, cand_mask,
+  int64_t X, pre, mix, vecD, tmp, q_lat, q, kvw, ag, o, zg, qi, wts, scores, bscores, sel, cand, cand_mask,
       router, ids, h, ye, hs, emb, ekv, logits, keys, att, sample_w, sample;
   int64_t score_stride, bscore_stride;
   size_t bytes() const {
-    const int64_t floats = X + pre + 2 * mix + 3 * vecD + 2 * xq + 2 * sa + tmp + q_lat + q + kvw + ag + o + zg + qi +
+    const int64_t floats = X + pre + 2 * mix + 3 * vecD + tmp + q_lat + q + kvw + ag + o + zg + qi +
                            wts + scores + bscores + router + ids /*rw*/ + 2 * h + ye + vecD /*ys*/ + 2 * hs + emb + ekv +
                            logits + keys + att + sample_w;
     return size_t(floats) * 4 + size_t(sel + cand + ids + 2 * sample) * 4 + size_t(cand_mask);
@@ -449,12 +467,11 @@ WorkspaceSizes workspace_sizes(const TextConfig& t, int64_t N, int64_t max_conte
   const int64_t qr = t.q_lora_rank, G = t.o_groups, ol = t.o_lora_rank, F = t.moe_intermediate_size;
   const int64_t E = t.n_routed_experts, K = t.num_experts_per_tok, IH = t.index_n_heads, ihd = t.index_head_dim;
   const int64_t ehd = t.engram_head_dim, half = t.qk_rope_head_dim / 2;
-  const int64_t maxk = std::max({D, qr, H * hd, G * ol, F, R * ehd, hd});
   WorkspaceSizes w{};
   w.score_stride = max_context;
   w.bscore_stride = (max_context + t.candidate_block_size - 1) / t.candidate_block_size;
   w.X = N * hc * D, w.pre = N * hc, w.mix = N * cuda::hc_mix_stride(int(hc)), w.vecD = N * D;
-  w.xq = N * K * maxk, w.sa = N * K * maxk / 32, w.tmp = N * std::max(qr, hd), w.q_lat = N * qr, w.q = N * H * hd;
+  w.tmp = N * std::max(qr, hd), w.q_lat = N * qr, w.q = N * H * hd;
   w.kvw = N * hd, w.ag = N * 2 * hd, w.o = N * H * hd, w.zg = N * G * ol;
   w.qi = N * IH * ihd, w.wts = N * IH, w.scores = N * w.score_stride, w.bscores = N * w.bscore_stride;
   w.sel = N * t.index_topk, w.cand = N * t.candidate_topk_blocks, w.cand_mask = N * w.bscore_stride;
@@ -532,7 +549,6 @@ void CudaBackend::Impl::alloc_workspace() {
   X_head = alloc<float>(w.X), pre_head = alloc<float>(w.pre);
   ws.X = alloc<float>(w.X), ws.pre = alloc<float>(w.pre), ws.mix_a = alloc<float>(w.mix), ws.mix_f = alloc<float>(w.mix);
   ws.u = alloc<float>(w.vecD), ws.xn = alloc<float>(w.vecD), ws.y = alloc<float>(w.vecD);
-  ws.xq = alloc<float>(w.xq), ws.sa = alloc<float>(w.sa), ws.xq2 = alloc<float>(w.xq), ws.sa2 = alloc<float>(w.sa);
   ws.tmp = alloc<float>(w.tmp), ws.q_lat = alloc<float>(w.q_lat), ws.q = alloc<float>(w.q), ws.kvw = alloc<float>(w.kvw);
   ws.ag = alloc<float>(w.ag), ws.o = alloc<float>(w.o), ws.zg = alloc<float>(w.zg);
   ws.qi = alloc<float>(w.qi), ws.wts = alloc<float>(w.wts);
@@ -764,19 +780,19 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
   const int g0 = int(part.my_groups().begin), Gr = int(part.my_groups().size());
   const int64_t d0 = part.my_hidden().begin, Dr = part.my_hidden().size();
 
-  cuda::act_quant(ws.xn, n, D, aq, ws.xq, ws.sa, stream);
-  cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, ws.xq, ws.sa, D, n, ws.tmp, qr, aq, r, stream);
+  mark(kAttention);
+  cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, ws.xn, D, n, ws.tmp, qr, aq, r, stream);
   cuda::rmsnorm(ws.tmp, n, qr, d.q_norm, eps, ws.q_lat, r, stream);
-  cuda::fp8_linear(d.wkv.w, d.wkv.s, hd, D, ws.xq, ws.sa, D, n, ws.tmp, hd, aq, r, stream);
+  cuda::fp8_linear(d.wkv.w, d.wkv.s, hd, D, ws.xn, D, n, ws.tmp, hd, aq, r, stream);
   cuda::rmsnorm(ws.tmp, n, hd, d.kv_norm, eps, ws.kvw, r, stream);
   cuda::rope(ws.kvw, n, 1, hd, cs, half, 1.0f, r, stream);
   cuda::fp8_fake_quant(ws.kvw, n * hd, r, stream);
-  cuda::act_quant(ws.q_lat, n, qr, aq, ws.xq2, ws.sa2, stream);
-  cuda::fp8_linear(d.wq_b.w, d.wq_b.s, Hr * hd, qr, ws.xq2, ws.sa2, qr, n, ws.q, Hr * hd, aq, r, stream);
+  cuda::fp8_linear(d.wq_b.w, d.wq_b.s, Hr * hd, qr, ws.q_lat, qr, n, ws.q, Hr * hd, aq, r, stream);
   cuda::rope(ws.q, n, Hr, hd, cs, half, 1.0f, r, stream);
 
   const int slot = layout.source_slot[l];
   const int ratio = lp.ratio;
+  mark(kIndexer);
   if (lp.owns_compressor) {
     cuda::bf16_linear(d.comp_wkv, hd, D, ws.xn, D, n, ws.ag, 2 * hd, false, stream);
     if (ratio > 1) cuda::bf16_linear(d.comp_wgate, hd, D, ws.xn, D, n, ws.ag + hd, 2 * hd, false, stream);
@@ -790,7 +806,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
   if (lp.runs_indexer) {
     const int IH = t.index_n_heads;
     const int64_t ihd = t.index_head_dim;
-    cuda::fp8_linear(d.idx_wq_b.w, d.idx_wq_b.s, IH * ihd, qr, ws.xq2, ws.sa2, qr, n, ws.qi, IH * ihd, aq, r, stream);
+    cuda::fp8_linear(d.idx_wq_b.w, d.idx_wq_b.s, IH * ihd, qr, ws.q_lat, qr, n, ws.qi, IH * ihd, aq, r, stream);
     cuda::rope(ws.qi, n, IH, ihd, st.cs_comp, half, 1.0f, r, stream);
     cuda::fp4_fake_quant_pow2(ws.qi, n * IH * ihd, r, stream);
     cuda::bf16_linear(d.idx_wproj, IH, D, ws.xn, D, n, ws.wts, IH, false, stream);
@@ -809,6 +825,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
     cuda::top_k(ws.scores, score_stride, n, st.meta, ratio, 0, t.index_topk, ws.sel, t.index_topk, stream);
   }
 
+  mark(kAttention);
   cuda::AttentionArgs aa{.q = ws.q, .kv_chunk = ws.kvw, .meta = st.meta, .seqs = st.seqtab, .layer = l,
                          .src = ratio > 0 ? slot : -1, .sel = ratio > 0 ? ws.sel : nullptr,
                          .sel_stride = t.index_topk, .sink = d.sink + h0, .out = ws.o, .keys = ws.keys, .att = ws.att,
@@ -816,12 +833,10 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
   cuda::attention(aa, stream);
   cuda::rope(ws.o, n, Hr, hd, cs, half, -1.0f, r, stream);
   const int64_t gin = (H / G) * hd;
-  cuda::act_quant(ws.o, n, Hr * hd, opt.numerics.wo_a_act_quant && aq, ws.xq, ws.sa, stream);
-  cuda::fp8_linear_groups(d.wo_a.w, d.wo_a.s, Gr, ol, gin, ws.xq, ws.sa, Hr * hd, n, ws.zg + g0 * ol, G * ol,
+  cuda::fp8_linear_groups(d.wo_a.w, d.wo_a.s, Gr, ol, gin, ws.o, Hr * hd, n, ws.zg + g0 * ol, G * ol,
                           opt.numerics.wo_a_act_quant && aq, r, stream);
   cuda::gather_cols(comm, zg_split, ws.zg, n, G * ol, tp_send, tp_recv, stream);
-  cuda::act_quant(ws.zg, n, G * ol, aq, ws.xq2, ws.sa2, stream);
-  cuda::fp8_linear(d.wo_b.w, d.wo_b.s, Dr, G * ol, ws.xq2, ws.sa2, G * ol, n, out + d0, D, aq, r, stream);
+  cuda::fp8_linear(d.wo_b.w, d.wo_b.s, Dr, G * ol, ws.zg, G * ol, n, out + d0, D, aq, r, stream);
   cuda::gather_cols(comm, hidden_split, out, n, D, tp_send, tp_recv, stream);
   cuda::pack_window(ws.kvw, n, st.meta, st.seqtab, l, hd, W, stream);
 }
@@ -836,20 +851,17 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, float* out) {
   cuda::bf16_linear(d.gate, E, D, ws.xn, D, n, ws.router, E, false, stream);
   cuda::route(ws.router, n, E, K, d.bias, d.bias_vl, image, float(t.gate_temp), float(t.routed_scaling_factor),
               ws.ids, ws.rw, stream);
-  cuda::act_quant(ws.xn, n, D, aq, ws.xq, ws.sa, stream);
-  cuda::fp4_linear_grouped(d.experts.w1, d.experts.s1, ws.ids, F, D, ws.xq, ws.sa, K, int64_t(n) * K, ws.h1, aq, r, stream);
-  cuda::fp4_linear_grouped(d.experts.w3, d.experts.s3, ws.ids, F, D, ws.xq, ws.sa, K, int64_t(n) * K, ws.h3, aq, r, stream);
+  cuda::fp4_linear_grouped(d.experts.w1, d.experts.s1, ws.ids, F, D, ws.xn, K, int64_t(n) * K, ws.h1, aq, r, stream);
+  cuda::fp4_linear_grouped(d.experts.w3, d.experts.s3, ws.ids, F, D, ws.xn, K, int64_t(n) * K, ws.h3, aq, r, stream);
   cuda::swiglu(ws.h1, ws.h3, int64_t(n) * K, F, ws.rw, limit, true, r, stream);
-  cuda::act_quant(ws.h1, int64_t(n) * K, F, aq, ws.xq2, ws.sa2, stream);
-  cuda::fp4_linear_grouped(d.experts.w2, d.experts.s2, ws.ids, D, F, ws.xq2, ws.sa2, 1, int64_t(n) * K, ws.ye, aq, r, stream);
+  cuda::fp4_linear_grouped(d.experts.w2, d.experts.s2, ws.ids, D, F, ws.h1, 1, int64_t(n) * K, ws.ye, aq, r, stream);
   // Tensor parallel: the rows of ye whose expert another rank owns were computed with a stand-in
   // expert and are replaced by the owner's; the shared expert runs whole on its layer's owner.
   if (part.owns_shared(l)) {
-    cuda::fp8_linear(d.sw1.w, d.sw1.s, F, D, ws.xq, ws.sa, D, n, ws.h1s, F, aq, r, stream);
-    cuda::fp8_linear(d.sw3.w, d.sw3.s, F, D, ws.xq, ws.sa, D, n, ws.h3s, F, aq, r, stream);
+    cuda::fp8_linear(d.sw1.w, d.sw1.s, F, D, ws.xn, D, n, ws.h1s, F, aq, r, stream);
+    cuda::fp8_linear(d.sw3.w, d.sw3.s, F, D, ws.xn, D, n, ws.h3s, F, aq, r, stream);
     cuda::swiglu(ws.h1s, ws.h3s, n, F, nullptr, limit, opt.numerics.shared_expert_clamp, r, stream);
-    cuda::act_quant(ws.h1s, n, F, aq, ws.xq2, ws.sa2, stream);
-    cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, ws.xq2, ws.sa2, F, n, ws.ys, D, aq, r, stream);
+    cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, ws.h1s, F, n, ws.ys, D, aq, r, stream);
   }
   cuda::gather_expert_rows(comm, ws.ye, ws.ids, int64_t(n) * K, D, tp_recv, ws.ys, n, part.shared_owner(l), stream);
   cuda::moe_sum(ws.ye, K, ws.ys, n, D, out, r, stream);
@@ -864,6 +876,7 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
   const int hc = t.hc_mult, n = st.rows, ms = cuda::hc_mix_stride(hc);
   const int64_t D = t.hidden_size, V = t.vocab_size;
   const float eps = float(t.rms_norm_eps), hc_eps = float(t.hc_eps);
+  mark(kEmbed);
   DSUF_CUDA(cudaMemcpyAsync(stage.dev, stage.host, stage.used, cudaMemcpyHostToDevice, stream));
   cuda::embed(st.tok, n, embed, D, hc, ws.X, ws.pre, stream);
   for (const LayerPlan& lp : c.layers) {
@@ -872,19 +885,23 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
     if (lp.engram_slot >= 0) {
       const int Rr = hasher->rows_per_token();
       const int64_t ehd = t.engram_head_dim;
+      mark(kEngram);
       cuda::engram_gather(st.engram_rows[lp.engram_slot], n, Rr, d.e_table, d.e_scale, ehd, ws.emb, stream);
-      cuda::act_quant(ws.emb, n, Rr * ehd, opt.numerics.act_quant, ws.xq, ws.sa, stream);
-      cuda::fp8_linear(d.e_wkv.w, d.e_wkv.s, d.e_wkv.out, d.e_wkv.in, ws.xq, ws.sa, Rr * ehd, n, ws.ekv, (hc + 1) * D,
+      cuda::fp8_linear(d.e_wkv.w, d.e_wkv.s, d.e_wkv.out, d.e_wkv.in, ws.emb, Rr * ehd, n, ws.ekv, (hc + 1) * D,
                        opt.numerics.act_quant, r, stream);
       cuda::engram_gate(ws.X, ws.ekv, d.e_q, d.e_k, st.dead, n, hc, D, eps, r, stream);
     }
+    mark(kMhc);
     cuda::hc_mix(d.hca_fn, d.hca_base, d.hca_scale, ws.X, n, hc, D, eps, t.hc_sinkhorn_iters, hc_eps, ws.mix_a, stream);
     cuda::collapse_norm(ws.pre, hc, ws.X, n, hc, D, d.attn_norm, eps, ws.xn, r, stream);
     attention(l, st, ws.y);
+    mark(kMhc);
     cuda::hc_expand(ws.mix_a, ms, ws.y, n, hc, D, ws.X, r, stream);
     cuda::hc_mix(d.hcf_fn, d.hcf_base, d.hcf_scale, ws.X, n, hc, D, eps, t.hc_sinkhorn_iters, hc_eps, ws.mix_f, stream);
     cuda::collapse_norm(ws.mix_a, ms, ws.X, n, hc, D, d.ffn_norm, eps, ws.xn, r, stream);
+    mark(kMoe);
     moe(l, n, st.image, ws.y);
+    mark(kMhc);
     cuda::hc_expand(ws.mix_f, ms, ws.y, n, hc, D, ws.X, r, stream);
     // pre of the FFN site feeds the next attention site's collapse.
     DSUF_CUDA(cudaMemcpy2DAsync(ws.pre, hc * 4, ws.mix_f, ms * 4, hc * 4, n, cudaMemcpyDeviceToDevice, stream));
@@ -897,6 +914,7 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
   }
   if (st.n_logit_rows > 0) {
     const int nl = st.n_logit_rows;
+    mark(kHead);
     cuda::gather_rows(ws.X, ws.pre, st.logit_rows, nl, hc, D, X_head, pre_head, stream);
     cuda::collapse_norm(pre_head, hc, X_head, nl, hc, D, norm, eps, ws.xn, r, stream);
     // Vocabulary-parallel head: this rank's rows, gathered; rank 0 samples and hands the tokens
@@ -904,17 +922,17 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
     const int64_t v0 = part.my_vocab().begin;
     cuda::bf16_linear(head, part.my_vocab().size(), D, ws.xn, D, nl, ws.logits + v0, V, false, stream);
     cuda::gather_cols(comm, vocab_split, ws.logits, nl, V, tp_send, tp_recv, stream);
-    if (part.rank != 0) return;
     // Sampling where the logits are (sample_chunk jobs per launch, the size of the weight
     // workspace); the tokens come back, the logits only when an item wants them.
-    for (int j0 = 0; j0 < st.n_jobs; j0 += sample_chunk)
+    for (int j0 = 0; part.rank == 0 && j0 < st.n_jobs; j0 += sample_chunk)
       cuda::sample(ws.logits, V, st.jobs + j0, std::min(sample_chunk, st.n_jobs - j0), ws.sample_max + j0,
                    ws.sample_w, ws.sample_out + j0, stream);
-    if (st.n_jobs > 0)
+    if (part.rank == 0 && st.n_jobs > 0)
       DSUF_CUDA(cudaMemcpyAsync(tokens_host, ws.sample_out, size_t(st.n_jobs) * 4, cudaMemcpyDeviceToHost, stream));
-    if (st.copy_logits)
+    if (part.rank == 0 && st.copy_logits)
       DSUF_CUDA(cudaMemcpyAsync(logits_host, ws.logits, size_t(nl) * V * 4, cudaMemcpyDeviceToHost, stream));
   }
+  mark(kEnd);
 }
 
 void CudaBackend::Impl::finish_step(std::vector<Part>& parts, const Step& st) {
@@ -950,7 +968,8 @@ void CudaBackend::Impl::finish_step(std::vector<Part>& parts, const Step& st) {
 // One rank's share of a step (staging, kernels, synchronization); finish_step then runs once.
 CudaBackend::Impl::Step CudaBackend::Impl::run_step(std::vector<Part>& parts) {
   DSUF_CUDA(cudaSetDevice(opt.device));
-  bool trace = false, decode = use_graphs;
+  bool trace = false, decode = use_graphs && !comp_timing;
+  comp_tags.clear();
   for (const Part& p : parts) {
     trace |= p.item->trace != nullptr;
     decode &= p.n == 1;
@@ -987,6 +1006,14 @@ CudaBackend::Impl::Step CudaBackend::Impl::run_step(std::vector<Part>& parts) {
     float ms = 0;
     DSUF_CUDA(cudaEventElapsedTime(&ms, ev0, ev1));
     last_graph_ms = ms;
+  }
+  if (comp_timing) {
+    std::fill(comp_ms, comp_ms + kComps, 0.0);
+    for (size_t j = 0; j + 1 < comp_tags.size(); ++j) {
+      float ms = 0;
+      DSUF_CUDA(cudaEventElapsedTime(&ms, comp_events[j], comp_events[j + 1]));
+      comp_ms[comp_tags[j]] += ms;
+    }
   }
   return st;
 }
@@ -1102,6 +1129,7 @@ CudaBackend::~CudaBackend() {
     Impl& im = *ranks_[r];
     cudaSetDevice(im.opt.device);
     if (im.ev0) cudaEventDestroy(im.ev0), cudaEventDestroy(im.ev1);
+    for (cudaEvent_t e : im.comp_events) cudaEventDestroy(e);
     for (void* p : im.pinned) cudaFreeHost(p);
     if (im.stream) cudaStreamDestroy(im.stream);
     ranks_[r].reset();
@@ -1177,6 +1205,17 @@ void CudaBackend::forward(std::span<ForwardItem> batch) {
 }
 
 double CudaBackend::last_graph_ms() const { return ranks_[0]->last_graph_ms; }
+// Component timing: rank 0's events (with several GPUs, its waits in the exchanges are in its parts).
+void CudaBackend::set_component_timing(bool on) {
+  for (auto& rk : ranks_) rk->comp_timing = on;
+}
+std::vector<std::pair<std::string, double>> CudaBackend::component_ms() const {
+  static const char* names[Impl::kComps] = {"embedding", "engram", "mhc+norms", "attention", "indexer+compressor",
+                                            "moe", "head+sampling"};
+  std::vector<std::pair<std::string, double>> out;
+  for (int c = 0; c < Impl::kComps; ++c) out.emplace_back(names[c], ranks_[0]->comp_ms[c]);
+  return out;
+}
 
 SequenceState CudaBackend::synthetic_sequence(int64_t pos, uint64_t seed) {
   const KvLayout& L = ranks_[0]->layout;

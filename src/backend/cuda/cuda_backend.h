@@ -57,6 +57,11 @@ class CudaBackend final : public Backend {
   SequenceState synthetic_sequence(int64_t pos, uint64_t seed);
   // GPU time of the last decode step replayed as a graph, in milliseconds (0 if none).
   double last_graph_ms() const;
+  // Per-component timing (benchmarks): while on, steps run without graphs and CUDA events between
+  // the parts of the step (embedding, Engram, mHC + norms, attention, indexer + compressor, MoE,
+  // head + sampling) give each part's GPU time; component_ms() returns the last step's.
+  void set_component_timing(bool on);
+  std::vector<std::pair<std::string, double>> component_ms() const;
 
   // Device memory the weights take, in bytes (on GPU `rank`).
   size_t weight_bytes(int rank = 0) const;

@@ -5,6 +5,7 @@
 #include <cfloat>
 #include <thread>
 #include <vector>
+#include <utility>
 #include <string>
 #include <cstdlib>
 #include <cmath>
@@ -124,6 +125,13 @@ __device__ float block_max(float v) {
 }
 
 int blocks_for(int64_t n, int per) { return int((n + per - 1) / per); }
+
+// Programmatic dependent launch (sm_90+): a kernel launched with the attribute may start while the
+// previous one finishes; everything before pdl_wait() must touch only memory no earlier kernel of
+// the step writes (weights). pdl_trigger() lets the next kernel start early. Both are no-ops when
+// the launch has no such dependency.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
 
 // ---- embedding and mHC -------------------------------------------------------------------------
 __global__ void k_embed(const int32_t* tok, const uint16_t* table, int64_t D, int hc, float* X, float* pre) {
@@ -295,6 +303,7 @@ __device__ __forceinline__ float fp8_block_scale(float v) {
 __device__ __forceinline__ uint8_t fp8_code(float v, float s) { return e4m3_code(fminf(fmaxf(v / s, -448.0f), 448.0f)); }
 
 __global__ void k_act_quant(const float* x, int64_t blocks, bool on, float* xq, float* sa) {
+  pdl_trigger();  // the linear that follows may start prefetching its weights
   const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int k = threadIdx.x % 32;
   if (b >= blocks) return;
@@ -327,23 +336,28 @@ __global__ void k_act_quant(const float* x, int64_t blocks, bool on, float* xq, 
 // reference does.
 constexpr float kXStage = 0x1p64f;  // inputs staged as x·2^64 on the exact path
 
-// Stages rows [row0, row0+nr) of x (stride x_stride) and their scales in shared memory: per row,
-// per K-block, 8 float4 chunks with chunk j stored at j ^ (kb & 7), so that the 8 lanes of a
-// quarter-warp (consecutive kb) read 8 different bank groups.
+// Stages rows [row0, row0+nr) of the raw input x (stride x_stride) in shared memory, quantized on
+// the way when kExact (activation quantization on: the per-32 FP8 quantization of k_act_quant, a
+// warp per 32-block, E4M3 values staged times 2^64, scales to ssa), else as they are (scales 1).
+// Per row and K-block, 8 float4 chunks with chunk j stored at j ^ (kb & 7), so that the 8 lanes of
+// a quarter-warp (consecutive kb) read 8 different bank groups.
 template <bool kExact>
-__device__ __forceinline__ void stage_rows(float4* xs4, float* ssa, const float* xq, const float* sa,
-                                           int64_t x_stride, int row0, int nr, int nb) {
-  const int n4 = nr * nb * 8;
+__device__ __forceinline__ void stage_rows(float4* xs4, float* ssa, const float* __restrict__ x, int64_t x_stride,
+                                           int row0, int nr, int nb) {
+  float* xs = reinterpret_cast<float*>(xs4);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
+  const int pos = ((lane / 4) << 2) + (lane % 4);  // chunk lane/4, component lane%4, before the swizzle
 #pragma unroll 4
-  for (int idx = threadIdx.x; idx < n4; idx += blockDim.x) {
-    const int rr = idx / (nb * 8), rem = idx % (nb * 8), kb = rem / 8, j = rem % 8;
-    float4 v = *reinterpret_cast<const float4*>(xq + int64_t(row0 + rr) * x_stride + kb * 32 + j * 4);
-    if (kExact) v.x *= kXStage, v.y *= kXStage, v.z *= kXStage, v.w *= kXStage;
-    xs4[(rr * nb + kb) * 8 + (j ^ (kb & 7))] = v;
-  }
-  for (int idx = threadIdx.x; idx < nr * nb; idx += blockDim.x) {
-    const int rr = idx / nb, kb = idx % nb;
-    ssa[idx] = sa[int64_t(row0 + rr) * (x_stride / 32) + kb];
+  for (int blk = warp; blk < nr * nb; blk += nw) {
+    const int rr = blk / nb, kb = blk % nb;
+    const float v = x[int64_t(row0 + rr) * x_stride + kb * 32 + lane];
+    float q = v, sc = 1.0f;
+    if (kExact) {
+      sc = fp8_block_scale(v);
+      q = e4m3_val(fp8_code(v, sc)) * kXStage;
+    }
+    xs[int64_t(blk) * 32 + (((pos >> 2) ^ (kb & 7)) << 2) + (pos & 3)] = q;
+    if (lane == 0) ssa[blk] = sc;
   }
 }
 
@@ -362,83 +376,189 @@ __device__ __forceinline__ float mac(float part, float x, float wbits, float wsc
 // Block of 8 warps; warp w takes outputs o0..o0+OPW-1 and the block's R rows (grid.y: row groups).
 // grid.z: independent groups (the grouped o-projection): group g uses weight rows g·out.., inputs
 // g·K.. of each row and outputs g·out.. .
-// kPipe: double-buffer the weight loads in registers (more bytes in flight per warp, more registers,
-// fewer resident warps); which wins is measured (DSUF_GEMV_PIPELINE, docs/perf.md).
-template <int OPW, int R, bool kExact, bool kPipe>
+// How a GEMV gets its weights (docs/perf.md measures them; DSUF_GEMV picks one):
+//   kRegs      each lane loads its K-block's weights into registers, then uses them;
+//   kRegsPipe  the same, double-buffered in registers (more bytes in flight, more registers);
+//   kSmem      the block streams its rows' weights through shared memory in chunks of 32 K-blocks
+//              with cp.async, two chunks in flight, so the bytes in flight do not cost registers.
+// The arithmetic is the same in all three: one K-block of one lane is fp8_kb_mac / fp4_kb_mac.
+enum GemvMode { kRegs = 0, kRegsPipe = 1, kSmem = 2 };
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+// Issues chunk c of `rows` weight rows (row_bytes each, chunk_bytes per row and chunk; all multiples
+// of 16) into dst[rows][chunk_bytes]; row_ptr(rr) gives row rr's start.
+template <typename RowPtr>
+__device__ __forceinline__ void issue_chunk(uint8_t* dst, int rows, int64_t row_bytes, int chunk_bytes, int c,
+                                            RowPtr row_ptr) {
+  const int64_t off = int64_t(c) * chunk_bytes;
+  const int len = int(row_bytes - off < chunk_bytes ? row_bytes - off : chunk_bytes);
+  const int pieces = len / 16;
+  for (int p = threadIdx.x; p < rows * pieces; p += blockDim.x) {
+    const int rr = p / pieces, q = p % pieces;
+    cp_async16(dst + rr * chunk_bytes + q * 16, row_ptr(rr) + off + q * 16);
+  }
+  cp_async_commit();
+}
+
+// One lane's K-block kb for OPW outputs (weights w, scales sw) and the block's nr ≤ R rows.
+template <int OPW, int R, bool kExact>
+__device__ __forceinline__ void fp8_kb_mac(const uint4 (&w)[OPW][2], const float (&sw)[OPW], const float4* xs4,
+                                           const float* ssa, int nb, int kb, int nr, float (&acc)[OPW][R]) {
+  const float wscale = 0x1p120f, back = 0x1p56f;
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr) {
+    if (rr >= nr) break;
+    float part[OPW];
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) part[o] = 0.0f;
+    const float4* xb = xs4 + (rr * nb + kb) * 8;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float4 xv = xb[j ^ (kb & 7)];
+#pragma unroll
+      for (int o = 0; o < OPW; ++o) {
+        const uint32_t t = word_of(w[o], j);
+        part[o] = mac<kExact>(part[o], xv.x, e4m3_bits(t), wscale);
+        part[o] = mac<kExact>(part[o], xv.y, e4m3_bits(t >> 8), wscale);
+        part[o] = mac<kExact>(part[o], xv.z, e4m3_bits(t >> 16), wscale);
+        part[o] = mac<kExact>(part[o], xv.w, e4m3_bits(t >> 24), wscale);
+      }
+    }
+    const float s_a = ssa[rr * nb + kb];
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) acc[o][rr] += (kExact ? part[o] * back : part[o]) * (s_a * sw[o]);
+  }
+}
+
+template <int OPW, bool kExact>
+__device__ __forceinline__ void fp4_kb_mac(const uint4 (&w)[OPW], const float (&sw)[OPW], const float4* xs4,
+                                           const float* ssa, int kb, float (&acc)[OPW]) {
+  const float wscale = 0x1p126f, back = 0x1p62f;
+  float part[OPW];
+#pragma unroll
+  for (int o = 0; o < OPW; ++o) part[o] = 0.0f;
+  const float4* xb = xs4 + kb * 8;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float4 xv = xb[j ^ (kb & 7)];
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) {
+      const uint4& q = w[o];
+      const uint32_t t = (j / 2 == 0 ? q.x : j / 2 == 1 ? q.y : j / 2 == 2 ? q.z : q.w) >> (16 * (j % 2));
+      part[o] = mac<kExact>(part[o], xv.x, e2m1_bits(t), wscale);
+      part[o] = mac<kExact>(part[o], xv.y, e2m1_bits(t >> 4), wscale);
+      part[o] = mac<kExact>(part[o], xv.z, e2m1_bits(t >> 8), wscale);
+      part[o] = mac<kExact>(part[o], xv.w, e2m1_bits(t >> 12), wscale);
+    }
+  }
+  const float s_a = ssa[kb];
+#pragma unroll
+  for (int o = 0; o < OPW; ++o) acc[o] += (kExact ? part[o] * back : part[o]) * (s_a * sw[o]);
+}
+
+// Shared-memory layout of a GEMV block: staged inputs (R rows), their scales, then (kSmem) two
+// chunk buffers of the block's weight rows, 16-byte aligned.
+__host__ __device__ constexpr int64_t gemv_weights_offset(int R, int64_t nb) {
+  return (int64_t(R) * nb * 33 * 4 + 15) / 16 * 16;
+}
+constexpr int kFp8Chunk = 32 * 32, kFp4Chunk = 32 * 16;  // bytes of a row per chunk (32 K-blocks)
+
+// Block of 8 warps; warp w takes outputs o0..o0+OPW-1 and the block's R rows (grid.y: row groups).
+// grid.z: independent groups (the grouped o-projection): group g uses weight rows g·out.., inputs
+// g·K.. of each row and outputs g·out.. .
+template <int OPW, int R, bool kExact, int kMode>
 __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws,
-                                                   int64_t out, int64_t K, const float* __restrict__ xq,
-                                                   const float* __restrict__ sa, int64_t x_stride, int rows,
-                                                   float* __restrict__ y, int64_t y_stride, bool r) {
+                                                   int64_t out, int64_t K, const float* __restrict__ x,
+                                                   int64_t x_stride, int rows, float* __restrict__ y,
+                                                   int64_t y_stride, bool r) {
   extern __shared__ float4 xs4[];
   const int nb = int(K / 32);
   const int g = blockIdx.z;
-  W += int64_t(g) * out * K, Ws += int64_t(g) * (out / 32) * nb, xq += int64_t(g) * K, sa += int64_t(g) * nb;
+  W += int64_t(g) * out * K, Ws += int64_t(g) * (out / 32) * nb, x += int64_t(g) * K;
   y += int64_t(g) * out;
   float* ssa = reinterpret_cast<float*>(xs4 + R * nb * 8);
+  uint8_t* wsm = reinterpret_cast<uint8_t*>(xs4) + gemv_weights_offset(R, nb);
   const int row0 = blockIdx.y * R, nr = min(R, rows - row0);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t o0 = (int64_t(blockIdx.x) * 8 + warp) * OPW;
-  // Start this warp's first weight loads before staging the inputs, so both latencies overlap.
-  if (o0 < out && lane < nb)
+  constexpr int BR = 8 * OPW;  // weight rows of the block
+  const int64_t ob = int64_t(blockIdx.x) * BR, o0 = ob + warp * OPW;
+  const int nch = (nb + 31) / 32;
+  auto clamp = [&](int rr) { return ob + rr < out ? ob + rr : out - 1; };  // a tail repeats the last row
+  auto row_ptr = [&](int rr) { return W + clamp(rr) * K; };
+  // Before the previous kernel has finished (pdl_wait) only weights are touched.
+  if (kMode == kSmem) {
+    issue_chunk(wsm, BR, K, kFp8Chunk, 0, row_ptr);
+    if (nch > 1) issue_chunk(wsm + BR * kFp8Chunk, BR, K, kFp8Chunk, 1, row_ptr);
+  } else if (o0 < out) {
 #pragma unroll
-    for (int o = 0; o < OPW; ++o) {
-      const int64_t oo = o0 + o < out ? o0 + o : out - 1;
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(W + oo * K + int64_t(lane) * 32));
-    }
-  stage_rows<kExact>(xs4, ssa, xq, sa, x_stride, row0, nr, nb);
+    for (int o = 0; o < OPW; ++o)
+      for (int64_t line = lane; line * 128 < K; line += 32)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(row_ptr(warp * OPW + o) + line * 128));
+  }
+  pdl_trigger();
+  pdl_wait();
+  stage_rows<kExact>(xs4, ssa, x, x_stride, row0, nr, nb);
   __syncthreads();
-  if (o0 >= out) return;
-  const float wscale = 0x1p120f, back = 0x1p56f;
   float acc[OPW][R];
 #pragma unroll
   for (int o = 0; o < OPW; ++o)
 #pragma unroll
     for (int rr = 0; rr < R; ++rr) acc[o][rr] = 0.0f;
-  // Weights double-buffered in registers: block kb+32's loads are in flight while kb is computed.
-  uint4 wn[OPW][2];
-  uint8_t swn[OPW];
-  auto load = [&](int kb) {
+  uint4 w[OPW][2];
+  float sw[OPW];
+  auto scales = [&](int kb) {
 #pragma unroll
-    for (int o = 0; o < OPW; ++o) {
-      const int64_t oo = o0 + o < out ? o0 + o : out - 1;  // a tail warp repeats the last row
-      const uint8_t* wr = W + oo * K + int64_t(kb) * 32;
-      wn[o][0] = __ldg(reinterpret_cast<const uint4*>(wr));
-      wn[o][1] = __ldg(reinterpret_cast<const uint4*>(wr + 16));
-      swn[o] = __ldg(Ws + (oo / 32) * nb + kb);
-    }
+    for (int o = 0; o < OPW; ++o) sw[o] = e8m0(__ldg(Ws + (clamp(warp * OPW + o) / 32) * nb + kb));
   };
-  if (kPipe && lane < nb) load(lane);
-  for (int kb = lane; kb < nb; kb += 32) {
-    if (!kPipe) load(kb);
-    uint4 w[OPW][2];
-    float sw[OPW];
-#pragma unroll
-    for (int o = 0; o < OPW; ++o) w[o][0] = wn[o][0], w[o][1] = wn[o][1], sw[o] = e8m0(swn[o]);
-    if (kPipe && kb + 32 < nb) load(kb + 32);
-#pragma unroll
-    for (int rr = 0; rr < R; ++rr) {
-      if (rr >= nr) break;
-      float part[OPW];
-#pragma unroll
-      for (int o = 0; o < OPW; ++o) part[o] = 0.0f;
-      const float4* xb = xs4 + (rr * nb + kb) * 8;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float4 xv = xb[j ^ (kb & 7)];
+  if (kMode == kSmem) {
+    for (int c = 0; c < nch; ++c) {
+      if (c + 1 < nch) cp_async_wait<1>();
+      else cp_async_wait<0>();
+      __syncthreads();
+      const int kb = c * 32 + lane;
+      if (kb < nb && o0 < out) {
+        const uint8_t* src = wsm + (c & 1) * BR * kFp8Chunk + lane * 32;
 #pragma unroll
         for (int o = 0; o < OPW; ++o) {
-          const uint32_t t = word_of(w[o], j);
-          part[o] = mac<kExact>(part[o], xv.x, e4m3_bits(t), wscale);
-          part[o] = mac<kExact>(part[o], xv.y, e4m3_bits(t >> 8), wscale);
-          part[o] = mac<kExact>(part[o], xv.z, e4m3_bits(t >> 16), wscale);
-          part[o] = mac<kExact>(part[o], xv.w, e4m3_bits(t >> 24), wscale);
+          w[o][0] = *reinterpret_cast<const uint4*>(src + (warp * OPW + o) * kFp8Chunk);
+          w[o][1] = *reinterpret_cast<const uint4*>(src + (warp * OPW + o) * kFp8Chunk + 16);
         }
+        scales(kb);
+        fp8_kb_mac<OPW, R, kExact>(w, sw, xs4, ssa, nb, kb, nr, acc);
       }
-      const float s_a = ssa[rr * nb + kb];
+      __syncthreads();
+      if (c + 2 < nch) issue_chunk(wsm + (c & 1) * BR * kFp8Chunk, BR, K, kFp8Chunk, c + 2, row_ptr);
+    }
+  } else {
+    if (o0 >= out) return;
+    uint4 wn[OPW][2];
+    auto load = [&](int kb) {
 #pragma unroll
-      for (int o = 0; o < OPW; ++o) acc[o][rr] += (kExact ? part[o] * back : part[o]) * (s_a * sw[o]);
+      for (int o = 0; o < OPW; ++o) {
+        const uint8_t* wr = row_ptr(warp * OPW + o) + int64_t(kb) * 32;
+        wn[o][0] = __ldg(reinterpret_cast<const uint4*>(wr));
+        wn[o][1] = __ldg(reinterpret_cast<const uint4*>(wr + 16));
+      }
+    };
+    if (kMode == kRegsPipe && lane < nb) load(lane);
+    for (int kb = lane; kb < nb; kb += 32) {
+      if (kMode == kRegs) load(kb);
+#pragma unroll
+      for (int o = 0; o < OPW; ++o) w[o][0] = wn[o][0], w[o][1] = wn[o][1];
+      if (kMode == kRegsPipe && kb + 32 < nb) load(kb + 32);
+      scales(kb);
+      fp8_kb_mac<OPW, R, kExact>(w, sw, xs4, ssa, nb, kb, nr, acc);
     }
   }
+  if (o0 >= out) return;
 #pragma unroll
   for (int o = 0; o < OPW; ++o)
 #pragma unroll
@@ -450,71 +570,81 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
 
 // Grouped FP4 (experts): grid.y = rows; row i uses expert ids[i] and input row i / x_div. Each
 // packed byte holds two inputs' weights, low nibble first; they are added one after the other.
-template <int OPW, bool kExact, bool kPipe>
+template <int OPW, bool kExact, int kMode>
 __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const uint8_t* const* Ws,
-                                                   const int32_t* ids, int64_t out, int64_t K, const float* xq,
-                                                   const float* sa, int x_div, float* y, bool r) {
+                                                   const int32_t* ids, int64_t out, int64_t K, const float* x,
+                                                   int x_div, float* y, bool r) {
   extern __shared__ float4 xs4[];
   const int nb = int(K / 32);
   float* ssa = reinterpret_cast<float*>(xs4 + nb * 8);
+  uint8_t* wsm = reinterpret_cast<uint8_t*>(xs4) + gemv_weights_offset(1, nb);
   const int row = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t o0 = (int64_t(blockIdx.x) * 8 + warp) * OPW;
+  constexpr int BR = 8 * OPW;
+  const int64_t ob = int64_t(blockIdx.x) * BR, o0 = ob + warp * OPW;
+  const int64_t row_bytes = K / 2;
+  const int nch = (nb + 31) / 32;
+  pdl_trigger();
+  pdl_wait();  // the expert ids come from this step's router
   const int e = ids ? ids[row] : 0;
   const uint8_t* We = W[e];
   const uint8_t* Se = Ws[e];
-  if (o0 < out && lane < nb)
+  auto clamp = [&](int rr) { return ob + rr < out ? ob + rr : out - 1; };
+  auto row_ptr = [&](int rr) { return We + clamp(rr) * row_bytes; };
+  if (kMode == kSmem) {
+    issue_chunk(wsm, BR, row_bytes, kFp4Chunk, 0, row_ptr);
+    if (nch > 1) issue_chunk(wsm + BR * kFp4Chunk, BR, row_bytes, kFp4Chunk, 1, row_ptr);
+  } else if (o0 < out && lane < nb) {
 #pragma unroll
-    for (int o = 0; o < OPW; ++o) {
-      const int64_t oo = o0 + o < out ? o0 + o : out - 1;
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(We + oo * (K / 2) + int64_t(lane) * 16));
-    }
-  stage_rows<kExact>(xs4, ssa, xq, sa, K, row / x_div, 1, nb);
+    for (int o = 0; o < OPW; ++o)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(row_ptr(warp * OPW + o) + int64_t(lane) * 16));
+  }
+  stage_rows<kExact>(xs4, ssa, x, K, row / x_div, 1, nb);
   __syncthreads();
-  if (o0 >= out) return;
-  const float wscale = 0x1p126f, back = 0x1p62f;
   float acc[OPW];
 #pragma unroll
   for (int o = 0; o < OPW; ++o) acc[o] = 0.0f;
-  uint4 wn[OPW];
-  uint8_t swn[OPW];
-  auto load = [&](int kb) {
+  uint4 w[OPW];
+  float sw[OPW];
+  auto scales = [&](int kb) {
 #pragma unroll
-    for (int o = 0; o < OPW; ++o) {
-      const int64_t oo = o0 + o < out ? o0 + o : out - 1;
-      wn[o] = __ldg(reinterpret_cast<const uint4*>(We + oo * (K / 2) + int64_t(kb) * 16));
-      swn[o] = __ldg(Se + oo * nb + kb);
-    }
+    for (int o = 0; o < OPW; ++o) sw[o] = e8m0(__ldg(Se + clamp(warp * OPW + o) * nb + kb));
   };
-  if (kPipe && lane < nb) load(lane);
-  for (int kb = lane; kb < nb; kb += 32) {
-    if (!kPipe) load(kb);
-    uint4 w[OPW];
-    float sw[OPW];
+  if (kMode == kSmem) {
+    for (int c = 0; c < nch; ++c) {
+      if (c + 1 < nch) cp_async_wait<1>();
+      else cp_async_wait<0>();
+      __syncthreads();
+      const int kb = c * 32 + lane;
+      if (kb < nb && o0 < out) {
+        const uint8_t* src = wsm + (c & 1) * BR * kFp4Chunk + lane * 16;
 #pragma unroll
-    for (int o = 0; o < OPW; ++o) w[o] = wn[o], sw[o] = e8m0(swn[o]);
-    if (kPipe && kb + 32 < nb) load(kb + 32);
-    float part[OPW];
-#pragma unroll
-    for (int o = 0; o < OPW; ++o) part[o] = 0.0f;
-    const float4* xb = xs4 + kb * 8;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float4 xv = xb[j ^ (kb & 7)];
-#pragma unroll
-      for (int o = 0; o < OPW; ++o) {
-        const uint4& q = w[o];
-        const uint32_t t = (j / 2 == 0 ? q.x : j / 2 == 1 ? q.y : j / 2 == 2 ? q.z : q.w) >> (16 * (j % 2));
-        part[o] = mac<kExact>(part[o], xv.x, e2m1_bits(t), wscale);
-        part[o] = mac<kExact>(part[o], xv.y, e2m1_bits(t >> 4), wscale);
-        part[o] = mac<kExact>(part[o], xv.z, e2m1_bits(t >> 8), wscale);
-        part[o] = mac<kExact>(part[o], xv.w, e2m1_bits(t >> 12), wscale);
+        for (int o = 0; o < OPW; ++o) w[o] = *reinterpret_cast<const uint4*>(src + (warp * OPW + o) * kFp4Chunk);
+        scales(kb);
+        fp4_kb_mac<OPW, kExact>(w, sw, xs4, ssa, kb, acc);
       }
+      __syncthreads();
+      if (c + 2 < nch) issue_chunk(wsm + (c & 1) * BR * kFp4Chunk, BR, row_bytes, kFp4Chunk, c + 2, row_ptr);
     }
-    const float s_a = ssa[kb];
+  } else {
+    if (o0 >= out) return;
+    uint4 wn[OPW];
+    auto load = [&](int kb) {
 #pragma unroll
-    for (int o = 0; o < OPW; ++o) acc[o] += (kExact ? part[o] * back : part[o]) * (s_a * sw[o]);
+      for (int o = 0; o < OPW; ++o)
+        wn[o] = __ldg(reinterpret_cast<const uint4*>(row_ptr(warp * OPW + o) + int64_t(kb) * 16));
+    };
+    if (kMode == kRegsPipe && lane < nb) load(lane);
+    for (int kb = lane; kb < nb; kb += 32) {
+      if (kMode == kRegs) load(kb);
+#pragma unroll
+      for (int o = 0; o < OPW; ++o) w[o] = wn[o];
+      if (kMode == kRegsPipe && kb + 32 < nb) load(kb + 32);
+      scales(kb);
+      fp4_kb_mac<OPW, kExact>(w, sw, xs4, ssa, kb, acc);
+    }
   }
+  if (o0 >= out) return;
 #pragma unroll
   for (int o = 0; o < OPW; ++o) {
     const float v = warp_sum(acc[o]);
@@ -522,6 +652,9 @@ __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const
   }
 }
 
+// One warp per output; lane l takes 8-element chunks l, l+32, … (chunk_lane_sum<8>): one 16-byte
+// weight load and two float4 input loads per chunk when K and the strides allow, else scalars in
+// the same order.
 __global__ void k_bf16_linear(const uint16_t* __restrict__ W, int64_t out, int64_t K, const float* __restrict__ x,
                               int64_t x_stride, float* __restrict__ y, int64_t y_stride, bool r) {
   const int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
@@ -530,8 +663,27 @@ __global__ void k_bf16_linear(const uint16_t* __restrict__ W, int64_t out, int64
   const uint16_t* wr = W + o * K;
   const float* xr = x + int64_t(row) * x_stride;
   float acc = 0.0f;
-#pragma unroll 8
-  for (int64_t k = lane; k < K; k += 32) acc += bf16_load(wr, k) * xr[k];
+  const bool vec = K % 8 == 0 && x_stride % 4 == 0 && (reinterpret_cast<uintptr_t>(W) & 15) == 0 &&
+                   (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+  if (vec) {
+#pragma unroll 4
+    for (int64_t c = lane; c * 8 < K; c += 32) {
+      const uint4 wv = __ldg(reinterpret_cast<const uint4*>(wr + c * 8));
+      const float4 x0 = *reinterpret_cast<const float4*>(xr + c * 8);
+      const float4 x1 = *reinterpret_cast<const float4*>(xr + c * 8 + 4);
+      acc += __uint_as_float(wv.x << 16) * x0.x;
+      acc += __uint_as_float(wv.x & 0xffff0000u) * x0.y;
+      acc += __uint_as_float(wv.y << 16) * x0.z;
+      acc += __uint_as_float(wv.y & 0xffff0000u) * x0.w;
+      acc += __uint_as_float(wv.z << 16) * x1.x;
+      acc += __uint_as_float(wv.z & 0xffff0000u) * x1.y;
+      acc += __uint_as_float(wv.w << 16) * x1.z;
+      acc += __uint_as_float(wv.w & 0xffff0000u) * x1.w;
+    }
+  } else {
+    for (int64_t c = lane; c * 8 < K; c += 32)
+      for (int64_t k = c * 8; k < c * 8 + 8 && k < K; ++k) acc += bf16_load(wr, k) * xr[k];
+  }
   acc = warp_sum(acc);
   if (lane == 0) y[int64_t(row) * y_stride + o] = rb(acc, r);
 }
@@ -628,7 +780,7 @@ __global__ void k_gather_keys(AttentionArgs a) {
 // logits (one warp per (key, 8 heads): the lane-strided dot of core/detmath.h for each head), then
 // softmax and P·V (one thread per output dim for 4 heads; the denominator is the 128-thread
 // block_sum, the P·V sum runs over keys in order).
-constexpr int kAttHeadsQK = 8, kAttHeadsPV = 4, kAttDimsPV = 128, kAttKeySplit = 10;
+constexpr int kAttHeadsQK = 8, kAttHeadsPV = 4, kAttDimsPV = 128, kAttKeySplit = 20;
 
 __device__ __forceinline__ int attention_keys(const AttentionArgs& a, int i, int* first_free) {
   // The row's keys: its window, then the selection up to its first -1 (found in parallel).
@@ -661,6 +813,7 @@ __global__ void __launch_bounds__(256) k_attention_logits(AttentionArgs a) {
     float dot[kAttHeadsQK];
 #pragma unroll
     for (int h = 0; h < kAttHeadsQK; ++h) dot[h] = 0.0f;
+#pragma unroll 4
     for (int64_t d = lane; d < hd; d += 32) {
       const float k = keys[int64_t(j) * hd + d];
 #pragma unroll
@@ -760,7 +913,8 @@ __global__ void k_compress_emit(CompressArgs a) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
   for (int64_t o = warp; o < ihd; o += nw) {
     float acc = 0.0f;
-    for (int64_t d = lane; d < hd; d += 32) acc += bf16_load(a.wk, o * hd + d) * latent[d];
+    for (int64_t c = lane; c * 8 < hd; c += 32)  // chunk_lane_sum<8>, as every BF16 linear
+      for (int64_t d = c * 8; d < c * 8 + 8 && d < hd; ++d) acc += bf16_load(a.wk, o * hd + d) * latent[d];
     acc = warp_sum(acc);
     if (lane == 0) kv[o] = rb(acc, a.r);
   }
@@ -907,6 +1061,20 @@ __device__ __forceinline__ uint32_t fkey(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+// Inclusive prefix sum over a 256-thread block (warp shuffles, then the 8 warp totals).
+__device__ __forceinline__ int block_scan_256(int v, int* warp_tot) {
+  const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int u = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += u;
+  }
+  __syncthreads();
+  if (lane == 31) warp_tot[w] = v;
+  __syncthreads();
+  for (int q = 0; q < w; ++q) v += warp_tot[q];
+  return v;
+}
+
 // One block per row: radix-select the k-th largest key, then gather (> threshold) and the first ties
 // in index order, then sort the picks by (value desc, index asc).
 __global__ void k_top_k(const float* x, int64_t stride, const RowMeta* meta, int ratio, int block, int k, int32_t* out,
@@ -933,21 +1101,29 @@ __global__ void k_top_k(const float* x, int64_t stride, const RowMeta* meta, int
   if (s_eligible > k) {
     if (t == 0) s_prefix = 0, s_mask = 0, s_remaining = k;
     __syncthreads();
+    __shared__ int warp_tot[8], s_digit, above[257];
     for (int shift = 24; shift >= 0; shift -= 8) {
       hist[t] = 0;
+      if (t == 0) s_digit = 0, above[256] = 0;
       __syncthreads();
+      const uint32_t mask = s_mask, prefix = s_prefix;
       for (int64_t j = t; j < count; j += T) {
         uint32_t key = fkey(row[j]);
-        if (key > neg_inf_key && (key & s_mask) == s_prefix) atomicAdd(&hist[(key >> shift) & 255], 1);
+        if (key > neg_inf_key && (key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1);
       }
       __syncthreads();
+      // The digit: the largest d ≥ 1 whose bins d..255 hold at least the remaining count, else 0
+      // (bins from the top, as a sequential scan would stop). Suffix sums by a scan of the
+      // reversed histogram.
+      const int rev = block_scan_256(hist[255 - t], warp_tot);  // Σ hist[255-t..255]
+      above[255 - t] = rev;                                    // bins ≥ 255-t
+      __syncthreads();
+      const int rem = s_remaining;
+      if (t >= 1 && above[t] >= rem) atomicMax(&s_digit, t);
+      __syncthreads();
       if (t == 0) {
-        int acc = 0, d = 255;
-        for (; d > 0; --d) {
-          if (acc + hist[d] >= s_remaining) break;
-          acc += hist[d];
-        }
-        s_remaining -= acc;
+        const int d = s_digit;
+        s_remaining -= above[d + 1];
         s_prefix |= uint32_t(d) << shift;
         s_mask |= 255u << shift;
       }
@@ -966,18 +1142,11 @@ __global__ void k_top_k(const float* x, int64_t stride, const RowMeta* meta, int
     if (s_eligible <= k || key > threshold) ++n_gt;
     else if (key == threshold) ++n_eq;
   }
-  __shared__ int sc_gt[T], sc_eq[T];
-  sc_gt[t] = n_gt;
-  sc_eq[t] = n_eq;
-  __syncthreads();
-  if (t == 0) {
-    int a = 0, b = 0;
-    for (int u = 0; u < T; ++u) {
-      int x1 = sc_gt[u], x2 = sc_eq[u];
-      sc_gt[u] = a, sc_eq[u] = b;
-      a += x1, b += x2;
-    }
-  }
+  __shared__ int sc_gt[T], sc_eq[T], scan_tot[8];
+  const int inc_gt = block_scan_256(n_gt, scan_tot);
+  const int inc_eq = block_scan_256(n_eq, scan_tot);
+  sc_gt[t] = inc_gt - n_gt;  // exclusive offsets
+  sc_eq[t] = inc_eq - n_eq;
   __syncthreads();
   extern __shared__ uint64_t picks[];  // (key << 32) | ~index, sorted descending
   int og = sc_gt[t], oe = sc_eq[t];
@@ -1213,6 +1382,24 @@ void fill_entries_synthetic(uint8_t* p, int64_t entries, int64_t entry_bytes, in
 }
 
 namespace {
+bool pdl_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("DSUF_PDL");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+// Launches k with programmatic stream serialization (see pdl_wait) unless DSUF_PDL=0.
+template <typename... KArgs, typename... Args>
+void launch_pdl(void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = s;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = at, cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  DSUF_CUDA(cudaLaunchKernelEx(&cfg, k, std::forward<Args>(args)...));
+}
 template <typename Kernel>
 void set_smem(Kernel k, size_t smem) {
   if (smem > 48 * 1024) DSUF_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
@@ -1261,8 +1448,7 @@ struct Fp8Call {
   const uint8_t* W;
   const uint8_t* Ws;
   int64_t out, K;
-  const float* xq;
-  const float* sa;
+  const float* x;
   int64_t x_stride, rows;
   float* y;
   int64_t y_stride;
@@ -1270,22 +1456,31 @@ struct Fp8Call {
   bool r;
   cudaStream_t s;
 };
-bool gemv_pipeline() {
-  static const bool on = [] {
-    const char* v = std::getenv("DSUF_GEMV_PIPELINE");
-    return v && std::string(v) == "1";
+// DSUF_GEMV=regs|pipe|smem picks how the FP8/FP4 linears fetch weights (see GemvMode); smem by default.
+int gemv_mode() {
+  static const int mode = [] {
+    const char* v = std::getenv("DSUF_GEMV");
+    const std::string m = v ? v : "smem";
+    if (m == "regs") return int(kRegs);
+    if (m == "pipe") return int(kRegsPipe);
+    if (m == "smem") return int(kSmem);
+    fail("DSUF_GEMV=", m, ": expected regs, pipe or smem");
   }();
-  return on;
+  return mode;
+}
+size_t gemv_smem(int R, int64_t K, int rows_per_block, int chunk) {
+  return size_t(gemv_weights_offset(R, K / 32)) + (gemv_mode() == kSmem ? size_t(2) * rows_per_block * chunk : 0);
 }
 template <int OPW, int R, bool kExact>
 void launch_fp8(const Fp8Call& c) {
-  const int nb = int(c.K / 32);
-  const size_t smem = size_t(R) * nb * (32 + 1) * sizeof(float);
-  DSUF_CHECK(smem <= 200 * 1024, "fp8_linear: K = ", c.K, " with ", R, " rows needs too much shared memory");
-  auto k = gemv_pipeline() ? k_fp8_gemv<OPW, R, kExact, true> : k_fp8_gemv<OPW, R, kExact, false>;
+  const size_t smem = gemv_smem(R, c.K, 8 * OPW, kFp8Chunk);
+  DSUF_CHECK(smem <= 227 * 1024, "fp8_linear: K = ", c.K, " with ", R, " rows needs too much shared memory");
+  const int mode = gemv_mode();
+  auto k = mode == kSmem ? k_fp8_gemv<OPW, R, kExact, kSmem>
+           : mode == kRegsPipe ? k_fp8_gemv<OPW, R, kExact, kRegsPipe> : k_fp8_gemv<OPW, R, kExact, kRegs>;
   set_smem(k, smem);
-  k<<<dim3(blocks_for(c.out, 8 * OPW), blocks_for(c.rows, R), c.groups), 256, smem, c.s>>>(
-      c.W, c.Ws, c.out, c.K, c.xq, c.sa, c.x_stride, int(c.rows), c.y, c.y_stride, c.r);
+  launch_pdl(k, dim3(blocks_for(c.out, 8 * OPW), blocks_for(c.rows, R), c.groups), dim3(256), smem, c.s, c.W, c.Ws,
+             c.out, c.K, c.x, c.x_stride, int(c.rows), c.y, c.y_stride, c.r);
 }
 template <int R, bool kExact>
 void launch_fp8_opw(const Fp8Call& c) {
@@ -1304,45 +1499,46 @@ void launch_fp8_rows(const Fp8Call& c) {
 }
 template <int OPW, bool kExact>
 void launch_fp4(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
-                const float* xq, const float* sa, int x_div, int64_t rows, float* y, bool r, cudaStream_t s) {
-  const size_t smem = size_t(K / 32) * (32 + 1) * sizeof(float);
-  DSUF_CHECK(smem <= 200 * 1024, "fp4_linear: K = ", K, " needs too much shared memory");
-  auto k = gemv_pipeline() ? k_fp4_gemv<OPW, kExact, true> : k_fp4_gemv<OPW, kExact, false>;
+                const float* x, int x_div, int64_t rows, float* y, bool r, cudaStream_t s) {
+  const size_t smem = gemv_smem(1, K, 8 * OPW, kFp4Chunk);
+  DSUF_CHECK(smem <= 227 * 1024, "fp4_linear: K = ", K, " needs too much shared memory");
+  const int mode = gemv_mode();
+  auto k = mode == kSmem ? k_fp4_gemv<OPW, kExact, kSmem>
+           : mode == kRegsPipe ? k_fp4_gemv<OPW, kExact, kRegsPipe> : k_fp4_gemv<OPW, kExact, kRegs>;
   set_smem(k, smem);
-  k<<<dim3(blocks_for(out, 8 * OPW), rows), 256, smem, s>>>(W, Ws, ids, out, K, xq, sa, x_div, y, r);
+  launch_pdl(k, dim3(blocks_for(out, 8 * OPW), int(rows)), dim3(256), smem, s, W, Ws, ids, out, K, x, x_div, y, r);
 }
 template <bool kExact>
 void launch_fp4_opw(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
-                    const float* xq, const float* sa, int x_div, int64_t rows, float* y, bool r, cudaStream_t s) {
+                    const float* x, int x_div, int64_t rows, float* y, bool r, cudaStream_t s) {
   switch (outputs_per_warp(out * rows)) {
-    case 4: return launch_fp4<4, kExact>(W, Ws, ids, out, K, xq, sa, x_div, rows, y, r, s);
-    case 2: return launch_fp4<2, kExact>(W, Ws, ids, out, K, xq, sa, x_div, rows, y, r, s);
-    default: return launch_fp4<1, kExact>(W, Ws, ids, out, K, xq, sa, x_div, rows, y, r, s);
+    case 4: return launch_fp4<4, kExact>(W, Ws, ids, out, K, x, x_div, rows, y, r, s);
+    case 2: return launch_fp4<2, kExact>(W, Ws, ids, out, K, x, x_div, rows, y, r, s);
+    default: return launch_fp4<1, kExact>(W, Ws, ids, out, K, x, x_div, rows, y, r, s);
   }
 }
 }  // namespace
 
-void fp8_linear_groups(const uint8_t* W, const uint8_t* Ws, int groups, int64_t out, int64_t K, const float* xq,
-                       const float* sa, int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool quantized,
-                       bool r, cudaStream_t s) {
+void fp8_linear_groups(const uint8_t* W, const uint8_t* Ws, int groups, int64_t out, int64_t K, const float* x,
+                       int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool quantize, bool r,
+                       cudaStream_t s) {
   DSUF_CHECK(K % 32 == 0 && x_stride % 4 == 0 && groups >= 1 && (groups == 1 || out % 32 == 0), "fp8_linear: K = ",
              K, ", x_stride = ", x_stride, ", groups = ", groups, ", out = ", out);
   if (rows <= 0) return;
-  const Fp8Call c{W, Ws, out, K, xq, sa, x_stride, rows, y, y_stride, groups, r, s};
-  if (quantized) return launch_fp8_rows<true>(c);
+  const Fp8Call c{W, Ws, out, K, x, x_stride, rows, y, y_stride, groups, r, s};
+  if (quantize) return launch_fp8_rows<true>(c);
   launch_fp8_rows<false>(c);
 }
-void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const float* xq, const float* sa,
-                int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool quantized, bool r, cudaStream_t s) {
-  fp8_linear_groups(W, Ws, 1, out, K, xq, sa, x_stride, rows, y, y_stride, quantized, r, s);
+void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const float* x, int64_t x_stride,
+                int64_t rows, float* y, int64_t y_stride, bool quantize, bool r, cudaStream_t s) {
+  fp8_linear_groups(W, Ws, 1, out, K, x, x_stride, rows, y, y_stride, quantize, r, s);
 }
 void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
-                        const float* xq, const float* sa, int x_div, int64_t rows, float* y, bool quantized, bool r,
-                        cudaStream_t s) {
+                        const float* x, int x_div, int64_t rows, float* y, bool quantize, bool r, cudaStream_t s) {
   DSUF_CHECK(K % 32 == 0, "fp4_linear: K = ", K);
   if (rows <= 0) return;
-  if (quantized) return launch_fp4_opw<true>(W, Ws, ids, out, K, xq, sa, x_div, rows, y, r, s);
-  launch_fp4_opw<false>(W, Ws, ids, out, K, xq, sa, x_div, rows, y, r, s);
+  if (quantize) return launch_fp4_opw<true>(W, Ws, ids, out, K, x, x_div, rows, y, r, s);
+  launch_fp4_opw<false>(W, Ws, ids, out, K, x, x_div, rows, y, r, s);
 }
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows, float* y,
                  int64_t y_stride, bool r, cudaStream_t s) {

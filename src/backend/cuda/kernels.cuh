@@ -33,21 +33,23 @@ void collapse_norm(const float* pre, int pre_stride, const float* X, int n, int 
 void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float eps, float* y, bool r,
              cudaStream_t s);
 // Per-32 FP8 activation quantization: xq holds the E4M3 values, sa the power-of-two scales.
+// (The linears below quantize their inputs themselves; this stays for checks and other users.)
 void act_quant(const float* x, int64_t rows, int64_t K, bool on, float* xq, float* sa, cudaStream_t s);
-// y[r][o] = Σ_kb sa[r][kb]·sw[o/32][kb]·Σ xq·w ; x rows have stride x_stride (sa: x_stride/32),
-// y rows stride y_stride. W may be a row slice of a larger weight (the grouped o-projection).
-// quantized: xq holds E4M3 values (act_quant on), which allows the exact FMA path.
-void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const float* xq, const float* sa,
-                int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool quantized, bool r, cudaStream_t s);
+// y[r][o] = Σ_kb s_x[r][kb]·s_w[o/32][kb]·Σ q(x)·w with x's rows quantized per 32 on the way in
+// (quantize: the reference's activation quantization; else x as it is, scales 1). x rows have
+// stride x_stride, y rows y_stride. W may be a row slice of a larger weight.
+void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const float* x, int64_t x_stride,
+                int64_t rows, float* y, int64_t y_stride, bool quantize, bool r, cudaStream_t s);
 // `groups` independent products in one launch (the grouped o-projection): group g uses weight rows
 // [g·out, (g+1)·out) (out a multiple of 32), inputs g·K.. of each row, outputs g·out.. of each row.
-void fp8_linear_groups(const uint8_t* W, const uint8_t* Ws, int groups, int64_t out, int64_t K, const float* xq,
-                       const float* sa, int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool quantized,
-                       bool r, cudaStream_t s);
-// Grouped FP4 linear (experts): row r uses expert ids[r]'s weights and input row r / x_div.
+void fp8_linear_groups(const uint8_t* W, const uint8_t* Ws, int groups, int64_t out, int64_t K, const float* x,
+                       int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool quantize, bool r,
+                       cudaStream_t s);
+// Grouped FP4 linear (experts): row r uses expert ids[r]'s weights and input row r / x_div (stride K),
+// quantized as above.
 void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out,
-                        int64_t K, const float* xq, const float* sa, int x_div, int64_t rows, float* y,
-                        bool quantized, bool r, cudaStream_t s);
+                        int64_t K, const float* x, int x_div, int64_t rows, float* y, bool quantize, bool r,
+                        cudaStream_t s);
 // FP32 product with a BF16 weight; y = W·x (optionally BF16-rounded).
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows,
                  float* y, int64_t y_stride, bool r, cudaStream_t s);

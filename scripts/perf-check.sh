@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Decode-speed measurements on the GPU machine with binaries already in build-gpu/bin (docs/perf.md):
+#   scripts/perf-check.sh [quick|full|ncu]
+# quick: batch 1 and 64 at 8K and 128K with the per-component table; batch 1 at 8K with the
+#        register GEMVs (DSUF_GEMV=regs) and with programmatic dependent launch off (DSUF_PDL=0);
+#        batch 1 at ~1M tokens.
+# full:  also batches 4 and 16, and the double-buffered register GEMVs (DSUF_GEMV=pipe).
+# ncu:   a per-kernel Nsight Compute breakdown of one batch-1 step at 8K (bench/ncu_breakdown.py).
+# Each step is time-limited and the script goes on past a failing one; logs go to $OUT or /tmp.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+B=${DSUF_GPU_BUILD:-build-gpu}/bin
+LOG=${OUT:-/tmp/dsuf-perf-check}
+mkdir -p "$LOG"
+mode=${1:-quick}
+bench() {  # name, timeout, args...
+  local name=$1 limit=$2
+  shift 2
+  echo "== bench_decode $* ($name)"
+  timeout "$limit" "$B/bench_decode" "$@" 2>&1 | tee "$LOG/bench_$name.txt" | grep -v '^model:\|^head:'
+}
+batches=1,64
+[ "$mode" = full ] && batches=1,4,16,64
+if [ "$mode" != ncu ]; then
+  bench main 200 --contexts 8192,131072 --batches $batches --steps 10 --warmup 2 --components
+  DSUF_GEMV=regs bench gemv_regs 60 --contexts 8192 --batches 1 --steps 10 --warmup 2
+  DSUF_PDL=0 bench pdl_off 60 --contexts 8192 --batches 1 --steps 10 --warmup 2
+  [ "$mode" = full ] && DSUF_GEMV=pipe bench gemv_pipe 60 --contexts 8192 --batches 1 --steps 10 --warmup 2
+  bench 1m 120 --contexts 1048000 --batches 1 --steps 5 --warmup 1 --components
+fi
+if [ "$mode" = ncu ] || [ "$mode" = full ]; then
+  echo "== ncu"
+  DSUF_CUDA_GRAPHS=0 timeout 200 ncu --metrics gpu__time_duration.sum,dram__bytes_read.sum \
+    --kernel-name regex:'^k_(?!fill)' --launch-count 4000 --csv --log-file "$LOG/ncu.csv" \
+    "$B/bench_decode" --contexts 8192 --batches 1 --steps 1 --warmup 0 --experts 16 --engram-vocab 100000 \
+    > "$LOG/ncu_stdout.txt" 2>&1
+  bw=$(grep -o 'bandwidth (read+write): [0-9]*' "$LOG/ncu_stdout.txt" | grep -o '[0-9]*$')
+  python3 bench/ncu_breakdown.py "$LOG/ncu.csv" --bw "${bw:-4250}" | tee "$LOG/ncu_breakdown.txt"
+fi
