@@ -393,6 +393,12 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
+// Waits for chunk c of nch (chunk c+1 may stay in flight) and makes it visible to the block.
+__device__ __forceinline__ void chunk_ready(int c, int nch) {
+  if (c + 1 < nch) cp_async_wait<1>();
+  else cp_async_wait<0>();
+  __syncthreads();
+}
 // Issues chunk c of `rows` weight rows (row_bytes each, chunk_bytes per row and chunk; all multiples
 // of 16) into dst[rows][chunk_bytes]; row_ptr(rr) gives row rr's start.
 template <typename RowPtr>
@@ -520,9 +526,7 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
   };
   if (kMode == kSmem) {
     for (int c = 0; c < nch; ++c) {
-      if (c + 1 < nch) cp_async_wait<1>();
-      else cp_async_wait<0>();
-      __syncthreads();
+      chunk_ready(c, nch);
       const int kb = c * 32 + lane;
       if (kb < nb && o0 < out) {
         const uint8_t* src = wsm + (c & 1) * BR * kFp8Chunk + lane * 32;
@@ -612,9 +616,7 @@ __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const
   };
   if (kMode == kSmem) {
     for (int c = 0; c < nch; ++c) {
-      if (c + 1 < nch) cp_async_wait<1>();
-      else cp_async_wait<0>();
-      __syncthreads();
+      chunk_ready(c, nch);
       const int kb = c * 32 + lane;
       if (kb < nb && o0 < out) {
         const uint8_t* src = wsm + (c & 1) * BR * kFp4Chunk + lane * 16;
