@@ -78,8 +78,14 @@ struct DevLayer {
   const uint16_t *e_q = nullptr, *e_k = nullptr;
 };
 
-// One sequence's pools on the device.
+// One sequence's pools on the device. A SequenceState points at them through its `device` handle,
+// but copying a state copies the handle, so the pools also record whose they are: the backend that
+// made them and how many tokens they hold. A state whose pos differs holds a handle that went stale
+// (a copy taken before the pools advanced, a state restored from the conversation cache, host pools
+// replaced): Impl::seq drops it and uploads that state's host pools again.
 struct DevSeq {
+  const void* owner = nullptr;        // the CudaBackend::Impl that allocated them
+  int64_t pos = 0;                    // tokens the pools describe
   DevMem window;                      // [L][W][window_entry_bytes]
   std::vector<DevMem> ckv, ikey;      // per KV source, capacity entries
   std::vector<DevMem> pending[2];     // per KV source, [ratio][2·hd] FP32, double-buffered
@@ -210,6 +216,7 @@ struct CudaBackend::Impl {
   void place_tensors(uint64_t synthetic_seed);
   void alloc_workspace();
   DevSeq& seq(SequenceState& st);
+  void check_host_pools(const SequenceState& st) const;
   Step stage_step(std::vector<Part>& parts, bool fixed_layout);
   void enqueue_step(const Step& st, std::vector<Part>& parts, bool trace);
   void run_step(std::vector<Part>& parts);
@@ -459,10 +466,37 @@ void CudaBackend::Impl::alloc_workspace() {
   stage.dev = alloc<uint8_t>(stage.cap);
 }
 
+void CudaBackend::Impl::check_host_pools(const SequenceState& st) const {
+  const char* why = "sequence state: its host pools do not describe its position (a copy of a device "
+                    "state taken without Backend::download?)";
+  DSUF_CHECK(int(st.window.size()) == layout.num_layers, why);
+  for (const auto& w : st.window) DSUF_CHECK(w.size() == size_t(layout.window) * layout.window_entry_bytes, why);
+  const size_t S = layout.kv_sources.size();
+  DSUF_CHECK(st.ckv.size() == S && st.ikey.size() == S && st.pending.size() == S, why);
+  for (size_t k = 0; k < S; ++k) {
+    const int64_t ratio = layout.source_ratio[k], entries = st.pos / ratio;
+    DSUF_CHECK(st.ckv[k].size() == size_t(entries) * layout.ckv_entry_bytes, why, " (compressed KV of source ", k, ")");
+    DSUF_CHECK(st.ikey[k].size() == size_t(entries) * layout.ikey_entry_bytes, why, " (indexer keys of source ", k, ")");
+    DSUF_CHECK(st.pending[k].size() == size_t(st.pos % ratio) * 2 * layout.head_dim, why, " (compressor state of source ", k, ")");
+  }
+  DSUF_CHECK(int(st.engram_history.size()) == layout.history, why);
+}
+
 DevSeq& CudaBackend::Impl::seq(SequenceState& st) {
-  if (st.device) return *static_cast<DevSeq*>(st.device.get());
+  if (st.device) {
+    auto* held = static_cast<DevSeq*>(st.device.get());
+    if (held->owner == this && held->pos == st.pos) return *held;
+    st.device.reset();  // stale: the host pools are this state's truth
+  }
+  // A state that already holds tokens (deserialized, restored from the cache, or one whose stale
+  // handle was dropped above) is uploaded from its host pools, which must describe exactly pos
+  // tokens: a copy of a device state taken without Backend::download fails here instead of
+  // running on stale bytes.
+  if (st.pos > 0) check_host_pools(st);
   const TextConfig& t = cfg.text;
   auto ds = std::make_shared<DevSeq>();
+  ds->owner = this;
+  ds->pos = st.pos;
   const size_t ring_bytes = size_t(layout.num_layers) * layout.window * layout.window_entry_bytes;
   ds->window = DevMem(ring_bytes);
   const size_t S = layout.kv_sources.size();
@@ -473,9 +507,7 @@ DevSeq& CudaBackend::Impl::seq(SequenceState& st) {
     ds->ikey.emplace_back(size_t(opt.max_context) * layout.ikey_entry_bytes);
     for (auto& pb : ds->pending) pb.emplace_back(size_t(layout.source_ratio[k]) * 2 * t.head_dim * 4);
   }
-  // A state that already holds tokens (deserialized) is uploaded from its host pools.
   if (st.pos > 0) {
-    DSUF_CHECK(!st.window.empty(), "sequence state without host pools to upload");
     for (int l = 0; l < layout.num_layers; ++l)
       DSUF_CUDA(cudaMemcpy(ds->window.as<uint8_t>() + size_t(l) * layout.window * layout.window_entry_bytes,
                            st.window[l].data(), st.window[l].size(), cudaMemcpyHostToDevice));
@@ -783,6 +815,7 @@ void CudaBackend::Impl::finish_step(std::vector<Part>& parts, const Step& st) {
       if (!hist.empty()) hist[0] = id == c.image_token_id ? -1 : cids[id];
     }
     s.pos += p.n;
+    p.ds->pos = s.pos;
     for (size_t k = 0; k < layout.kv_sources.size(); ++k) {
       p.ds->entries[k] = s.pos / layout.source_ratio[k];
       p.ds->cur[k] ^= 1;
@@ -883,6 +916,7 @@ void CudaBackend::forward(std::span<ForwardItem> batch) {
   Impl& im = *impl_;
   std::vector<size_t> done(batch.size(), 0);
   std::vector<SequenceState*> seen;
+  std::vector<const DevSeq*> pools;
   for (ForwardItem& item : batch) {
     DSUF_CHECK(item.state, "forward item without a sequence state");
     DSUF_CHECK(std::find(seen.begin(), seen.end(), item.state) == seen.end(), "a sequence appears twice in one batch");
@@ -890,7 +924,12 @@ void CudaBackend::forward(std::span<ForwardItem> batch) {
     if (item.state->pos + int64_t(item.tokens.size()) > im.cfg.text.max_position_embeddings)
       fail("sequence of ", item.state->pos + item.tokens.size(), " tokens exceeds max_position_embeddings");
     if (item.logits) item.logits->clear();
-    im.seq(*item.state);
+    // Two copies of one state at the same position would advance the same device pools: the
+    // later one gets pools of its own, uploaded from its host pools.
+    if (item.state->device &&
+        std::find(pools.begin(), pools.end(), static_cast<const DevSeq*>(item.state->device.get())) != pools.end())
+      item.state->device.reset();
+    pools.push_back(&im.seq(*item.state));
   }
   // Steps of at most max_rows rows; each sequence contributes one chunk per step, in order. A traced
   // item runs alone (its trace is per step).
@@ -923,6 +962,7 @@ SequenceState CudaBackend::synthetic_sequence(int64_t pos, uint64_t seed) {
   SequenceState st = SequenceState::empty(L);
   DevSeq& ds = im.seq(st);
   st.pos = pos;
+  ds.pos = pos;
   const int64_t hd = L.head_dim, ihd = L.index_head_dim;
   cuda::fill_entries_synthetic(ds.window.as<uint8_t>(), int64_t(L.num_layers) * L.window, int64_t(L.window_entry_bytes),
                                hd, true, 127, seed, im.stream);
@@ -945,6 +985,10 @@ void CudaBackend::download(SequenceState& st) const {
   if (!st.device) return;
   const KvLayout& L = impl_->layout;
   DevSeq& ds = *static_cast<DevSeq*>(st.device.get());
+  if (ds.owner != impl_.get() || ds.pos != st.pos) {
+    st.device.reset();  // a stale handle: the host pools are already this state's truth
+    return;
+  }
   for (int l = 0; l < L.num_layers; ++l)
     DSUF_CUDA(cudaMemcpy(st.window[l].data(), ds.window.as<uint8_t>() + size_t(l) * L.window * L.window_entry_bytes,
                          st.window[l].size(), cudaMemcpyDeviceToHost));
