@@ -4,7 +4,15 @@ against `ucx_perftest -t ucp_get` (UCX over TCP on loopback) measured in the sam
 
     make build && .venv/bin/python bench/cluster_bench.py [--lengths 512,1024,2048,3584]
 
-Needs redis-server and ucx-utils (ucx_perftest); prints a Markdown table."""
+    # 1K to 128K tokens: the tiny model with a 131072-token context
+    build/bin/dsuf make-tiny --variant tiny-long --out build/tiny-long-ckpt --tokenizer-dir assets/tokenizer
+    .venv/bin/python bench/cluster_bench.py --ckpt build/tiny-long-ckpt --max-context 131072 \
+        --lengths 1024,4096,16384,65536,130000 [--recompute-up-to 16384]
+
+With --recompute-up-to N, prompts longer than N are not recomputed on the reference replica (on
+the CPU that is the longest part of the run): their "recompute" column is the owner's turn-1 TTFT,
+a full prefill of the same prompt but the last turn's few tokens, marked with *, and the answers
+are not compared. Needs redis-server and ucx-utils (ucx_perftest); prints a Markdown table."""
 import argparse
 import contextlib
 import json
@@ -21,6 +29,7 @@ import http.client
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BIN = pathlib.Path(os.environ.get("DSUF_BIN_DIR", ROOT / "build" / "bin"))
 CKPT = os.environ.get("DSUF_TINY_CKPT", str(ROOT / "build" / "test-tiny-ckpt"))
+MAX_CONTEXT = []  # serve flags for the context, set from --max-context
 
 
 def free_port():
@@ -44,7 +53,8 @@ class Serve:
         e = dict(os.environ, **(env or {}))
         self.proc = subprocess.Popen([str(BIN / "serve"), "--ckpt", CKPT, "--host", "127.0.0.1", "--port",
                                       str(self.port), "--threads", "2", "--replica-id", name,
-                                      "--prefill-chunk", "256", "--max-step-tokens", "256", *extra],
+                                      "--prefill-chunk", "256", "--max-step-tokens", "256", *MAX_CONTEXT,
+                                      *extra],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=e)
         deadline = time.time() + 60
         while time.time() < deadline:
@@ -72,7 +82,7 @@ class Serve:
         body = json.dumps({"model": "deepseek-v4-flash", "messages": messages, "max_tokens": max_tokens,
                            "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
                            "thinking": {"type": "disabled"}})
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=7200)
         t0 = time.perf_counter()
         c.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
         r = c.getresponse()
@@ -125,7 +135,16 @@ def ucx_get_mbps(size):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lengths", default="512,1024,2048,3584")
+    ap.add_argument("--ckpt", default=None, help="checkpoint (default: the test tiny checkpoint)")
+    ap.add_argument("--max-context", type=int, default=0, help="serve --max-context (0: serve's default)")
+    ap.add_argument("--recompute-up-to", type=int, default=1 << 30,
+                    help="longer prompts use the owner's turn-1 TTFT as the recompute figure")
     args = ap.parse_args()
+    global CKPT
+    if args.ckpt:
+        CKPT = args.ckpt
+    if args.max_context:
+        MAX_CONTEXT[:] = ["--max-context", str(args.max_context)]
     rport = free_port()
     redis = subprocess.Popen(["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
                               "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -139,30 +158,39 @@ def main():
             common = "the of and to in is it that was for on are with as his they be at one have this".split()
             words = " ".join(common[(i * 7) % len(common)] for i in range(n))  # one token per word
             t1 = [{"role": "user", "content": f"[{n}] {words}"}]
-            reply, u1, _ = a.chat(t1, 4)
+            reply, u1, ttft_turn1 = a.chat(t1, 4)
             t2 = t1 + [{"role": "assistant", "content": reply}, {"role": "user", "content": "Go on."}]
             bytes0, secs0 = b.metric("dsuf:kv_transfer_bytes_total"), b.metric("dsuf:kv_transfer_seconds_total")
             got, u2, ttft_remote = b.chat(t2, 4)
             nbytes = b.metric("dsuf:kv_transfer_bytes_total") - bytes0
             secs = b.metric("dsuf:kv_transfer_seconds_total") - secs0
-            want, u3, ttft_recompute = ref.chat(t2, 4)
+            proxy = n > args.recompute_up_to
+            if proxy:
+                ttft_recompute = ttft_turn1
+            else:
+                want, u3, ttft_recompute = ref.chat(t2, 4)
+                assert got == want, (got, want)
             path = "ucx" if b.metric('dsuf:kv_transfer_path_total{path="ucx"') > len(rows) else "tcp"
-            assert got == want, (got, want)
             assert u2["prompt_tokens_details"]["cached_tokens"] > 0, u2
             print(f"{n}: prompt {u2['prompt_tokens']} cached {u2['prompt_tokens_details']['cached_tokens']} "
-                  f"pull {secs:.4f}s {nbytes:.0f} B, ttft {ttft_remote:.3f} vs {ttft_recompute:.3f}", file=sys.stderr)
+                  f"pull {secs:.4f}s {nbytes:.0f} B, ttft {ttft_remote:.3f} vs {ttft_recompute:.3f}"
+                  f"{' (turn 1)' if proxy else ''}; turn 1 ttft on the owner {ttft_turn1:.3f}", file=sys.stderr,
+                  flush=True)
             rows.append((u2["prompt_tokens"], u2["prompt_tokens_details"]["cached_tokens"], nbytes, secs,
-                         ttft_remote, ttft_recompute, path))
+                         ttft_remote, ttft_recompute, path, proxy))
         biggest = max(r[2] for r in rows)
         ucx = ucx_get_mbps(int(min(max(biggest, 65536), 64 << 20)))
     finally:
         for s in (a, b, ref):
             s.stop()
         redis.kill()
-    print("| prompt tokens | cached | state bytes | path | pull s | TTFT pull+prefill s | TTFT recompute s | speed-up |")
-    print("|---|---|---|---|---|---|---|---|")
-    for p, c, nb, s, tr, tc, path in rows:
-        print(f"| {p} | {c} | {int(nb)} | {path} | {s:.4f} | {tr:.3f} | {tc:.3f} | {tc / tr:.1f}x |")
+    print("| prompt tokens | cached | state bytes | path | pull s | pull MB/s | TTFT pull+prefill s | TTFT recompute s "
+          "| speed-up |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for p, c, nb, s, tr, tc, path, proxy in rows:
+        mark = "*" if proxy else ""
+        rate = f"{nb / s / 1e6:.0f}" if s > 0 else "-"
+        print(f"| {p} | {c} | {int(nb)} | {path} | {s:.4f} | {rate} | {tr:.3f} | {tc:.3f}{mark} | {tc / tr:.0f}x |")
     print(f"\nucx_perftest -t ucp_get (UCX_TLS=tcp,self, lo), message {int(min(max(biggest, 65536), 64 << 20))} B: "
           f"{ucx:.0f} MB/s")
     return 0

@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # Every GPU check in one go, on the GPU machine (H200, sm_90a): the CUDA backend against the CPU
 # reference (tiny checkpoint and the real-dimension variant, bit for bit), the memory plan's
-# refusal, device sampling against the host's (cuda_backend_tests: CudaSampling.*), and
-# `run --gpus 0` against `run --cpu` on the same prompt, greedy and sampled.
+# refusal, device sampling against the host's (cuda_backend_tests: CudaSampling.*), the engine on
+# the GPU, the conversation cache's resume on the GPU (resume_cuda_tests), and `run --gpus 0`
+# against `run --cpu` on the same prompt, greedy and sampled. When build/bin/ (built on the dev
+# machine: the GPU machine cannot build src/cluster or serve) and .gpu-libs/ were carried too, also
+# the cache with the real store and transfer (cluster_cuda_tests) and serve --gpus 0 against
+# serve --cpu, turn 2 from the host store included (scripts/serve-gpu-check.sh).
 #
 #   scripts/gpu-check.sh --prepare   (on a Debian dev machine) copy the header-only JSON library and
-#                                    GoogleTest's source into .deps/ so the GPU machine can build
+#                                    GoogleTest's source into .deps/ so the GPU machine can build,
+#                                    and the shared libraries build/bin/serve and
+#                                    build/bin/cluster_cuda_tests link into .gpu-libs/
 #   scripts/gpu-check.sh --build     (on the GPU machine) configure + build build-gpu/ there with only
 #                                    the CUDA toolkit, CMake/ninja and .deps/, then run the checks
 #   scripts/gpu-check.sh             run the checks with binaries already in build-gpu/bin
@@ -21,14 +27,22 @@ if [ "${1:-}" = "--prepare" ]; then
   mkdir -p .deps/include
   cp -r /usr/include/nlohmann .deps/include/
   rm -rf .deps/googletest && cp -r /usr/src/googletest .deps/googletest
-  grep -qx '/.deps/' .git/info/exclude 2>/dev/null || echo '/.deps/' >> .git/info/exclude
-  echo "prepared .deps/ (carry it to the GPU machine)"
+  # Debian's shared libraries the dev-built programs need (ICU, PCRE2, hiredis, xxHash, OpenSSL,
+  # UCX), without the C/C++ runtime and the CUDA runtime, which the GPU machine has.
+  mkdir -p .gpu-libs
+  for bin in build/bin/serve build/bin/cluster_cuda_tests; do
+    [ -x "$bin" ] || continue
+    ldd "$bin" | awk '$3 ~ /^\// {print $3}' |
+      grep -v -E '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux-x86-64|libcudart)\.so' |
+      xargs -r cp -L -t .gpu-libs/
+  done
+  echo "prepared .deps/ and .gpu-libs/ (carry them, and build/bin/serve, build/bin/cluster_cuda_tests, to the GPU machine)"
   exit 0
 fi
 if [ "${1:-}" = "--build" ]; then
   cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSUF_TEXT=OFF -DDSUF_SERVER=OFF \
     -DDSUF_JSON_INCLUDE="$PWD/.deps/include" -DDSUF_GTEST_SOURCE="$PWD/.deps/googletest" > "$LOG/configure.log"
-  cmake --build "$B" --target run dsuf cuda_backend_tests engine_cuda_tests bench_decode > "$LOG/build.log"
+  cmake --build "$B" --target run dsuf cuda_backend_tests engine_cuda_tests resume_cuda_tests bench_decode > "$LOG/build.log"
 fi
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$LOG/gpu.txt"
@@ -41,6 +55,19 @@ grep -q '^\[  PASSED  \]' "$LOG/cuda_backend_tests.log" && ! grep -q '^\[  FAILE
 if [ -x "$B/bin/engine_cuda_tests" ]; then
   "$B/bin/engine_cuda_tests" 2>&1 | tee "$LOG/engine_cuda_tests.log" | grep -E '^\[ *(OK|FAILED) ' || true
   grep -q '^\[  PASSED  \]' "$LOG/engine_cuda_tests.log" && ! grep -q '^\[  FAILED  \]' "$LOG/engine_cuda_tests.log" || status=1
+fi
+
+# The conversation cache's resume on the GPU: a handed-out state resumes like a full prefill, states
+# move between the CPU and the GPU, and a restored state never runs on stale device pools.
+if [ -x "$B/bin/resume_cuda_tests" ]; then
+  "$B/bin/resume_cuda_tests" 2>&1 | tee "$LOG/resume_cuda_tests.log" | grep -E '^\[ *(OK|FAILED) ' || true
+  grep -q '^\[  PASSED  \]' "$LOG/resume_cuda_tests.log" && ! grep -q '^\[  FAILED  \]' "$LOG/resume_cuda_tests.log" || status=1
+fi
+# The same with the real host store and a pull from a peer over TCP (built on the dev machine).
+if [ -x build/bin/cluster_cuda_tests ] && [ -d .gpu-libs ]; then
+  LD_LIBRARY_PATH=$PWD/.gpu-libs:${LD_LIBRARY_PATH:-} build/bin/cluster_cuda_tests 2>&1 |
+    tee "$LOG/cluster_cuda_tests.log" | grep -E '^\[ *(OK|FAILED) ' || true
+  grep -q '^\[  PASSED  \]' "$LOG/cluster_cuda_tests.log" && ! grep -q '^\[  FAILED  \]' "$LOG/cluster_cuda_tests.log" || status=1
 fi
 
 # The programs themselves: run --gpus 0 must print the same tokens as run --cpu.
@@ -56,4 +83,9 @@ SAMPLE="--temperature 0.8 --top-p 0.9 --top-k 40 --seed 5"
 "$B/bin/run" --ckpt $CK --cpu --prompt-ids $PROMPT --max-tokens 64 --ignore-eos --print-ids $SAMPLE > "$LOG/run_cpu_sampled.txt" 2> "$LOG/run_cpu_sampled.err"
 "$B/bin/run" --ckpt $CK --gpus 0 --prompt-ids $PROMPT --max-tokens 64 --ignore-eos --print-ids $SAMPLE > "$LOG/run_gpu_sampled.txt" 2> "$LOG/run_gpu_sampled.err"
 if cmp -s "$LOG/run_cpu_sampled.txt" "$LOG/run_gpu_sampled.txt"; then echo "run (sampled): --gpus 0 and --cpu print the same 64 tokens"; else echo "run (sampled): --gpus 0 and --cpu differ"; status=1; fi
+
+# serve --gpus 0 against serve --cpu, turn 2 resumed from the GPU server's host store included.
+if [ -x build/bin/serve ] && [ -d .gpu-libs ]; then
+  OUT=$LOG scripts/serve-gpu-check.sh || status=1
+fi
 exit $status

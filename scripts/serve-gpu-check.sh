@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Run on the GPU machine from the repo root with .gpu-libs/ (the ICU and PCRE2 shared libraries serve
-# links, copied from the dev machine), build/bin/serve and build-gpu/bin/dsuf carried; logs to $OUT.
-# serve --gpus 0 and serve --cpu answer the same greedy request identically (GPU machine).
+# Run on the GPU machine from the repo root with .gpu-libs/ (the shared libraries serve links, copied
+# from the dev machine by scripts/gpu-check.sh --prepare), build/bin/serve and build-gpu/bin/dsuf
+# carried; logs to $OUT. serve --gpus 0 and serve --cpu answer the same greedy request identically
+# (GPU machine), and turn 2 of a conversation on the GPU server resumes from its host store
+# (cached_tokens > 0) with the answer the CPU server gives by recomputing (--host-cache-gb 0).
+# Exits 1 when an answer differs.
 set -u
 export LD_LIBRARY_PATH=$PWD/.gpu-libs:${LD_LIBRARY_PATH:-}
 CK=/tmp/dsuf-tiny-ckpt-seed1
 [ -f $CK/config.json ] || build-gpu/bin/dsuf make-tiny --out $CK --seed 1 --tokenizer-dir assets/tokenizer > /dev/null
 build/bin/serve --ckpt $CK --gpus 0 --port 8100 > $OUT/serve_gpu.log 2>&1 &
 G=$!
-build/bin/serve --ckpt $CK --cpu --port 8101 > $OUT/serve_cpu.log 2>&1 &
+build/bin/serve --ckpt $CK --cpu --port 8101 --host-cache-gb 0 > $OUT/serve_cpu.log 2>&1 &
 C=$!
 for port in 8100 8101; do
   for i in $(seq 1 120); do
@@ -17,10 +20,11 @@ for port in 8100 8101; do
   done
 done
 python3 - <<'PY' | tee $OUT/serve_compare.txt
-import json, urllib.request, time
-def ask(port, stream):
-    body = {"model": "x", "messages": [{"role": "user", "content": "Tell me about the sea."}],
+import json, urllib.request, time, sys
+def ask(port, stream, messages=None, thinking=True):
+    body = {"model": "x", "messages": messages or [{"role": "user", "content": "Tell me about the sea."}],
             "max_tokens": 48, "temperature": 0, "stream": stream}
+    if not thinking: body["thinking"] = {"type": "disabled"}
     if stream: body["stream_options"] = {"include_usage": True}
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
@@ -39,10 +43,26 @@ def ask(port, stream):
             for c in j.get("choices", []):
                 text += (c.get("delta", {}).get("content") or "") + (c.get("delta", {}).get("reasoning_content") or "")
     return text, usage, dt
+ok = True
 for stream in (False, True):
     g = ask(8100, stream); c = ask(8101, stream)
+    ok &= g[0] == c[0]
     print("stream" if stream else "plain ", "gpu==cpu:", g[0] == c[0], "| usage", g[1], "| gpu %.2fs cpu %.2fs" % (g[2], c[2]))
     print("  gpu text:", repr(g[0][:120]))
+# Turn 2: the GPU server resumes from its host store, the CPU server recomputes.
+t1 = [{"role": "user", "content": "Name three things that live in the sea, one per line."}]
+reply = ask(8100, False, t1, thinking=False)[0]
+t2 = t1 + [{"role": "assistant", "content": reply}, {"role": "user", "content": "Now three that live on land."}]
+for stream in (False, True):
+    g = ask(8100, stream, t2, thinking=False); c = ask(8101, stream, t2, thinking=False)
+    cached = (g[1] or {}).get("prompt_tokens_details", {}).get("cached_tokens", 0)
+    ok &= g[0] == c[0] and cached > 0
+    print("turn 2", "stream" if stream else "plain ", "gpu (cached %d) == cpu (recomputed):" % cached, g[0] == c[0],
+          "| gpu %.2fs cpu %.2fs" % (g[2], c[2]))
+print("serve: all answers equal, turn 2 cached" if ok else "serve: MISMATCH")
+sys.exit(0 if ok else 1)
 PY
+rc=${PIPESTATUS[0]}
 kill -TERM $G $C; wait
 tail -3 $OUT/serve_gpu.log
+exit $rc

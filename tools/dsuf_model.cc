@@ -27,7 +27,7 @@ int cmd_make_tiny(int argc, char** argv) {
     else if (a == "--shards") opt.num_shards = std::stoi(value());
     else if (a == "--tokenizer-dir") opt.tokenizer_dir = value();
     else if (a == "--variant") opt.variant = value();
-    else fail("unknown argument ", a, " (usage: dsuf make-tiny --out DIR [--seed N] [--shards N] [--variant tiny|real-dims] [--tokenizer-dir DIR])");
+    else fail("unknown argument ", a, " (usage: dsuf make-tiny --out DIR [--seed N] [--shards N] [--variant tiny|tiny-long|real-dims] [--tokenizer-dir DIR])");
   }
   write_tiny_checkpoint(opt);
   std::printf("wrote %s (seed %llu)\n", opt.out_dir.c_str(), static_cast<unsigned long long>(opt.seed));

@@ -276,16 +276,13 @@ void load(const Args& a, const std::string& ckpt, Loaded& out) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
-// The conversation cache needs the host pools of a finished state; the CPU backend keeps them
-// current, the CUDA backend only after a download the engine hook does not do yet.
+// The conversation cache works the same on both backends: the engine downloads a state before it
+// hands it to the cache (Backend::download), and the CUDA backend uploads a cached state's host
+// pools into fresh device pools when it resumes one.
 void attach_cache(const Args& a, const dsuf::Backend& backend, Loaded& out) {
   const char* redis = std::getenv("DSUF_REDIS_URL");
   if (a.host_cache_gb <= 0) return;
 #ifdef DSUF_HAVE_CLUSTER
-  if (!a.gpus.empty()) {
-    std::fprintf(stderr, "serve: conversation cache off: not wired for the CUDA backend yet\n");
-    return;
-  }
   const char* fault = std::getenv("DSUF_TRANSFER_FAULT");
   dsuf::cluster::CacheOptions co;
   co.capacity_bytes = static_cast<size_t>(a.host_cache_gb * 1073741824.0);

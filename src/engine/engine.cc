@@ -268,6 +268,9 @@ void Engine::loop() {
       if (s->started || s->done) continue;
       if (s->req.cached_tokens > 0) {
         s->state = *s->req.initial_state;
+        // A cached state is host-only; should it still carry a device handle, the handle is not
+        // this sequence's: the backend uploads the host pools into pools of its own.
+        s->state.device.reset();
         s->prefilled = s->req.cached_tokens;
         s->req.initial_state.reset();
       } else {

@@ -146,8 +146,15 @@ void write_text(const fs::path& p, const std::string& s) {
 nlohmann::json variant_config_json(const std::string& variant) {
   nlohmann::json j = tiny_config_json();
   if (variant == "tiny") return j;
-  if (variant != "real-dims") fail("make-tiny: unknown --variant '", variant, "' (tiny or real-dims)");
   nlohmann::json& t = j["text_config"];
+  if (variant == "tiny-long") {
+    // Only the position limit changes: the RoPE tables (YaRN from 256 positions, factor 4) and the
+    // weights are the tiny model's, so both give the same output on what fits in 4096 tokens.
+    t["max_position_embeddings"] = 131072;
+    return j;
+  }
+  if (variant != "real-dims")
+    fail("make-tiny: unknown --variant '", variant, "' (tiny, tiny-long or real-dims)");
   t["vocab_size"] = 16384;
   j["image_token_id"] = 16000;
   t["dspark_noise_token_id"] = 16001;

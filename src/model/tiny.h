@@ -19,7 +19,8 @@ struct TinyOptions {
   // 5120, 64 heads × 512, rope 64, q rank 1280, o 8 × 1024, MXFP4 experts 2304 wide, indexer 32 × 128,
   // window 128, Engram 8 heads × 256) with 4 layers (ratios 0, 2, 1, 1: every role), 8 experts
   // (top 6), a 16384-token vocabulary and small Engram tables — the shapes the kernels meet, small
-  // enough to write and to run on the CPU reference.
+  // enough to write and to run on the CPU reference. "tiny-long": the tiny model with a
+  // 131072-token context, for long-prompt benchmarks (conversation cache).
   std::string variant = "tiny";
 };
 

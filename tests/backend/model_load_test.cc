@@ -13,6 +13,7 @@
 #include "model/config.h"
 #include "model/inventory.h"
 #include "model/safetensors.h"
+#include "model/tiny.h"
 #include "model/weights.h"
 #include "tiny_fixture.h"
 
@@ -54,6 +55,17 @@ TEST(Config, TinyPlanHasEveryRole) {
   EXPECT_EQ(c.layers[5].dspark_target_slot, 0);
   ASSERT_EQ(c.dspark.size(), 1u);
   EXPECT_TRUE(c.dspark[0].first && c.dspark[0].last);
+}
+
+// tiny-long changes the position limit and nothing else, so its weights and its output on a
+// short prompt are the tiny model's.
+TEST(Config, TinyLongDiffersFromTinyOnlyInItsContext) {
+  json tiny = variant_config_json("tiny"), long_ = variant_config_json("tiny-long");
+  EXPECT_EQ(long_["text_config"]["max_position_embeddings"], 131072);
+  long_["text_config"]["max_position_embeddings"] = tiny["text_config"]["max_position_embeddings"];
+  EXPECT_EQ(long_, tiny);
+  EXPECT_EQ(parse_model_config(variant_config_json("tiny-long")).text.max_position_embeddings, 131072);
+  EXPECT_NE(error_of([] { variant_config_json("tiny-short"); }).find("tiny-long"), std::string::npos);
 }
 
 TEST(Config, RealV41PlanMatchesSpecTable) {

@@ -19,13 +19,17 @@ SOURCE_DIR = pathlib.Path(os.environ.get("DSUF_SOURCE_DIR", pathlib.Path(__file_
 
 
 class Server:
-    def __init__(self, *extra, ready=True):
+    """`host`: the address serve listens on and the tests dial; `wrap`: a command prefix (e.g.
+    `ip netns exec NS`, which execs serve itself, so signals still reach it); `env`: its environment."""
+
+    def __init__(self, *extra, ready=True, host="127.0.0.1", wrap=(), env=None):
         serve = BIN_DIR / "serve"
         assert serve.exists(), f"{serve} is missing: build the serve target"
         assert (pathlib.Path(CKPT) / "config.json").exists(), f"{CKPT}: no tiny checkpoint (CTest fixture tiny_ckpt)"
+        self.host = host
         self.proc = subprocess.Popen(
-            [str(serve), "--ckpt", CKPT, "--host", "127.0.0.1", "--port", "0", "--threads", "2", *extra],
-            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+            [*wrap, str(serve), "--ckpt", CKPT, "--host", host, "--port", "0", "--threads", "2", *extra],
+            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
         self.log = []
         self.port = None
         deadline = time.time() + 30
@@ -60,11 +64,11 @@ class Server:
 
     @property
     def base_url(self):
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def request(self, method, path, body=None, headers=None, timeout=60):
         """Returns (status, headers dict, body bytes)."""
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
         try:
             if isinstance(body, (dict, list)):
                 body = json.dumps(body)

@@ -26,18 +26,22 @@ def free_port():
 
 
 class Redis:
-    def __init__(self):
+    def __init__(self, bind=("127.0.0.1",)):
+        self.bind = list(bind)
         self.port = free_port()
         self.proc = None
         self.start()
 
     def start(self):
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            # Bound to test addresses only; off loopback (network namespaces) protected mode would
+            # refuse the replicas.
+            ["redis-server", "--port", str(self.port), "--bind", *self.bind, "--protected-mode",
+             "yes" if self.bind == ["127.0.0.1"] else "no", "--save", "", "--appendonly", "no"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 10
         while time.time() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+            with contextlib.suppress(OSError), socket.create_connection((self.bind[0], self.port), timeout=0.2):
                 return
             time.sleep(0.02)
         raise AssertionError("redis-server did not start")
@@ -49,7 +53,7 @@ class Redis:
 
     @property
     def url(self):
-        return f"redis://127.0.0.1:{self.port}"
+        return f"redis://{self.bind[0]}:{self.port}"
 
 
 @pytest.fixture(scope="module")

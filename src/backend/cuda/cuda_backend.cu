@@ -90,7 +90,7 @@ struct DevLayer {
   const uint16_t *e_q = nullptr, *e_k = nullptr;
 };
 
-// One sequence's pools on the device.
+// One sequence's pools on one rank's device.
 struct DevSeq {
   DevMem window;                      // [L][W][window_entry_bytes]
   std::vector<DevMem> ckv, ikey;      // per KV source, capacity entries
@@ -99,8 +99,14 @@ struct DevSeq {
   std::vector<int64_t> entries;       // per KV source
 };
 // SequenceState::device: the sequence's pools on every rank (replicated: each rank computes the
-// shared KV latent, compressors and indexer keys itself).
+// shared KV latent, compressors and indexer keys itself). Copying a state copies the handle, so the
+// set also records whose pools they are: the backend that made them and how many tokens they hold.
+// A state whose pos differs holds a handle that went stale (a copy taken before the pools advanced,
+// a state restored from the conversation cache, host pools replaced): Impl::seq drops it and
+// uploads that state's host pools again.
 struct DevSeqSet {
+  const void* owner = nullptr;  // the CudaBackend whose ranks allocated them
+  int64_t pos = 0;              // tokens the pools describe
   std::vector<std::unique_ptr<DevSeq>> ranks;
 };
 
@@ -193,6 +199,7 @@ struct CudaBackend::Impl {
     comp_tags.push_back(c);
   }
 
+  const void* backend_id = nullptr;  // the CudaBackend these ranks belong to (DevSeqSet::owner)
   Impl(const ModelConfig& c, const LoadedModel* m, std::vector<int32_t> ids, CudaOptions o, int rank)
       : cfg(c), model(m), layout(KvLayout::from_config(c)), cids(std::move(ids)), opt(o),
         part(TpPartition::make(c.text, std::max<int>(1, int(o.devices.size())), rank)) {
@@ -266,6 +273,7 @@ struct CudaBackend::Impl {
   void place_tensors(uint64_t synthetic_seed);
   void alloc_workspace();
   DevSeq& seq(SequenceState& st);
+  void check_host_pools(const SequenceState& st) const;
   Step stage_step(std::vector<Part>& parts, bool fixed_layout);
   void enqueue_step(const Step& st, std::vector<Part>& parts, bool trace);
   Step run_step(std::vector<Part>& parts);
@@ -581,8 +589,38 @@ void CudaBackend::Impl::alloc_workspace() {
   stage.dev = alloc<uint8_t>(stage.cap);
 }
 
+void CudaBackend::Impl::check_host_pools(const SequenceState& st) const {
+  const char* why = "sequence state: its host pools do not describe its position (a copy of a device "
+                    "state taken without Backend::download?)";
+  DSUF_CHECK(int(st.window.size()) == layout.num_layers, why);
+  for (const auto& w : st.window) DSUF_CHECK(w.size() == size_t(layout.window) * layout.window_entry_bytes, why);
+  const size_t S = layout.kv_sources.size();
+  DSUF_CHECK(st.ckv.size() == S && st.ikey.size() == S && st.pending.size() == S, why);
+  for (size_t k = 0; k < S; ++k) {
+    const int64_t ratio = layout.source_ratio[k], entries = st.pos / ratio;
+    DSUF_CHECK(st.ckv[k].size() == size_t(entries) * layout.ckv_entry_bytes, why, " (compressed KV of source ", k, ")");
+    DSUF_CHECK(st.ikey[k].size() == size_t(entries) * layout.ikey_entry_bytes, why, " (indexer keys of source ", k, ")");
+    DSUF_CHECK(st.pending[k].size() == size_t(st.pos % ratio) * 2 * layout.head_dim, why, " (compressor state of source ", k, ")");
+  }
+  DSUF_CHECK(int(st.engram_history.size()) == layout.history, why);
+}
+
 DevSeq& CudaBackend::Impl::seq(SequenceState& st) {
-  if (!st.device) st.device = std::make_shared<DevSeqSet>();
+  if (st.device) {
+    const auto* held = static_cast<const DevSeqSet*>(st.device.get());
+    if (held->owner != backend_id || held->pos != st.pos) st.device.reset();  // stale: host pools are the truth
+  }
+  if (!st.device) {
+    // A state that already holds tokens (deserialized, restored from the cache, or one whose stale
+    // handle was dropped above) is uploaded from its host pools, which must describe exactly pos
+    // tokens: a copy of a device state taken without Backend::download fails here instead of
+    // running on stale bytes.
+    if (st.pos > 0) check_host_pools(st);
+    auto set = std::make_shared<DevSeqSet>();
+    set->owner = backend_id;
+    set->pos = st.pos;
+    st.device = set;
+  }
   DevSeqSet& set = *static_cast<DevSeqSet*>(st.device.get());
   if (set.ranks.size() < size_t(part.world)) set.ranks.resize(part.world);
   if (set.ranks[part.rank]) return *set.ranks[part.rank];
@@ -599,9 +637,7 @@ DevSeq& CudaBackend::Impl::seq(SequenceState& st) {
     ds->ikey.emplace_back(size_t(opt.max_context) * layout.ikey_entry_bytes);
     for (auto& pb : ds->pending) pb.emplace_back(size_t(layout.source_ratio[k]) * 2 * t.head_dim * 4);
   }
-  // A state that already holds tokens (deserialized) is uploaded from its host pools.
   if (st.pos > 0) {
-    DSUF_CHECK(!st.window.empty(), "sequence state without host pools to upload");
     for (int l = 0; l < layout.num_layers; ++l)
       DSUF_CUDA(cudaMemcpy(ds->window.as<uint8_t>() + size_t(l) * layout.window * layout.window_entry_bytes,
                            st.window[l].data(), st.window[l].size(), cudaMemcpyHostToDevice));
@@ -957,7 +993,9 @@ void CudaBackend::Impl::finish_step(std::vector<Part>& parts, const Step& st) {
       if (!hist.empty()) hist[0] = id == c.image_token_id ? -1 : cids[id];
     }
     s.pos += p.n;
-    for (auto& ds : static_cast<DevSeqSet*>(s.device.get())->ranks)  // every rank's copy of the pools
+    auto* set = static_cast<DevSeqSet*>(s.device.get());
+    set->pos = s.pos;
+    for (auto& ds : set->ranks)  // every rank's copy of the pools
       for (size_t k = 0; k < layout.kv_sources.size(); ++k) {
         ds->entries[k] = s.pos / layout.source_ratio[k];
         ds->cur[k] ^= 1;
@@ -1080,6 +1118,7 @@ void CudaBackend::load_ranks(const ModelConfig& cfg, const LoadedModel* model, c
   for (int r = 0; r < world; ++r) {
     ranks_.push_back(std::make_unique<Impl>(cfg, model, ids, opt, r));
     Impl& im = *ranks_.back();
+    im.backend_id = this;
     im.use_graphs = graphs;
     if (world > 1) im.comm = tp_->comms[r].get();
     if (r > 0) im.host_tables = &ranks_[0]->host_ptr;
@@ -1148,6 +1187,7 @@ void CudaBackend::forward(std::span<ForwardItem> batch) {
   Impl& im = *ranks_[0];
   std::vector<size_t> done(batch.size(), 0);
   std::vector<SequenceState*> seen;
+  std::vector<const void*> pools;
   for (ForwardItem& item : batch) {
     DSUF_CHECK(item.state, "forward item without a sequence state");
     DSUF_CHECK(std::find(seen.begin(), seen.end(), item.state) == seen.end(), "a sequence appears twice in one batch");
@@ -1166,7 +1206,12 @@ void CudaBackend::forward(std::span<ForwardItem> batch) {
     if (item.logits) item.logits->clear();
     DSUF_CHECK(!item.token || (item.want != ForwardItem::Logits::kNone && !item.tokens.empty()),
                "sampling a token needs the last row's logits");
+    // Two copies of one state at the same position would advance the same device pools: the
+    // later one gets pools of its own, uploaded from its host pools.
+    if (item.state->device && std::find(pools.begin(), pools.end(), item.state->device.get()) != pools.end())
+      item.state->device.reset();
     for (auto& rk : ranks_) rk->seq(*item.state);  // every rank's pools, allocated here, not on the rank threads
+    pools.push_back(item.state->device.get());
   }
   // Steps of at most max_rows rows; each sequence contributes one chunk per step, in order. A traced
   // item runs alone (its trace is per step).
@@ -1222,6 +1267,7 @@ SequenceState CudaBackend::synthetic_sequence(int64_t pos, uint64_t seed) {
   SequenceState st = SequenceState::empty(L);
   for (auto& rk : ranks_) rk->seq(st);
   st.pos = pos;
+  static_cast<DevSeqSet*>(st.device.get())->pos = pos;
   for (auto& rk : ranks_) {  // the same bytes on every rank (the pools are replicated)
     Impl& im = *rk;
     DSUF_CUDA(cudaSetDevice(im.opt.device));
@@ -1249,8 +1295,13 @@ SequenceState CudaBackend::synthetic_sequence(int64_t pos, uint64_t seed) {
 void CudaBackend::download(SequenceState& st) const {
   if (!st.device) return;
   const KvLayout& L = ranks_[0]->layout;
+  const auto* set = static_cast<const DevSeqSet*>(st.device.get());
+  if (set->owner != this || set->pos != st.pos) {
+    st.device.reset();  // a stale handle: the host pools are already this state's truth
+    return;
+  }
   DSUF_CUDA(cudaSetDevice(ranks_[0]->opt.device));
-  DevSeq& ds = *static_cast<DevSeqSet*>(st.device.get())->ranks.at(0);  // rank 0's copy (all are equal)
+  DevSeq& ds = *set->ranks.at(0);  // rank 0's copy (all are equal)
   for (int l = 0; l < L.num_layers; ++l)
     DSUF_CUDA(cudaMemcpy(st.window[l].data(), ds.window.as<uint8_t>() + size_t(l) * L.window * L.window_entry_bytes,
                          st.window[l].size(), cudaMemcpyDeviceToHost));
