@@ -2,7 +2,7 @@
 # Decode-speed measurements on the GPU machine with binaries already in build-gpu/bin (docs/perf.md):
 #   scripts/perf-check.sh [quick|full|ncu]
 # quick: batch 1 and 64 at 8K and 128K with the per-component table; batch 1 at 8K with the
-#        register GEMVs (DSUF_GEMV=regs) and with programmatic dependent launch off (DSUF_PDL=0);
+#        register GEMVs (DSUF_GEMV=regs) and with programmatic dependent launch on (DSUF_PDL=1);
 #        batch 1 at ~1M tokens.
 # full:  also batches 4 and 16, and the double-buffered register GEMVs (DSUF_GEMV=pipe).
 # ncu:   a per-kernel Nsight Compute breakdown of one batch-1 step at 8K (bench/ncu_breakdown.py).
@@ -24,7 +24,7 @@ batches=1,64
 if [ "$mode" != ncu ]; then
   bench main 200 --contexts 8192,131072 --batches $batches --steps 10 --warmup 2 --components
   DSUF_GEMV=regs bench gemv_regs 60 --contexts 8192 --batches 1 --steps 10 --warmup 2
-  DSUF_PDL=0 bench pdl_off 60 --contexts 8192 --batches 1 --steps 10 --warmup 2
+  DSUF_PDL=1 bench pdl_on 60 --contexts 8192 --batches 1 --steps 10 --warmup 2
   [ "$mode" = full ] && DSUF_GEMV=pipe bench gemv_pipe 60 --contexts 8192 --batches 1 --steps 10 --warmup 2
   bench 1m 120 --contexts 1048000 --batches 1 --steps 5 --warmup 1 --components
 fi
