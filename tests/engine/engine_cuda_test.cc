@@ -3,6 +3,9 @@
 // each request alone (the engine's tokens are sampled on the GPU, the reference's on the host from
 // the CPU's logits, greedy and sampled); finished and cancelled sequences must give their device
 // pools back.
+#include <chrono>
+#include <thread>
+
 #include "backend/cpu/cpu_backend.h"
 #include "backend/factory.h"
 #include "engine/engine.h"
@@ -66,7 +69,11 @@ TEST(EngineOnCuda, BatchedStepsEqualTheCpuReferenceAlone) {
   Engine engine(
       cuda(),
       {.max_batch = kBatch, .max_context = kContext, .max_step_tokens = 24, .prefill_chunk = 9});
-  ASSERT_TRUE(engine.ready()) << engine.stats().warm_up_error;
+  // The warm-up runs on the scheduler thread (with several GPUs it includes NCCL's first
+  // collectives): wait for it to end, ready or with its error, before asserting.
+  for (int i = 0; i < 1200 && !engine.ready() && engine.stats().warm_up_error.empty(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(engine.ready()) << "warm-up error: '" << engine.stats().warm_up_error << "'";
   struct Case {
     std::vector<int32_t> prompt;
     int n;
