@@ -21,6 +21,7 @@ namespace {
 
 using testing::compressed_ids;
 using testing::random_prompt;
+using testing::run;
 using testing::tiny_model;
 using Logits = ForwardItem::Logits;
 
@@ -50,13 +51,6 @@ Diff diff(const std::vector<float>& a, const std::vector<float>& ref) {
   return d;
 }
 
-std::vector<float> run(Backend& b, SequenceState& st, const std::vector<int32_t>& toks, Logits want,
-                       std::vector<std::vector<float>>* trace = nullptr) {
-  std::vector<float> logits;
-  ForwardItem item{.state = &st, .tokens = toks, .want = want, .logits = &logits, .trace = trace};
-  b.forward({&item, 1});
-  return logits;
-}
 
 TEST(CudaVsCpu, PrefillLayerByLayerAndLogits) {
   std::vector<int32_t> prompt = random_prompt(200, 11);

@@ -28,6 +28,7 @@ namespace {
 
 using testing::compressed_ids;
 using testing::random_prompt;
+using testing::run;
 using testing::tiny_model;
 using Logits = ForwardItem::Logits;
 
@@ -52,13 +53,6 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return m;
 }
 
-std::vector<float> run(Backend& b, SequenceState& st, const std::vector<int32_t>& toks, Logits want,
-                       std::vector<std::vector<float>>* trace = nullptr) {
-  std::vector<float> logits;
-  ForwardItem item{.state = &st, .tokens = toks, .want = want, .logits = &logits, .trace = trace};
-  b.forward({&item, 1});
-  return logits;
-}
 
 const LoadedModel& real_dims_model() {
   static std::unique_ptr<LoadedModel> m = [] {

@@ -82,4 +82,13 @@ inline std::vector<float> prefill_chunked(Backend& b, SequenceState& st, const s
   return logits;
 }
 
+// One forward of `toks` for one sequence; returns the logits asked for (`trace` as ForwardItem's).
+inline std::vector<float> run(Backend& b, SequenceState& st, const std::vector<int32_t>& toks,
+                              ForwardItem::Logits want, std::vector<std::vector<float>>* trace = nullptr) {
+  std::vector<float> logits;
+  ForwardItem item{.state = &st, .tokens = toks, .want = want, .logits = &logits, .trace = trace};
+  b.forward({&item, 1});
+  return logits;
+}
+
 }  // namespace dsuf::testing
