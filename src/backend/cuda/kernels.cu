@@ -302,22 +302,6 @@ __device__ __forceinline__ float fp8_block_scale(float v) {
 }
 __device__ __forceinline__ uint8_t fp8_code(float v, float s) { return e4m3_code(fminf(fmaxf(v / s, -448.0f), 448.0f)); }
 
-__global__ void k_act_quant(const float* x, int64_t blocks, bool on, float* xq, float* sa) {
-  pdl_trigger();  // the linear that follows may start prefetching its weights
-  const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int k = threadIdx.x % 32;
-  if (b >= blocks) return;
-  const float v = x[b * 32 + k];
-  if (!on) {
-    xq[b * 32 + k] = v;
-    if (k == 0) sa[b] = 1.0f;
-    return;
-  }
-  const float s = fp8_block_scale(v);
-  xq[b * 32 + k] = e4m3_val(fp8_code(v, s));
-  if (k == 0) sa[b] = s;
-}
-
 // ---- FP8 / FP4 matrix-vector products ------------------------------------------------------------
 // The canonical order (core/detmath.h lane_sum): lane l of a warp owns the K-blocks kb ≡ l (mod 32) in
 // ascending order; a block's 32 products are summed sequentially from 0, scaled by s_act·s_w and added
@@ -337,7 +321,7 @@ __global__ void k_act_quant(const float* x, int64_t blocks, bool on, float* xq, 
 constexpr float kXStage = 0x1p64f;  // inputs staged as x·2^64 on the exact path
 
 // Stages rows [row0, row0+nr) of the raw input x (stride x_stride) in shared memory, quantized on
-// the way when kExact (activation quantization on: the per-32 FP8 quantization of k_act_quant, a
+// the way when kExact (activation quantization on: the reference's per-32 FP8 quantization, a
 // warp per 32-block, E4M3 values staged times 2^64, scales to ssa), else as they are (scales 1).
 // Per row and K-block, 8 float4 chunks with chunk j stored at j ^ (kb & 7), so that the 8 lanes of
 // a quarter-warp (consecutive kb) read 8 different bank groups.
@@ -1435,10 +1419,6 @@ void collapse_norm(const float* pre, int pre_stride, const float* X, int n, int 
 }
 void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s) {
   k_rmsnorm<<<rows, 256, 0, s>>>(x, dim, w, eps, y, r);
-}
-void act_quant(const float* x, int64_t rows, int64_t K, bool on, float* xq, float* sa, cudaStream_t s) {
-  const int64_t blocks = rows * K / 32;
-  if (blocks) k_act_quant<<<blocks_for(blocks, 8), 256, 0, s>>>(x, blocks, on, xq, sa);
 }
 namespace {
 // Outputs per warp: more per warp (fewer blocks, each staging its inputs once for more weights) while

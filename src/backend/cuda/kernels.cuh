@@ -32,9 +32,6 @@ void collapse_norm(const float* pre, int pre_stride, const float* X, int n, int 
                    float eps, float* y, bool r, cudaStream_t s);
 void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float eps, float* y, bool r,
              cudaStream_t s);
-// Per-32 FP8 activation quantization: xq holds the E4M3 values, sa the power-of-two scales.
-// (The linears below quantize their inputs themselves; this stays for checks and other users.)
-void act_quant(const float* x, int64_t rows, int64_t K, bool on, float* xq, float* sa, cudaStream_t s);
 // y[r][o] = Σ_kb s_x[r][kb]·s_w[o/32][kb]·Σ q(x)·w with x's rows quantized per 32 on the way in
 // (quantize: the reference's activation quantization; else x as it is, scales 1). x rows have
 // stride x_stride, y rows y_stride. W may be a row slice of a larger weight.
