@@ -21,6 +21,7 @@ namespace {
 
 using testing::compressed_ids;
 using testing::random_prompt;
+using testing::real_dims_model;
 using testing::run;
 using testing::tiny_model;
 using Logits = ForwardItem::Logits;
@@ -256,24 +257,6 @@ TEST(CudaBatch, LongPrefillInterleavedWithDecode) {
   run(cpu(), c2, b2, Logits::kNone);
   EXPECT_EQ(diff(l1, run(cpu(), c1, {t1}, Logits::kLast)).max_abs, 0.0);
   EXPECT_EQ(diff(l2, run(cpu(), c2, {t2}, Logits::kLast)).max_abs, 0.0);
-}
-
-}  // namespace
-}  // namespace dsuf
-
-namespace dsuf {
-namespace {
-
-// The real V4.1 per-layer dimensions (dsuf make-tiny --variant real-dims): 4 layers with every role.
-const LoadedModel& real_dims_model() {
-  static std::unique_ptr<LoadedModel> m = [] {
-    std::string dir = std::getenv("DSUF_REAL_DIMS_CKPT") ? std::getenv("DSUF_REAL_DIMS_CKPT") : "/tmp/dsuf-real-dims-seed1";
-    if (!std::filesystem::exists(dir + "/config.json"))
-      write_tiny_checkpoint({.out_dir = dir, .seed = 1, .num_shards = 4,
-                             .tokenizer_dir = testing::source_dir() + "/assets/tokenizer", .variant = "real-dims"});
-    return load_model(dir);
-  }();
-  return *m;
 }
 
 TEST(CudaVsCpuRealDims, PrefillChunksAndDecodeBitIdentical) {

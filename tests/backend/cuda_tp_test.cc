@@ -28,6 +28,7 @@ namespace {
 
 using testing::compressed_ids;
 using testing::random_prompt;
+using testing::real_dims_model;
 using testing::run;
 using testing::tiny_model;
 using Logits = ForwardItem::Logits;
@@ -53,17 +54,6 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return m;
 }
 
-
-const LoadedModel& real_dims_model() {
-  static std::unique_ptr<LoadedModel> m = [] {
-    std::string dir = std::getenv("DSUF_REAL_DIMS_CKPT") ? std::getenv("DSUF_REAL_DIMS_CKPT") : "/tmp/dsuf-real-dims-seed1";
-    if (!std::filesystem::exists(dir + "/config.json"))
-      write_tiny_checkpoint({.out_dir = dir, .seed = 1, .num_shards = 4,
-                             .tokenizer_dir = testing::source_dir() + "/assets/tokenizer", .variant = "real-dims"});
-    return load_model(dir);
-  }();
-  return *m;
-}
 
 std::vector<int32_t> prompt_for(const ModelConfig& cfg, size_t n, uint32_t seed) {
   std::mt19937 rng(seed);

@@ -82,6 +82,20 @@ inline std::vector<float> prefill_chunked(Backend& b, SequenceState& st, const s
   return logits;
 }
 
+// The real V4.1 per-layer dimensions (dsuf make-tiny --variant real-dims): 4 layers with every role,
+// written once to /tmp (or DSUF_REAL_DIMS_CKPT) and loaded once per test binary.
+inline const LoadedModel& real_dims_model() {
+  static std::unique_ptr<LoadedModel> m = [] {
+    const char* env = std::getenv("DSUF_REAL_DIMS_CKPT");
+    const std::string dir = env ? env : "/tmp/dsuf-real-dims-seed1";
+    if (!std::filesystem::exists(dir + "/config.json"))
+      write_tiny_checkpoint({.out_dir = dir, .seed = 1, .num_shards = 4,
+                             .tokenizer_dir = source_dir() + "/assets/tokenizer", .variant = "real-dims"});
+    return load_model(dir);
+  }();
+  return *m;
+}
+
 // One forward of `toks` for one sequence; returns the logits asked for (`trace` as ForwardItem's).
 inline std::vector<float> run(Backend& b, SequenceState& st, const std::vector<int32_t>& toks,
                               ForwardItem::Logits want, std::vector<std::vector<float>>* trace = nullptr) {
