@@ -12,13 +12,15 @@ against `ucx_perftest -t ucp_get` (UCX over TCP on loopback) measured in the sam
 With --recompute-up-to N, prompts longer than N are not recomputed on the reference replica (on
 the CPU that is the longest part of the run): their "recompute" column is the owner's turn-1 TTFT,
 a full prefill of the same prompt but the last turn's few tokens, marked with *, and the answers
-are not compared. Needs redis-server and ucx-utils (ucx_perftest); prints a Markdown table."""
+are not compared. Needs redis-server (or $DSUF_REDIS_SERVER) and ucx-utils (ucx_perftest; without it the
+last line says nan); prints a Markdown table. --serve-args "--gpus 0" runs every replica on the GPU."""
 import argparse
 import contextlib
 import json
 import os
 import pathlib
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,6 +32,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 BIN = pathlib.Path(os.environ.get("DSUF_BIN_DIR", ROOT / "build" / "bin"))
 CKPT = os.environ.get("DSUF_TINY_CKPT", str(ROOT / "build" / "test-tiny-ckpt"))
 MAX_CONTEXT = []  # serve flags for the context, set from --max-context
+SERVE_ARGS = []  # extra serve flags for every replica, from --serve-args (e.g. "--gpus 0")
+REDIS_SERVER = os.environ.get("DSUF_REDIS_SERVER", "redis-server")
 
 
 def free_port():
@@ -54,9 +58,9 @@ class Serve:
         self.proc = subprocess.Popen([str(BIN / "serve"), "--ckpt", CKPT, "--host", "127.0.0.1", "--port",
                                       str(self.port), "--threads", "2", "--replica-id", name,
                                       "--prefill-chunk", "256", "--max-step-tokens", "256", *MAX_CONTEXT,
-                                      *extra],
+                                      *SERVE_ARGS, *extra],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=e)
-        deadline = time.time() + 60
+        deadline = time.time() + 180
         while time.time() < deadline:
             with contextlib.suppress(OSError):
                 if self.get("/readyz")[0] == 200:
@@ -117,6 +121,8 @@ class Serve:
 
 
 def ucx_get_mbps(size):
+    if not shutil.which("ucx_perftest"):
+        return float("nan")
     env = dict(os.environ, UCX_TLS="tcp,self", UCX_NET_DEVICES="lo")
     port = free_port()
     srv = subprocess.Popen(["ucx_perftest", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -139,14 +145,16 @@ def main():
     ap.add_argument("--max-context", type=int, default=0, help="serve --max-context (0: serve's default)")
     ap.add_argument("--recompute-up-to", type=int, default=1 << 30,
                     help="longer prompts use the owner's turn-1 TTFT as the recompute figure")
+    ap.add_argument("--serve-args", default="", help='extra serve flags for every replica, e.g. "--gpus 0"')
     args = ap.parse_args()
+    SERVE_ARGS[:] = args.serve_args.split()
     global CKPT
     if args.ckpt:
         CKPT = args.ckpt
     if args.max_context:
         MAX_CONTEXT[:] = ["--max-context", str(args.max_context)]
     rport = free_port()
-    redis = subprocess.Popen(["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
+    redis = subprocess.Popen([REDIS_SERVER, "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
                               "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_port(rport)
     env = {"DSUF_REDIS_URL": f"redis://127.0.0.1:{rport}", "UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "lo"}

@@ -36,6 +36,17 @@ if [ "${1:-}" = "--prepare" ]; then
       grep -v -E '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux-x86-64|libcudart)\.so' |
       xargs -r cp -L -t .gpu-libs/
   done
+  # redis-server and ucx_perftest for bench/cluster_bench.py on the GPU machine, with their libraries.
+  mkdir -p .gpu-libs/bin
+  for bin in /usr/bin/redis-server /usr/bin/ucx_perftest; do
+    [ -x "$bin" ] || continue
+    cp "$bin" .gpu-libs/bin/
+    ldd "$bin" | awk '$3 ~ /^\// {print $3}' |
+      grep -v -E '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux-x86-64)\.so' |
+      xargs -r cp -L -n -t .gpu-libs/
+  done
+  # The device tool carries at most 64 MiB: ICU's 31 MB data library travels compressed (7 MB).
+  for big in .gpu-libs/libicudata.so.*; do [ "${big%.xz}" = "$big" ] && xz -f -9 "$big"; done
   echo "prepared .deps/ and .gpu-libs/ (carry them, and build/bin/serve, build/bin/cluster_cuda_tests, to the GPU machine)"
   exit 0
 fi
@@ -45,6 +56,10 @@ if [ "${1:-}" = "--build" ]; then
   cmake --build "$B" --target run dsuf cuda_backend_tests engine_cuda_tests resume_cuda_tests bench_decode > "$LOG/build.log"
 fi
 
+# Unpack what --prepare compressed (python's lzma: the GPU machine may lack xz).
+for f in .gpu-libs/*.xz; do
+  [ -e "$f" ] && python3 -c 'import lzma,sys; open(sys.argv[1][:-3],"wb").write(lzma.open(sys.argv[1]).read())' "$f"
+done
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$LOG/gpu.txt"
 export DSUF_SOURCE_DIR=$PWD
 status=0

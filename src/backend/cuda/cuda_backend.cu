@@ -140,6 +140,7 @@ struct CudaBackend::Impl {
   struct {
     float *X, *pre, *mix_a, *mix_f, *u, *xn, *y, *tmp, *q_lat, *q, *kvw, *ag, *o, *zg, *qi, *wts,
         *scores, *bscores, *router, *rw, *h1, *h3, *ye, *ys, *h1s, *h3s, *emb, *ekv, *logits, *keys, *att;
+    float *xq[2], *xs[2];  // quantized linear inputs (cuda::linear_input): two live at a time
     int32_t *sel, *cand, *ids;
     uint8_t* cand_mask;
     float* sample_w;          // [sample_chunk][V] sampling weights
@@ -460,12 +461,12 @@ namespace {
 // one list serves the allocation and the memory plan.
 struct WorkspaceSizes {
   int64_t X, pre, mix, vecD, tmp, q_lat, q, kvw, ag, o, zg, qi, wts, scores, bscores, sel, cand, cand_mask,
-      router, ids, h, ye, hs, emb, ekv, logits, keys, att, sample_w, sample;
+      router, ids, h, ye, hs, emb, ekv, logits, keys, att, sample_w, sample, aq;
   int64_t score_stride, bscore_stride;
   size_t bytes() const {
     const int64_t floats = X + pre + 2 * mix + 3 * vecD + tmp + q_lat + q + kvw + ag + o + zg + qi +
                            wts + scores + bscores + router + ids /*rw*/ + 2 * h + ye + vecD /*ys*/ + 2 * hs + emb + ekv +
-                           logits + keys + att + sample_w;
+                           logits + keys + att + sample_w + 2 * (aq + aq / 32);
     return size_t(floats) * 4 + size_t(sel + cand + ids + 2 * sample) * 4 + size_t(cand_mask);
   }
 };
@@ -488,6 +489,7 @@ WorkspaceSizes workspace_sizes(const TextConfig& t, int64_t N, int64_t max_conte
   w.keys = N * (t.sliding_window + t.index_topk) * hd;
   w.att = N * H * (t.sliding_window + t.index_topk);
   w.sample_w = S * t.vocab_size, w.sample = N;
+  w.aq = N * std::max({D, qr, H * hd, G * ol, K * F, R * ehd});  // the largest linear input
   return w;
 }
 // Scratch of the tensor-parallel exchanges, in floats (none at world size 1): the packed send block
@@ -570,6 +572,7 @@ void CudaBackend::Impl::alloc_workspace() {
   const TpScratch tps = tp_scratch(t, part, max_rows);
   if (tps.recv) tp_send = alloc<float>(tps.send), tp_recv = alloc<float>(tps.recv), tp_send_floats = tps.send;
   ws.h1s = alloc<float>(w.hs), ws.h3s = alloc<float>(w.hs), ws.emb = alloc<float>(w.emb), ws.ekv = alloc<float>(w.ekv);
+  for (int i = 0; i < 2; ++i) ws.xq[i] = alloc<float>(w.aq), ws.xs[i] = alloc<float>(w.aq / 32);
   logits_rows = max_rows;
   ws.logits = alloc<float>(w.logits);
   DSUF_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&logits_host), size_t(w.logits) * 4, cudaHostAllocDefault));
@@ -817,13 +820,15 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
   const int64_t d0 = part.my_hidden().begin, Dr = part.my_hidden().size();
 
   mark(kAttention);
-  cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, ws.xn, D, n, ws.tmp, qr, aq, r, stream);
+  const cuda::LinearInput xin = cuda::linear_input(ws.xn, D, n, D, aq, ws.xq[0], ws.xs[0], stream);
+  cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, xin, n, ws.tmp, qr, r, stream);
   cuda::rmsnorm(ws.tmp, n, qr, d.q_norm, eps, ws.q_lat, r, stream);
-  cuda::fp8_linear(d.wkv.w, d.wkv.s, hd, D, ws.xn, D, n, ws.tmp, hd, aq, r, stream);
+  cuda::fp8_linear(d.wkv.w, d.wkv.s, hd, D, xin, n, ws.tmp, hd, r, stream);
   cuda::rmsnorm(ws.tmp, n, hd, d.kv_norm, eps, ws.kvw, r, stream);
   cuda::rope(ws.kvw, n, 1, hd, cs, half, 1.0f, r, stream);
   cuda::fp8_fake_quant(ws.kvw, n * hd, r, stream);
-  cuda::fp8_linear(d.wq_b.w, d.wq_b.s, Hr * hd, qr, ws.q_lat, qr, n, ws.q, Hr * hd, aq, r, stream);
+  const cuda::LinearInput qin = cuda::linear_input(ws.q_lat, qr, n, qr, aq, ws.xq[1], ws.xs[1], stream);
+  cuda::fp8_linear(d.wq_b.w, d.wq_b.s, Hr * hd, qr, qin, n, ws.q, Hr * hd, r, stream);
   cuda::rope(ws.q, n, Hr, hd, cs, half, 1.0f, r, stream);
 
   const int slot = layout.source_slot[l];
@@ -842,7 +847,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
   if (lp.runs_indexer) {
     const int IH = t.index_n_heads;
     const int64_t ihd = t.index_head_dim;
-    cuda::fp8_linear(d.idx_wq_b.w, d.idx_wq_b.s, IH * ihd, qr, ws.q_lat, qr, n, ws.qi, IH * ihd, aq, r, stream);
+    cuda::fp8_linear(d.idx_wq_b.w, d.idx_wq_b.s, IH * ihd, qr, qin, n, ws.qi, IH * ihd, r, stream);
     cuda::rope(ws.qi, n, IH, ihd, st.cs_comp, half, 1.0f, r, stream);
     cuda::fp4_fake_quant_pow2(ws.qi, n * IH * ihd, r, stream);
     cuda::bf16_linear(d.idx_wproj, IH, D, ws.xn, D, n, ws.wts, IH, false, stream);
@@ -869,10 +874,12 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
   cuda::attention(aa, stream);
   cuda::rope(ws.o, n, Hr, hd, cs, half, -1.0f, r, stream);
   const int64_t gin = (H / G) * hd;
-  cuda::fp8_linear_groups(d.wo_a.w, d.wo_a.s, Gr, ol, gin, ws.o, Hr * hd, n, ws.zg + g0 * ol, G * ol,
-                          opt.numerics.wo_a_act_quant && aq, r, stream);
+  const cuda::LinearInput oin =
+      cuda::linear_input(ws.o, Hr * hd, n, Hr * hd, opt.numerics.wo_a_act_quant && aq, ws.xq[0], ws.xs[0], stream);
+  cuda::fp8_linear_groups(d.wo_a.w, d.wo_a.s, Gr, ol, gin, oin, n, ws.zg + g0 * ol, G * ol, r, stream);
   cuda::gather_cols(comm, zg_split, ws.zg, n, G * ol, tp_send, tp_recv, stream);
-  cuda::fp8_linear(d.wo_b.w, d.wo_b.s, Dr, G * ol, ws.zg, G * ol, n, out + d0, D, aq, r, stream);
+  const cuda::LinearInput zin = cuda::linear_input(ws.zg, G * ol, n, G * ol, aq, ws.xq[1], ws.xs[1], stream);
+  cuda::fp8_linear(d.wo_b.w, d.wo_b.s, Dr, G * ol, zin, n, out + d0, D, r, stream);
   cuda::gather_cols(comm, hidden_split, out, n, D, tp_send, tp_recv, stream);
   cuda::pack_window(ws.kvw, n, st.meta, st.seqtab, l, hd, W, stream);
 }
@@ -887,17 +894,20 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, float* out) {
   cuda::bf16_linear(d.gate, E, D, ws.xn, D, n, ws.router, E, false, stream);
   cuda::route(ws.router, n, E, K, d.bias, d.bias_vl, image, float(t.gate_temp), float(t.routed_scaling_factor),
               ws.ids, ws.rw, stream);
-  cuda::fp4_linear_grouped(d.experts.w1, d.experts.s1, ws.ids, F, D, ws.xn, K, int64_t(n) * K, ws.h1, aq, r, stream);
-  cuda::fp4_linear_grouped(d.experts.w3, d.experts.s3, ws.ids, F, D, ws.xn, K, int64_t(n) * K, ws.h3, aq, r, stream);
+  const cuda::LinearInput xin = cuda::linear_input(ws.xn, D, n, D, aq, ws.xq[0], ws.xs[0], stream);
+  cuda::fp4_linear_grouped(d.experts.w1, d.experts.s1, ws.ids, F, D, xin, K, int64_t(n) * K, ws.h1, r, stream);
+  cuda::fp4_linear_grouped(d.experts.w3, d.experts.s3, ws.ids, F, D, xin, K, int64_t(n) * K, ws.h3, r, stream);
   cuda::swiglu(ws.h1, ws.h3, int64_t(n) * K, F, ws.rw, limit, true, r, stream);
-  cuda::fp4_linear_grouped(d.experts.w2, d.experts.s2, ws.ids, D, F, ws.h1, 1, int64_t(n) * K, ws.ye, aq, r, stream);
+  const cuda::LinearInput hin = cuda::linear_input(ws.h1, F, int64_t(n) * K, F, aq, ws.xq[1], ws.xs[1], stream);
+  cuda::fp4_linear_grouped(d.experts.w2, d.experts.s2, ws.ids, D, F, hin, 1, int64_t(n) * K, ws.ye, r, stream);
   // Tensor parallel: the rows of ye whose expert another rank owns were computed with a stand-in
   // expert and are replaced by the owner's; the shared expert runs whole on its layer's owner.
   if (part.owns_shared(l)) {
-    cuda::fp8_linear(d.sw1.w, d.sw1.s, F, D, ws.xn, D, n, ws.h1s, F, aq, r, stream);
-    cuda::fp8_linear(d.sw3.w, d.sw3.s, F, D, ws.xn, D, n, ws.h3s, F, aq, r, stream);
+    cuda::fp8_linear(d.sw1.w, d.sw1.s, F, D, xin, n, ws.h1s, F, r, stream);
+    cuda::fp8_linear(d.sw3.w, d.sw3.s, F, D, xin, n, ws.h3s, F, r, stream);
     cuda::swiglu(ws.h1s, ws.h3s, n, F, nullptr, limit, opt.numerics.shared_expert_clamp, r, stream);
-    cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, ws.h1s, F, n, ws.ys, D, aq, r, stream);
+    const cuda::LinearInput hsin = cuda::linear_input(ws.h1s, F, n, F, aq, ws.xq[1], ws.xs[1], stream);
+    cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, hsin, n, ws.ys, D, r, stream);
   }
   cuda::gather_expert_rows(comm, ws.ye, ws.ids, int64_t(n) * K, D, tp_recv, ws.ys, n, part.shared_owner(l), stream);
   cuda::moe_sum(ws.ye, K, ws.ys, n, D, out, r, stream);
@@ -923,8 +933,9 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
       const int64_t ehd = t.engram_head_dim;
       mark(kEngram);
       cuda::engram_gather(st.engram_rows[lp.engram_slot], n, Rr, d.e_table, d.e_scale, ehd, ws.emb, stream);
-      cuda::fp8_linear(d.e_wkv.w, d.e_wkv.s, d.e_wkv.out, d.e_wkv.in, ws.emb, Rr * ehd, n, ws.ekv, (hc + 1) * D,
-                       opt.numerics.act_quant, r, stream);
+      const cuda::LinearInput ein = cuda::linear_input(ws.emb, Rr * ehd, n, d.e_wkv.in, opt.numerics.act_quant,
+                                                       ws.xq[0], ws.xs[0], stream);
+      cuda::fp8_linear(d.e_wkv.w, d.e_wkv.s, d.e_wkv.out, d.e_wkv.in, ein, n, ws.ekv, (hc + 1) * D, r, stream);
       cuda::engram_gate(ws.X, ws.ekv, d.e_q, d.e_k, st.dead, n, hc, D, eps, r, stream);
     }
     mark(kMhc);

@@ -312,37 +312,25 @@ __device__ __forceinline__ uint8_t fp8_code(float v, float s) { return e4m3_code
 // Weights are decoded by placing their bits into an FP32 (no table: a table lookup with 32 different
 // addresses per warp serializes), giving value·2^-120 for E4M3 and value·2^-126 for E2M1 — both exact,
 // subnormal or not. On the quantized path (kExact: the inputs are E4M3 values) a product of two such
-// values is exact in FP32, so fma(x, w, part) rounds exactly as part + x·w; the inputs are staged as
-// x·2^64, so the partial is the reference's times 2^-56 (E4M3) or 2^-62 (E2M1) with no rounding
-// difference: every nonzero product is at least 2^-18 (2^-10) before scaling, far above FP32's
-// smallest normal after it. It is scaled back exactly before the block scale. On the general path
-// (inputs any FP32) the weight is scaled back first and the product rounded separately, as the
+// values is exact in FP32, so fma(x, w, part) rounds exactly as part + x·w; the inputs are stored as
+// x·2^64 (quantize_act), so the partial is the reference's times 2^-56 (E4M3) or 2^-62 (E2M1) with no
+// rounding difference: every nonzero product is at least 2^-18 (2^-10) before scaling, far above
+// FP32's smallest normal after it. It is scaled back exactly before the block scale. On the general
+// path (inputs any FP32) the weight is scaled back first and the product rounded separately, as the
 // reference does.
-constexpr float kXStage = 0x1p64f;  // inputs staged as x·2^64 on the exact path
+constexpr float kXStage = 0x1p64f;  // quantized inputs stored as x·2^64
 
-// Stages rows [row0, row0+nr) of the raw input x (stride x_stride) in shared memory, quantized on
-// the way when kExact (activation quantization on: the reference's per-32 FP8 quantization, a
-// warp per 32-block, E4M3 values staged times 2^64, scales to ssa), else as they are (scales 1).
-// Per row and K-block, 8 float4 chunks with chunk j stored at j ^ (kb & 7), so that the 8 lanes of
-// a quarter-warp (consecutive kb) read 8 different bank groups.
-template <bool kExact>
-__device__ __forceinline__ void stage_rows(float4* xs4, float* ssa, const float* __restrict__ x, int64_t x_stride,
-                                           int row0, int nr, int nb) {
-  float* xs = reinterpret_cast<float*>(xs4);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
-  const int pos = ((lane / 4) << 2) + (lane % 4);  // chunk lane/4, component lane%4, before the swizzle
-#pragma unroll 4
-  for (int blk = warp; blk < nr * nb; blk += nw) {
-    const int rr = blk / nb, kb = blk % nb;
-    const float v = x[int64_t(row0 + rr) * x_stride + kb * 32 + lane];
-    float q = v, sc = 1.0f;
-    if (kExact) {
-      sc = fp8_block_scale(v);
-      q = e4m3_val(fp8_code(v, sc)) * kXStage;
-    }
-    xs[int64_t(blk) * 32 + (((pos >> 2) ^ (kb & 7)) << 2) + (pos & 3)] = q;
-    if (lane == 0) ssa[blk] = sc;
-  }
+// The reference's per-32 FP8 activation quantization, once per input row (every linear reading the
+// row uses the result): a warp per 32-block, E4M3 values stored times 2^64, scales to xs.
+__global__ void k_quant_act(const float* __restrict__ x, int64_t x_stride, int64_t K, float* __restrict__ xq,
+                            float* __restrict__ xs) {
+  const int nb = int(K / 32), kb = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (kb >= nb) return;
+  const int64_t row = blockIdx.y;
+  const float v = x[row * x_stride + kb * 32 + lane];
+  const float sc = fp8_block_scale(v);
+  xq[row * K + kb * 32 + lane] = e4m3_val(fp8_code(v, sc)) * kXStage;
+  if (lane == 0) xs[row * nb + kb] = sc;
 }
 
 __device__ __forceinline__ uint32_t word_of(const uint4 (&w)[2], int i) {
@@ -357,196 +345,124 @@ __device__ __forceinline__ float mac(float part, float x, float wbits, float wsc
   return __fadd_rn(part, __fmul_rn(x, __fmul_rn(wbits, wscale)));
 }
 
-// Block of 8 warps; warp w takes outputs o0..o0+OPW-1 and the block's R rows (grid.y: row groups).
-// grid.z: independent groups (the grouped o-projection): group g uses weight rows g·out.., inputs
-// g·K.. of each row and outputs g·out.. .
-// How a GEMV gets its weights (docs/perf.md measures them; DSUF_GEMV picks one):
-//   kRegs      each lane loads its K-block's weights into registers, then uses them;
-//   kRegsPipe  the same, double-buffered in registers (more bytes in flight, more registers);
-//   kSmem      the block streams its rows' weights through shared memory in chunks of 32 K-blocks
-//              with cp.async, two chunks in flight, so the bytes in flight do not cost registers.
-// The arithmetic is the same in all three: one K-block of one lane is fp8_kb_mac / fp4_kb_mac.
-enum GemvMode { kRegs = 0, kRegsPipe = 1, kSmem = 2 };
+// How a GEMV lane gets its weights (docs/perf.md measures them; DSUF_GEMV picks one):
+//   kRegs      it loads a K-block's weights into registers, then uses them;
+//   kRegsPipe  the same, with the next K-block's load issued before the current one's arithmetic
+//              (twice the bytes in flight, more registers). The default.
+// The inputs are read straight from global memory (the rows are small and every warp of the block
+// reads the same ones, so they come from L1): no shared-memory staging, no barrier, no prologue.
+enum GemvMode { kRegs = 0, kRegsPipe = 1 };
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N));
-}
-// Waits for chunk c of nch (chunk c+1 may stay in flight) and makes it visible to the block.
-__device__ __forceinline__ void chunk_ready(int c, int nch) {
-  if (c + 1 < nch) cp_async_wait<1>();
-  else cp_async_wait<0>();
-  __syncthreads();
-}
-// Issues chunk c of `rows` weight rows (row_bytes each, chunk_bytes per row and chunk; all multiples
-// of 16) into dst[rows][chunk_bytes]; row_ptr(rr) gives row rr's start.
-template <typename RowPtr>
-__device__ __forceinline__ void issue_chunk(uint8_t* dst, int rows, int64_t row_bytes, int chunk_bytes, int c,
-                                            RowPtr row_ptr) {
-  const int64_t off = int64_t(c) * chunk_bytes;
-  const int len = int(row_bytes - off < chunk_bytes ? row_bytes - off : chunk_bytes);
-  const int pieces = len / 16;
-  for (int p = threadIdx.x; p < rows * pieces; p += blockDim.x) {
-    const int rr = p / pieces, q = p % pieces;
-    cp_async16(dst + rr * chunk_bytes + q * 16, row_ptr(rr) + off + q * 16);
-  }
-  cp_async_commit();
+// An input row's K-block kb as 8 float4 (the quantized ones are x·2^64) and its scale.
+__device__ __forceinline__ void load_x(const float* __restrict__ xr, int kb, float4 (&xv)[8]) {
+  const float4* p = reinterpret_cast<const float4*>(xr + int64_t(kb) * 32);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) xv[j] = __ldg(p + j);
 }
 
-// One lane's K-block kb for OPW outputs (weights w, scales sw) and the block's nr ≤ R rows.
+// One lane's K-block kb for OPW outputs (weights w, scales sw) and nr ≤ R rows of inputs.
 template <int OPW, int R, bool kExact>
-__device__ __forceinline__ void fp8_kb_mac(const uint4 (&w)[OPW][2], const float (&sw)[OPW], const float4* xs4,
-                                           const float* ssa, int nb, int kb, int nr, float (&acc)[OPW][R]) {
+__device__ __forceinline__ void fp8_kb_mac(const uint4 (&w)[OPW][2], const float (&sw)[OPW], const float* x,
+                                           int64_t x_stride, const float* xs, int64_t xs_stride, int kb, int nr,
+                                           float (&acc)[OPW][R]) {
   const float wscale = 0x1p120f, back = 0x1p56f;
 #pragma unroll
   for (int rr = 0; rr < R; ++rr) {
     if (rr >= nr) break;
+    float4 xv[8];
+    load_x(x + rr * x_stride, kb, xv);
     float part[OPW];
 #pragma unroll
     for (int o = 0; o < OPW; ++o) part[o] = 0.0f;
-    const float4* xb = xs4 + (rr * nb + kb) * 8;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const float4 xv = xb[j ^ (kb & 7)];
 #pragma unroll
       for (int o = 0; o < OPW; ++o) {
         const uint32_t t = word_of(w[o], j);
-        part[o] = mac<kExact>(part[o], xv.x, e4m3_bits(t), wscale);
-        part[o] = mac<kExact>(part[o], xv.y, e4m3_bits(t >> 8), wscale);
-        part[o] = mac<kExact>(part[o], xv.z, e4m3_bits(t >> 16), wscale);
-        part[o] = mac<kExact>(part[o], xv.w, e4m3_bits(t >> 24), wscale);
+        part[o] = mac<kExact>(part[o], xv[j].x, e4m3_bits(t), wscale);
+        part[o] = mac<kExact>(part[o], xv[j].y, e4m3_bits(t >> 8), wscale);
+        part[o] = mac<kExact>(part[o], xv[j].z, e4m3_bits(t >> 16), wscale);
+        part[o] = mac<kExact>(part[o], xv[j].w, e4m3_bits(t >> 24), wscale);
       }
     }
-    const float s_a = ssa[rr * nb + kb];
+    const float s_a = kExact ? __ldg(xs + rr * xs_stride + kb) : 1.0f;
 #pragma unroll
     for (int o = 0; o < OPW; ++o) acc[o][rr] += (kExact ? part[o] * back : part[o]) * (s_a * sw[o]);
   }
 }
 
 template <int OPW, bool kExact>
-__device__ __forceinline__ void fp4_kb_mac(const uint4 (&w)[OPW], const float (&sw)[OPW], const float4* xs4,
-                                           const float* ssa, int kb, float (&acc)[OPW]) {
+__device__ __forceinline__ void fp4_kb_mac(const uint4 (&w)[OPW], const float (&sw)[OPW], const float* x,
+                                           const float* xs, int kb, float (&acc)[OPW]) {
   const float wscale = 0x1p126f, back = 0x1p62f;
+  float4 xv[8];
+  load_x(x, kb, xv);
   float part[OPW];
 #pragma unroll
   for (int o = 0; o < OPW; ++o) part[o] = 0.0f;
-  const float4* xb = xs4 + kb * 8;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    const float4 xv = xb[j ^ (kb & 7)];
 #pragma unroll
     for (int o = 0; o < OPW; ++o) {
       const uint4& q = w[o];
       const uint32_t t = (j / 2 == 0 ? q.x : j / 2 == 1 ? q.y : j / 2 == 2 ? q.z : q.w) >> (16 * (j % 2));
-      part[o] = mac<kExact>(part[o], xv.x, e2m1_bits(t), wscale);
-      part[o] = mac<kExact>(part[o], xv.y, e2m1_bits(t >> 4), wscale);
-      part[o] = mac<kExact>(part[o], xv.z, e2m1_bits(t >> 8), wscale);
-      part[o] = mac<kExact>(part[o], xv.w, e2m1_bits(t >> 12), wscale);
+      part[o] = mac<kExact>(part[o], xv[j].x, e2m1_bits(t), wscale);
+      part[o] = mac<kExact>(part[o], xv[j].y, e2m1_bits(t >> 4), wscale);
+      part[o] = mac<kExact>(part[o], xv[j].z, e2m1_bits(t >> 8), wscale);
+      part[o] = mac<kExact>(part[o], xv[j].w, e2m1_bits(t >> 12), wscale);
     }
   }
-  const float s_a = ssa[kb];
+  const float s_a = kExact ? __ldg(xs + kb) : 1.0f;
 #pragma unroll
   for (int o = 0; o < OPW; ++o) acc[o] += (kExact ? part[o] * back : part[o]) * (s_a * sw[o]);
 }
 
-// Shared-memory layout of a GEMV block: staged inputs (R rows), their scales, then (kSmem) two
-// chunk buffers of the block's weight rows, 16-byte aligned.
-__host__ __device__ constexpr int64_t gemv_weights_offset(int R, int64_t nb) {
-  return (int64_t(R) * nb * 33 * 4 + 15) / 16 * 16;
-}
-constexpr int kFp8Chunk = 32 * 32, kFp4Chunk = 32 * 16;  // bytes of a row per chunk (32 K-blocks)
-
 // Block of 8 warps; warp w takes outputs o0..o0+OPW-1 and the block's R rows (grid.y: row groups).
 // grid.z: independent groups (the grouped o-projection): group g uses weight rows g·out.., inputs
-// g·K.. of each row and outputs g·out.. .
+// g·K.. of each row (and their scales g·K/32..) and outputs g·out.. .
 template <int OPW, int R, bool kExact, int kMode>
 __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws,
                                                    int64_t out, int64_t K, const float* __restrict__ x,
-                                                   int64_t x_stride, int rows, float* __restrict__ y,
+                                                   int64_t x_stride, const float* __restrict__ xs,
+                                                   int64_t xs_stride, int rows, float* __restrict__ y,
                                                    int64_t y_stride, bool r) {
-  extern __shared__ float4 xs4[];
   const int nb = int(K / 32);
   const int g = blockIdx.z;
-  W += int64_t(g) * out * K, Ws += int64_t(g) * (out / 32) * nb, x += int64_t(g) * K;
+  W += int64_t(g) * out * K, Ws += int64_t(g) * (out / 32) * nb, x += int64_t(g) * K, xs += int64_t(g) * nb;
   y += int64_t(g) * out;
-  float* ssa = reinterpret_cast<float*>(xs4 + R * nb * 8);
-  uint8_t* wsm = reinterpret_cast<uint8_t*>(xs4) + gemv_weights_offset(R, nb);
   const int row0 = blockIdx.y * R, nr = min(R, rows - row0);
+  x += int64_t(row0) * x_stride, xs += int64_t(row0) * xs_stride;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  constexpr int BR = 8 * OPW;  // weight rows of the block
-  const int64_t ob = int64_t(blockIdx.x) * BR, o0 = ob + warp * OPW;
-  const int nch = (nb + 31) / 32;
-  auto clamp = [&](int rr) { return ob + rr < out ? ob + rr : out - 1; };  // a tail repeats the last row
-  auto row_ptr = [&](int rr) { return W + clamp(rr) * K; };
-  // Before the previous kernel has finished (pdl_wait) only weights are touched.
-  if (kMode == kSmem) {
-    issue_chunk(wsm, BR, K, kFp8Chunk, 0, row_ptr);
-    if (nch > 1) issue_chunk(wsm + BR * kFp8Chunk, BR, K, kFp8Chunk, 1, row_ptr);
-  } else if (o0 < out) {
-#pragma unroll
-    for (int o = 0; o < OPW; ++o)
-      for (int64_t line = lane; line * 128 < K; line += 32)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(row_ptr(warp * OPW + o) + line * 128));
-  }
+  const int64_t o0 = (int64_t(blockIdx.x) * 8 + warp) * OPW;
   pdl_trigger();
+  if (o0 >= out) return;
+  auto clamp = [&](int o) { return o0 + o < out ? o0 + o : out - 1; };  // a tail repeats the last row
+  uint4 w[OPW][2], wn[OPW][2];
+  float sw[OPW];
+  auto load = [&](int kb) {
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) {
+      const uint8_t* wr = W + clamp(o) * K + int64_t(kb) * 32;
+      wn[o][0] = __ldg(reinterpret_cast<const uint4*>(wr));
+      wn[o][1] = __ldg(reinterpret_cast<const uint4*>(wr + 16));
+    }
+  };
+  if (kMode == kRegsPipe && lane < nb) load(lane);  // weights only: before the wait
   pdl_wait();
-  stage_rows<kExact>(xs4, ssa, x, x_stride, row0, nr, nb);
-  __syncthreads();
   float acc[OPW][R];
 #pragma unroll
   for (int o = 0; o < OPW; ++o)
 #pragma unroll
     for (int rr = 0; rr < R; ++rr) acc[o][rr] = 0.0f;
-  uint4 w[OPW][2];
-  float sw[OPW];
-  auto scales = [&](int kb) {
+  for (int kb = lane; kb < nb; kb += 32) {
+    if (kMode == kRegs) load(kb);
 #pragma unroll
-    for (int o = 0; o < OPW; ++o) sw[o] = e8m0(__ldg(Ws + (clamp(warp * OPW + o) / 32) * nb + kb));
-  };
-  if (kMode == kSmem) {
-    for (int c = 0; c < nch; ++c) {
-      chunk_ready(c, nch);
-      const int kb = c * 32 + lane;
-      if (kb < nb && o0 < out) {
-        const uint8_t* src = wsm + (c & 1) * BR * kFp8Chunk + lane * 32;
+    for (int o = 0; o < OPW; ++o) w[o][0] = wn[o][0], w[o][1] = wn[o][1];
+    if (kMode == kRegsPipe && kb + 32 < nb) load(kb + 32);
 #pragma unroll
-        for (int o = 0; o < OPW; ++o) {
-          w[o][0] = *reinterpret_cast<const uint4*>(src + (warp * OPW + o) * kFp8Chunk);
-          w[o][1] = *reinterpret_cast<const uint4*>(src + (warp * OPW + o) * kFp8Chunk + 16);
-        }
-        scales(kb);
-        fp8_kb_mac<OPW, R, kExact>(w, sw, xs4, ssa, nb, kb, nr, acc);
-      }
-      __syncthreads();
-      if (c + 2 < nch) issue_chunk(wsm + (c & 1) * BR * kFp8Chunk, BR, K, kFp8Chunk, c + 2, row_ptr);
-    }
-  } else {
-    if (o0 >= out) return;
-    uint4 wn[OPW][2];
-    auto load = [&](int kb) {
-#pragma unroll
-      for (int o = 0; o < OPW; ++o) {
-        const uint8_t* wr = row_ptr(warp * OPW + o) + int64_t(kb) * 32;
-        wn[o][0] = __ldg(reinterpret_cast<const uint4*>(wr));
-        wn[o][1] = __ldg(reinterpret_cast<const uint4*>(wr + 16));
-      }
-    };
-    if (kMode == kRegsPipe && lane < nb) load(lane);
-    for (int kb = lane; kb < nb; kb += 32) {
-      if (kMode == kRegs) load(kb);
-#pragma unroll
-      for (int o = 0; o < OPW; ++o) w[o][0] = wn[o][0], w[o][1] = wn[o][1];
-      if (kMode == kRegsPipe && kb + 32 < nb) load(kb + 32);
-      scales(kb);
-      fp8_kb_mac<OPW, R, kExact>(w, sw, xs4, ssa, nb, kb, nr, acc);
-    }
+    for (int o = 0; o < OPW; ++o) sw[o] = e8m0(__ldg(Ws + (clamp(o) / 32) * nb + kb));
+    fp8_kb_mac<OPW, R, kExact>(w, sw, x, x_stride, xs, xs_stride, kb, nr, acc);
   }
-  if (o0 >= out) return;
 #pragma unroll
   for (int o = 0; o < OPW; ++o)
 #pragma unroll
@@ -561,76 +477,41 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
 template <int OPW, bool kExact, int kMode>
 __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const uint8_t* const* Ws,
                                                    const int32_t* ids, int64_t out, int64_t K, const float* x,
-                                                   int x_div, float* y, bool r) {
-  extern __shared__ float4 xs4[];
+                                                   int64_t x_stride, const float* xs, int64_t xs_stride, int x_div,
+                                                   float* y, bool r) {
   const int nb = int(K / 32);
-  float* ssa = reinterpret_cast<float*>(xs4 + nb * 8);
-  uint8_t* wsm = reinterpret_cast<uint8_t*>(xs4) + gemv_weights_offset(1, nb);
   const int row = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  constexpr int BR = 8 * OPW;
-  const int64_t ob = int64_t(blockIdx.x) * BR, o0 = ob + warp * OPW;
+  const int64_t o0 = (int64_t(blockIdx.x) * 8 + warp) * OPW;
   const int64_t row_bytes = K / 2;
-  const int nch = (nb + 31) / 32;
   pdl_trigger();
+  if (o0 >= out) return;
   pdl_wait();  // the expert ids come from this step's router
   const int e = ids ? ids[row] : 0;
   const uint8_t* We = W[e];
   const uint8_t* Se = Ws[e];
-  auto clamp = [&](int rr) { return ob + rr < out ? ob + rr : out - 1; };
-  auto row_ptr = [&](int rr) { return We + clamp(rr) * row_bytes; };
-  if (kMode == kSmem) {
-    issue_chunk(wsm, BR, row_bytes, kFp4Chunk, 0, row_ptr);
-    if (nch > 1) issue_chunk(wsm + BR * kFp4Chunk, BR, row_bytes, kFp4Chunk, 1, row_ptr);
-  } else if (o0 < out && lane < nb) {
-#pragma unroll
-    for (int o = 0; o < OPW; ++o)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(row_ptr(warp * OPW + o) + int64_t(lane) * 16));
-  }
-  stage_rows<kExact>(xs4, ssa, x, K, row / x_div, 1, nb);
-  __syncthreads();
+  x += int64_t(row / x_div) * x_stride, xs += int64_t(row / x_div) * xs_stride;
+  auto clamp = [&](int o) { return o0 + o < out ? o0 + o : out - 1; };
   float acc[OPW];
 #pragma unroll
   for (int o = 0; o < OPW; ++o) acc[o] = 0.0f;
-  uint4 w[OPW];
+  uint4 w[OPW], wn[OPW];
   float sw[OPW];
-  auto scales = [&](int kb) {
+  auto load = [&](int kb) {
 #pragma unroll
-    for (int o = 0; o < OPW; ++o) sw[o] = e8m0(__ldg(Se + clamp(warp * OPW + o) * nb + kb));
+    for (int o = 0; o < OPW; ++o)
+      wn[o] = __ldg(reinterpret_cast<const uint4*>(We + clamp(o) * row_bytes + int64_t(kb) * 16));
   };
-  if (kMode == kSmem) {
-    for (int c = 0; c < nch; ++c) {
-      chunk_ready(c, nch);
-      const int kb = c * 32 + lane;
-      if (kb < nb && o0 < out) {
-        const uint8_t* src = wsm + (c & 1) * BR * kFp4Chunk + lane * 16;
+  if (kMode == kRegsPipe && lane < nb) load(lane);
+  for (int kb = lane; kb < nb; kb += 32) {
+    if (kMode == kRegs) load(kb);
 #pragma unroll
-        for (int o = 0; o < OPW; ++o) w[o] = *reinterpret_cast<const uint4*>(src + (warp * OPW + o) * kFp4Chunk);
-        scales(kb);
-        fp4_kb_mac<OPW, kExact>(w, sw, xs4, ssa, kb, acc);
-      }
-      __syncthreads();
-      if (c + 2 < nch) issue_chunk(wsm + (c & 1) * BR * kFp4Chunk, BR, row_bytes, kFp4Chunk, c + 2, row_ptr);
-    }
-  } else {
-    if (o0 >= out) return;
-    uint4 wn[OPW];
-    auto load = [&](int kb) {
+    for (int o = 0; o < OPW; ++o) w[o] = wn[o];
+    if (kMode == kRegsPipe && kb + 32 < nb) load(kb + 32);
 #pragma unroll
-      for (int o = 0; o < OPW; ++o)
-        wn[o] = __ldg(reinterpret_cast<const uint4*>(row_ptr(warp * OPW + o) + int64_t(kb) * 16));
-    };
-    if (kMode == kRegsPipe && lane < nb) load(lane);
-    for (int kb = lane; kb < nb; kb += 32) {
-      if (kMode == kRegs) load(kb);
-#pragma unroll
-      for (int o = 0; o < OPW; ++o) w[o] = wn[o];
-      if (kMode == kRegsPipe && kb + 32 < nb) load(kb + 32);
-      scales(kb);
-      fp4_kb_mac<OPW, kExact>(w, sw, xs4, ssa, kb, acc);
-    }
+    for (int o = 0; o < OPW; ++o) sw[o] = e8m0(__ldg(Se + clamp(o) * nb + kb));
+    fp4_kb_mac<OPW, kExact>(w, sw, x, xs, kb, acc);
   }
-  if (o0 >= out) return;
 #pragma unroll
   for (int o = 0; o < OPW; ++o) {
     const float v = warp_sum(acc[o]);
@@ -1421,8 +1302,8 @@ void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float
   k_rmsnorm<<<rows, 256, 0, s>>>(x, dim, w, eps, y, r);
 }
 namespace {
-// Outputs per warp: more per warp (fewer blocks, each staging its inputs once for more weights) while
-// the grid still gives every SM a few blocks.
+// Outputs per warp: more per warp (more weight bytes in flight per input read) while the grid still
+// gives every SM a few blocks.
 int outputs_per_warp(int64_t outputs) {
   const int64_t sms = 132;
   return outputs >= 8 * 4 * 4 * sms ? 4 : outputs >= 8 * 2 * 2 * sms ? 2 : 1;
@@ -1431,39 +1312,30 @@ struct Fp8Call {
   const uint8_t* W;
   const uint8_t* Ws;
   int64_t out, K;
-  const float* x;
-  int64_t x_stride, rows;
+  LinearInput in;
+  int64_t rows;
   float* y;
   int64_t y_stride;
   int groups;
   bool r;
   cudaStream_t s;
 };
-// DSUF_GEMV=regs|pipe|smem picks how the FP8/FP4 linears fetch weights (see GemvMode); smem by default.
+// DSUF_GEMV=regs|pipe picks how the FP8/FP4 linears fetch weights (see GemvMode); pipe by default.
 int gemv_mode() {
   static const int mode = [] {
     const char* v = std::getenv("DSUF_GEMV");
-    const std::string m = v ? v : "smem";
+    const std::string m = v ? v : "pipe";
     if (m == "regs") return int(kRegs);
     if (m == "pipe") return int(kRegsPipe);
-    if (m == "smem") return int(kSmem);
-    fail("DSUF_GEMV=", m, ": expected regs, pipe or smem");
+    fail("DSUF_GEMV=", m, ": expected regs or pipe");
   }();
   return mode;
 }
-size_t gemv_smem(int R, int64_t K, int rows_per_block, int chunk) {
-  return size_t(gemv_weights_offset(R, K / 32)) + (gemv_mode() == kSmem ? size_t(2) * rows_per_block * chunk : 0);
-}
 template <int OPW, int R, bool kExact>
 void launch_fp8(const Fp8Call& c) {
-  const size_t smem = gemv_smem(R, c.K, 8 * OPW, kFp8Chunk);
-  DSUF_CHECK(smem <= 227 * 1024, "fp8_linear: K = ", c.K, " with ", R, " rows needs too much shared memory");
-  const int mode = gemv_mode();
-  auto k = mode == kSmem ? k_fp8_gemv<OPW, R, kExact, kSmem>
-           : mode == kRegsPipe ? k_fp8_gemv<OPW, R, kExact, kRegsPipe> : k_fp8_gemv<OPW, R, kExact, kRegs>;
-  set_smem(k, smem);
-  launch_pdl(k, dim3(blocks_for(c.out, 8 * OPW), blocks_for(c.rows, R), c.groups), dim3(256), smem, c.s, c.W, c.Ws,
-             c.out, c.K, c.x, c.x_stride, int(c.rows), c.y, c.y_stride, c.r);
+  auto k = gemv_mode() == kRegsPipe ? k_fp8_gemv<OPW, R, kExact, kRegsPipe> : k_fp8_gemv<OPW, R, kExact, kRegs>;
+  launch_pdl(k, dim3(blocks_for(c.out, 8 * OPW), blocks_for(c.rows, R), c.groups), dim3(256), 0, c.s, c.W, c.Ws,
+             c.out, c.K, c.in.x, c.in.stride, c.in.scale, c.in.scale_stride, int(c.rows), c.y, c.y_stride, c.r);
 }
 template <int R, bool kExact>
 void launch_fp8_opw(const Fp8Call& c) {
@@ -1475,53 +1347,55 @@ void launch_fp8_opw(const Fp8Call& c) {
 }
 template <bool kExact>
 void launch_fp8_rows(const Fp8Call& c) {
-  // Rows per block: each weight row is read once per group of R rows; R·K·4 bytes of inputs staged.
-  if (c.rows >= 4 && c.K <= 8192) return launch_fp8_opw<4, kExact>(c);
+  // Rows per block: each weight row is read once per group of R rows.
+  if (c.rows >= 4) return launch_fp8_opw<4, kExact>(c);
   if (c.rows >= 2) return launch_fp8_opw<2, kExact>(c);
   launch_fp8_opw<1, kExact>(c);
 }
 template <int OPW, bool kExact>
 void launch_fp4(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
-                const float* x, int x_div, int64_t rows, float* y, bool r, cudaStream_t s) {
-  const size_t smem = gemv_smem(1, K, 8 * OPW, kFp4Chunk);
-  DSUF_CHECK(smem <= 227 * 1024, "fp4_linear: K = ", K, " needs too much shared memory");
-  const int mode = gemv_mode();
-  auto k = mode == kSmem ? k_fp4_gemv<OPW, kExact, kSmem>
-           : mode == kRegsPipe ? k_fp4_gemv<OPW, kExact, kRegsPipe> : k_fp4_gemv<OPW, kExact, kRegs>;
-  set_smem(k, smem);
-  launch_pdl(k, dim3(blocks_for(out, 8 * OPW), int(rows)), dim3(256), smem, s, W, Ws, ids, out, K, x, x_div, y, r);
+                const LinearInput& in, int x_div, int64_t rows, float* y, bool r, cudaStream_t s) {
+  auto k = gemv_mode() == kRegsPipe ? k_fp4_gemv<OPW, kExact, kRegsPipe> : k_fp4_gemv<OPW, kExact, kRegs>;
+  launch_pdl(k, dim3(blocks_for(out, 8 * OPW), int(rows)), dim3(256), 0, s, W, Ws, ids, out, K, in.x, in.stride,
+             in.scale, in.scale_stride, x_div, y, r);
 }
 template <bool kExact>
 void launch_fp4_opw(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
-                    const float* x, int x_div, int64_t rows, float* y, bool r, cudaStream_t s) {
+                    const LinearInput& in, int x_div, int64_t rows, float* y, bool r, cudaStream_t s) {
   switch (outputs_per_warp(out * rows)) {
-    case 4: return launch_fp4<4, kExact>(W, Ws, ids, out, K, x, x_div, rows, y, r, s);
-    case 2: return launch_fp4<2, kExact>(W, Ws, ids, out, K, x, x_div, rows, y, r, s);
-    default: return launch_fp4<1, kExact>(W, Ws, ids, out, K, x, x_div, rows, y, r, s);
+    case 4: return launch_fp4<4, kExact>(W, Ws, ids, out, K, in, x_div, rows, y, r, s);
+    case 2: return launch_fp4<2, kExact>(W, Ws, ids, out, K, in, x_div, rows, y, r, s);
+    default: return launch_fp4<1, kExact>(W, Ws, ids, out, K, in, x_div, rows, y, r, s);
   }
 }
 }  // namespace
 
-void fp8_linear_groups(const uint8_t* W, const uint8_t* Ws, int groups, int64_t out, int64_t K, const float* x,
-                       int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool quantize, bool r,
-                       cudaStream_t s) {
-  DSUF_CHECK(K % 32 == 0 && x_stride % 4 == 0 && groups >= 1 && (groups == 1 || out % 32 == 0), "fp8_linear: K = ",
-             K, ", x_stride = ", x_stride, ", groups = ", groups, ", out = ", out);
+LinearInput linear_input(const float* x, int64_t x_stride, int64_t rows, int64_t K, bool quantize, float* xq,
+                         float* xs, cudaStream_t s) {
+  DSUF_CHECK(K % 32 == 0 && x_stride % 4 == 0, "linear_input: K = ", K, ", x_stride = ", x_stride);
+  if (!quantize) return {x, x_stride, nullptr, 0};
+  if (rows > 0) k_quant_act<<<dim3(blocks_for(K / 32, 8), rows), 256, 0, s>>>(x, x_stride, K, xq, xs);
+  return {xq, K, xs, K / 32};
+}
+void fp8_linear_groups(const uint8_t* W, const uint8_t* Ws, int groups, int64_t out, int64_t K,
+                       const LinearInput& in, int64_t rows, float* y, int64_t y_stride, bool r, cudaStream_t s) {
+  DSUF_CHECK(K % 32 == 0 && in.stride % 4 == 0 && groups >= 1 && (groups == 1 || out % 32 == 0),
+             "fp8_linear: K = ", K, ", x_stride = ", in.stride, ", groups = ", groups, ", out = ", out);
   if (rows <= 0) return;
-  const Fp8Call c{W, Ws, out, K, x, x_stride, rows, y, y_stride, groups, r, s};
-  if (quantize) return launch_fp8_rows<true>(c);
+  const Fp8Call c{W, Ws, out, K, in, rows, y, y_stride, groups, r, s};
+  if (in.scale) return launch_fp8_rows<true>(c);
   launch_fp8_rows<false>(c);
 }
-void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const float* x, int64_t x_stride,
-                int64_t rows, float* y, int64_t y_stride, bool quantize, bool r, cudaStream_t s) {
-  fp8_linear_groups(W, Ws, 1, out, K, x, x_stride, rows, y, y_stride, quantize, r, s);
+void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const LinearInput& in, int64_t rows,
+                float* y, int64_t y_stride, bool r, cudaStream_t s) {
+  fp8_linear_groups(W, Ws, 1, out, K, in, rows, y, y_stride, r, s);
 }
 void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
-                        const float* x, int x_div, int64_t rows, float* y, bool quantize, bool r, cudaStream_t s) {
-  DSUF_CHECK(K % 32 == 0, "fp4_linear: K = ", K);
+                        const LinearInput& in, int x_div, int64_t rows, float* y, bool r, cudaStream_t s) {
+  DSUF_CHECK(K % 32 == 0 && in.stride % 4 == 0, "fp4_linear: K = ", K, ", x_stride = ", in.stride);
   if (rows <= 0) return;
-  if (quantize) return launch_fp4_opw<true>(W, Ws, ids, out, K, x, x_div, rows, y, r, s);
-  launch_fp4_opw<false>(W, Ws, ids, out, K, x, x_div, rows, y, r, s);
+  if (in.scale) return launch_fp4_opw<true>(W, Ws, ids, out, K, in, x_div, rows, y, r, s);
+  launch_fp4_opw<false>(W, Ws, ids, out, K, in, x_div, rows, y, r, s);
 }
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows, float* y,
                  int64_t y_stride, bool r, cudaStream_t s) {

@@ -32,21 +32,30 @@ void collapse_norm(const float* pre, int pre_stride, const float* X, int n, int 
                    float eps, float* y, bool r, cudaStream_t s);
 void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float eps, float* y, bool r,
              cudaStream_t s);
-// y[r][o] = Σ_kb s_x[r][kb]·s_w[o/32][kb]·Σ q(x)·w with x's rows quantized per 32 on the way in
-// (quantize: the reference's activation quantization; else x as it is, scales 1). x rows have
-// stride x_stride, y rows y_stride. W may be a row slice of a larger weight.
-void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const float* x, int64_t x_stride,
-                int64_t rows, float* y, int64_t y_stride, bool quantize, bool r, cudaStream_t s);
+// The input rows of the FP8/FP4 linears: FP32 rows of stride `stride`, or (scale set) the reference's
+// per-32 FP8 activation quantization of them: E4M3 values times 2^64, their block scales at
+// scale[row·scale_stride + kb].
+struct LinearInput {
+  const float* x;
+  int64_t stride;
+  const float* scale;
+  int64_t scale_stride;
+};
+// quantize: quantizes rows × K inputs of x (stride x_stride) into xq [rows][K] and xs [rows][K/32]
+// (once, for every linear that reads them) and returns them; else returns x as it is.
+LinearInput linear_input(const float* x, int64_t x_stride, int64_t rows, int64_t K, bool quantize, float* xq,
+                         float* xs, cudaStream_t s);
+// y[r][o] = Σ_kb s_x[r][kb]·s_w[o/32][kb]·Σ x·w (scales 1 for unquantized inputs); y rows have
+// stride y_stride. W may be a row slice of a larger weight.
+void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const LinearInput& in, int64_t rows,
+                float* y, int64_t y_stride, bool r, cudaStream_t s);
 // `groups` independent products in one launch (the grouped o-projection): group g uses weight rows
 // [g·out, (g+1)·out) (out a multiple of 32), inputs g·K.. of each row, outputs g·out.. of each row.
-void fp8_linear_groups(const uint8_t* W, const uint8_t* Ws, int groups, int64_t out, int64_t K, const float* x,
-                       int64_t x_stride, int64_t rows, float* y, int64_t y_stride, bool quantize, bool r,
-                       cudaStream_t s);
-// Grouped FP4 linear (experts): row r uses expert ids[r]'s weights and input row r / x_div (stride K),
-// quantized as above.
+void fp8_linear_groups(const uint8_t* W, const uint8_t* Ws, int groups, int64_t out, int64_t K,
+                       const LinearInput& in, int64_t rows, float* y, int64_t y_stride, bool r, cudaStream_t s);
+// Grouped FP4 linear (experts): row r uses expert ids[r]'s weights and input row r / x_div.
 void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out,
-                        int64_t K, const float* x, int x_div, int64_t rows, float* y, bool quantize, bool r,
-                        cudaStream_t s);
+                        int64_t K, const LinearInput& in, int x_div, int64_t rows, float* y, bool r, cudaStream_t s);
 // FP32 product with a BF16 weight; y = W·x (optionally BF16-rounded).
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows,
                  float* y, int64_t y_stride, bool r, cudaStream_t s);
