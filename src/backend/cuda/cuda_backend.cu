@@ -129,6 +129,24 @@ struct CudaBackend::Impl {
   cuda::ColSplit zg_split, hidden_split, vocab_split;  // columns each rank computes of the gathered products
   std::unique_ptr<EngramHasher> hasher;
   cudaStream_t stream = nullptr;
+  // A second stream for the independent branches of a layer (the compressor and indexer beside the
+  // query/KV projections; the shared expert beside the routed ones), so that their small kernels
+  // overlap instead of queueing (DSUF_OVERLAP=0 turns it off; off while timing components).
+  cudaStream_t side = nullptr;
+  cudaEvent_t ev_fork = nullptr, ev_join = nullptr;
+  bool overlap = true;
+  // Work enqueued on branch() after fork() may run beside what `stream` gets next, until join().
+  cudaStream_t branch() const { return overlap && !comp_timing ? side : stream; }
+  void fork() {
+    if (branch() == stream) return;
+    DSUF_CUDA(cudaEventRecord(ev_fork, stream));
+    DSUF_CUDA(cudaStreamWaitEvent(side, ev_fork));
+  }
+  void join() {
+    if (branch() == stream) return;
+    DSUF_CUDA(cudaEventRecord(ev_join, side));
+    DSUF_CUDA(cudaStreamWaitEvent(stream, ev_join));
+  }
   std::vector<DevMem> owned;
   std::vector<void*> pinned;
   size_t weight_bytes = 0;
@@ -140,7 +158,7 @@ struct CudaBackend::Impl {
   struct {
     float *X, *pre, *mix_a, *mix_f, *u, *xn, *y, *tmp, *q_lat, *q, *kvw, *ag, *o, *zg, *qi, *wts,
         *scores, *bscores, *router, *rw, *h1, *h3, *ye, *ys, *h1s, *h3s, *emb, *ekv, *logits, *keys, *att;
-    float *xq[2], *xs[2];  // quantized linear inputs (cuda::linear_input): two live at a time
+    float *xq[3], *xs[3];  // linear inputs (cuda::linear_input): two live at a time, the third the shared expert's
     int32_t *sel, *cand, *ids;
     uint8_t* cand_mask;
     float* sample_w;          // [sample_chunk][V] sampling weights
@@ -280,6 +298,7 @@ struct CudaBackend::Impl {
   Step run_step(std::vector<Part>& parts);
   void finish_step(std::vector<Part>& parts, const Step& st);
   void attention(int l, const Step& st, float* out);
+  void indexer_branch(int l, const Step& st, const cuda::LinearInput& qin, cudaStream_t stream);
   void moe(int l, int n, const uint8_t* image, float* out);
 };
 
@@ -389,6 +408,10 @@ void CudaBackend::Impl::place_tensors(uint64_t synthetic_seed) {
 void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   DSUF_CUDA(cudaSetDevice(opt.device));
   DSUF_CUDA(cudaStreamCreate(&stream));
+  DSUF_CUDA(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  DSUF_CUDA(cudaEventCreateWithFlags(&ev_fork, cudaEventDisableTiming));
+  DSUF_CUDA(cudaEventCreateWithFlags(&ev_join, cudaEventDisableTiming));
+  if (const char* v = std::getenv("DSUF_OVERLAP")) overlap = std::string(v) != "0";
   const TextConfig& t = cfg.text;
   DSUF_CHECK(int64_t(cids.size()) >= t.vocab_size, "compressed-id table too short");
   if (!t.engram_layer_ids.empty()) hasher = std::make_unique<EngramHasher>(t, cids.at(t.engram_pad_token_id));
@@ -461,12 +484,12 @@ namespace {
 // one list serves the allocation and the memory plan.
 struct WorkspaceSizes {
   int64_t X, pre, mix, vecD, tmp, q_lat, q, kvw, ag, o, zg, qi, wts, scores, bscores, sel, cand, cand_mask,
-      router, ids, h, ye, hs, emb, ekv, logits, keys, att, sample_w, sample, aq;
+      router, ids, h, ye, hs, emb, ekv, logits, keys, att, sample_w, sample, aq, aq_shared;
   int64_t score_stride, bscore_stride;
   size_t bytes() const {
     const int64_t floats = X + pre + 2 * mix + 3 * vecD + tmp + q_lat + q + kvw + ag + o + zg + qi +
                            wts + scores + bscores + router + ids /*rw*/ + 2 * h + ye + vecD /*ys*/ + 2 * hs + emb + ekv +
-                           logits + keys + att + sample_w + 2 * (aq + aq / 32);
+                           logits + keys + att + sample_w + 2 * (aq + aq / 32) + aq_shared + aq_shared / 32;
     return size_t(floats) * 4 + size_t(sel + cand + ids + 2 * sample) * 4 + size_t(cand_mask);
   }
 };
@@ -489,7 +512,10 @@ WorkspaceSizes workspace_sizes(const TextConfig& t, int64_t N, int64_t max_conte
   w.keys = N * (t.sliding_window + t.index_topk) * hd;
   w.att = N * H * (t.sliding_window + t.index_topk);
   w.sample_w = S * t.vocab_size, w.sample = N;
-  w.aq = N * std::max({D, qr, H * hd, G * ol, K * F, R * ehd});  // the largest linear input
+  // The largest linear input, laid out (cuda::linear_input); the shared expert's has its own.
+  const auto lin = [](int64_t k) { return cuda::interleaved_k(k); };
+  w.aq_shared = N * lin(F);
+  w.aq = N * std::max({lin(D), lin(qr), G * lin(H / G * hd), lin(G * ol), K * lin(F), lin(std::max<int64_t>(R * ehd, 32))});
   return w;
 }
 // Scratch of the tensor-parallel exchanges, in floats (none at world size 1): the packed send block
@@ -572,7 +598,10 @@ void CudaBackend::Impl::alloc_workspace() {
   const TpScratch tps = tp_scratch(t, part, max_rows);
   if (tps.recv) tp_send = alloc<float>(tps.send), tp_recv = alloc<float>(tps.recv), tp_send_floats = tps.send;
   ws.h1s = alloc<float>(w.hs), ws.h3s = alloc<float>(w.hs), ws.emb = alloc<float>(w.emb), ws.ekv = alloc<float>(w.ekv);
-  for (int i = 0; i < 2; ++i) ws.xq[i] = alloc<float>(w.aq), ws.xs[i] = alloc<float>(w.aq / 32);
+  for (int i = 0; i < 3; ++i) {
+    const int64_t floats = i < 2 ? w.aq : w.aq_shared;
+    ws.xq[i] = alloc<float>(floats), ws.xs[i] = alloc<float>(floats / 32);
+  }
   logits_rows = max_rows;
   ws.logits = alloc<float>(w.logits);
   DSUF_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&logits_host), size_t(w.logits) * 4, cudaHostAllocDefault));
@@ -804,36 +833,17 @@ CudaBackend::Impl::Step CudaBackend::Impl::stage_step(std::vector<Part>& parts, 
   return st;
 }
 
-void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
+// The compressor (this layer's new compressed entries) and the indexer (the selection), on `stream`.
+void CudaBackend::Impl::indexer_branch(int l, const Step& st, const cuda::LinearInput& qin, cudaStream_t stream) {
   const TextConfig& t = cfg.text;
   const LayerPlan& lp = cfg.layers[l];
   const DevLayer& d = layers[l];
-  const bool r = opt.numerics.bf16_activations, aq = opt.numerics.act_quant;
-  const int H = t.num_attention_heads, W = t.sliding_window, n = st.rows;
-  const int64_t D = t.hidden_size, hd = t.head_dim, qr = t.q_lora_rank, G = t.o_groups, ol = t.o_lora_rank;
+  const bool r = opt.numerics.bf16_activations;
+  const int n = st.rows;
+  const int64_t D = t.hidden_size, hd = t.head_dim, qr = t.q_lora_rank;
   const float eps = float(t.rms_norm_eps);
-  const float* cs = lp.compress_rope ? st.cs_comp : st.cs_main;
-  // Tensor parallel: this rank's query heads [h0, h0+Hr) and the output groups they feed
-  // [g0, g0+Gr); wo_b rows [d0, d0+Dr). Everything else here runs whole on every rank.
-  const int h0 = int(part.my_heads().begin), Hr = int(part.my_heads().size());
-  const int g0 = int(part.my_groups().begin), Gr = int(part.my_groups().size());
-  const int64_t d0 = part.my_hidden().begin, Dr = part.my_hidden().size();
-
-  mark(kAttention);
-  const cuda::LinearInput xin = cuda::linear_input(ws.xn, D, n, D, aq, ws.xq[0], ws.xs[0], stream);
-  cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, xin, n, ws.tmp, qr, r, stream);
-  cuda::rmsnorm(ws.tmp, n, qr, d.q_norm, eps, ws.q_lat, r, stream);
-  cuda::fp8_linear(d.wkv.w, d.wkv.s, hd, D, xin, n, ws.tmp, hd, r, stream);
-  cuda::rmsnorm(ws.tmp, n, hd, d.kv_norm, eps, ws.kvw, r, stream);
-  cuda::rope(ws.kvw, n, 1, hd, cs, half, 1.0f, r, stream);
-  cuda::fp8_fake_quant(ws.kvw, n * hd, r, stream);
-  const cuda::LinearInput qin = cuda::linear_input(ws.q_lat, qr, n, qr, aq, ws.xq[1], ws.xs[1], stream);
-  cuda::fp8_linear(d.wq_b.w, d.wq_b.s, Hr * hd, qr, qin, n, ws.q, Hr * hd, r, stream);
-  cuda::rope(ws.q, n, Hr, hd, cs, half, 1.0f, r, stream);
-
   const int slot = layout.source_slot[l];
   const int ratio = lp.ratio;
-  mark(kIndexer);
   if (lp.owns_compressor) {
     cuda::bf16_linear(d.comp_wkv, hd, D, ws.xn, D, n, ws.ag, 2 * hd, false, stream);
     if (ratio > 1) cuda::bf16_linear(d.comp_wgate, hd, D, ws.xn, D, n, ws.ag + hd, 2 * hd, false, stream);
@@ -865,7 +875,43 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
     }
     cuda::top_k(ws.scores, score_stride, n, st.meta, ratio, 0, t.index_topk, ws.sel, t.index_topk, stream);
   }
+}
 
+void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
+  const TextConfig& t = cfg.text;
+  const LayerPlan& lp = cfg.layers[l];
+  const DevLayer& d = layers[l];
+  const bool r = opt.numerics.bf16_activations, aq = opt.numerics.act_quant;
+  const int H = t.num_attention_heads, W = t.sliding_window, n = st.rows;
+  const int64_t D = t.hidden_size, hd = t.head_dim, qr = t.q_lora_rank, G = t.o_groups, ol = t.o_lora_rank;
+  const float eps = float(t.rms_norm_eps);
+  const float* cs = lp.compress_rope ? st.cs_comp : st.cs_main;
+  // Tensor parallel: this rank's query heads [h0, h0+Hr) and the output groups they feed
+  // [g0, g0+Gr); wo_b rows [d0, d0+Dr). Everything else here runs whole on every rank.
+  const int h0 = int(part.my_heads().begin), Hr = int(part.my_heads().size());
+  const int g0 = int(part.my_groups().begin), Gr = int(part.my_groups().size());
+  const int64_t d0 = part.my_hidden().begin, Dr = part.my_hidden().size();
+
+  mark(kAttention);
+  const cuda::LinearInput xin = cuda::linear_input(ws.xn, D, n, D, aq, ws.xq[0], ws.xs[0], stream);
+  cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, xin, n, ws.tmp, qr, r, stream);
+  cuda::rmsnorm(ws.tmp, n, qr, d.q_norm, eps, ws.q_lat, r, stream);
+  const cuda::LinearInput qin = cuda::linear_input(ws.q_lat, qr, n, qr, aq, ws.xq[1], ws.xs[1], stream);
+  // The compressor and the indexer (on the side stream) need only xn and q_lat; the KV and query
+  // projections go on beside them.
+  fork();
+  cuda::fp8_linear(d.wkv.w, d.wkv.s, hd, D, xin, n, ws.tmp, hd, r, stream);
+  cuda::rmsnorm(ws.tmp, n, hd, d.kv_norm, eps, ws.kvw, r, stream);
+  cuda::rope(ws.kvw, n, 1, hd, cs, half, 1.0f, r, stream);
+  cuda::fp8_fake_quant(ws.kvw, n * hd, r, stream);
+  cuda::fp8_linear(d.wq_b.w, d.wq_b.s, Hr * hd, qr, qin, n, ws.q, Hr * hd, r, stream);
+  cuda::rope(ws.q, n, Hr, hd, cs, half, 1.0f, r, stream);
+
+  const int slot = layout.source_slot[l];
+  const int ratio = lp.ratio;
+  mark(kIndexer);
+  indexer_branch(l, st, qin, branch());
+  join();
   mark(kAttention);
   cuda::AttentionArgs aa{.q = ws.q, .kv_chunk = ws.kvw, .meta = st.meta, .seqs = st.seqtab, .layer = l,
                          .src = ratio > 0 ? slot : -1, .sel = ratio > 0 ? ws.sel : nullptr,
@@ -875,7 +921,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
   cuda::rope(ws.o, n, Hr, hd, cs, half, -1.0f, r, stream);
   const int64_t gin = (H / G) * hd;
   const cuda::LinearInput oin =
-      cuda::linear_input(ws.o, Hr * hd, n, Hr * hd, opt.numerics.wo_a_act_quant && aq, ws.xq[0], ws.xs[0], stream);
+      cuda::linear_input(ws.o, Hr * hd, n, gin, opt.numerics.wo_a_act_quant && aq, ws.xq[0], ws.xs[0], stream, Gr);
   cuda::fp8_linear_groups(d.wo_a.w, d.wo_a.s, Gr, ol, gin, oin, n, ws.zg + g0 * ol, G * ol, r, stream);
   cuda::gather_cols(comm, zg_split, ws.zg, n, G * ol, tp_send, tp_recv, stream);
   const cuda::LinearInput zin = cuda::linear_input(ws.zg, G * ol, n, G * ol, aq, ws.xq[1], ws.xs[1], stream);
@@ -895,6 +941,16 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, float* out) {
   cuda::route(ws.router, n, E, K, d.bias, d.bias_vl, image, float(t.gate_temp), float(t.routed_scaling_factor),
               ws.ids, ws.rw, stream);
   const cuda::LinearInput xin = cuda::linear_input(ws.xn, D, n, D, aq, ws.xq[0], ws.xs[0], stream);
+  // The shared expert on the side stream, beside the routed experts (its own input buffer xq[2]).
+  if (part.owns_shared(l)) {
+    fork();
+    cudaStream_t s2 = branch();
+    cuda::fp8_linear(d.sw1.w, d.sw1.s, F, D, xin, n, ws.h1s, F, r, s2);
+    cuda::fp8_linear(d.sw3.w, d.sw3.s, F, D, xin, n, ws.h3s, F, r, s2);
+    cuda::swiglu(ws.h1s, ws.h3s, n, F, nullptr, limit, opt.numerics.shared_expert_clamp, r, s2);
+    const cuda::LinearInput hsin = cuda::linear_input(ws.h1s, F, n, F, aq, ws.xq[2], ws.xs[2], s2);
+    cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, hsin, n, ws.ys, D, r, s2);
+  }
   cuda::fp4_linear_grouped(d.experts.w1, d.experts.s1, ws.ids, F, D, xin, K, int64_t(n) * K, ws.h1, r, stream);
   cuda::fp4_linear_grouped(d.experts.w3, d.experts.s3, ws.ids, F, D, xin, K, int64_t(n) * K, ws.h3, r, stream);
   cuda::swiglu(ws.h1, ws.h3, int64_t(n) * K, F, ws.rw, limit, true, r, stream);
@@ -902,13 +958,7 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, float* out) {
   cuda::fp4_linear_grouped(d.experts.w2, d.experts.s2, ws.ids, D, F, hin, 1, int64_t(n) * K, ws.ye, r, stream);
   // Tensor parallel: the rows of ye whose expert another rank owns were computed with a stand-in
   // expert and are replaced by the owner's; the shared expert runs whole on its layer's owner.
-  if (part.owns_shared(l)) {
-    cuda::fp8_linear(d.sw1.w, d.sw1.s, F, D, xin, n, ws.h1s, F, r, stream);
-    cuda::fp8_linear(d.sw3.w, d.sw3.s, F, D, xin, n, ws.h3s, F, r, stream);
-    cuda::swiglu(ws.h1s, ws.h3s, n, F, nullptr, limit, opt.numerics.shared_expert_clamp, r, stream);
-    const cuda::LinearInput hsin = cuda::linear_input(ws.h1s, F, n, F, aq, ws.xq[1], ws.xs[1], stream);
-    cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, hsin, n, ws.ys, D, r, stream);
-  }
+  if (part.owns_shared(l)) join();
   cuda::gather_expert_rows(comm, ws.ye, ws.ids, int64_t(n) * K, D, tp_recv, ws.ys, n, part.shared_owner(l), stream);
   cuda::moe_sum(ws.ye, K, ws.ys, n, D, out, r, stream);
 }
@@ -1182,6 +1232,7 @@ CudaBackend::~CudaBackend() {
     for (cudaEvent_t e : im.comp_events) cudaEventDestroy(e);
     for (void* p : im.pinned) cudaFreeHost(p);
     if (im.stream) cudaStreamDestroy(im.stream);
+    if (im.side) cudaStreamDestroy(im.side), cudaEventDestroy(im.ev_fork), cudaEventDestroy(im.ev_join);
     ranks_[r].reset();
   }
   tp_.reset();

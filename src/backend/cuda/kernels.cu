@@ -320,17 +320,29 @@ __device__ __forceinline__ uint8_t fp8_code(float v, float s) { return e4m3_code
 // reference does.
 constexpr float kXStage = 0x1p64f;  // quantized inputs stored as x·2^64
 
-// The reference's per-32 FP8 activation quantization, once per input row (every linear reading the
-// row uses the result): a warp per 32-block, E4M3 values stored times 2^64, scales to xs.
-__global__ void k_quant_act(const float* __restrict__ x, int64_t x_stride, int64_t K, float* __restrict__ xq,
-                            float* __restrict__ xs) {
-  const int nb = int(K / 32), kb = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (kb >= nb) return;
-  const int64_t row = blockIdx.y;
-  const float v = x[row * x_stride + kb * 32 + lane];
-  const float sc = fp8_block_scale(v);
-  xq[row * K + kb * 32 + lane] = e4m3_val(fp8_code(v, sc)) * kXStage;
-  if (lane == 0) xs[row * nb + kb] = sc;
+// The linears read their inputs in an interleaved layout (per row and group of K inputs): K-block
+// kb's float4 j sits at float4 xpos4(kb, j), so that the 32 lanes of a warp (K-blocks ≡ lane mod 32)
+// read 512 contiguous bytes per load. In the plain layout each lane's 16 bytes came from a different
+// 128-byte line: 32 L1 wavefronts per load, which capped the linears near 1 TB/s.
+__device__ __forceinline__ int64_t xpos4(int kb, int j) { return (int64_t(kb >> 5) * 8 + j) * 32 + (kb & 31); }
+
+// Lays out rows × groups × K inputs (stride x_stride) for the linears, with the reference's per-32
+// FP8 activation quantization on the way when quantize (E4M3 values stored times 2^64, scales to
+// xs): once per input row, for every linear that reads it. A warp per 32-block.
+__global__ void k_linear_input(const float* __restrict__ x, int64_t x_stride, int64_t K, int groups, bool quantize,
+                               float* __restrict__ xq, float* __restrict__ xs) {
+  const int nb = int(K / 32), gb = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (gb >= groups * nb) return;
+  const int g = gb / nb, kb = gb % nb;
+  const int64_t row = blockIdx.y, kp = interleaved_k(K);
+  const float v = x[row * x_stride + int64_t(g) * K + kb * 32 + lane];
+  float q = v;
+  if (quantize) {
+    const float sc = fp8_block_scale(v);
+    q = e4m3_val(fp8_code(v, sc)) * kXStage;
+    if (lane == 0) xs[row * groups * nb + gb] = sc;
+  }
+  xq[row * groups * kp + g * kp + xpos4(kb, lane / 4) * 4 + lane % 4] = q;
 }
 
 __device__ __forceinline__ uint32_t word_of(const uint4 (&w)[2], int i) {
@@ -353,11 +365,11 @@ __device__ __forceinline__ float mac(float part, float x, float wbits, float wsc
 // reads the same ones, so they come from L1): no shared-memory staging, no barrier, no prologue.
 enum GemvMode { kRegs = 0, kRegsPipe = 1 };
 
-// An input row's K-block kb as 8 float4 (the quantized ones are x·2^64) and its scale.
+// K-block kb of an interleaved input row as 8 float4 (the quantized ones are x·2^64).
 __device__ __forceinline__ void load_x(const float* __restrict__ xr, int kb, float4 (&xv)[8]) {
-  const float4* p = reinterpret_cast<const float4*>(xr + int64_t(kb) * 32);
+  const float4* p = reinterpret_cast<const float4*>(xr);
 #pragma unroll
-  for (int j = 0; j < 8; ++j) xv[j] = __ldg(p + j);
+  for (int j = 0; j < 8; ++j) xv[j] = __ldg(p + xpos4(kb, j));
 }
 
 // One lane's K-block kb for OPW outputs (weights w, scales sw) and nr ≤ R rows of inputs.
@@ -419,16 +431,16 @@ __device__ __forceinline__ void fp4_kb_mac(const uint4 (&w)[OPW], const float (&
 
 // Block of 8 warps; warp w takes outputs o0..o0+OPW-1 and the block's R rows (grid.y: row groups).
 // grid.z: independent groups (the grouped o-projection): group g uses weight rows g·out.., inputs
-// g·K.. of each row (and their scales g·K/32..) and outputs g·out.. .
+// g·K.. of each row (at x_group in the interleaved row, scales g·K/32..) and outputs g·out.. .
 template <int OPW, int R, bool kExact, int kMode>
 __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws,
                                                    int64_t out, int64_t K, const float* __restrict__ x,
-                                                   int64_t x_stride, const float* __restrict__ xs,
+                                                   int64_t x_stride, int64_t x_group, const float* __restrict__ xs,
                                                    int64_t xs_stride, int rows, float* __restrict__ y,
                                                    int64_t y_stride, bool r) {
   const int nb = int(K / 32);
   const int g = blockIdx.z;
-  W += int64_t(g) * out * K, Ws += int64_t(g) * (out / 32) * nb, x += int64_t(g) * K, xs += int64_t(g) * nb;
+  W += int64_t(g) * out * K, Ws += int64_t(g) * (out / 32) * nb, x += int64_t(g) * x_group, xs += int64_t(g) * nb;
   y += int64_t(g) * out;
   const int row0 = blockIdx.y * R, nr = min(R, rows - row0);
   x += int64_t(row0) * x_stride, xs += int64_t(row0) * xs_stride;
@@ -1335,7 +1347,8 @@ template <int OPW, int R, bool kExact>
 void launch_fp8(const Fp8Call& c) {
   auto k = gemv_mode() == kRegsPipe ? k_fp8_gemv<OPW, R, kExact, kRegsPipe> : k_fp8_gemv<OPW, R, kExact, kRegs>;
   launch_pdl(k, dim3(blocks_for(c.out, 8 * OPW), blocks_for(c.rows, R), c.groups), dim3(256), 0, c.s, c.W, c.Ws,
-             c.out, c.K, c.in.x, c.in.stride, c.in.scale, c.in.scale_stride, int(c.rows), c.y, c.y_stride, c.r);
+             c.out, c.K, c.in.x, c.in.stride, c.in.group_stride, c.in.scale, c.in.scale_stride, int(c.rows), c.y,
+             c.y_stride, c.r);
 }
 template <int R, bool kExact>
 void launch_fp8_opw(const Fp8Call& c) {
@@ -1371,16 +1384,18 @@ void launch_fp4_opw(const uint8_t* const* W, const uint8_t* const* Ws, const int
 }  // namespace
 
 LinearInput linear_input(const float* x, int64_t x_stride, int64_t rows, int64_t K, bool quantize, float* xq,
-                         float* xs, cudaStream_t s) {
-  DSUF_CHECK(K % 32 == 0 && x_stride % 4 == 0, "linear_input: K = ", K, ", x_stride = ", x_stride);
-  if (!quantize) return {x, x_stride, nullptr, 0};
-  if (rows > 0) k_quant_act<<<dim3(blocks_for(K / 32, 8), rows), 256, 0, s>>>(x, x_stride, K, xq, xs);
-  return {xq, K, xs, K / 32};
+                         float* xs, cudaStream_t s, int groups) {
+  DSUF_CHECK(K % 32 == 0 && groups >= 1, "linear_input: K = ", K, ", groups = ", groups);
+  const int64_t nb = K / 32, kp = interleaved_k(K);
+  if (rows > 0)
+    k_linear_input<<<dim3(blocks_for(groups * nb, 8), rows), 256, 0, s>>>(x, x_stride, K, groups, quantize, xq, xs);
+  return {xq, groups * kp, kp, quantize ? xs : nullptr, groups * nb};
 }
 void fp8_linear_groups(const uint8_t* W, const uint8_t* Ws, int groups, int64_t out, int64_t K,
                        const LinearInput& in, int64_t rows, float* y, int64_t y_stride, bool r, cudaStream_t s) {
-  DSUF_CHECK(K % 32 == 0 && in.stride % 4 == 0 && groups >= 1 && (groups == 1 || out % 32 == 0),
-             "fp8_linear: K = ", K, ", x_stride = ", in.stride, ", groups = ", groups, ", out = ", out);
+  DSUF_CHECK(K % 32 == 0 && groups >= 1 && (groups == 1 || out % 32 == 0) && in.group_stride == interleaved_k(K),
+             "fp8_linear: K = ", K, ", groups = ", groups, ", out = ", out, ", input laid out for ",
+             in.group_stride, " per group");
   if (rows <= 0) return;
   const Fp8Call c{W, Ws, out, K, in, rows, y, y_stride, groups, r, s};
   if (in.scale) return launch_fp8_rows<true>(c);
@@ -1392,7 +1407,8 @@ void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, con
 }
 void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
                         const LinearInput& in, int x_div, int64_t rows, float* y, bool r, cudaStream_t s) {
-  DSUF_CHECK(K % 32 == 0 && in.stride % 4 == 0, "fp4_linear: K = ", K, ", x_stride = ", in.stride);
+  DSUF_CHECK(K % 32 == 0 && in.group_stride == interleaved_k(K), "fp4_linear: K = ", K, ", input laid out for ",
+             in.group_stride);
   if (rows <= 0) return;
   if (in.scale) return launch_fp4_opw<true>(W, Ws, ids, out, K, in, x_div, rows, y, r, s);
   launch_fp4_opw<false>(W, Ws, ids, out, K, in, x_div, rows, y, r, s);

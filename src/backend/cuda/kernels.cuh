@@ -32,19 +32,23 @@ void collapse_norm(const float* pre, int pre_stride, const float* X, int n, int 
                    float eps, float* y, bool r, cudaStream_t s);
 void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float eps, float* y, bool r,
              cudaStream_t s);
-// The input rows of the FP8/FP4 linears: FP32 rows of stride `stride`, or (scale set) the reference's
-// per-32 FP8 activation quantization of them: E4M3 values times 2^64, their block scales at
-// scale[row·scale_stride + kb].
+// The input rows of the FP8/FP4 linears, laid out by linear_input: per row `stride` floats, per group
+// of K inputs interleaved_k(K) floats (group_stride), interleaved so that a warp's loads are
+// contiguous (kernels.cu, xpos4). With scale set, the reference's per-32 FP8 activation quantization
+// of them: E4M3 values times 2^64, block scales at scale[row·scale_stride + group·K/32 + kb].
 struct LinearInput {
   const float* x;
-  int64_t stride;
+  int64_t stride, group_stride;
   const float* scale;
   int64_t scale_stride;
 };
-// quantize: quantizes rows × K inputs of x (stride x_stride) into xq [rows][K] and xs [rows][K/32]
-// (once, for every linear that reads them) and returns them; else returns x as it is.
+// Floats of one group of K inputs in the interleaved layout (K/32 blocks rounded up to 32).
+__host__ __device__ constexpr int64_t interleaved_k(int64_t K) { return (K / 32 + 31) / 32 * 1024; }
+// Lays out rows × groups × K inputs of x (row stride x_stride) into xq [rows][groups·interleaved_k(K)]
+// for the linears, quantized (scales into xs [rows][groups·K/32]) when quantize: once, for every
+// linear that reads them.
 LinearInput linear_input(const float* x, int64_t x_stride, int64_t rows, int64_t K, bool quantize, float* xq,
-                         float* xs, cudaStream_t s);
+                         float* xs, cudaStream_t s, int groups = 1);
 // y[r][o] = Σ_kb s_x[r][kb]·s_w[o/32][kb]·Σ x·w (scales 1 for unquantized inputs); y rows have
 // stride y_stride. W may be a row slice of a larger weight.
 void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const LinearInput& in, int64_t rows,
