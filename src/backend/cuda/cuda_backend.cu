@@ -503,7 +503,7 @@ WorkspaceSizes workspace_sizes(const TextConfig& t, int64_t N, int64_t max_conte
   w.score_stride = max_context;
   w.bscore_stride = (max_context + t.candidate_block_size - 1) / t.candidate_block_size;
   w.X = N * hc * D, w.pre = N * hc, w.mix = N * cuda::hc_mix_stride(int(hc)), w.vecD = N * D;
-  w.tmp = N * std::max(qr, hd), w.q_lat = N * qr, w.q = N * H * hd;
+  w.tmp = N * (qr + hd), w.q_lat = N * qr, w.q = N * H * hd;
   w.kvw = N * hd, w.ag = N * 2 * hd, w.o = N * H * hd, w.zg = N * G * ol;
   w.qi = N * IH * ihd, w.wts = N * IH, w.scores = N * w.score_stride, w.bscores = N * w.bscore_stride;
   w.sel = N * t.index_topk, w.cand = N * t.candidate_topk_blocks, w.cand_mask = N * w.bscore_stride;
@@ -894,14 +894,16 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
 
   mark(kAttention);
   const cuda::LinearInput xin = cuda::linear_input(ws.xn, D, n, D, aq, ws.xq[0], ws.xs[0], stream);
-  cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, xin, n, ws.tmp, qr, r, stream);
+  // wq_a and wkv in one launch (same input); wkv's outputs after wq_a's in tmp.
+  float* kv_raw = ws.tmp + int64_t(n) * qr;
+  cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, xin, n, ws.tmp, qr, r, stream,
+                   {.W = d.wkv.w, .Ws = d.wkv.s, .out = hd, .y = kv_raw, .y_stride = hd});
   cuda::rmsnorm(ws.tmp, n, qr, d.q_norm, eps, ws.q_lat, r, stream);
   const cuda::LinearInput qin = cuda::linear_input(ws.q_lat, qr, n, qr, aq, ws.xq[1], ws.xs[1], stream);
-  // The compressor and the indexer (on the side stream) need only xn and q_lat; the KV and query
-  // projections go on beside them.
+  // The compressor and the indexer (on the side stream) need only xn and q_lat; the KV norm and
+  // the query projection go on beside them.
   fork();
-  cuda::fp8_linear(d.wkv.w, d.wkv.s, hd, D, xin, n, ws.tmp, hd, r, stream);
-  cuda::rmsnorm(ws.tmp, n, hd, d.kv_norm, eps, ws.kvw, r, stream);
+  cuda::rmsnorm(kv_raw, n, hd, d.kv_norm, eps, ws.kvw, r, stream);
   cuda::rope(ws.kvw, n, 1, hd, cs, half, 1.0f, r, stream);
   cuda::fp8_fake_quant(ws.kvw, n * hd, r, stream);
   cuda::fp8_linear(d.wq_b.w, d.wq_b.s, Hr * hd, qr, qin, n, ws.q, Hr * hd, r, stream);
@@ -945,14 +947,14 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, float* out) {
   if (part.owns_shared(l)) {
     fork();
     cudaStream_t s2 = branch();
-    cuda::fp8_linear(d.sw1.w, d.sw1.s, F, D, xin, n, ws.h1s, F, r, s2);
-    cuda::fp8_linear(d.sw3.w, d.sw3.s, F, D, xin, n, ws.h3s, F, r, s2);
+    cuda::fp8_linear(d.sw1.w, d.sw1.s, F, D, xin, n, ws.h1s, F, r, s2,
+                     {.W = d.sw3.w, .Ws = d.sw3.s, .out = F, .y = ws.h3s, .y_stride = F});
     cuda::swiglu(ws.h1s, ws.h3s, n, F, nullptr, limit, opt.numerics.shared_expert_clamp, r, s2);
     const cuda::LinearInput hsin = cuda::linear_input(ws.h1s, F, n, F, aq, ws.xq[2], ws.xs[2], s2);
     cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, hsin, n, ws.ys, D, r, s2);
   }
-  cuda::fp4_linear_grouped(d.experts.w1, d.experts.s1, ws.ids, F, D, xin, K, int64_t(n) * K, ws.h1, r, stream);
-  cuda::fp4_linear_grouped(d.experts.w3, d.experts.s3, ws.ids, F, D, xin, K, int64_t(n) * K, ws.h3, r, stream);
+  cuda::fp4_linear_grouped(d.experts.w1, d.experts.s1, ws.ids, F, D, xin, K, int64_t(n) * K, ws.h1, r, stream,
+                           {.W = d.experts.w3, .Ws = d.experts.s3, .y = ws.h3});
   cuda::swiglu(ws.h1, ws.h3, int64_t(n) * K, F, ws.rw, limit, true, r, stream);
   const cuda::LinearInput hin = cuda::linear_input(ws.h1, F, int64_t(n) * K, F, aq, ws.xq[1], ws.xs[1], stream);
   cuda::fp4_linear_grouped(d.experts.w2, d.experts.s2, ws.ids, D, F, hin, 1, int64_t(n) * K, ws.ye, r, stream);

@@ -431,17 +431,22 @@ __device__ __forceinline__ void fp4_kb_mac(const uint4 (&w)[OPW], const float (&
 
 // Block of 8 warps; warp w takes outputs o0..o0+OPW-1 and the block's R rows (grid.y: row groups).
 // grid.z: independent groups (the grouped o-projection): group g uses weight rows g·out.., inputs
-// g·K.. of each row (at x_group in the interleaved row, scales g·K/32..) and outputs g·out.. .
+// g·K.. of each row (at x_group in the interleaved row, scales g·K/32..) and outputs g·out.. ; or,
+// with pair.W set, z = 1 is a second linear of the same inputs (its own weights, outputs, y).
 template <int OPW, int R, bool kExact, int kMode>
 __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws,
                                                    int64_t out, int64_t K, const float* __restrict__ x,
                                                    int64_t x_stride, int64_t x_group, const float* __restrict__ xs,
                                                    int64_t xs_stride, int rows, float* __restrict__ y,
-                                                   int64_t y_stride, bool r) {
+                                                   int64_t y_stride, bool r, Fp8Pair pair) {
   const int nb = int(K / 32);
   const int g = blockIdx.z;
-  W += int64_t(g) * out * K, Ws += int64_t(g) * (out / 32) * nb, x += int64_t(g) * x_group, xs += int64_t(g) * nb;
-  y += int64_t(g) * out;
+  if (!pair.W) {
+    W += int64_t(g) * out * K, Ws += int64_t(g) * (out / 32) * nb, x += int64_t(g) * x_group, xs += int64_t(g) * nb;
+    y += int64_t(g) * out;
+  } else if (g == 1) {
+    W = pair.W, Ws = pair.Ws, out = pair.out, y = pair.y, y_stride = pair.y_stride;
+  }
   const int row0 = blockIdx.y * R, nr = min(R, rows - row0);
   x += int64_t(row0) * x_stride, xs += int64_t(row0) * xs_stride;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -484,15 +489,17 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
     }
 }
 
-// Grouped FP4 (experts): grid.y = rows; row i uses expert ids[i] and input row i / x_div. Each
-// packed byte holds two inputs' weights, low nibble first; they are added one after the other.
+// Grouped FP4 (experts): grid.y = rows; row i uses expert ids[i] and input row i / x_div; grid.z = 2
+// for a pair (pair: the second weights and outputs). Each packed byte holds two inputs' weights, low
+// nibble first; they are added one after the other.
 template <int OPW, bool kExact, int kMode>
 __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const uint8_t* const* Ws,
                                                    const int32_t* ids, int64_t out, int64_t K, const float* x,
                                                    int64_t x_stride, const float* xs, int64_t xs_stride, int x_div,
-                                                   float* y, bool r) {
+                                                   float* y, bool r, Fp4Pair pair) {
   const int nb = int(K / 32);
   const int row = blockIdx.y;
+  if (blockIdx.z == 1) W = pair.W, Ws = pair.Ws, y = pair.y;  // the second linear of a pair
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t o0 = (int64_t(blockIdx.x) * 8 + warp) * OPW;
   const int64_t row_bytes = K / 2;
@@ -1331,6 +1338,7 @@ struct Fp8Call {
   int groups;
   bool r;
   cudaStream_t s;
+  Fp8Pair pair;
 };
 // DSUF_GEMV=regs|pipe picks how the FP8/FP4 linears fetch weights (see GemvMode); pipe by default.
 int gemv_mode() {
@@ -1346,13 +1354,14 @@ int gemv_mode() {
 template <int OPW, int R, bool kExact>
 void launch_fp8(const Fp8Call& c) {
   auto k = gemv_mode() == kRegsPipe ? k_fp8_gemv<OPW, R, kExact, kRegsPipe> : k_fp8_gemv<OPW, R, kExact, kRegs>;
-  launch_pdl(k, dim3(blocks_for(c.out, 8 * OPW), blocks_for(c.rows, R), c.groups), dim3(256), 0, c.s, c.W, c.Ws,
+  const int64_t out = std::max(c.out, c.pair.out);
+  launch_pdl(k, dim3(blocks_for(out, 8 * OPW), blocks_for(c.rows, R), c.groups), dim3(256), 0, c.s, c.W, c.Ws,
              c.out, c.K, c.in.x, c.in.stride, c.in.group_stride, c.in.scale, c.in.scale_stride, int(c.rows), c.y,
-             c.y_stride, c.r);
+             c.y_stride, c.r, c.pair);
 }
 template <int R, bool kExact>
 void launch_fp8_opw(const Fp8Call& c) {
-  switch (outputs_per_warp(c.out * c.groups * blocks_for(c.rows, R))) {
+  switch (outputs_per_warp((c.out * (c.pair.W ? 1 : c.groups) + c.pair.out) * blocks_for(c.rows, R))) {
     case 4: return launch_fp8<4, R, kExact>(c);
     case 2: return launch_fp8<2, R, kExact>(c);
     default: return launch_fp8<1, R, kExact>(c);
@@ -1365,20 +1374,31 @@ void launch_fp8_rows(const Fp8Call& c) {
   if (c.rows >= 2) return launch_fp8_opw<2, kExact>(c);
   launch_fp8_opw<1, kExact>(c);
 }
+struct Fp4Call {
+  const uint8_t* const* W;
+  const uint8_t* const* Ws;
+  const int32_t* ids;
+  int64_t out, K;
+  LinearInput in;
+  int x_div;
+  int64_t rows;
+  float* y;
+  bool r;
+  cudaStream_t s;
+  Fp4Pair pair;
+};
 template <int OPW, bool kExact>
-void launch_fp4(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
-                const LinearInput& in, int x_div, int64_t rows, float* y, bool r, cudaStream_t s) {
+void launch_fp4(const Fp4Call& c) {
   auto k = gemv_mode() == kRegsPipe ? k_fp4_gemv<OPW, kExact, kRegsPipe> : k_fp4_gemv<OPW, kExact, kRegs>;
-  launch_pdl(k, dim3(blocks_for(out, 8 * OPW), int(rows)), dim3(256), 0, s, W, Ws, ids, out, K, in.x, in.stride,
-             in.scale, in.scale_stride, x_div, y, r);
+  launch_pdl(k, dim3(blocks_for(c.out, 8 * OPW), int(c.rows), c.pair.W ? 2 : 1), dim3(256), 0, c.s, c.W, c.Ws,
+             c.ids, c.out, c.K, c.in.x, c.in.stride, c.in.scale, c.in.scale_stride, c.x_div, c.y, c.r, c.pair);
 }
 template <bool kExact>
-void launch_fp4_opw(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
-                    const LinearInput& in, int x_div, int64_t rows, float* y, bool r, cudaStream_t s) {
-  switch (outputs_per_warp(out * rows)) {
-    case 4: return launch_fp4<4, kExact>(W, Ws, ids, out, K, in, x_div, rows, y, r, s);
-    case 2: return launch_fp4<2, kExact>(W, Ws, ids, out, K, in, x_div, rows, y, r, s);
-    default: return launch_fp4<1, kExact>(W, Ws, ids, out, K, in, x_div, rows, y, r, s);
+void launch_fp4_opw(const Fp4Call& c) {
+  switch (outputs_per_warp(c.out * c.rows * (c.pair.W ? 2 : 1))) {
+    case 4: return launch_fp4<4, kExact>(c);
+    case 2: return launch_fp4<2, kExact>(c);
+    default: return launch_fp4<1, kExact>(c);
   }
 }
 }  // namespace
@@ -1402,16 +1422,24 @@ void fp8_linear_groups(const uint8_t* W, const uint8_t* Ws, int groups, int64_t 
   launch_fp8_rows<false>(c);
 }
 void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const LinearInput& in, int64_t rows,
-                float* y, int64_t y_stride, bool r, cudaStream_t s) {
-  fp8_linear_groups(W, Ws, 1, out, K, in, rows, y, y_stride, r, s);
+                float* y, int64_t y_stride, bool r, cudaStream_t s, const Fp8Pair& pair) {
+  if (!pair.W) return fp8_linear_groups(W, Ws, 1, out, K, in, rows, y, y_stride, r, s);
+  DSUF_CHECK(K % 32 == 0 && in.group_stride == interleaved_k(K) && in.stride == in.group_stride,
+             "fp8_linear (pair): K = ", K, ", input laid out for ", in.group_stride);
+  if (rows <= 0) return;
+  const Fp8Call c{W, Ws, out, K, in, rows, y, y_stride, 2, r, s, pair};
+  if (in.scale) return launch_fp8_rows<true>(c);
+  launch_fp8_rows<false>(c);
 }
 void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
-                        const LinearInput& in, int x_div, int64_t rows, float* y, bool r, cudaStream_t s) {
+                        const LinearInput& in, int x_div, int64_t rows, float* y, bool r, cudaStream_t s,
+                        const Fp4Pair& pair) {
   DSUF_CHECK(K % 32 == 0 && in.group_stride == interleaved_k(K), "fp4_linear: K = ", K, ", input laid out for ",
              in.group_stride);
   if (rows <= 0) return;
-  if (in.scale) return launch_fp4_opw<true>(W, Ws, ids, out, K, in, x_div, rows, y, r, s);
-  launch_fp4_opw<false>(W, Ws, ids, out, K, in, x_div, rows, y, r, s);
+  const Fp4Call c{W, Ws, ids, out, K, in, x_div, rows, y, r, s, pair};
+  if (in.scale) return launch_fp4_opw<true>(c);
+  launch_fp4_opw<false>(c);
 }
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows, float* y,
                  int64_t y_stride, bool r, cudaStream_t s) {

@@ -49,17 +49,33 @@ __host__ __device__ constexpr int64_t interleaved_k(int64_t K) { return (K / 32 
 // linear that reads them.
 LinearInput linear_input(const float* x, int64_t x_stride, int64_t rows, int64_t K, bool quantize, float* xq,
                          float* xs, cudaStream_t s, int groups = 1);
+// A second linear of the same inputs, run in the same launch (its own weights, outputs and y).
+struct Fp8Pair {
+  const uint8_t* W = nullptr;
+  const uint8_t* Ws = nullptr;
+  int64_t out = 0;
+  float* y = nullptr;
+  int64_t y_stride = 0;
+};
 // y[r][o] = Σ_kb s_x[r][kb]·s_w[o/32][kb]·Σ x·w (scales 1 for unquantized inputs); y rows have
-// stride y_stride. W may be a row slice of a larger weight.
+// stride y_stride. W may be a row slice of a larger weight. With pair.W, the pair's linear too.
 void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const LinearInput& in, int64_t rows,
-                float* y, int64_t y_stride, bool r, cudaStream_t s);
+                float* y, int64_t y_stride, bool r, cudaStream_t s, const Fp8Pair& pair = {});
 // `groups` independent products in one launch (the grouped o-projection): group g uses weight rows
 // [g·out, (g+1)·out) (out a multiple of 32), inputs g·K.. of each row, outputs g·out.. of each row.
 void fp8_linear_groups(const uint8_t* W, const uint8_t* Ws, int groups, int64_t out, int64_t K,
                        const LinearInput& in, int64_t rows, float* y, int64_t y_stride, bool r, cudaStream_t s);
-// Grouped FP4 linear (experts): row r uses expert ids[r]'s weights and input row r / x_div.
+// The second weights of a grouped FP4 pair (w1 and w3 of the experts) and their outputs.
+struct Fp4Pair {
+  const uint8_t* const* W = nullptr;
+  const uint8_t* const* Ws = nullptr;
+  float* y = nullptr;
+};
+// Grouped FP4 linear (experts): row r uses expert ids[r]'s weights and input row r / x_div; with
+// pair.W, the same for the pair's weights into pair.y, in the same launch.
 void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out,
-                        int64_t K, const LinearInput& in, int x_div, int64_t rows, float* y, bool r, cudaStream_t s);
+                        int64_t K, const LinearInput& in, int x_div, int64_t rows, float* y, bool r, cudaStream_t s,
+                        const Fp4Pair& pair = {});
 // FP32 product with a BF16 weight; y = W·x (optionally BF16-rounded).
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows,
                  float* y, int64_t y_stride, bool r, cudaStream_t s);
