@@ -851,12 +851,14 @@ __global__ void k_index_q_quant(const float* x, int64_t blocks, int8_t* codes, f
 // registers as int8 values 2c' (4 per word, dims in order), then for each head in order computes
 // the four 32-dim block sums with __dp4a against the row's query codes in shared memory (warp-wide
 // broadcasts), turns each into det::fp4_block_dot's value, adds them in order and adds the head
-// term to the entry's score — the reference's operations in the reference's order. The block's
-// entries' keys are staged through shared memory with coalesced 16-byte loads.
+// term to the entry's score — the reference's operations in the reference's order. A block takes
+// tiles of 128 entries of one row (grid-strided), staging each tile's keys through shared memory
+// with coalesced 16-byte loads; the row's queries are loaded once per block.
 constexpr int kIdxEntries = 128;                          // entries (threads) per block
 constexpr int kIdxDim = 128;                              // index_head_dim (checked by the launcher)
 constexpr int kIdxBlocks = kIdxDim / 32;                  // scale blocks per head
 constexpr int kIdxKeyWords = (kIdxDim / 2 + kIdxBlocks) / 4;  // 17 words per packed key
+constexpr int kIdxGridBlocks = 4096;                      // grid size aimed at (rows × entry tiles)
 
 // Four E2M1 nibbles (the low 16 bits of s, element 0 lowest) → four int8 values 2c, byte n from
 // nibble n: magnitudes and their negatives by table lookups (__byte_perm), the sign bits select.
@@ -873,78 +875,81 @@ __global__ void __launch_bounds__(kIdxEntries) k_index_scores(IndexScoreArgs a) 
   const int IH = a.IH, i = blockIdx.y, t = threadIdx.x;
   const RowMeta m = a.meta[i];
   const int64_t vis = (m.pos + 1) / a.ratio;
-  const int64_t e0 = int64_t(blockIdx.x) * kIdxEntries;
-  if (e0 >= vis) return;  // the whole block: nothing visible here
-  uint32_t* tile = ism;                                         // [kIdxEntries][17] packed keys
-  uint32_t* qw = tile + kIdxEntries * kIdxKeyWords;             // [IH][32] query codes, 4 per word
+  if (int64_t(blockIdx.x) * kIdxEntries >= vis) return;  // the whole block: nothing visible here
+  uint32_t* tile = ism;                                          // [kIdxEntries][17] packed keys
+  uint32_t* qw = tile + kIdxEntries * kIdxKeyWords;              // [IH][32] query codes, 4 per word
   float* qs4 = reinterpret_cast<float*>(qw + IH * kIdxDim / 4);  // [IH][4] 0.25·s_q
-  float* wv = qs4 + IH * kIdxBlocks;                            // [IH] rb(weight)·head_scale
+  float* wv = qs4 + IH * kIdxBlocks;                             // [IH] rb(weight)·head_scale
   const float head_scale = 1.0f / sqrtf(float(IH)), dim_scale = 1.0f / sqrtf(float(kIdxDim));
-  // Stage the keys of this block's visible entries (n_e·68 bytes from a 16-byte aligned offset).
-  const int n_e = int(vis - e0 < kIdxEntries ? vis - e0 : kIdxEntries);
-  const uint32_t* src =
-      reinterpret_cast<const uint32_t*>(a.seqs[m.seq].ikey[a.src] + e0 * (kIdxKeyWords * 4));
-  const int words = n_e * kIdxKeyWords;
-  int done = 0;
-  if ((reinterpret_cast<uintptr_t>(src) & 15u) == 0) {
-    done = words / 4 * 4;
-    for (int k = t; k < words / 4; k += kIdxEntries)
-      reinterpret_cast<uint4*>(tile)[k] = __ldg(reinterpret_cast<const uint4*>(src) + k);
-  }
-  for (int k = done + t; k < words; k += kIdxEntries) tile[k] = __ldg(src + k);
   const uint4* qsrc = reinterpret_cast<const uint4*>(a.qc + int64_t(i) * IH * kIdxDim);  // rows 16-byte aligned
   for (int k = t; k < IH * kIdxDim / 16; k += kIdxEntries) reinterpret_cast<uint4*>(qw)[k] = qsrc[k];
   for (int k = t; k < IH * kIdxBlocks; k += kIdxEntries) qs4[k] = 0.25f * a.qs[int64_t(i) * IH * kIdxBlocks + k];
   for (int h = t; h < IH; h += kIdxEntries) wv[h] = rb(a.wts[int64_t(i) * IH + h], a.r) * head_scale;
-  __syncthreads();
-  if (t >= n_e) return;
-  const int64_t e = e0 + t;
-  float* out = a.scores + int64_t(i) * a.score_stride + e;
-  if (a.cand_mask && !a.cand_mask[int64_t(i) * a.mask_stride + e / a.block]) {
-    *out = -INFINITY;
-    return;
-  }
-  // The key: kc[w] holds dims 4w..4w+3 as int8 2c' (word u of the packed key is dims 8u..8u+7).
-  const uint32_t* kt = tile + t * kIdxKeyWords;  // odd stride: conflict-free
-  uint32_t kc[kIdxDim / 4];
-#pragma unroll
-  for (int u = 0; u < kIdxDim / 8; ++u) {
-    const uint32_t w = kt[u];
-    kc[2 * u] = e2m1x2_4(w);
-    kc[2 * u + 1] = e2m1x2_4(w >> 16);
-  }
-  float ks[kIdxBlocks];
-  const uint32_t sw = kt[kIdxDim / 8];
-#pragma unroll
-  for (int j = 0; j < kIdxBlocks; ++j) ks[j] = e8m0(uint8_t(sw >> (8 * j)));
-  float s = 0.0f;
-#pragma unroll 2
-  for (int h = 0; h < IH; ++h) {
-    const uint4* q = reinterpret_cast<const uint4*>(qw + h * (kIdxDim / 4));
-    const float4 qsc = reinterpret_cast<const float4*>(qs4)[h];
-    const float qsj[kIdxBlocks] = {qsc.x, qsc.y, qsc.z, qsc.w};
-    int isum[kIdxBlocks];
-#pragma unroll
-    for (int j = 0; j < kIdxBlocks; ++j) {
-      const uint4 q0 = q[2 * j], q1 = q[2 * j + 1];
-      const uint32_t* k = kc + 8 * j;
-      int acc = __dp4a(int(k[0]), int(q0.x), 0);
-      acc = __dp4a(int(k[1]), int(q0.y), acc);
-      acc = __dp4a(int(k[2]), int(q0.z), acc);
-      acc = __dp4a(int(k[3]), int(q0.w), acc);
-      acc = __dp4a(int(k[4]), int(q1.x), acc);
-      acc = __dp4a(int(k[5]), int(q1.y), acc);
-      acc = __dp4a(int(k[6]), int(q1.z), acc);
-      isum[j] = __dp4a(int(k[7]), int(q1.w), acc);
+  const uint8_t* keys = a.seqs[m.seq].ikey[a.src];
+  // Tiles of kIdxEntries entries, grid-strided (the launcher caps the grid; the queries stay).
+  for (int64_t e0 = int64_t(blockIdx.x) * kIdxEntries; e0 < vis; e0 += int64_t(gridDim.x) * kIdxEntries) {
+    // Stage the tile's visible keys (n_e·68 bytes from a 16-byte aligned offset when keys is).
+    const int n_e = int(vis - e0 < kIdxEntries ? vis - e0 : kIdxEntries);
+    const uint32_t* src = reinterpret_cast<const uint32_t*>(keys + e0 * (kIdxKeyWords * 4));
+    const int words = n_e * kIdxKeyWords;
+    int done = 0;
+    __syncthreads();  // the previous tile is read
+    if ((reinterpret_cast<uintptr_t>(src) & 15u) == 0) {
+      done = words / 4 * 4;
+      for (int k = t; k < words / 4; k += kIdxEntries)
+        reinterpret_cast<uint4*>(tile)[k] = __ldg(reinterpret_cast<const uint4*>(src) + k);
     }
-    // det::seq_sum of det::fp4_block_dot(isum, s_q, s_k) = float(isum)·((0.25·s_q)·s_k); qs4 holds
-    // the exact 0.25·s_q.
-    float dot = 0.0f;
+    for (int k = done + t; k < words; k += kIdxEntries) tile[k] = __ldg(src + k);
+    __syncthreads();
+    if (t >= n_e) continue;
+    const int64_t e = e0 + t;
+    float* out = a.scores + int64_t(i) * a.score_stride + e;
+    if (a.cand_mask && !a.cand_mask[int64_t(i) * a.mask_stride + e / a.block]) {
+      *out = -INFINITY;
+      continue;
+    }
+    // The key: kc[w] holds dims 4w..4w+3 as int8 2c' (word u of the packed key is dims 8u..8u+7).
+    const uint32_t* kt = tile + t * kIdxKeyWords;  // odd stride: conflict-free
+    uint32_t kc[kIdxDim / 4];
 #pragma unroll
-    for (int j = 0; j < kIdxBlocks; ++j) dot += float(isum[j]) * (qsj[j] * ks[j]);
-    s += wv[h] * fmaxf(dot, 0.0f) * dim_scale;
+    for (int u = 0; u < kIdxDim / 8; ++u) {
+      const uint32_t w = kt[u];
+      kc[2 * u] = e2m1x2_4(w);
+      kc[2 * u + 1] = e2m1x2_4(w >> 16);
+    }
+    float ks[kIdxBlocks];
+    const uint32_t sw = kt[kIdxDim / 8];
+#pragma unroll
+    for (int j = 0; j < kIdxBlocks; ++j) ks[j] = e8m0(uint8_t(sw >> (8 * j)));
+    float s = 0.0f;
+#pragma unroll 4
+    for (int h = 0; h < IH; ++h) {
+      const uint4* q = reinterpret_cast<const uint4*>(qw + h * (kIdxDim / 4));
+      const float4 qsc = reinterpret_cast<const float4*>(qs4)[h];
+      const float qsj[kIdxBlocks] = {qsc.x, qsc.y, qsc.z, qsc.w};
+      int isum[kIdxBlocks];
+#pragma unroll
+      for (int j = 0; j < kIdxBlocks; ++j) {
+        const uint4 q0 = q[2 * j], q1 = q[2 * j + 1];
+        const uint32_t* k = kc + 8 * j;
+        int acc = __dp4a(int(k[0]), int(q0.x), 0);
+        acc = __dp4a(int(k[1]), int(q0.y), acc);
+        acc = __dp4a(int(k[2]), int(q0.z), acc);
+        acc = __dp4a(int(k[3]), int(q0.w), acc);
+        acc = __dp4a(int(k[4]), int(q1.x), acc);
+        acc = __dp4a(int(k[5]), int(q1.y), acc);
+        acc = __dp4a(int(k[6]), int(q1.z), acc);
+        isum[j] = __dp4a(int(k[7]), int(q1.w), acc);
+      }
+      // det::seq_sum of det::fp4_block_dot(isum, s_q, s_k) = float(isum)·((0.25·s_q)·s_k); qs4
+      // holds the same 0.25·s_q (exact).
+      float dot = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kIdxBlocks; ++j) dot += float(isum[j]) * (qsj[j] * ks[j]);
+      s += wv[h] * fmaxf(dot, 0.0f) * dim_scale;
+    }
+    *out = s;
   }
-  *out = s;
 }
 
 __global__ void k_candidate_block_scores(const float* scores, int64_t score_stride, const RowMeta* meta, int ratio,
@@ -1479,7 +1484,9 @@ void index_scores(const IndexScoreArgs& a, cudaStream_t s) {
                       size_t(a.IH) * (kIdxDim + sizeof(float) * (kIdxBlocks + 1));
   DSUF_CHECK(smem <= 200 * 1024, "index_scores: ", a.IH, " heads need too much shared memory");
   set_smem(k_index_scores, smem);
-  k_index_scores<<<dim3(blocks_for(a.max_entries, kIdxEntries), a.rows), kIdxEntries, smem, s>>>(a);
+  // About kIdxGridBlocks blocks in all (a few waves); a row's tiles beyond its blocks are strided.
+  const int bx = int(std::min<int64_t>(blocks_for(a.max_entries, kIdxEntries), std::max(1, kIdxGridBlocks / a.rows)));
+  k_index_scores<<<dim3(bx, a.rows), kIdxEntries, smem, s>>>(a);
 }
 void candidate_block_scores(const float* scores, int64_t score_stride, int rows, const RowMeta* meta, int ratio,
                             int block, float* bscores, int64_t b_stride, cudaStream_t s) {
