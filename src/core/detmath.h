@@ -18,6 +18,11 @@
 //                  then tree32 over q padded with zeros to 32.
 //   tree32(v):     for o = 16, 8, 4, 2, 1: v[i] = v[i] + v[i+o] for i < o; result v[0]
 //                  (what an xor-butterfly warp reduction leaves in every lane).
+//   seq_sum(n):    ((0 + f(0)) + f(1)) + … + f(n−1), one at a time from zero (one GPU thread's loop).
+//
+// Indexer dot products (q·k over index_head_dim, docs/numerics.md §3): blocks of 32 dims; each block
+// value B_j is exact when q and k are FP4 (fp4_block_dot on the integer sum of the codes) and the
+// sequential FP32 sum of its 32 products otherwise; dot = seq_sum over the blocks.
 #pragma once
 
 #include <cstdint>
@@ -164,5 +169,29 @@ DSUF_HD float block_sum(int64_t n, F&& f) {
   }
   return tree32(q);
 }
+
+// The canonical sequential sum (see above).
+template <typename F>
+DSUF_HD float seq_sum(int64_t n, F&& f) {
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n; ++i) acc += f(i);
+  return acc;
+}
+
+// ---- FP4 × FP4 block dot products -----------------------------------------------------------------
+// An E2M1 nibble (bit 3 the sign) as twice its value: an integer in −12..12 (codes 0..7 are 0, .5,
+// 1, 1.5, 2, 3, 4, 6).
+DSUF_HD int e2m1_x2(uint32_t nibble) {
+  const int mag = int((0xC8643210u >> (4 * (nibble & 7u))) & 0xfu);
+  return (nibble & 8u) ? -mag : mag;
+}
+
+// One 32-block of a dot product of two FP4 vectors with power-of-two block scales sa, sb:
+// isum = Σ (2c)(2c') over the block's pairs of E2M1 values c, c' (|isum| ≤ 32·144 = 4608, so any
+// integer order gives the same isum and float(isum) is exact). The result is the block's exact sum
+// Σ (c·sa)(c'·sb) whenever 0.25·sa·sb ≥ 2^-149, i.e. sa·sb ≥ 2^-147 (every partial sum is then an
+// integer multiple of 0.25·sa·sb below 2^13 times it, so it is also what a sequential FP32 sum of
+// the products gives); below that 0.25·sa·sb rounds to 0 and so does the block.
+DSUF_HD float fp4_block_dot(int32_t isum, float sa, float sb) { return float(isum) * (0.25f * sa * sb); }
 
 }  // namespace dsuf::det

@@ -124,12 +124,15 @@ void fp8_fake_quant(float* x, size_t n, size_t block) {
   }
 }
 
+float fp4_pow2_scale(const float* x, size_t n) {
+  const float floor_amax = 6.0f * std::ldexp(1.0f, -126);
+  return pow2_ceil(std::max(amax_of(x, n), floor_amax) / kE2M1Max);
+}
+
 void fp4_fake_quant_pow2(float* x, size_t n, size_t block) {
   DSUF_CHECK(block > 0 && n % block == 0, "fp4_fake_quant_pow2: ", n, " values, block ", block);
-  const float floor_amax = 6.0f * std::ldexp(1.0f, -126);
   for (size_t b = 0; b < n; b += block) {
-    float amax = std::max(amax_of(x + b, block), floor_amax);
-    float s = pow2_ceil(amax / kE2M1Max);
+    const float s = fp4_pow2_scale(x + b, block);
     for (size_t i = b; i < b + block; ++i) x[i] = round_e2m1(x[i] / s) * s;
   }
 }

@@ -75,6 +75,8 @@ inline void fp4_packed_set(uint8_t* packed, size_t i, uint8_t nibble) {
 float act_quant_fp8_block(const float* x, size_t n, uint8_t* q);
 // Quantize-dequantize in place, one scale per `block` elements (n % block == 0).
 void fp8_fake_quant(float* x, size_t n, size_t block);
+// The indexer's FP4 scale of one block of n values: 2^ceil(log2(max(amax, 6·2^-126)/6)).
+float fp4_pow2_scale(const float* x, size_t n);
 // Indexer FP4 fake-quant in place: power-of-two scale per `block`, values to the E2M1 grid.
 void fp4_fake_quant_pow2(float* x, size_t n, size_t block);
 // Compressed-KV FP4 with an E4M3 scale per 16 values: writes n/2 packed bytes and n/16 scales.

@@ -2,9 +2,12 @@
 // core/numerics.cc (nearest representable value by search, ties to the even code).
 #include "core/numerics.h"
 
+#include "core/detmath.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -220,6 +223,73 @@ TEST(FakeQuant, Fp4Pow2) {
       EXPECT_EQ(round_e2m1(q), q);
     }
   }
+}
+
+TEST(FakeQuant, Fp4Pow2ScaleIsTheFakeQuantsScale) {
+  auto x = random_values(128, 14, 0.3f);
+  auto y = x;
+  fp4_fake_quant_pow2(y.data(), y.size(), 32);
+  for (size_t b = 0; b < 128; b += 32) {
+    const float s = fp4_pow2_scale(x.data() + b, 32);
+    for (size_t i = b; i < b + 32; ++i) EXPECT_EQ(y[i], round_e2m1(x[i] / s) * s);
+  }
+  std::vector<float> zeros(32, 0.0f);
+  EXPECT_EQ(fp4_pow2_scale(zeros.data(), 32), std::ldexp(1.0f, -126));  // the floor 6·2^-126
+}
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+TEST(Fp4BlockDot, CodesAsTwiceTheirValue) {
+  for (uint32_t n = 0; n < 16; ++n) EXPECT_EQ(det::e2m1_x2(n), 2.0f * e2m1_to_float(uint8_t(n))) << n;
+}
+
+// The indexer's integer form of an FP4·FP4 block (det::fp4_block_dot) equals the sequential FP32 sum
+// of the 32 products of the decoded values, bit for bit, whenever sa·sb ≥ 2^-147; the blocked dot
+// (docs/numerics.md §3) is then the same either way.
+TEST(Fp4BlockDot, IntegerSumEqualsSequentialFp32Sum) {
+  std::mt19937 rng(15);
+  std::uniform_int_distribution<int> nib(0, 15), ex(-126, 40);
+  std::vector<uint8_t> qa(128), kb(128);
+  float sa[4], sb[4];
+  for (int trial = 0; trial < 20000; ++trial) {
+    // Mostly random nibbles; some trials all ±6 (the largest |isum|, 4608) or only a few codes.
+    const int mode = trial % 10;
+    for (int d = 0; d < 128; ++d) {
+      qa[d] = uint8_t(mode == 0 ? 7 | (nib(rng) & 8) : mode == 1 ? (d % 5 ? 0 : nib(rng)) : nib(rng));
+      kb[d] = uint8_t(mode == 0 ? (qa[d] ^ (trial & 8)) : nib(rng));
+    }
+    for (int j = 0; j < 4; ++j) {
+      int ea = ex(rng), eb = ex(rng);
+      while (ea + eb < -147) eb = ex(rng);
+      sa[j] = std::ldexp(1.0f, ea), sb[j] = std::ldexp(1.0f, eb);
+    }
+    float int_dot = 0.0f, f32_dot = 0.0f;
+    for (int j = 0; j < 4; ++j) {
+      int32_t isum = 0;
+      for (int d = 32 * j; d < 32 * j + 32; ++d) isum += det::e2m1_x2(qa[d]) * det::e2m1_x2(kb[d]);
+      ASSERT_LE(std::abs(isum), 4608);
+      const float bi = det::fp4_block_dot(isum, sa[j], sb[j]);
+      const float bf = det::seq_sum(32, [&](int64_t i) {
+        return (e2m1_to_float(qa[32 * j + i]) * sa[j]) * (e2m1_to_float(kb[32 * j + i]) * sb[j]);
+      });
+      ASSERT_EQ(bits(bi), bits(bf)) << "trial " << trial << " block " << j << ": isum " << isum << ", scales 2^"
+                                    << std::ilogb(sa[j]) << " · 2^" << std::ilogb(sb[j]);
+      int_dot += bi;
+      f32_dot += bf;
+    }
+    ASSERT_EQ(bits(int_dot), bits(f32_dot));
+  }
+}
+
+TEST(Fp4BlockDot, UnderflowBelowTwoToMinus147) {
+  // 0.25·sa·sb ≥ 2^-149: exact even where the block value is subnormal.
+  EXPECT_EQ(det::fp4_block_dot(3, std::ldexp(1.0f, -126), std::ldexp(1.0f, -21)), 3 * std::ldexp(1.0f, -149));
+  // Below: the scale product rounds to zero, and so does the block (the exact sum here is 2^-148).
+  EXPECT_EQ(det::fp4_block_dot(4, std::ldexp(1.0f, -126), std::ldexp(1.0f, -22)), 0.0f);
 }
 
 TEST(CompressedKv, Fp4WithE4M3ScalesPer16) {

@@ -287,17 +287,25 @@ void unpack_window(const uint8_t* in, int64_t hd, float* kv) {
 // Indexer key: packed E2M1 then one E8M0 power-of-two scale per 32 (model-spec §3b.2 step 4).
 void pack_ikey(const float* k, int64_t n, uint8_t* out) {
   std::fill(out, out + n / 2, 0);
-  const float floor_amax = 6.0f * std::ldexp(1.0f, -126);
   for (int64_t b = 0; b < n / 32; ++b) {
-    float amax = 0.0f;
-    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(k[32 * b + i]));
-    const float s = pow2_ceil(std::max(amax, floor_amax) / kE2M1Max);
+    const float s = fp4_pow2_scale(k + 32 * b, 32);
     for (int i = 0; i < 32; ++i) fp4_packed_set(out, 32 * b + i, e2m1_from_float(k[32 * b + i] / s));
     out[n / 2 + b] = e8m0_from_pow2(s);
   }
 }
-void unpack_ikey(const uint8_t* in, int64_t n, float* k) {
-  for (int64_t i = 0; i < n; ++i) k[i] = fp4_packed_get(in, i) * lut().e8m0[in[n / 2 + i / 32]];
+// A packed key as the indexer's integer form: codes[i] = 2·E2M1 value, scales[b] per 32.
+void unpack_ikey_codes(const uint8_t* in, int64_t n, int8_t* codes, float* scales) {
+  for (int64_t i = 0; i < n; ++i)
+    codes[i] = static_cast<int8_t>(det::e2m1_x2((i & 1) ? in[i >> 1] >> 4 : in[i >> 1] & 0xf));
+  for (int64_t b = 0; b < n / 32; ++b) scales[b] = lut().e8m0[in[n / 2 + b]];
+}
+// An indexer query in the same form: the fake-quant of fp4_fake_quant_pow2 (block 32), kept as codes.
+void quant_iquery(const float* q, int64_t n, int8_t* codes, float* scales) {
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const float s = fp4_pow2_scale(q + 32 * b, 32);
+    for (int i = 0; i < 32; ++i) codes[32 * b + i] = static_cast<int8_t>(det::e2m1_x2(e2m1_from_float(q[32 * b + i] / s)));
+    scales[b] = s;
+  }
 }
 
 }  // namespace
@@ -515,16 +523,37 @@ void CpuBackend::attention(int layer, Chunk& c, const float* x, float* out) {
 
   // 3. Index source: score the visible entries of its KV source and keep the top-k.
   if (lp.runs_indexer) {
+    // Dot products in blocks of 32 dims (docs/numerics.md §3): with kvq each block is exact, from
+    // the integer sum of the FP4 codes (det::fp4_block_dot); without, the sequential FP32 sum of its
+    // products. The block values are added in order.
     const int IH = t.index_n_heads;
-    const int64_t total = n_entries();
-    std::vector<float> keys(total * ihd);
-    for (int64_t e = 0; e < total; ++e) {
-      if (kvq)
-        unpack_ikey(st.ikey[slot].data() + e * layout_.ikey_entry_bytes, ihd, keys.data() + e * ihd);
-      else
-        std::copy_n(st.ikey_f32[slot].data() + e * ihd, ihd, keys.data() + e * ihd);
+    const int64_t total = n_entries(), iblocks = ihd / 32;
+    std::vector<float> keys, ksc, qsc(kvq ? IH * iblocks : 0);
+    std::vector<int8_t> kc, qc(kvq ? IH * ihd : 0);
+    if (kvq) {
+      kc.resize(total * ihd), ksc.resize(total * iblocks);
+      for (int64_t e = 0; e < total; ++e)
+        unpack_ikey_codes(st.ikey[slot].data() + e * layout_.ikey_entry_bytes, ihd, kc.data() + e * ihd,
+                          ksc.data() + e * iblocks);
+    } else {
+      keys.assign(st.ikey_f32[slot].begin(), st.ikey_f32[slot].begin() + total * ihd);
     }
     std::vector<float> qi(IH * ihd), wts(IH), score;
+    auto dot = [&](int h, int64_t e) {
+      if (kvq)
+        return det::seq_sum(iblocks, [&](int64_t j) {
+          const int8_t* q = qc.data() + h * ihd + 32 * j;
+          const int8_t* k = kc.data() + e * ihd + 32 * j;
+          int32_t isum = 0;
+          for (int d = 0; d < 32; ++d) isum += int32_t{q[d]} * int32_t{k[d]};
+          return det::fp4_block_dot(isum, qsc[h * iblocks + j], ksc[e * iblocks + j]);
+        });
+      return det::seq_sum(iblocks, [&](int64_t j) {
+        const float* q = qi.data() + h * ihd + 32 * j;
+        const float* k = keys.data() + e * ihd + 32 * j;
+        return det::seq_sum(32, [&](int64_t d) { return q[d] * k[d]; });
+      });
+    };
     const float head_scale = 1.0f / std::sqrt(static_cast<float>(IH));
     const float dim_scale = 1.0f / std::sqrt(static_cast<float>(ihd));
     const int B = t.candidate_block_size;
@@ -536,16 +565,13 @@ void CpuBackend::attention(int layer, Chunk& c, const float* x, float* out) {
       fp8_linear(a.idx_wq_b, q_lat.data() + i * qr, qi.data(), numerics_.act_quant, threads_);
       for (int h = 0; h < IH; ++h) {
         rope(qi.data() + h * ihd, ihd, inv_freq_compress_, pos, 1.0f);
-        if (kvq) fp4_fake_quant_pow2(qi.data() + h * ihd, ihd, 32);
+        if (kvq) quant_iquery(qi.data() + h * ihd, ihd, qc.data() + h * ihd, qsc.data() + h * iblocks);
       }
       bf16_linear_f32(a.idx_weights_proj, x + i * D, wts.data());
       score.assign(vis, 0.0f);
       for (int64_t e = 0; e < vis; ++e) {
         float s = 0.0f;
-        for (int h = 0; h < IH; ++h) {
-          const float dot = det::lane_sum(ihd, [&](int64_t d) { return qi[h * ihd + d] * keys[e * ihd + d]; });
-          s += rb(wts[h]) * head_scale * std::max(dot, 0.0f) * dim_scale;
-        }
+        for (int h = 0; h < IH; ++h) s += rb(wts[h]) * head_scale * std::max(dot(h, e), 0.0f) * dim_scale;
         score[e] = s;
       }
       if (lp.candidate_constrained) {

@@ -161,6 +161,8 @@ struct CudaBackend::Impl {
     float *xq[3], *xs[3];  // linear inputs (cuda::linear_input): two live at a time, the third the shared expert's
     int32_t *sel, *cand, *ids;
     uint8_t* cand_mask;
+    int8_t* qc;               // [max_rows][IH][ihd] indexer query codes; scales in qs
+    float* qs;
     float* sample_w;          // [sample_chunk][V] sampling weights
     uint32_t* sample_max;     // [max_rows]
     int32_t* sample_out;      // [max_rows] sampled tokens, one per sampling job
@@ -483,14 +485,15 @@ namespace {
 // Every workspace buffer, in floats (or the element counts named), for one max_chunk forward. The
 // one list serves the allocation and the memory plan.
 struct WorkspaceSizes {
+  // qi: also the indexer query codes (qi bytes) and their scales (qi/32 floats)
   int64_t X, pre, mix, vecD, tmp, q_lat, q, kvw, ag, o, zg, qi, wts, scores, bscores, sel, cand, cand_mask,
       router, ids, h, ye, hs, emb, ekv, logits, keys, att, sample_w, sample, aq, aq_shared;
   int64_t score_stride, bscore_stride;
   size_t bytes() const {
     const int64_t floats = X + pre + 2 * mix + 3 * vecD + tmp + q_lat + q + kvw + ag + o + zg + qi +
                            wts + scores + bscores + router + ids /*rw*/ + 2 * h + ye + vecD /*ys*/ + 2 * hs + emb + ekv +
-                           logits + keys + att + sample_w + 2 * (aq + aq / 32) + aq_shared + aq_shared / 32;
-    return size_t(floats) * 4 + size_t(sel + cand + ids + 2 * sample) * 4 + size_t(cand_mask);
+                           logits + keys + att + sample_w + 2 * (aq + aq / 32) + aq_shared + aq_shared / 32 + qi / 32;
+    return size_t(floats) * 4 + size_t(sel + cand + ids + 2 * sample) * 4 + size_t(cand_mask + qi);
   }
 };
 // N rows per step; S sampling jobs per launch (max_batch).
@@ -588,6 +591,7 @@ void CudaBackend::Impl::alloc_workspace() {
   ws.tmp = alloc<float>(w.tmp), ws.q_lat = alloc<float>(w.q_lat), ws.q = alloc<float>(w.q), ws.kvw = alloc<float>(w.kvw);
   ws.ag = alloc<float>(w.ag), ws.o = alloc<float>(w.o), ws.zg = alloc<float>(w.zg);
   ws.qi = alloc<float>(w.qi), ws.wts = alloc<float>(w.wts);
+  ws.qc = alloc<int8_t>(w.qi), ws.qs = alloc<float>(w.qi / 32);
   score_stride = w.score_stride, bscore_stride = w.bscore_stride, mask_stride = w.bscore_stride;
   ws.scores = alloc<float>(w.scores), ws.bscores = alloc<float>(w.bscores);
   ws.sel = alloc<int32_t>(w.sel), ws.cand = alloc<int32_t>(w.cand), ws.cand_mask = alloc<uint8_t>(w.cand_mask);
@@ -859,9 +863,9 @@ void CudaBackend::Impl::indexer_branch(int l, const Step& st, const cuda::Linear
     const int64_t ihd = t.index_head_dim;
     cuda::fp8_linear(d.idx_wq_b.w, d.idx_wq_b.s, IH * ihd, qr, qin, n, ws.qi, IH * ihd, r, stream);
     cuda::rope(ws.qi, n, IH, ihd, st.cs_comp, half, 1.0f, r, stream);
-    cuda::fp4_fake_quant_pow2(ws.qi, n * IH * ihd, r, stream);
+    cuda::index_q_quant(ws.qi, n * IH * ihd, ws.qc, ws.qs, stream);
     cuda::bf16_linear(d.idx_wproj, IH, D, ws.xn, D, n, ws.wts, IH, false, stream);
-    cuda::IndexScoreArgs ia{.qi = ws.qi, .wts = ws.wts, .meta = st.meta, .seqs = st.seqtab, .src = slot,
+    cuda::IndexScoreArgs ia{.qc = ws.qc, .qs = ws.qs, .wts = ws.wts, .meta = st.meta, .seqs = st.seqtab, .src = slot,
                             .max_entries = st.max_entries / ratio, .rows = n, .IH = IH, .ratio = ratio, .ihd = ihd,
                             .cand_mask = lp.candidate_constrained ? ws.cand_mask : nullptr, .mask_stride = mask_stride,
                             .block = t.candidate_block_size, .scores = ws.scores, .score_stride = score_stride, .r = r};

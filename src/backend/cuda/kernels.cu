@@ -597,15 +597,6 @@ __global__ void k_fp8_fake_quant(float* x, int64_t blocks, bool r) {
   *p = rb(e4m3_val(fp8_code(v, s)) * s, r);
 }
 
-__global__ void k_fp4_fake_quant_pow2(float* x, int64_t blocks, bool r) {
-  const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  if (b >= blocks) return;
-  float* p = x + b * 32 + threadIdx.x % 32;
-  const float v = *p;
-  const float s = pow2_ceil(fmaxf(warp_max(fabsf(v)), 6.0f * ldexpf(1.0f, -126)) / 6.0f);
-  *p = rb(e2m1_val(e2m1_code(v / s)) * s, r);
-}
-
 __device__ __forceinline__ uint8_t* ring_of(const SeqMeta& sq, int layer, int W, int64_t hd) {
   return sq.window + (int64_t(layer) * W) * (hd + hd / 32);
 }
@@ -864,68 +855,119 @@ __global__ void k_update_pending(const float* ag, const PendingJob* jobs, const 
 }
 
 // ---- indexer -----------------------------------------------------------------------------------
-// Indexer scores. A warp takes a tile of 32 entries: for each entry it decodes the key once into
-// shared memory, then lane l computes the heads l, l+32, … — each head's dot in the canonical
-// lane-strided order (32 partials, then tree32) — and leaves the head terms in shared memory;
-// finally lane t adds entry t's terms over the heads in order. Same operations and order as the
-// reference; a warp-wide reduction per (entry, head) made the old kernel latency-bound.
-constexpr int kIdxWarps = 4;
+// Queries to FP4 codes: one warp per 32-block, the scale rule of fp4_pow2_scale.
+__global__ void k_index_q_quant(const float* x, int64_t blocks, int8_t* codes, float* scales) {
+  const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (b >= blocks) return;
+  const int lane = threadIdx.x % 32;
+  const float v = x[b * 32 + lane];
+  const float s = pow2_ceil(fmaxf(warp_max(fabsf(v)), 6.0f * ldexpf(1.0f, -126)) / 6.0f);
+  codes[b * 32 + lane] = int8_t(det::e2m1_x2(e2m1_code(v / s)));
+  if (lane == 0) scales[b] = s;
+}
 
-__global__ void __launch_bounds__(kIdxWarps * 32) k_index_scores(IndexScoreArgs a) {
-  extern __shared__ float sm[];
-  const int IH = a.IH, ihd = int(a.ihd), qst = ihd + 1, tst = IH + 1;
-  float* qs = sm;                                     // [IH][ihd+1] this row's queries
-  float* wv = qs + IH * qst;                          // [IH] rb(weight)·head_scale
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float* kb = wv + IH + warp * ihd;                   // [ihd] this warp's decoded key
-  float* terms = wv + IH + kIdxWarps * ihd + warp * 32 * tst;  // [32][IH+1] head terms per entry
-  const int i = blockIdx.y;
+// Indexer scores. A thread owns one entry of a query row: it decodes the packed key once into
+// registers as int8 values 2c' (4 per word, dims in order), then for each head in order computes
+// the four 32-dim block sums with __dp4a against the row's query codes in shared memory (warp-wide
+// broadcasts), turns each into det::fp4_block_dot's value, adds them in order and adds the head
+// term to the entry's score — the reference's operations in the reference's order. A block takes
+// tiles of 128 entries of one row (grid-strided), staging each tile's keys through shared memory
+// with coalesced 16-byte loads; the row's queries are loaded once per block.
+constexpr int kIdxEntries = 128;                          // entries (threads) per block
+constexpr int kIdxDim = 128;                              // index_head_dim (checked by the launcher)
+constexpr int kIdxBlocks = kIdxDim / 32;                  // scale blocks per head
+constexpr int kIdxKeyWords = (kIdxDim / 2 + kIdxBlocks) / 4;  // 17 words per packed key
+constexpr int kIdxGridBlocks = 4096;                      // grid size aimed at (rows × entry tiles)
+
+// Four E2M1 nibbles (the low 16 bits of s, element 0 lowest) → four int8 values 2c, byte n from
+// nibble n: magnitudes and their negatives by table lookups (__byte_perm), the sign bits select.
+__device__ __forceinline__ uint32_t e2m1x2_4(uint32_t s) {
+  const uint32_t idx = s & 0x7777u;
+  const uint32_t pos = __byte_perm(0x03020100u, 0x0c080604u, idx);  // 0 1 2 3 | 4 6 8 12
+  const uint32_t neg = __byte_perm(0xfdfeff00u, 0xf4f8fafcu, idx);  // their negatives
+  const uint32_t sel = __byte_perm(0x0000ff00u, 0u, (s >> 3) & 0x1111u);  // 0xff where the sign is set
+  return (pos & ~sel) | (neg & sel);
+}
+
+__global__ void __launch_bounds__(kIdxEntries) k_index_scores(IndexScoreArgs a) {
+  extern __shared__ __align__(16) uint32_t ism[];
+  const int IH = a.IH, i = blockIdx.y, t = threadIdx.x;
   const RowMeta m = a.meta[i];
   const int64_t vis = (m.pos + 1) / a.ratio;
+  if (int64_t(blockIdx.x) * kIdxEntries >= vis) return;  // the whole block: nothing visible here
+  uint32_t* tile = ism;                                          // [kIdxEntries][17] packed keys
+  uint32_t* qw = tile + kIdxEntries * kIdxKeyWords;              // [IH][32] query codes, 4 per word
+  float* qs4 = reinterpret_cast<float*>(qw + IH * kIdxDim / 4);  // [IH][4] 0.25·s_q
+  float* wv = qs4 + IH * kIdxBlocks;                             // [IH] rb(weight)·head_scale
+  const float head_scale = 1.0f / sqrtf(float(IH)), dim_scale = 1.0f / sqrtf(float(kIdxDim));
+  const uint4* qsrc = reinterpret_cast<const uint4*>(a.qc + int64_t(i) * IH * kIdxDim);  // rows 16-byte aligned
+  for (int k = t; k < IH * kIdxDim / 16; k += kIdxEntries) reinterpret_cast<uint4*>(qw)[k] = qsrc[k];
+  for (int k = t; k < IH * kIdxBlocks; k += kIdxEntries) qs4[k] = 0.25f * a.qs[int64_t(i) * IH * kIdxBlocks + k];
+  for (int h = t; h < IH; h += kIdxEntries) wv[h] = rb(a.wts[int64_t(i) * IH + h], a.r) * head_scale;
   const uint8_t* keys = a.seqs[m.seq].ikey[a.src];
-  const float head_scale = 1.0f / sqrtf(float(IH)), dim_scale = 1.0f / sqrtf(float(ihd));
-  for (int t = threadIdx.x; t < IH * ihd; t += blockDim.x)
-    qs[(t / ihd) * qst + t % ihd] = a.qi[int64_t(i) * IH * ihd + t];
-  for (int h = threadIdx.x; h < IH; h += blockDim.x) wv[h] = rb(a.wts[int64_t(i) * IH + h], a.r) * head_scale;
-  __syncthreads();
-  const int64_t key_bytes = ihd / 2 + ihd / 32;
-  const int64_t step = int64_t(gridDim.x) * kIdxWarps * 32;
-  for (int64_t e0 = (int64_t(blockIdx.x) * kIdxWarps + warp) * 32; e0 < vis; e0 += step) {
-    const int n_e = int(vis - e0 < 32 ? vis - e0 : 32);
-    for (int t = 0; t < n_e; ++t) {
-      const int64_t e = e0 + t;
-      if (a.cand_mask && !a.cand_mask[int64_t(i) * a.mask_stride + e / a.block]) continue;
-      const uint8_t* key = keys + e * key_bytes;
-      for (int d = lane; d < ihd; d += 32) {
-        const uint8_t b = key[d >> 1];
-        kb[d] = e2m1_val((d & 1) ? (b >> 4) : (b & 0xf)) * e8m0(key[ihd / 2 + d / 32]);
-      }
-      __syncwarp();
-      for (int h = lane; h < IH; h += 32) {
-        const float* q = qs + h * qst;
-        float p[32];
+  // Tiles of kIdxEntries entries, grid-strided (the launcher caps the grid; the queries stay).
+  for (int64_t e0 = int64_t(blockIdx.x) * kIdxEntries; e0 < vis; e0 += int64_t(gridDim.x) * kIdxEntries) {
+    // Stage the tile's visible keys (n_e·68 bytes from a 16-byte aligned offset when keys is).
+    const int n_e = int(vis - e0 < kIdxEntries ? vis - e0 : kIdxEntries);
+    const uint32_t* src = reinterpret_cast<const uint32_t*>(keys + e0 * (kIdxKeyWords * 4));
+    const int words = n_e * kIdxKeyWords;
+    int done = 0;
+    __syncthreads();  // the previous tile is read
+    if ((reinterpret_cast<uintptr_t>(src) & 15u) == 0) {
+      done = words / 4 * 4;
+      for (int k = t; k < words / 4; k += kIdxEntries)
+        reinterpret_cast<uint4*>(tile)[k] = __ldg(reinterpret_cast<const uint4*>(src) + k);
+    }
+    for (int k = done + t; k < words; k += kIdxEntries) tile[k] = __ldg(src + k);
+    __syncthreads();
+    if (t >= n_e) continue;
+    const int64_t e = e0 + t;
+    float* out = a.scores + int64_t(i) * a.score_stride + e;
+    if (a.cand_mask && !a.cand_mask[int64_t(i) * a.mask_stride + e / a.block]) {
+      *out = -INFINITY;
+      continue;
+    }
+    // The key: kc[w] holds dims 4w..4w+3 as int8 2c' (word u of the packed key is dims 8u..8u+7).
+    const uint32_t* kt = tile + t * kIdxKeyWords;  // odd stride: conflict-free
+    uint32_t kc[kIdxDim / 4];
 #pragma unroll
-        for (int l = 0; l < 32; ++l) {
-          float acc = 0.0f;
-          for (int d = l; d < ihd; d += 32) acc += q[d] * kb[d];
-          p[l] = acc;
-        }
-        const float dot = det::tree32(p);
-        terms[t * tst + h] = wv[h] * fmaxf(dot, 0.0f) * dim_scale;
-      }
-      __syncwarp();
+    for (int u = 0; u < kIdxDim / 8; ++u) {
+      const uint32_t w = kt[u];
+      kc[2 * u] = e2m1x2_4(w);
+      kc[2 * u + 1] = e2m1x2_4(w >> 16);
     }
-    if (lane < n_e) {
-      const int64_t e = e0 + lane;
-      float s = 0.0f;
-      if (a.cand_mask && !a.cand_mask[int64_t(i) * a.mask_stride + e / a.block]) {
-        s = -INFINITY;
-      } else {
-        for (int h = 0; h < IH; ++h) s += terms[lane * tst + h];
+    float ks[kIdxBlocks];
+    const uint32_t sw = kt[kIdxDim / 8];
+#pragma unroll
+    for (int j = 0; j < kIdxBlocks; ++j) ks[j] = e8m0(uint8_t(sw >> (8 * j)));
+    float s = 0.0f;
+#pragma unroll 4
+    for (int h = 0; h < IH; ++h) {
+      const uint4* q = reinterpret_cast<const uint4*>(qw + h * (kIdxDim / 4));
+      const float4 qsc = reinterpret_cast<const float4*>(qs4)[h];
+      const float qsj[kIdxBlocks] = {qsc.x, qsc.y, qsc.z, qsc.w};
+      int isum[kIdxBlocks];
+#pragma unroll
+      for (int j = 0; j < kIdxBlocks; ++j) {
+        const uint4 q0 = q[2 * j], q1 = q[2 * j + 1];
+        const uint32_t* k = kc + 8 * j;
+        int acc = __dp4a(int(k[0]), int(q0.x), 0);
+        acc = __dp4a(int(k[1]), int(q0.y), acc);
+        acc = __dp4a(int(k[2]), int(q0.z), acc);
+        acc = __dp4a(int(k[3]), int(q0.w), acc);
+        acc = __dp4a(int(k[4]), int(q1.x), acc);
+        acc = __dp4a(int(k[5]), int(q1.y), acc);
+        acc = __dp4a(int(k[6]), int(q1.z), acc);
+        isum[j] = __dp4a(int(k[7]), int(q1.w), acc);
       }
-      a.scores[int64_t(i) * a.score_stride + e] = s;
+      // det::seq_sum of det::fp4_block_dot(isum, s_q, s_k) = float(isum)·((0.25·s_q)·s_k); qs4
+      // holds the same 0.25·s_q (exact).
+      float dot = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kIdxBlocks; ++j) dot += float(isum[j]) * (qsj[j] * ks[j]);
+      s += wv[h] * fmaxf(dot, 0.0f) * dim_scale;
     }
-    __syncwarp();
+    *out = s;
   }
 }
 
@@ -1453,8 +1495,8 @@ void rope(float* x, int64_t rows, int heads, int64_t dim, const float* cs, int h
 void fp8_fake_quant(float* x, int64_t n, bool r, cudaStream_t s) {
   if (n) k_fp8_fake_quant<<<blocks_for(n / 32, 8), 256, 0, s>>>(x, n / 32, r);
 }
-void fp4_fake_quant_pow2(float* x, int64_t n, bool r, cudaStream_t s) {
-  if (n) k_fp4_fake_quant_pow2<<<blocks_for(n / 32, 8), 256, 0, s>>>(x, n / 32, r);
+void index_q_quant(const float* x, int64_t n, int8_t* codes, float* scales, cudaStream_t s) {
+  if (n) k_index_q_quant<<<blocks_for(n / 32, 8), 256, 0, s>>>(x, n / 32, codes, scales);
 }
 void pack_window(const float* kv, int rows, const RowMeta* meta, const SeqMeta* seqs, int layer, int64_t hd, int W,
                  cudaStream_t s) {
@@ -1480,13 +1522,15 @@ void update_pending(const float* ag, const PendingJob* jobs, int n_jobs, const S
     k_update_pending<<<dim3(blocks_for(int64_t(ratio) * 2 * hd, 256), n_jobs), 256, 0, s>>>(ag, jobs, seqs, hd);
 }
 void index_scores(const IndexScoreArgs& a, cudaStream_t s) {
-  if (a.max_entries <= 0) return;
-  const int bx = int(std::min<int64_t>(blocks_for(a.max_entries, kIdxWarps * 32), 1024));
-  const size_t smem = sizeof(float) * (size_t(a.IH) * (a.ihd + 1) + a.IH + kIdxWarps * a.ihd +
-                                       size_t(kIdxWarps) * 32 * (a.IH + 1));
-  DSUF_CHECK(smem <= 200 * 1024, "index_scores: ", a.IH, " heads × ", a.ihd, " need too much shared memory");
+  if (a.max_entries <= 0 || a.rows <= 0) return;
+  DSUF_CHECK(a.ihd == kIdxDim, "index_scores: index_head_dim ", a.ihd, " (the kernel is built for ", kIdxDim, ")");
+  const size_t smem = sizeof(uint32_t) * kIdxEntries * kIdxKeyWords +
+                      size_t(a.IH) * (kIdxDim + sizeof(float) * (kIdxBlocks + 1));
+  DSUF_CHECK(smem <= 200 * 1024, "index_scores: ", a.IH, " heads need too much shared memory");
   set_smem(k_index_scores, smem);
-  k_index_scores<<<dim3(bx, a.rows), kIdxWarps * 32, smem, s>>>(a);
+  // About kIdxGridBlocks blocks in all (a few waves); a row's tiles beyond its blocks are strided.
+  const int bx = int(std::min<int64_t>(blocks_for(a.max_entries, kIdxEntries), std::max(1, kIdxGridBlocks / a.rows)));
+  k_index_scores<<<dim3(bx, a.rows), kIdxEntries, smem, s>>>(a);
 }
 void candidate_block_scores(const float* scores, int64_t score_stride, int rows, const RowMeta* meta, int ratio,
                             int block, float* bscores, int64_t b_stride, cudaStream_t s) {

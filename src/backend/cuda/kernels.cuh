@@ -84,7 +84,6 @@ void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int6
 void rope(float* x, int64_t rows, int heads, int64_t dim, const float* cs, int half, float sign, bool r,
           cudaStream_t s);
 void fp8_fake_quant(float* x, int64_t n, bool r, cudaStream_t s);      // blocks of 32
-void fp4_fake_quant_pow2(float* x, int64_t n, bool r, cudaStream_t s);  // blocks of 32
 // ---- Per-row metadata: a step's rows may come from several sequences (a prefill chunk is rows of
 // one sequence; a decode step one row per sequence). Rows of one sequence are consecutive and in
 // position order.
@@ -159,8 +158,15 @@ void compress_emit(const CompressArgs& a, cudaStream_t s);
 void update_pending(const float* ag, const PendingJob* jobs, int n_jobs, const SeqMeta* seqs, int ratio, int64_t hd,
                     cudaStream_t s);
 
+// Indexer queries (rotated, FP32) to the reference's FP4 fake-quant kept as codes, blocks of 32:
+// codes[i] = 2·E2M1 value (−12..12), scales[i/32] the block's power-of-two scale (fp4_pow2_scale).
+void index_q_quant(const float* x, int64_t n, int8_t* codes, float* scales, cudaStream_t s);
+// Indexer scores, the reference's order (docs/numerics.md §3): per entry and head the dot in blocks
+// of 32, each exact from the integer code sum (det::fp4_block_dot), added in order; the head terms
+// added in head order. index_head_dim must be 128; keys 68 B per entry.
 struct IndexScoreArgs {
-  const float* qi;           // [rows][IH][ihd], rotated and fake-quantized
+  const int8_t* qc;          // [rows][IH][ihd] query codes (index_q_quant)
+  const float* qs;           // [rows][IH][ihd/32] query block scales
   const float* wts;          // [rows][IH] weights_proj output (FP32)
   const RowMeta* meta;
   const SeqMeta* seqs;
