@@ -143,6 +143,8 @@ struct CudaBackend::Impl {
     float *xq[2], *xs[2];  // quantized linear inputs (cuda::linear_input): two live at a time
     int32_t *sel, *cand, *ids;
     uint8_t* cand_mask;
+    float* mix_part;          // hc_mix scratch: warp sums
+    unsigned* mix_count;      // hc_mix scratch: one counter per row tile (kept zero between launches)
     float* sample_w;          // [sample_chunk][V] sampling weights
     uint32_t* sample_max;     // [max_rows]
     int32_t* sample_out;      // [max_rows] sampled tokens, one per sampling job
@@ -461,13 +463,13 @@ namespace {
 // one list serves the allocation and the memory plan.
 struct WorkspaceSizes {
   int64_t X, pre, mix, vecD, tmp, q_lat, q, kvw, ag, o, zg, qi, wts, scores, bscores, sel, cand, cand_mask,
-      router, ids, h, ye, hs, emb, ekv, logits, keys, att, sample_w, sample, aq;
+      router, ids, h, ye, hs, emb, ekv, logits, keys, att, sample_w, sample, aq, mix_part;
   int64_t score_stride, bscore_stride;
   size_t bytes() const {
     const int64_t floats = X + pre + 2 * mix + 3 * vecD + tmp + q_lat + q + kvw + ag + o + zg + qi +
                            wts + scores + bscores + router + ids /*rw*/ + 2 * h + ye + vecD /*ys*/ + 2 * hs + emb + ekv +
-                           logits + keys + att + sample_w + 2 * (aq + aq / 32);
-    return size_t(floats) * 4 + size_t(sel + cand + ids + 2 * sample) * 4 + size_t(cand_mask);
+                           logits + keys + att + sample_w + 2 * (aq + aq / 32) + mix_part;
+    return size_t(floats) * 4 + size_t(sel + cand + ids + 2 * sample + sample /*mix counters*/) * 4 + size_t(cand_mask);
   }
 };
 // N rows per step; S sampling jobs per launch (max_batch).
@@ -480,6 +482,7 @@ WorkspaceSizes workspace_sizes(const TextConfig& t, int64_t N, int64_t max_conte
   w.score_stride = max_context;
   w.bscore_stride = (max_context + t.candidate_block_size - 1) / t.candidate_block_size;
   w.X = N * hc * D, w.pre = N * hc, w.mix = N * cuda::hc_mix_stride(int(hc)), w.vecD = N * D;
+  w.mix_part = cuda::hc_mix_part_floats(int(N), int(hc));
   w.tmp = N * std::max(qr, hd), w.q_lat = N * qr, w.q = N * H * hd;
   w.kvw = N * hd, w.ag = N * 2 * hd, w.o = N * H * hd, w.zg = N * G * ol;
   w.qi = N * IH * ihd, w.wts = N * IH, w.scores = N * w.score_stride, w.bscores = N * w.bscore_stride;
@@ -568,6 +571,8 @@ void CudaBackend::Impl::alloc_workspace() {
   ws.router = alloc<float>(w.router), ws.ids = alloc<int32_t>(w.ids), ws.rw = alloc<float>(w.ids);
   ws.h1 = alloc<float>(w.h), ws.h3 = alloc<float>(w.h), ws.ye = alloc<float>(w.ye), ws.ys = alloc<float>(w.vecD);
   ws.keys = alloc<float>(w.keys);
+  ws.mix_part = alloc<float>(w.mix_part), ws.mix_count = alloc<unsigned>(w.sample);
+  DSUF_CUDA(cudaMemset(ws.mix_count, 0, size_t(w.sample) * sizeof(unsigned)));
   ws.att = alloc<float>(w.att);
   const TpScratch tps = tp_scratch(t, part, max_rows);
   if (tps.recv) tp_send = alloc<float>(tps.send), tp_recv = alloc<float>(tps.recv), tp_send_floats = tps.send;
@@ -939,12 +944,14 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
       cuda::engram_gate(ws.X, ws.ekv, d.e_q, d.e_k, st.dead, n, hc, D, eps, r, stream);
     }
     mark(kMhc);
-    cuda::hc_mix(d.hca_fn, d.hca_base, d.hca_scale, ws.X, n, hc, D, eps, t.hc_sinkhorn_iters, hc_eps, ws.mix_a, stream);
+    cuda::hc_mix(d.hca_fn, d.hca_base, d.hca_scale, ws.X, n, hc, D, eps, t.hc_sinkhorn_iters, hc_eps, ws.mix_a,
+                 ws.mix_part, ws.mix_count, stream);
     cuda::collapse_norm(ws.pre, hc, ws.X, n, hc, D, d.attn_norm, eps, ws.xn, r, stream);
     attention(l, st, ws.y);
     mark(kMhc);
     cuda::hc_expand(ws.mix_a, ms, ws.y, n, hc, D, ws.X, r, stream);
-    cuda::hc_mix(d.hcf_fn, d.hcf_base, d.hcf_scale, ws.X, n, hc, D, eps, t.hc_sinkhorn_iters, hc_eps, ws.mix_f, stream);
+    cuda::hc_mix(d.hcf_fn, d.hcf_base, d.hcf_scale, ws.X, n, hc, D, eps, t.hc_sinkhorn_iters, hc_eps, ws.mix_f,
+                 ws.mix_part, ws.mix_count, stream);
     cuda::collapse_norm(ws.mix_a, ms, ws.X, n, hc, D, d.ffn_norm, eps, ws.xn, r, stream);
     mark(kMoe);
     moe(l, n, st.image, ws.y);

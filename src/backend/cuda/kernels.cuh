@@ -19,10 +19,13 @@ namespace dsuf::cuda {
 // Embedding rows to every stream; pre[row] = one-hot(stream 0).
 void embed(const int32_t* tok, int n, const uint16_t* table, int64_t D, int hc, float* X, float* pre,
            cudaStream_t s);
-// mHC mix per token: out[row] = pre[hc] | post[hc] | comb[hc·hc] (model-spec §3.2).
+// mHC mix per token, one launch: out[row] = pre[hc] | post[hc] | comb[hc·hc] (model-spec §3.2).
+// part (hc_mix_part_floats(n, hc) floats) and count (n counters, zero before the first launch; every
+// launch leaves them zero) are its scratch; launches sharing them must not run concurrently.
 void hc_mix(const float* fn, const float* base, const float* scale, const float* X, int n, int hc, int64_t D,
-            float norm_eps, int iters, float hc_eps, float* out, cudaStream_t s);
+            float norm_eps, int iters, float hc_eps, float* out, float* part, unsigned* count, cudaStream_t s);
 constexpr int hc_mix_stride(int hc) { return 2 * hc + hc * hc; }
+int64_t hc_mix_part_floats(int rows, int hc);
 void hc_collapse(const float* pre, int pre_stride, const float* X, int n, int hc, int64_t D, float* u, bool r,
                  cudaStream_t s);
 void hc_expand(const float* mix, int mix_stride, const float* y, int n, int hc, int64_t D, float* X, bool r,
