@@ -282,7 +282,8 @@ struct CudaBackend::Impl {
   Step run_step(std::vector<Part>& parts);
   void finish_step(std::vector<Part>& parts, const Step& st);
   void attention(int l, const Step& st, float* out);
-  void moe(int l, int n, const uint8_t* image, float* out);
+  void moe(int l, int n, const uint8_t* image, const float* expand_mix);
+  void hc_mix(const float* fn, const float* base, const float* scale, int n, float* out);
 };
 
 bool cuda_available() {
@@ -889,7 +890,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
   cuda::pack_window(ws.kvw, n, st.meta, st.seqtab, l, hd, W, stream);
 }
 
-void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, float* out) {
+void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const float* expand_mix) {
   const TextConfig& t = cfg.text;
   const DevLayer& d = layers[l];
   const bool r = opt.numerics.bf16_activations, aq = opt.numerics.act_quant;
@@ -915,7 +916,14 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, float* out) {
     cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, hsin, n, ws.ys, D, r, stream);
   }
   cuda::gather_expert_rows(comm, ws.ye, ws.ids, int64_t(n) * K, D, tp_recv, ws.ys, n, part.shared_owner(l), stream);
-  cuda::moe_sum(ws.ye, K, ws.ys, n, D, out, r, stream);
+  // The FFN site's expansion, straight from the sum of the expert outputs.
+  cuda::moe_sum_expand(ws.ye, K, ws.ys, n, t.hc_mult, D, expand_mix, cuda::hc_mix_stride(t.hc_mult), ws.X, r, stream);
+}
+
+void CudaBackend::Impl::hc_mix(const float* fn, const float* base, const float* scale, int n, float* out) {
+  const TextConfig& t = cfg.text;
+  cuda::hc_mix(fn, base, scale, ws.X, n, t.hc_mult, t.hidden_size, float(t.rms_norm_eps), t.hc_sinkhorn_iters,
+               float(t.hc_eps), out, ws.mix_part, ws.mix_count, stream);
 }
 
 // The kernels of one step, in order; no host synchronization inside unless tracing (so a decode
@@ -926,10 +934,12 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
   const bool r = opt.numerics.bf16_activations;
   const int hc = t.hc_mult, n = st.rows, ms = cuda::hc_mix_stride(hc);
   const int64_t D = t.hidden_size, V = t.vocab_size;
-  const float eps = float(t.rms_norm_eps), hc_eps = float(t.hc_eps);
+  const float eps = float(t.rms_norm_eps);
   mark(kEmbed);
   DSUF_CUDA(cudaMemcpyAsync(stage.dev, stage.host, stage.used, cudaMemcpyHostToDevice, stream));
   cuda::embed(st.tok, n, embed, D, hc, ws.X, ws.pre, stream);
+  const float* pre = ws.pre;  // the next attention site's collapse weights: the embedding's one-hot
+  int pre_stride = hc;
   for (const LayerPlan& lp : c.layers) {
     const int l = lp.layer;
     const DevLayer& d = layers[l];
@@ -943,22 +953,19 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
       cuda::fp8_linear(d.e_wkv.w, d.e_wkv.s, d.e_wkv.out, d.e_wkv.in, ein, n, ws.ekv, (hc + 1) * D, r, stream);
       cuda::engram_gate(ws.X, ws.ekv, d.e_q, d.e_k, st.dead, n, hc, D, eps, r, stream);
     }
+    // Attention site: the collapse uses the previous site's pre.
     mark(kMhc);
-    cuda::hc_mix(d.hca_fn, d.hca_base, d.hca_scale, ws.X, n, hc, D, eps, t.hc_sinkhorn_iters, hc_eps, ws.mix_a,
-                 ws.mix_part, ws.mix_count, stream);
-    cuda::collapse_norm(ws.pre, hc, ws.X, n, hc, D, d.attn_norm, eps, ws.xn, r, stream);
+    hc_mix(d.hca_fn, d.hca_base, d.hca_scale, n, ws.mix_a);
+    cuda::collapse_norm(pre, pre_stride, nullptr, 0, nullptr, ws.X, n, hc, D, d.attn_norm, eps, ws.xn, r, stream);
     attention(l, st, ws.y);
+    // FFN site: the attention site's expansion, then the collapse with its pre, in one kernel.
     mark(kMhc);
-    cuda::hc_expand(ws.mix_a, ms, ws.y, n, hc, D, ws.X, r, stream);
-    cuda::hc_mix(d.hcf_fn, d.hcf_base, d.hcf_scale, ws.X, n, hc, D, eps, t.hc_sinkhorn_iters, hc_eps, ws.mix_f,
-                 ws.mix_part, ws.mix_count, stream);
-    cuda::collapse_norm(ws.mix_a, ms, ws.X, n, hc, D, d.ffn_norm, eps, ws.xn, r, stream);
+    cuda::collapse_norm(ws.mix_a, ms, ws.mix_a, ms, ws.y, ws.X, n, hc, D, d.ffn_norm, eps, ws.xn, r, stream);
+    hc_mix(d.hcf_fn, d.hcf_base, d.hcf_scale, n, ws.mix_f);
     mark(kMoe);
-    moe(l, n, st.image, ws.y);
-    mark(kMhc);
-    cuda::hc_expand(ws.mix_f, ms, ws.y, n, hc, D, ws.X, r, stream);
+    moe(l, n, st.image, ws.mix_f);  // ends with the FFN site's expansion
     // pre of the FFN site feeds the next attention site's collapse.
-    DSUF_CUDA(cudaMemcpy2DAsync(ws.pre, hc * 4, ws.mix_f, ms * 4, hc * 4, n, cudaMemcpyDeviceToDevice, stream));
+    pre = ws.mix_f, pre_stride = ms;
     if (trace) {
       std::vector<float> x(size_t(n) * hc * D);
       DSUF_CUDA(cudaMemcpyAsync(x.data(), ws.X, x.size() * 4, cudaMemcpyDeviceToHost, stream));
@@ -966,11 +973,13 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
       if (part.rank == 0) parts[0].item->trace->push_back(std::move(x));
     }
   }
+  if (pre != ws.pre)  // the head collapses with the last FFN site's pre
+    DSUF_CUDA(cudaMemcpy2DAsync(ws.pre, hc * 4, pre, pre_stride * 4, hc * 4, n, cudaMemcpyDeviceToDevice, stream));
   if (st.n_logit_rows > 0) {
     const int nl = st.n_logit_rows;
     mark(kHead);
     cuda::gather_rows(ws.X, ws.pre, st.logit_rows, nl, hc, D, X_head, pre_head, stream);
-    cuda::collapse_norm(pre_head, hc, X_head, nl, hc, D, norm, eps, ws.xn, r, stream);
+    cuda::collapse_norm(pre_head, hc, nullptr, 0, nullptr, X_head, nl, hc, D, norm, eps, ws.xn, r, stream);
     // Vocabulary-parallel head: this rank's rows, gathered; rank 0 samples and hands the tokens
     // (and the logits when asked) to the host.
     const int64_t v0 = part.my_vocab().begin;

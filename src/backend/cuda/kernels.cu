@@ -11,6 +11,8 @@
 #include <cmath>
 #include <type_traits>
 
+#include <cooperative_groups.h>
+
 #include "backend/cuda/check.h"
 #include "core/detmath.h"
 
@@ -352,53 +354,112 @@ __global__ void k_hc_collapse(const float* __restrict__ pre, int pre_stride, con
   u[int64_t(i) * D + d] = rb(acc, r);
 }
 
-__global__ void k_hc_expand(const float* __restrict__ mix, int mix_stride, const float* __restrict__ y, int hc,
-                            int64_t D, float* __restrict__ X, bool r) {
-  int i = blockIdx.y;
-  int64_t d = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (d >= D) return;
-  const float* m = mix + int64_t(i) * mix_stride;
-  const float* post = m + hc;
-  const float* C = m + 2 * hc;
-  float old[8];
-  for (int j = 0; j < hc; ++j) old[j] = X[(int64_t(i) * hc + j) * D + d];
-  const float yv = y[int64_t(i) * D + d];
-  for (int k = 0; k < hc; ++k) {
-    float acc = post[k] * yv;
-    for (int j = 0; j < hc; ++j) acc += C[j * hc + k] * old[j];
-    X[(int64_t(i) * hc + k) * D + d] = rb(acc, r);
-  }
-}
+// Collapse + RMSNorm of one row (optionally expanding the previous site first), spread over a
+// cluster of 8 blocks. The norm's sum of squares keeps the canonical block_sum<256> order: partial
+// t < 256 adds u[t]², u[t+256]², … in order, each warp v = t/32 of the 8 tree-reduces its 32 partials,
+// and the 8 warp sums, padded with zeros to 32, are tree-reduced. Block c of a row's cluster owns
+// warp v = c's values u[32c + l + 256j]: it computes them (expanding and collapsing the hc streams at
+// those positions, each thread a position at a time, so the in-place expansion never races), its
+// warp 0 adds the 32 partials in order, and every block reads all 8 warp sums from the cluster's
+// shared memory, so each normalizes its values with the same bits.
+//   expansion (emix set): X_k ← bf16(post_k·y_in + Σ_j C[j][k]·X_j) with emix's post and C;
+//   collapse: u = bf16(Σ_k pre_k·X_k); output bf16(w ⊙ u·rsqrt(mean(u²)+eps)).
+constexpr int kNormCluster = 8;  // the warps of block_sum<256>
+constexpr int kNormPerThread = 4;  // positions per thread per pass (one pass for D ≤ 8192)
 
-// Collapse + RMSNorm fused, one 1024-thread block per row: u = Σ_k pre[k]·X[k] (as k_hc_collapse)
-// into shared memory, then the norm as k_rmsnorm. Its sum of squares keeps the canonical 256-wide
-// partials: threads 0..255 take them, the other 28 warps add zeros — block_sum<256> pads its 8 warp
-// sums with zeros to 32 the same way.
-__global__ void __launch_bounds__(1024) k_collapse_norm(const float* __restrict__ pre, int pre_stride,
-                                                        const float* __restrict__ X, int hc, int64_t D,
-                                                        const uint16_t* __restrict__ w, float eps,
-                                                        float* __restrict__ y, bool r) {
-  extern __shared__ float us[];  // [D]
-  const int i = blockIdx.x;
-  if (w)
-    for (int64_t j = int64_t(threadIdx.x) * 64; j < D; j += int64_t(blockDim.x) * 64)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(w + j));
-  const float* p = pre + int64_t(i) * pre_stride;
-  const float* x = X + int64_t(i) * hc * D;
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int k = 0; k < hc; ++k) acc += p[k] * x[int64_t(k) * D + d];
-    us[d] = rb(acc, r);
+template <int HC>
+__global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__ pre, int pre_stride,
+                                                       const float* __restrict__ emix, int emix_stride,
+                                                       const float* __restrict__ y_in, float* __restrict__ X,
+                                                       int64_t D, const uint16_t* __restrict__ w, float eps,
+                                                       float* __restrict__ y, bool r) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  extern __shared__ float us[];  // [32·J]: u[32c + l + 256j] at 32j + l
+  __shared__ float q;
+  const int c = int(cluster.block_rank()), i = blockIdx.y, lane = threadIdx.x % 32;
+  const int J = int((D + 255) / 256), E = 32 * J;
+  constexpr int kPass = kNormPerThread * 256;
+  auto pos = [&](int e) { return int64_t(32 * c + e % 32) + 256 * int64_t(e / 32); };
+  // The norm weights of the first pass now: their latency overlaps everything before the output.
+  float wv[kNormPerThread];
+#pragma unroll
+  for (int k = 0; k < kNormPerThread; ++k) {
+    const int e = threadIdx.x + 256 * k;
+    wv[k] = w && e < E && pos(e) < D ? bf16_load(w, pos(e)) : 1.0f;
+  }
+  float pr[HC], post[HC], C[HC * HC];
+#pragma unroll
+  for (int k = 0; k < HC; ++k) pr[k] = pre[int64_t(i) * pre_stride + k];
+  if (emix) {
+    const float* m = emix + int64_t(i) * emix_stride;
+#pragma unroll
+    for (int k = 0; k < HC; ++k) post[k] = m[HC + k];
+#pragma unroll
+    for (int k = 0; k < HC * HC; ++k) C[k] = m[2 * HC + k];
+  }
+  float* x = X + int64_t(i) * HC * D;
+  for (int e0 = 0; e0 < E; e0 += kPass) {
+    float xv[kNormPerThread][HC], yv[kNormPerThread];
+#pragma unroll
+    for (int p = 0; p < kNormPerThread; ++p) {  // all loads of the pass first
+      const int e = e0 + threadIdx.x + 256 * p;
+      const bool ok = e < E && pos(e) < D;
+#pragma unroll
+      for (int k = 0; k < HC; ++k) xv[p][k] = ok ? x[int64_t(k) * D + pos(e)] : 0.0f;
+      yv[p] = ok && emix ? y_in[int64_t(i) * D + pos(e)] : 0.0f;
+    }
+#pragma unroll
+    for (int p = 0; p < kNormPerThread; ++p) {
+      const int e = e0 + threadIdx.x + 256 * p;
+      if (e >= E) continue;
+      float u = 0.0f;
+      if (pos(e) < D) {
+        if (emix) {
+          float nv[HC];
+#pragma unroll
+          for (int k = 0; k < HC; ++k) {
+            float acc = post[k] * yv[p];
+#pragma unroll
+            for (int j = 0; j < HC; ++j) acc += C[j * HC + k] * xv[p][j];
+            nv[k] = rb(acc, r);
+          }
+#pragma unroll
+          for (int k = 0; k < HC; ++k) {
+            xv[p][k] = nv[k];
+            x[int64_t(k) * D + pos(e)] = nv[k];
+          }
+        }
+        float acc = 0.0f;
+#pragma unroll
+        for (int k = 0; k < HC; ++k) acc += pr[k] * xv[p][k];
+        u = rb(acc, r);
+      }
+      us[e] = u;
+    }
   }
   __syncthreads();
-  float ss = 0.0f;
-  if (threadIdx.x < 256)
-#pragma unroll 4
-    for (int64_t j = threadIdx.x; j < D; j += 256) ss += us[j] * us[j];
-  ss = block_sum(ss);
+  if (threadIdx.x < 32) {
+    float s = 0.0f;
+    for (int j = 0; j < J; ++j)
+      if (pos(32 * j + lane) < D) s += us[32 * j + lane] * us[32 * j + lane];
+    s = warp_sum(s);
+    if (lane == 0) q = s;
+  }
+  cluster.sync();  // every block's warp sum written and visible
+  float ss = lane < kNormCluster ? *cluster.map_shared_rank(&q, lane) : 0.0f;
+  ss = warp_sum(ss);
   const float rinv = 1.0f / sqrtf(ss / float(D) + eps);
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x)
-    y[int64_t(i) * D + d] = rb((w ? bf16_load(w, d) : 1.0f) * (us[d] * rinv), r);
+  for (int e0 = 0; e0 < E; e0 += kPass) {
+#pragma unroll
+    for (int p = 0; p < kNormPerThread; ++p) {
+      const int e = e0 + threadIdx.x + 256 * p;
+      if (e >= E || pos(e) >= D) continue;
+      const float wgt = e0 == 0 ? wv[p] : w ? bf16_load(w, pos(e)) : 1.0f;
+      y[int64_t(i) * D + pos(e)] = rb(wgt * (us[e] * rinv), r);
+    }
+  }
+  cluster.sync();  // no block leaves while another may still read its q
 }
 
 __global__ void k_rmsnorm(const float* __restrict__ x, int64_t dim, const uint16_t* __restrict__ w, float eps,
@@ -1237,13 +1298,28 @@ __global__ void k_swiglu(float* h1, const float* h3, int64_t rows, int64_t F, co
   h1[t] = rb(wt * (det::silu(g) * u), r);
 }
 
-__global__ void k_moe_sum(const float* ye, int k, const float* ys, int n, int64_t D, float* out, bool r) {
-  int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+// The MoE output y = bf16(Σ_j ye_j + ys) of a row, expanded straight into the streams (the FFN
+// site's expansion, as hc_expand in the reference): X_k ← bf16(post_k·y + Σ_j C[j][k]·X_j).
+template <int HC>
+__global__ void k_moe_sum_expand(const float* __restrict__ ye, int k, const float* __restrict__ ys, int n, int64_t D,
+                                 const float* __restrict__ mix, int mix_stride, float* __restrict__ X, bool r) {
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= int64_t(n) * D) return;
   const int64_t i = t / D, d = t % D;
   float acc = 0.0f;
   for (int j = 0; j < k; ++j) acc += ye[(i * k + j) * D + d];
-  out[t] = rb(acc + ys[t], r);
+  const float yv = rb(acc + ys[t], r);
+  const float* m = mix + i * mix_stride;
+  float old[HC];
+#pragma unroll
+  for (int j = 0; j < HC; ++j) old[j] = X[(i * HC + j) * D + d];
+#pragma unroll
+  for (int c = 0; c < HC; ++c) {
+    float a = m[HC + c] * yv;
+#pragma unroll
+    for (int j = 0; j < HC; ++j) a += m[2 * HC + j * HC + c] * old[j];
+    X[(i * HC + c) * D + d] = rb(a, r);
+  }
 }
 
 // ---- Engram ------------------------------------------------------------------------------------
@@ -1448,16 +1524,22 @@ void hc_collapse(const float* pre, int pre_stride, const float* X, int n, int hc
                  cudaStream_t s) {
   k_hc_collapse<<<dim3(blocks_for(D, 256), n), 256, 0, s>>>(pre, pre_stride, X, hc, D, u, r);
 }
-void hc_expand(const float* mix, int mix_stride, const float* y, int n, int hc, int64_t D, float* X, bool r,
-               cudaStream_t s) {
-  k_hc_expand<<<dim3(blocks_for(D, 256), n), 256, 0, s>>>(mix, mix_stride, y, hc, D, X, r);
-}
-void collapse_norm(const float* pre, int pre_stride, const float* X, int n, int hc, int64_t D, const uint16_t* w,
-                   float eps, float* y, bool r, cudaStream_t s) {
-  const size_t smem = size_t(D) * sizeof(float);
+void collapse_norm(const float* pre, int pre_stride, const float* emix, int emix_stride, const float* y_in, float* X,
+                   int n, int hc, int64_t D, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s) {
+  if (n <= 0) return;
+  const size_t smem = size_t((D + 255) / 256) * 32 * sizeof(float);
   DSUF_CHECK(smem <= 200 * 1024, "collapse_norm: hidden size ", D, " too large");
-  set_smem(k_collapse_norm, smem);
-  if (n > 0) k_collapse_norm<<<n, 1024, smem, s>>>(pre, pre_stride, X, hc, D, w, eps, y, r);
+  with_hc(hc, [&](auto H) {
+    auto* k = k_collapse_norm<decltype(H)::value>;
+    set_smem(k, smem);
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(kNormCluster, n), cfg.blockDim = dim3(256), cfg.dynamicSmemBytes = smem, cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = kNormCluster, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+    cfg.attrs = at, cfg.numAttrs = 1;
+    DSUF_CUDA(cudaLaunchKernelEx(&cfg, k, pre, pre_stride, emix, emix_stride, y_in, X, D, w, eps, y, r));
+  });
 }
 void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s) {
   k_rmsnorm<<<rows, 256, 0, s>>>(x, dim, w, eps, y, r);
@@ -1634,9 +1716,13 @@ void swiglu(float* h1, const float* h3, int64_t rows, int64_t F, const float* we
             cudaStream_t s) {
   k_swiglu<<<blocks_for(rows * F, 256), 256, 0, s>>>(h1, h3, rows, F, weight, limit, clamp, r);
 }
-void moe_sum(const float* y_experts, int k, const float* y_shared, int n, int64_t D, float* out, bool r,
-             cudaStream_t s) {
-  k_moe_sum<<<blocks_for(int64_t(n) * D, 256), 256, 0, s>>>(y_experts, k, y_shared, n, D, out, r);
+void moe_sum_expand(const float* y_experts, int k, const float* y_shared, int n, int hc, int64_t D, const float* mix,
+                    int mix_stride, float* X, bool r, cudaStream_t s) {
+  if (n <= 0) return;
+  with_hc(hc, [&](auto H) {
+    k_moe_sum_expand<decltype(H)::value><<<blocks_for(int64_t(n) * D, 256), 256, 0, s>>>(y_experts, k, y_shared, n, D,
+                                                                                       mix, mix_stride, X, r);
+  });
 }
 void engram_gather(const int64_t* row_ids, int n, int rows, const uint8_t* table, const uint8_t* scales, int64_t ehd,
                    float* emb, cudaStream_t s) {
