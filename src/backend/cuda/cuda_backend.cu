@@ -129,6 +129,9 @@ struct CudaBackend::Impl {
   cuda::ColSplit zg_split, hidden_split, vocab_split;  // columns each rank computes of the gathered products
   std::unique_ptr<EngramHasher> hasher;
   cudaStream_t stream = nullptr;
+  cudaStream_t side = nullptr;  // the mHC mixes (hc_mix_fork); null: they run on `stream`
+  cudaEvent_t ev_fork = nullptr, ev_mix = nullptr;
+  bool mix_pending = false;  // a mix on `side` that `stream` has not waited for yet
   std::vector<DevMem> owned;
   std::vector<void*> pinned;
   size_t weight_bytes = 0;
@@ -283,7 +286,10 @@ struct CudaBackend::Impl {
   void finish_step(std::vector<Part>& parts, const Step& st);
   void attention(int l, const Step& st, float* out);
   void moe(int l, int n, const uint8_t* image, const float* expand_mix);
-  void hc_mix(const float* fn, const float* base, const float* scale, int n, float* out);
+  // mHC mixes on a second stream (off the critical path: a site's mix is read only by its expansion,
+  // after its attention/MoE, and by the next site's collapse); DSUF_HC_FORK=0 keeps them on `stream`.
+  void hc_mix_fork(const float* fn, const float* base, const float* scale, int n, float* out);
+  void hc_mix_join();
 };
 
 bool cuda_available() {
@@ -392,6 +398,11 @@ void CudaBackend::Impl::place_tensors(uint64_t synthetic_seed) {
 void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   DSUF_CUDA(cudaSetDevice(opt.device));
   DSUF_CUDA(cudaStreamCreate(&stream));
+  if (const char* f = std::getenv("DSUF_HC_FORK"); !f || std::string(f) != "0") {
+    DSUF_CUDA(cudaStreamCreate(&side));
+    DSUF_CUDA(cudaEventCreateWithFlags(&ev_fork, cudaEventDisableTiming));
+    DSUF_CUDA(cudaEventCreateWithFlags(&ev_mix, cudaEventDisableTiming));
+  }
   const TextConfig& t = cfg.text;
   DSUF_CHECK(int64_t(cids.size()) >= t.vocab_size, "compressed-id table too short");
   if (!t.engram_layer_ids.empty()) hasher = std::make_unique<EngramHasher>(t, cids.at(t.engram_pad_token_id));
@@ -916,14 +927,30 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const float* exp
     cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, hsin, n, ws.ys, D, r, stream);
   }
   cuda::gather_expert_rows(comm, ws.ye, ws.ids, int64_t(n) * K, D, tp_recv, ws.ys, n, part.shared_owner(l), stream);
-  // The FFN site's expansion, straight from the sum of the expert outputs.
+  hc_mix_join();  // the site's mix (post, comb) expands the output into the streams
   cuda::moe_sum_expand(ws.ye, K, ws.ys, n, t.hc_mult, D, expand_mix, cuda::hc_mix_stride(t.hc_mult), ws.X, r, stream);
 }
 
-void CudaBackend::Impl::hc_mix(const float* fn, const float* base, const float* scale, int n, float* out) {
+void CudaBackend::Impl::hc_mix_fork(const float* fn, const float* base, const float* scale, int n, float* out) {
   const TextConfig& t = cfg.text;
+  cudaStream_t s = stream;
+  if (side) {  // the mix waits for everything before it on `stream` (the streams it reads)
+    DSUF_CHECK(!mix_pending, "hc_mix_fork: the previous mix was not joined");
+    DSUF_CUDA(cudaEventRecord(ev_fork, stream));
+    DSUF_CUDA(cudaStreamWaitEvent(side, ev_fork, 0));
+    s = side;
+  }
   cuda::hc_mix(fn, base, scale, ws.X, n, t.hc_mult, t.hidden_size, float(t.rms_norm_eps), t.hc_sinkhorn_iters,
-               float(t.hc_eps), out, ws.mix_part, ws.mix_count, stream);
+               float(t.hc_eps), out, ws.mix_part, ws.mix_count, s);
+  if (side) {
+    DSUF_CUDA(cudaEventRecord(ev_mix, side));
+    mix_pending = true;
+  }
+}
+void CudaBackend::Impl::hc_mix_join() {
+  if (!mix_pending) return;
+  DSUF_CUDA(cudaStreamWaitEvent(stream, ev_mix, 0));
+  mix_pending = false;
 }
 
 // The kernels of one step, in order; no host synchronization inside unless tracing (so a decode
@@ -953,15 +980,16 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
       cuda::fp8_linear(d.e_wkv.w, d.e_wkv.s, d.e_wkv.out, d.e_wkv.in, ein, n, ws.ekv, (hc + 1) * D, r, stream);
       cuda::engram_gate(ws.X, ws.ekv, d.e_q, d.e_k, st.dead, n, hc, D, eps, r, stream);
     }
-    // Attention site: the collapse uses the previous site's pre.
+    // Attention site: its mix on the side stream; the collapse uses the previous site's pre.
     mark(kMhc);
-    hc_mix(d.hca_fn, d.hca_base, d.hca_scale, n, ws.mix_a);
+    hc_mix_fork(d.hca_fn, d.hca_base, d.hca_scale, n, ws.mix_a);
     cuda::collapse_norm(pre, pre_stride, nullptr, 0, nullptr, ws.X, n, hc, D, d.attn_norm, eps, ws.xn, r, stream);
     attention(l, st, ws.y);
     // FFN site: the attention site's expansion, then the collapse with its pre, in one kernel.
     mark(kMhc);
+    hc_mix_join();
     cuda::collapse_norm(ws.mix_a, ms, ws.mix_a, ms, ws.y, ws.X, n, hc, D, d.ffn_norm, eps, ws.xn, r, stream);
-    hc_mix(d.hcf_fn, d.hcf_base, d.hcf_scale, n, ws.mix_f);
+    hc_mix_fork(d.hcf_fn, d.hcf_base, d.hcf_scale, n, ws.mix_f);
     mark(kMoe);
     moe(l, n, st.image, ws.mix_f);  // ends with the FFN site's expansion
     // pre of the FFN site feeds the next attention site's collapse.
@@ -1197,6 +1225,8 @@ CudaBackend::~CudaBackend() {
     if (im.ev0) cudaEventDestroy(im.ev0), cudaEventDestroy(im.ev1);
     for (cudaEvent_t e : im.comp_events) cudaEventDestroy(e);
     for (void* p : im.pinned) cudaFreeHost(p);
+    if (im.ev_fork) cudaEventDestroy(im.ev_fork), cudaEventDestroy(im.ev_mix);
+    if (im.side) cudaStreamDestroy(im.side);
     if (im.stream) cudaStreamDestroy(im.stream);
     ranks_[r].reset();
   }
