@@ -839,9 +839,9 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
   mark(kAttention);
   const cuda::LinearInput xin = cuda::linear_input(ws.xn, D, n, D, aq, ws.xq[0], ws.xs[0], stream);
   cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, xin, n, ws.tmp, qr, r, stream);
-  cuda::rmsnorm(ws.tmp, n, qr, d.q_norm, eps, ws.q_lat, r, stream);
-  cuda::fp8_linear(d.wkv.w, d.wkv.s, hd, D, xin, n, ws.tmp, hd, r, stream);
-  cuda::rmsnorm(ws.tmp, n, hd, d.kv_norm, eps, ws.kvw, r, stream);
+  cuda::fp8_linear(d.wkv.w, d.wkv.s, hd, D, xin, n, ws.kvw, hd, r, stream);
+  // q_norm and kv_norm in one launch (kv normalized in place).
+  cuda::rmsnorm2({ws.tmp, qr, d.q_norm, ws.q_lat}, {ws.kvw, hd, d.kv_norm, ws.kvw}, n, eps, r, stream);
   cuda::rope(ws.kvw, n, 1, hd, cs, half, 1.0f, r, stream);
   cuda::fp8_fake_quant(ws.kvw, n * hd, r, stream);
   const cuda::LinearInput qin = cuda::linear_input(ws.q_lat, qr, n, qr, aq, ws.xq[1], ws.xs[1], stream);

@@ -462,20 +462,35 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
   cluster.sync();  // no block leaves while another may still read its q
 }
 
-__global__ void k_rmsnorm(const float* __restrict__ x, int64_t dim, const uint16_t* __restrict__ w, float eps,
-                          float* __restrict__ y, bool r) {
-  const float* xr = x + int64_t(blockIdx.x) * dim;
-  if (w)  // the weight row's latency overlaps the sum of squares
-    for (int64_t j = int64_t(threadIdx.x) * 64; j < dim; j += int64_t(blockDim.x) * 64)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(w + j));
+// RMSNorm, a 256-thread block per row of job blockIdx.y (one launch normalizes the rows of one or two
+// (x, dim, w, y) jobs): thread t takes x[t + 256k] — the canonical block_sum<256> partials — and keeps
+// its first kRmsRegs values and weights in registers, so the output needs no second read. y may
+// equal x (a thread rewrites only what it read).
+constexpr int kRmsRegs = 4;
+__global__ void __launch_bounds__(256) k_rmsnorm(RmsJob a, RmsJob b, float eps, bool r) {
+  const RmsJob jb = blockIdx.y == 0 ? a : b;
+  const int64_t dim = jb.dim;
+  const float* xr = jb.x + int64_t(blockIdx.x) * dim;
+  float* yr = jb.y + int64_t(blockIdx.x) * dim;
+  float xv[kRmsRegs], wv[kRmsRegs];
+#pragma unroll
+  for (int p = 0; p < kRmsRegs; ++p) {
+    const int64_t j = threadIdx.x + 256 * p;
+    xv[p] = j < dim ? xr[j] : 0.0f;
+    wv[p] = jb.w && j < dim ? bf16_load(jb.w, j) : 1.0f;
+  }
   float ss = 0.0f;
-#pragma unroll 4
-  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) ss += xr[j] * xr[j];
+#pragma unroll
+  for (int p = 0; p < kRmsRegs; ++p)
+    if (threadIdx.x + 256 * p < dim) ss += xv[p] * xv[p];
+  for (int64_t j = threadIdx.x + 256 * kRmsRegs; j < dim; j += 256) ss += xr[j] * xr[j];
   ss = block_sum(ss);
   const float rinv = 1.0f / sqrtf(ss / float(dim) + eps);
-#pragma unroll 4
-  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
-    y[int64_t(blockIdx.x) * dim + j] = rb((w ? bf16_load(w, j) : 1.0f) * (xr[j] * rinv), r);
+#pragma unroll
+  for (int p = 0; p < kRmsRegs; ++p)
+    if (threadIdx.x + 256 * p < dim) yr[threadIdx.x + 256 * p] = rb(wv[p] * (xv[p] * rinv), r);
+  for (int64_t j = threadIdx.x + 256 * kRmsRegs; j < dim; j += 256)
+    yr[j] = rb((jb.w ? bf16_load(jb.w, j) : 1.0f) * (xr[j] * rinv), r);
 }
 
 // ---- quantization and linears ------------------------------------------------------------------
@@ -1542,7 +1557,11 @@ void collapse_norm(const float* pre, int pre_stride, const float* emix, int emix
   });
 }
 void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s) {
-  k_rmsnorm<<<rows, 256, 0, s>>>(x, dim, w, eps, y, r);
+  const RmsJob j{x, dim, w, y};
+  if (rows > 0) k_rmsnorm<<<dim3(unsigned(rows), 1), 256, 0, s>>>(j, j, eps, r);
+}
+void rmsnorm2(const RmsJob& a, const RmsJob& b, int64_t rows, float eps, bool r, cudaStream_t s) {
+  if (rows > 0) k_rmsnorm<<<dim3(unsigned(rows), 2), 256, 0, s>>>(a, b, eps, r);
 }
 namespace {
 // Outputs per warp: more per warp (more weight bytes in flight per input read) while the grid still

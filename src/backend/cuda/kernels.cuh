@@ -33,8 +33,17 @@ void hc_collapse(const float* pre, int pre_stride, const float* X, int n, int hc
 // y_in, as the reference's hc_expand: X_k ← bf16(post_k·y_in + Σ_j C[j][k]·X_j).
 void collapse_norm(const float* pre, int pre_stride, const float* emix, int emix_stride, const float* y_in, float* X,
                    int n, int hc, int64_t D, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s);
+// y = bf16(w ⊙ x·rsqrt(mean(x²)+eps)) per row (w optional; y may be x).
 void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float eps, float* y, bool r,
              cudaStream_t s);
+// Two independent row sets of `rows` rows each in one launch.
+struct RmsJob {
+  const float* x;
+  int64_t dim;
+  const uint16_t* w;
+  float* y;
+};
+void rmsnorm2(const RmsJob& a, const RmsJob& b, int64_t rows, float eps, bool r, cudaStream_t s);
 // The input rows of the FP8/FP4 linears: FP32 rows of stride `stride`, or (scale set) the reference's
 // per-32 FP8 activation quantization of them: E4M3 values times 2^64, their block scales at
 // scale[row·scale_stride + kb].
