@@ -147,6 +147,9 @@ struct CudaBackend::Impl {
     DSUF_CUDA(cudaEventRecord(ev_join, side));
     DSUF_CUDA(cudaStreamWaitEvent(stream, ev_join));
   }
+  cudaStream_t mix_side = nullptr;  // the mHC mixes (hc_mix_fork); null: they run on `stream`
+  cudaEvent_t mix_ev_fork = nullptr, ev_mix = nullptr;
+  bool mix_pending = false;  // a mix on `mix_side` that `stream` has not waited for yet
   std::vector<DevMem> owned;
   std::vector<void*> pinned;
   size_t weight_bytes = 0;
@@ -163,6 +166,8 @@ struct CudaBackend::Impl {
     uint8_t* cand_mask;
     int8_t* qc;               // [max_rows][IH][ihd] indexer query codes; scales in qs
     float* qs;
+    float* mix_part;          // hc_mix scratch: warp sums
+    unsigned* mix_count;      // hc_mix scratch: one counter per row tile (kept zero between launches)
     float* sample_w;          // [sample_chunk][V] sampling weights
     uint32_t* sample_max;     // [max_rows]
     int32_t* sample_out;      // [max_rows] sampled tokens, one per sampling job
@@ -301,7 +306,11 @@ struct CudaBackend::Impl {
   void finish_step(std::vector<Part>& parts, const Step& st);
   void attention(int l, const Step& st, float* out);
   void indexer_branch(int l, const Step& st, const cuda::LinearInput& qin, cudaStream_t stream);
-  void moe(int l, int n, const uint8_t* image, float* out);
+  void moe(int l, int n, const uint8_t* image, const float* expand_mix);
+  // mHC mixes on a second stream (off the critical path: a site's mix is read only by its expansion,
+  // after its attention/MoE, and by the next site's collapse); DSUF_HC_FORK=0 keeps them on `stream`.
+  void hc_mix_fork(const float* fn, const float* base, const float* scale, int n, float* out);
+  void hc_mix_join();
 };
 
 bool cuda_available() {
@@ -414,6 +423,11 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   DSUF_CUDA(cudaEventCreateWithFlags(&ev_fork, cudaEventDisableTiming));
   DSUF_CUDA(cudaEventCreateWithFlags(&ev_join, cudaEventDisableTiming));
   if (const char* v = std::getenv("DSUF_OVERLAP")) overlap = std::string(v) != "0";
+  if (const char* f = std::getenv("DSUF_HC_FORK"); !f || std::string(f) != "0") {
+    DSUF_CUDA(cudaStreamCreate(&mix_side));
+    DSUF_CUDA(cudaEventCreateWithFlags(&mix_ev_fork, cudaEventDisableTiming));
+    DSUF_CUDA(cudaEventCreateWithFlags(&ev_mix, cudaEventDisableTiming));
+  }
   const TextConfig& t = cfg.text;
   DSUF_CHECK(int64_t(cids.size()) >= t.vocab_size, "compressed-id table too short");
   if (!t.engram_layer_ids.empty()) hasher = std::make_unique<EngramHasher>(t, cids.at(t.engram_pad_token_id));
@@ -487,13 +501,15 @@ namespace {
 struct WorkspaceSizes {
   // qi: also the indexer query codes (qi bytes) and their scales (qi/32 floats)
   int64_t X, pre, mix, vecD, tmp, q_lat, q, kvw, ag, o, zg, qi, wts, scores, bscores, sel, cand, cand_mask,
-      router, ids, h, ye, hs, emb, ekv, logits, keys, att, sample_w, sample, aq, aq_shared;
+      router, ids, h, ye, hs, emb, ekv, logits, keys, att, sample_w, sample, aq, aq_shared, mix_part;
   int64_t score_stride, bscore_stride;
   size_t bytes() const {
     const int64_t floats = X + pre + 2 * mix + 3 * vecD + tmp + q_lat + q + kvw + ag + o + zg + qi +
                            wts + scores + bscores + router + ids /*rw*/ + 2 * h + ye + vecD /*ys*/ + 2 * hs + emb + ekv +
-                           logits + keys + att + sample_w + 2 * (aq + aq / 32) + aq_shared + aq_shared / 32 + qi / 32;
-    return size_t(floats) * 4 + size_t(sel + cand + ids + 2 * sample) * 4 + size_t(cand_mask + qi);
+                           logits + keys + att + sample_w + 2 * (aq + aq / 32) + aq_shared + aq_shared / 32 + qi / 32 +
+                           mix_part;
+    return size_t(floats) * 4 + size_t(sel + cand + ids + 2 * sample + sample /*mix counters*/) * 4 +
+           size_t(cand_mask + qi);
   }
 };
 // N rows per step; S sampling jobs per launch (max_batch).
@@ -506,7 +522,8 @@ WorkspaceSizes workspace_sizes(const TextConfig& t, int64_t N, int64_t max_conte
   w.score_stride = max_context;
   w.bscore_stride = (max_context + t.candidate_block_size - 1) / t.candidate_block_size;
   w.X = N * hc * D, w.pre = N * hc, w.mix = N * cuda::hc_mix_stride(int(hc)), w.vecD = N * D;
-  w.tmp = N * (qr + hd), w.q_lat = N * qr, w.q = N * H * hd;
+  w.mix_part = cuda::hc_mix_part_floats(int(N), int(hc));
+  w.tmp = N * std::max(qr, hd), w.q_lat = N * qr, w.q = N * H * hd;
   w.kvw = N * hd, w.ag = N * 2 * hd, w.o = N * H * hd, w.zg = N * G * ol;
   w.qi = N * IH * ihd, w.wts = N * IH, w.scores = N * w.score_stride, w.bscores = N * w.bscore_stride;
   w.sel = N * t.index_topk, w.cand = N * t.candidate_topk_blocks, w.cand_mask = N * w.bscore_stride;
@@ -598,6 +615,8 @@ void CudaBackend::Impl::alloc_workspace() {
   ws.router = alloc<float>(w.router), ws.ids = alloc<int32_t>(w.ids), ws.rw = alloc<float>(w.ids);
   ws.h1 = alloc<float>(w.h), ws.h3 = alloc<float>(w.h), ws.ye = alloc<float>(w.ye), ws.ys = alloc<float>(w.vecD);
   ws.keys = alloc<float>(w.keys);
+  ws.mix_part = alloc<float>(w.mix_part), ws.mix_count = alloc<unsigned>(w.sample);
+  DSUF_CUDA(cudaMemset(ws.mix_count, 0, size_t(w.sample) * sizeof(unsigned)));
   ws.att = alloc<float>(w.att);
   const TpScratch tps = tp_scratch(t, part, max_rows);
   if (tps.recv) tp_send = alloc<float>(tps.send), tp_recv = alloc<float>(tps.recv), tp_send_floats = tps.send;
@@ -898,16 +917,14 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
 
   mark(kAttention);
   const cuda::LinearInput xin = cuda::linear_input(ws.xn, D, n, D, aq, ws.xq[0], ws.xs[0], stream);
-  // wq_a and wkv in one launch (same input); wkv's outputs after wq_a's in tmp.
-  float* kv_raw = ws.tmp + int64_t(n) * qr;
+  // wq_a and wkv in one launch (same input), then q_norm and kv_norm in one (kv normalized in place).
   cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, xin, n, ws.tmp, qr, r, stream,
-                   {.W = d.wkv.w, .Ws = d.wkv.s, .out = hd, .y = kv_raw, .y_stride = hd});
-  cuda::rmsnorm(ws.tmp, n, qr, d.q_norm, eps, ws.q_lat, r, stream);
+                   {.W = d.wkv.w, .Ws = d.wkv.s, .out = hd, .y = ws.kvw, .y_stride = hd});
+  cuda::rmsnorm2({ws.tmp, qr, d.q_norm, ws.q_lat}, {ws.kvw, hd, d.kv_norm, ws.kvw}, n, eps, r, stream);
   const cuda::LinearInput qin = cuda::linear_input(ws.q_lat, qr, n, qr, aq, ws.xq[1], ws.xs[1], stream);
-  // The compressor and the indexer (on the side stream) need only xn and q_lat; the KV norm and
+  // The compressor and the indexer (on the side stream) need only xn and q_lat; the KV rope and
   // the query projection go on beside them.
   fork();
-  cuda::rmsnorm(kv_raw, n, hd, d.kv_norm, eps, ws.kvw, r, stream);
   cuda::rope(ws.kvw, n, 1, hd, cs, half, 1.0f, r, stream);
   cuda::fp8_fake_quant(ws.kvw, n * hd, r, stream);
   cuda::fp8_linear(d.wq_b.w, d.wq_b.s, Hr * hd, qr, qin, n, ws.q, Hr * hd, r, stream);
@@ -936,7 +953,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
   cuda::pack_window(ws.kvw, n, st.meta, st.seqtab, l, hd, W, stream);
 }
 
-void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, float* out) {
+void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const float* expand_mix) {
   const TextConfig& t = cfg.text;
   const DevLayer& d = layers[l];
   const bool r = opt.numerics.bf16_activations, aq = opt.numerics.act_quant;
@@ -966,7 +983,30 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, float* out) {
   // expert and are replaced by the owner's; the shared expert runs whole on its layer's owner.
   if (part.owns_shared(l)) join();
   cuda::gather_expert_rows(comm, ws.ye, ws.ids, int64_t(n) * K, D, tp_recv, ws.ys, n, part.shared_owner(l), stream);
-  cuda::moe_sum(ws.ye, K, ws.ys, n, D, out, r, stream);
+  hc_mix_join();  // the site's mix (post, comb) expands the output into the streams
+  cuda::moe_sum_expand(ws.ye, K, ws.ys, n, t.hc_mult, D, expand_mix, cuda::hc_mix_stride(t.hc_mult), ws.X, r, stream);
+}
+
+void CudaBackend::Impl::hc_mix_fork(const float* fn, const float* base, const float* scale, int n, float* out) {
+  const TextConfig& t = cfg.text;
+  cudaStream_t s = stream;
+  if (mix_side) {  // the mix waits for everything before it on `stream` (the streams it reads)
+    DSUF_CHECK(!mix_pending, "hc_mix_fork: the previous mix was not joined");
+    DSUF_CUDA(cudaEventRecord(mix_ev_fork, stream));
+    DSUF_CUDA(cudaStreamWaitEvent(mix_side, mix_ev_fork, 0));
+    s = mix_side;
+  }
+  cuda::hc_mix(fn, base, scale, ws.X, n, t.hc_mult, t.hidden_size, float(t.rms_norm_eps), t.hc_sinkhorn_iters,
+               float(t.hc_eps), out, ws.mix_part, ws.mix_count, s);
+  if (mix_side) {
+    DSUF_CUDA(cudaEventRecord(ev_mix, mix_side));
+    mix_pending = true;
+  }
+}
+void CudaBackend::Impl::hc_mix_join() {
+  if (!mix_pending) return;
+  DSUF_CUDA(cudaStreamWaitEvent(stream, ev_mix, 0));
+  mix_pending = false;
 }
 
 // The kernels of one step, in order; no host synchronization inside unless tracing (so a decode
@@ -977,10 +1017,12 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
   const bool r = opt.numerics.bf16_activations;
   const int hc = t.hc_mult, n = st.rows, ms = cuda::hc_mix_stride(hc);
   const int64_t D = t.hidden_size, V = t.vocab_size;
-  const float eps = float(t.rms_norm_eps), hc_eps = float(t.hc_eps);
+  const float eps = float(t.rms_norm_eps);
   mark(kEmbed);
   DSUF_CUDA(cudaMemcpyAsync(stage.dev, stage.host, stage.used, cudaMemcpyHostToDevice, stream));
   cuda::embed(st.tok, n, embed, D, hc, ws.X, ws.pre, stream);
+  const float* pre = ws.pre;  // the next attention site's collapse weights: the embedding's one-hot
+  int pre_stride = hc;
   for (const LayerPlan& lp : c.layers) {
     const int l = lp.layer;
     const DevLayer& d = layers[l];
@@ -994,20 +1036,20 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
       cuda::fp8_linear(d.e_wkv.w, d.e_wkv.s, d.e_wkv.out, d.e_wkv.in, ein, n, ws.ekv, (hc + 1) * D, r, stream);
       cuda::engram_gate(ws.X, ws.ekv, d.e_q, d.e_k, st.dead, n, hc, D, eps, r, stream);
     }
+    // Attention site: its mix on the mix stream; the collapse uses the previous site's pre.
     mark(kMhc);
-    cuda::hc_mix(d.hca_fn, d.hca_base, d.hca_scale, ws.X, n, hc, D, eps, t.hc_sinkhorn_iters, hc_eps, ws.mix_a, stream);
-    cuda::collapse_norm(ws.pre, hc, ws.X, n, hc, D, d.attn_norm, eps, ws.xn, r, stream);
+    hc_mix_fork(d.hca_fn, d.hca_base, d.hca_scale, n, ws.mix_a);
+    cuda::collapse_norm(pre, pre_stride, nullptr, 0, nullptr, ws.X, n, hc, D, d.attn_norm, eps, ws.xn, r, stream);
     attention(l, st, ws.y);
+    // FFN site: the attention site's expansion, then the collapse with its pre, in one kernel.
     mark(kMhc);
-    cuda::hc_expand(ws.mix_a, ms, ws.y, n, hc, D, ws.X, r, stream);
-    cuda::hc_mix(d.hcf_fn, d.hcf_base, d.hcf_scale, ws.X, n, hc, D, eps, t.hc_sinkhorn_iters, hc_eps, ws.mix_f, stream);
-    cuda::collapse_norm(ws.mix_a, ms, ws.X, n, hc, D, d.ffn_norm, eps, ws.xn, r, stream);
+    hc_mix_join();
+    cuda::collapse_norm(ws.mix_a, ms, ws.mix_a, ms, ws.y, ws.X, n, hc, D, d.ffn_norm, eps, ws.xn, r, stream);
+    hc_mix_fork(d.hcf_fn, d.hcf_base, d.hcf_scale, n, ws.mix_f);
     mark(kMoe);
-    moe(l, n, st.image, ws.y);
-    mark(kMhc);
-    cuda::hc_expand(ws.mix_f, ms, ws.y, n, hc, D, ws.X, r, stream);
+    moe(l, n, st.image, ws.mix_f);  // ends with the FFN site's expansion
     // pre of the FFN site feeds the next attention site's collapse.
-    DSUF_CUDA(cudaMemcpy2DAsync(ws.pre, hc * 4, ws.mix_f, ms * 4, hc * 4, n, cudaMemcpyDeviceToDevice, stream));
+    pre = ws.mix_f, pre_stride = ms;
     if (trace) {
       std::vector<float> x(size_t(n) * hc * D);
       DSUF_CUDA(cudaMemcpyAsync(x.data(), ws.X, x.size() * 4, cudaMemcpyDeviceToHost, stream));
@@ -1015,11 +1057,13 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
       if (part.rank == 0) parts[0].item->trace->push_back(std::move(x));
     }
   }
+  if (pre != ws.pre)  // the head collapses with the last FFN site's pre
+    DSUF_CUDA(cudaMemcpy2DAsync(ws.pre, hc * 4, pre, pre_stride * 4, hc * 4, n, cudaMemcpyDeviceToDevice, stream));
   if (st.n_logit_rows > 0) {
     const int nl = st.n_logit_rows;
     mark(kHead);
     cuda::gather_rows(ws.X, ws.pre, st.logit_rows, nl, hc, D, X_head, pre_head, stream);
-    cuda::collapse_norm(pre_head, hc, X_head, nl, hc, D, norm, eps, ws.xn, r, stream);
+    cuda::collapse_norm(pre_head, hc, nullptr, 0, nullptr, X_head, nl, hc, D, norm, eps, ws.xn, r, stream);
     // Vocabulary-parallel head: this rank's rows, gathered; rank 0 samples and hands the tokens
     // (and the logits when asked) to the host.
     const int64_t v0 = part.my_vocab().begin;
@@ -1237,6 +1281,8 @@ CudaBackend::~CudaBackend() {
     if (im.ev0) cudaEventDestroy(im.ev0), cudaEventDestroy(im.ev1);
     for (cudaEvent_t e : im.comp_events) cudaEventDestroy(e);
     for (void* p : im.pinned) cudaFreeHost(p);
+    if (im.mix_ev_fork) cudaEventDestroy(im.mix_ev_fork), cudaEventDestroy(im.ev_mix);
+    if (im.mix_side) cudaStreamDestroy(im.mix_side);
     if (im.stream) cudaStreamDestroy(im.stream);
     if (im.side) cudaStreamDestroy(im.side), cudaEventDestroy(im.ev_fork), cudaEventDestroy(im.ev_join);
     ranks_[r].reset();

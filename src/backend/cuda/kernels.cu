@@ -9,6 +9,9 @@
 #include <string>
 #include <cstdlib>
 #include <cmath>
+#include <type_traits>
+
+#include <cooperative_groups.h>
 
 #include "backend/cuda/check.h"
 #include "core/detmath.h"
@@ -144,80 +147,201 @@ __global__ void k_embed(const int32_t* tok, const uint16_t* table, int64_t D, in
   if (threadIdx.x < hc) pre[i * hc + threadIdx.x] = threadIdx.x == 0 ? 1.0f : 0.0f;
 }
 
-// mHC mix, step 1: one block per (mix row m, token): mix = (fn_m · x̄)·rsqrt(mean(x̄²)+eps). Every block
-// recomputes the same canonical sum of squares, so all rows use the same bits.
-__global__ void k_hc_mix_dots(const float* fn, const float* X, int hc, int64_t D, float norm_eps, float* out) {
-  const int m = blockIdx.x, i = blockIdx.y;
-  const int64_t N = hc * D;
-  const float* x = X + int64_t(i) * N;
-  float ss = 0.0f, acc = 0.0f;
-  const float* f = fn + int64_t(m) * N;
-#pragma unroll 4
-  for (int64_t j = threadIdx.x; j < N; j += blockDim.x) {
-    const float v = x[j];
-    ss += v * v;
-    acc += f[j] * v;
+// mHC mix of one site (model-spec §3.2) in one launch: mix = (fn_m · x̄)·rsqrt(mean(x̄²)+eps) for the
+// (2+hc)·hc rows m of fn, then pre, post and the Sinkhorn-normalized combination.
+//
+// The dot products and the sum of squares over the N = hc·D stream values keep the canonical
+// block_sum<1024> order (core/detmath.h): partial t < 1024 adds f(t), f(t+1024), … in order; the 32
+// partials of each "warp" v = t/32 are tree-reduced to q_v; q_0..q_31 are tree-reduced. Here one warp
+// computes one q_v of one output (lane l on partial 32v + l), so a row's (M+1)·32 warp sums (M mix rows
+// and the sum of squares as output M) spread over (M+1)·32 warps instead of M+1 blocks of 1024
+// threads. A block is G warps with the same v and outputs m = g·G .. g·G+G−1: they share the stream
+// values x[32v + l + 1024j], staged once in shared memory, and each warp holds its fn values in
+// registers for the R rows of its row tile. Each warp sum goes to `part`; the last block of a row tile
+// to finish (a counter per tile, reset by that block, so a captured graph can replay the launch)
+// tree-reduces the 32 warp sums of every output and runs the Sinkhorn finish, a warp per row.
+constexpr int kMixChunk = 24;  // chain elements held in registers per lane (N/1024 = 20 for V4.1)
+
+// dst[k] = load(k) for k < n by the whole block, B loads in flight per thread.
+template <int B, typename Load>
+__device__ __forceinline__ void block_gather(float* dst, int n, Load&& load) {
+  for (int k0 = 0; k0 < n; k0 += B * int(blockDim.x)) {
+    float v[B];
+#pragma unroll
+    for (int p = 0; p < B; ++p) {
+      const int k = k0 + p * int(blockDim.x) + int(threadIdx.x);
+      v[p] = k < n ? load(k) : 0.0f;
+    }
+#pragma unroll
+    for (int p = 0; p < B; ++p) {
+      const int k = k0 + p * int(blockDim.x) + int(threadIdx.x);
+      if (k < n) dst[k] = v[p];
+    }
   }
-  ss = block_sum(ss);
-  const float rinv = 1.0f / sqrtf(ss / float(N) + norm_eps);
-  acc = block_sum(acc);
-  if (threadIdx.x == 0) out[int64_t(i) * hc_mix_stride(hc) + m] = acc * rinv;
 }
 
-// Step 2, one block per token, thread t on entry t of the hc×hc combination (hc ≤ 8): pre, post and
-// the Sinkhorn-normalized combination, in place. Every row/column sum is still taken sequentially
-// in index order (each thread reads the whole row or column from shared memory), as the reference.
-__global__ void k_hc_mix_finish(const float* base, const float* scale, int n, int hc, int iters, float hc_eps,
-                                float* out) {
-  __shared__ float C[64];
-  const int i = blockIdx.x, t = threadIdx.x;
-  const int nn = hc * hc, j = t / hc, k = t % hc;
-  const bool mine = t < nn;
-  float* o = out + int64_t(i) * hc_mix_stride(hc);
-  if (t < hc) {
-    o[t] = det::sigmoid(o[t] * scale[0] + base[t]) + hc_eps;
-    o[hc + t] = 2.0f * det::sigmoid(o[hc + t] * scale[1] + base[hc + t]);
+// Entry idx of a per-lane matrix (entry t on lane t % 32, register t / 32), fetched by every lane.
+template <int E>
+__device__ __forceinline__ float lane_entry(const float (&v)[E], int idx) {
+  float r = __shfl_sync(0xffffffffu, v[0], idx & 31);
+#pragma unroll
+  for (int e = 1; e < E; ++e) {
+    const float o = __shfl_sync(0xffffffffu, v[e], idx & 31);
+    if ((idx >> 5) == e) r = o;
   }
-  if (mine) C[t] = o[2 * hc + t] * scale[2] + base[2 * hc + t];
-  __syncthreads();
-  float v = 0.0f;
-  if (mine) {
+  return r;
+}
+
+// The mix of one row from its reduced sums (dots[0..M), dots[M] the sum of squares), by one whole
+// warp: lane t holds combination entry t (and t + 32 for hc > 5). Every row or column sum adds the
+// entries in index order, gathered by shuffles, so each value is computed with the reference's
+// operations in the reference's order (cpu_backend.cc hc_mix); no shared memory, no block barrier.
+template <int HC>
+__device__ void hc_mix_finish_warp(const float* dots, int64_t N, float norm_eps, const float* __restrict__ base,
+                                   const float* __restrict__ scale, int iters, float hc_eps, float* __restrict__ o) {
+  constexpr int NN = HC * HC, E = (NN + 31) / 32;
+  const int lane = threadIdx.x % 32;
+  const float rinv = 1.0f / sqrtf(dots[(2 + HC) * HC] / float(N) + norm_eps);
+  if (lane < HC) {
+    const float mp = dots[lane] * rinv, mq = dots[HC + lane] * rinv;
+    o[lane] = det::sigmoid(mp * scale[0] + base[lane]) + hc_eps;
+    o[HC + lane] = 2.0f * det::sigmoid(mq * scale[1] + base[HC + lane]);
+  }
+  float c[E], v[E], s[E];
+  int row[E], col[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const int t = lane + 32 * e;
+    row[e] = t / HC, col[e] = t % HC;
+    c[e] = 0.0f;
+    if (t < NN) {
+      const float mc = dots[2 * HC + t] * rinv;
+      c[e] = mc * scale[2] + base[2 * HC + t];
+    }
+  }
+  // Row softmax, then + eps.
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
     float mx = -INFINITY;
-    for (int kk = 0; kk < hc; ++kk) mx = fmaxf(mx, C[j * hc + kk]);
-    v = det::fexp(C[t] - mx);
+#pragma unroll
+    for (int k = 0; k < HC; ++k) mx = fmaxf(mx, lane_entry(c, row[e] * HC + k));
+    v[e] = det::fexp(c[e] - mx);
   }
-  __syncthreads();
-  if (mine) C[t] = v;
-  __syncthreads();
-  if (mine) {
-    float sum = 0.0f;
-    for (int kk = 0; kk < hc; ++kk) sum += C[j * hc + kk];
-    v = C[t] / sum + hc_eps;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    s[e] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < HC; ++k) s[e] += lane_entry(v, row[e] * HC + k);
   }
+#pragma unroll
+  for (int e = 0; e < E; ++e) c[e] = v[e] / s[e] + hc_eps;
+  // Sinkhorn: column normalization, then iters − 1 times rows and columns (the reference's order).
+  auto col_norm = [&] {
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      s[e] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < HC; ++j) s[e] += lane_entry(c, j * HC + col[e]);
+    }
+#pragma unroll
+    for (int e = 0; e < E; ++e) c[e] = c[e] / (s[e] + hc_eps);
+  };
+  auto row_norm = [&] {
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      s[e] = 0.0f;
+#pragma unroll
+      for (int k = 0; k < HC; ++k) s[e] += lane_entry(c, row[e] * HC + k);
+    }
+#pragma unroll
+    for (int e = 0; e < E; ++e) c[e] = c[e] / (s[e] + hc_eps);
+  };
+  col_norm();
+  for (int it = 1; it < iters; ++it) {
+    row_norm();
+    col_norm();
+  }
+#pragma unroll
+  for (int e = 0; e < E; ++e)
+    if (lane + 32 * e < NN) o[2 * HC + lane + 32 * e] = c[e];
+}
+
+// Grid (32·groups, row tiles of R rows), G = blockDim.x/32 warps; dynamic shared memory
+// max(R·J, R·T)·32 + R·T floats (J = ⌈N/1024⌉, T = M + 1).
+template <int HC>
+__global__ void __launch_bounds__(256) k_hc_mix(const float* __restrict__ fn, const float* __restrict__ X, int n,
+                                                int64_t N, int R, float norm_eps, const float* __restrict__ base,
+                                                const float* __restrict__ scale, int iters, float hc_eps,
+                                                float* __restrict__ out, float* __restrict__ part,
+                                                unsigned* __restrict__ count) {
+  constexpr int M = (2 + HC) * HC, T = M + 1;
+  extern __shared__ float sm[];
+  __shared__ bool last;
+  const int G = blockDim.x / 32, groups = (T + G - 1) / G;
+  const int v = blockIdx.x / groups, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int m = (blockIdx.x % groups) * G + warp;  // ≥ T: an idle warp of the last group
+  const int row0 = blockIdx.y * R, rows = min(R, n - row0);
+  const int J = int((N + 1023) / 1024);
+  const int64_t t = 32 * v + lane;
+  const bool in_regs = J <= kMixChunk;
+  // This warp's fn values first: their latency (DRAM) overlaps the staging of the stream values (L2).
+  float f[kMixChunk];
+#pragma unroll
+  for (int j = 0; j < kMixChunk; ++j) {
+    const int64_t idx = t + 1024 * int64_t(j);
+    f[j] = in_regs && m < M && j < J && idx < N ? __ldg(fn + int64_t(m) * N + idx) : 0.0f;
+  }
+  float* xs = sm;  // [R][J][32]: x[32v + l + 1024j] at (r·J + j)·32 + l
+  block_gather<4>(xs, rows * J * 32, [&](int k) {  // one batch for J·32 = 640 values, 160 threads
+    const int r = k / (J * 32), j = (k / 32) % J;
+    const int64_t idx = 32 * v + k % 32 + 1024 * int64_t(j);
+    return idx < N ? X[int64_t(row0 + r) * N + idx] : 0.0f;
+  });
   __syncthreads();
-  if (mine) C[t] = v;
-  __syncthreads();
-  for (int it = 0; it < iters; ++it) {
-    if (it > 0) {
-      if (mine) {
-        float s = 0.0f;
-        for (int kk = 0; kk < hc; ++kk) s += C[j * hc + kk];
-        v = C[t] / (s + hc_eps);
+  if (m < T) {
+    for (int r = 0; r < rows; ++r) {
+      const float* x = xs + r * J * 32 + lane;
+      float acc = 0.0f;
+      if (in_regs) {
+#pragma unroll
+        for (int j = 0; j < kMixChunk; ++j)
+          if (j < J && t + 1024 * int64_t(j) < N) acc += (m < M ? f[j] : x[32 * j]) * x[32 * j];
+      } else {
+        for (int j = 0; j < J; ++j) {
+          const int64_t idx = t + 1024 * int64_t(j);
+          if (idx < N) acc += (m < M ? __ldg(fn + int64_t(m) * N + idx) : x[32 * j]) * x[32 * j];
+        }
       }
-      __syncthreads();
-      if (mine) C[t] = v;
-      __syncthreads();
+      acc = warp_sum(acc);
+      if (lane == 0) part[(int64_t(row0 + r) * T + m) * 32 + v] = acc;
     }
-    if (mine) {
-      float s = 0.0f;
-      for (int jj = 0; jj < hc; ++jj) s += C[jj * hc + k];
-      v = C[t] / (s + hc_eps);
-    }
-    __syncthreads();
-    if (mine) C[t] = v;
-    __syncthreads();
   }
-  if (mine) o[2 * hc + t] = C[t];
+  // Hand-off: every block publishes its warp sums, then counts itself in; the last one reduces.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned done = atomicAdd(count + blockIdx.y, 1u);
+    last = done == gridDim.x - 1;
+    if (last) count[blockIdx.y] = 0;  // every other block of the tile has counted itself in
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // The tile's warp sums into shared memory (over the staged values, no longer read), then a warp
+  // per (row, output) tree-reduces its 32.
+  float* ps = sm;                                // [rows][T][32]
+  float* dots = sm + max(R * J, R * T) * 32;     // [rows][T]
+  const float* tile_part = part + int64_t(row0) * T * 32;
+  block_gather<8>(ps, rows * T * 32, [&](int k) { return __ldcg(tile_part + k); });
+  __syncthreads();
+  for (int k = warp; k < rows * T; k += G) {
+    const float sum = warp_sum(ps[k * 32 + lane]);  // tree32 over the 32 warp sums
+    if (lane == 0) dots[k] = sum;
+  }
+  __syncthreads();
+  for (int r = warp; r < rows; r += G)
+    hc_mix_finish_warp<HC>(dots + r * T, N, norm_eps, base, scale, iters, hc_eps,
+                           out + int64_t(row0 + r) * hc_mix_stride(HC));
 }
 
 __global__ void k_hc_collapse(const float* __restrict__ pre, int pre_stride, const float* __restrict__ X, int hc,
@@ -230,69 +354,143 @@ __global__ void k_hc_collapse(const float* __restrict__ pre, int pre_stride, con
   u[int64_t(i) * D + d] = rb(acc, r);
 }
 
-__global__ void k_hc_expand(const float* __restrict__ mix, int mix_stride, const float* __restrict__ y, int hc,
-                            int64_t D, float* __restrict__ X, bool r) {
-  int i = blockIdx.y;
-  int64_t d = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (d >= D) return;
-  const float* m = mix + int64_t(i) * mix_stride;
-  const float* post = m + hc;
-  const float* C = m + 2 * hc;
-  float old[8];
-  for (int j = 0; j < hc; ++j) old[j] = X[(int64_t(i) * hc + j) * D + d];
-  const float yv = y[int64_t(i) * D + d];
-  for (int k = 0; k < hc; ++k) {
-    float acc = post[k] * yv;
-    for (int j = 0; j < hc; ++j) acc += C[j * hc + k] * old[j];
-    X[(int64_t(i) * hc + k) * D + d] = rb(acc, r);
-  }
-}
+// Collapse + RMSNorm of one row (optionally expanding the previous site first), spread over a
+// cluster of 8 blocks. The norm's sum of squares keeps the canonical block_sum<256> order: partial
+// t < 256 adds u[t]², u[t+256]², … in order, each warp v = t/32 of the 8 tree-reduces its 32 partials,
+// and the 8 warp sums, padded with zeros to 32, are tree-reduced. Block c of a row's cluster owns
+// warp v = c's values u[32c + l + 256j]: it computes them (expanding and collapsing the hc streams at
+// those positions, each thread a position at a time, so the in-place expansion never races), its
+// warp 0 adds the 32 partials in order, and every block reads all 8 warp sums from the cluster's
+// shared memory, so each normalizes its values with the same bits.
+//   expansion (emix set): X_k ← bf16(post_k·y_in + Σ_j C[j][k]·X_j) with emix's post and C;
+//   collapse: u = bf16(Σ_k pre_k·X_k); output bf16(w ⊙ u·rsqrt(mean(u²)+eps)).
+constexpr int kNormCluster = 8;  // the warps of block_sum<256>
+constexpr int kNormPerThread = 4;  // positions per thread per pass (one pass for D ≤ 8192)
 
-// Collapse + RMSNorm fused, one 1024-thread block per row: u = Σ_k pre[k]·X[k] (as k_hc_collapse)
-// into shared memory, then the norm as k_rmsnorm. Its sum of squares keeps the canonical 256-wide
-// partials: threads 0..255 take them, the other 28 warps add zeros — block_sum<256> pads its 8 warp
-// sums with zeros to 32 the same way.
-__global__ void __launch_bounds__(1024) k_collapse_norm(const float* __restrict__ pre, int pre_stride,
-                                                        const float* __restrict__ X, int hc, int64_t D,
-                                                        const uint16_t* __restrict__ w, float eps,
-                                                        float* __restrict__ y, bool r) {
-  extern __shared__ float us[];  // [D]
-  const int i = blockIdx.x;
-  if (w)
-    for (int64_t j = int64_t(threadIdx.x) * 64; j < D; j += int64_t(blockDim.x) * 64)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(w + j));
-  const float* p = pre + int64_t(i) * pre_stride;
-  const float* x = X + int64_t(i) * hc * D;
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int k = 0; k < hc; ++k) acc += p[k] * x[int64_t(k) * D + d];
-    us[d] = rb(acc, r);
+template <int HC>
+__global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__ pre, int pre_stride,
+                                                       const float* __restrict__ emix, int emix_stride,
+                                                       const float* __restrict__ y_in, float* __restrict__ X,
+                                                       int64_t D, const uint16_t* __restrict__ w, float eps,
+                                                       float* __restrict__ y, bool r) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  extern __shared__ float us[];  // [32·J]: u[32c + l + 256j] at 32j + l
+  __shared__ float q;
+  const int c = int(cluster.block_rank()), i = blockIdx.y, lane = threadIdx.x % 32;
+  const int J = int((D + 255) / 256), E = 32 * J;
+  constexpr int kPass = kNormPerThread * 256;
+  auto pos = [&](int e) { return int64_t(32 * c + e % 32) + 256 * int64_t(e / 32); };
+  // The norm weights of the first pass now: their latency overlaps everything before the output.
+  float wv[kNormPerThread];
+#pragma unroll
+  for (int k = 0; k < kNormPerThread; ++k) {
+    const int e = threadIdx.x + 256 * k;
+    wv[k] = w && e < E && pos(e) < D ? bf16_load(w, pos(e)) : 1.0f;
+  }
+  float pr[HC], post[HC], C[HC * HC];
+#pragma unroll
+  for (int k = 0; k < HC; ++k) pr[k] = pre[int64_t(i) * pre_stride + k];
+  if (emix) {
+    const float* m = emix + int64_t(i) * emix_stride;
+#pragma unroll
+    for (int k = 0; k < HC; ++k) post[k] = m[HC + k];
+#pragma unroll
+    for (int k = 0; k < HC * HC; ++k) C[k] = m[2 * HC + k];
+  }
+  float* x = X + int64_t(i) * HC * D;
+  for (int e0 = 0; e0 < E; e0 += kPass) {
+    float xv[kNormPerThread][HC], yv[kNormPerThread];
+#pragma unroll
+    for (int p = 0; p < kNormPerThread; ++p) {  // all loads of the pass first
+      const int e = e0 + threadIdx.x + 256 * p;
+      const bool ok = e < E && pos(e) < D;
+#pragma unroll
+      for (int k = 0; k < HC; ++k) xv[p][k] = ok ? x[int64_t(k) * D + pos(e)] : 0.0f;
+      yv[p] = ok && emix ? y_in[int64_t(i) * D + pos(e)] : 0.0f;
+    }
+#pragma unroll
+    for (int p = 0; p < kNormPerThread; ++p) {
+      const int e = e0 + threadIdx.x + 256 * p;
+      if (e >= E) continue;
+      float u = 0.0f;
+      if (pos(e) < D) {
+        if (emix) {
+          float nv[HC];
+#pragma unroll
+          for (int k = 0; k < HC; ++k) {
+            float acc = post[k] * yv[p];
+#pragma unroll
+            for (int j = 0; j < HC; ++j) acc += C[j * HC + k] * xv[p][j];
+            nv[k] = rb(acc, r);
+          }
+#pragma unroll
+          for (int k = 0; k < HC; ++k) {
+            xv[p][k] = nv[k];
+            x[int64_t(k) * D + pos(e)] = nv[k];
+          }
+        }
+        float acc = 0.0f;
+#pragma unroll
+        for (int k = 0; k < HC; ++k) acc += pr[k] * xv[p][k];
+        u = rb(acc, r);
+      }
+      us[e] = u;
+    }
   }
   __syncthreads();
-  float ss = 0.0f;
-  if (threadIdx.x < 256)
-#pragma unroll 4
-    for (int64_t j = threadIdx.x; j < D; j += 256) ss += us[j] * us[j];
-  ss = block_sum(ss);
+  if (threadIdx.x < 32) {
+    float s = 0.0f;
+    for (int j = 0; j < J; ++j)
+      if (pos(32 * j + lane) < D) s += us[32 * j + lane] * us[32 * j + lane];
+    s = warp_sum(s);
+    if (lane == 0) q = s;
+  }
+  cluster.sync();  // every block's warp sum written and visible
+  float ss = lane < kNormCluster ? *cluster.map_shared_rank(&q, lane) : 0.0f;
+  ss = warp_sum(ss);
   const float rinv = 1.0f / sqrtf(ss / float(D) + eps);
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x)
-    y[int64_t(i) * D + d] = rb((w ? bf16_load(w, d) : 1.0f) * (us[d] * rinv), r);
+  for (int e0 = 0; e0 < E; e0 += kPass) {
+#pragma unroll
+    for (int p = 0; p < kNormPerThread; ++p) {
+      const int e = e0 + threadIdx.x + 256 * p;
+      if (e >= E || pos(e) >= D) continue;
+      const float wgt = e0 == 0 ? wv[p] : w ? bf16_load(w, pos(e)) : 1.0f;
+      y[int64_t(i) * D + pos(e)] = rb(wgt * (us[e] * rinv), r);
+    }
+  }
+  cluster.sync();  // no block leaves while another may still read its q
 }
 
-__global__ void k_rmsnorm(const float* __restrict__ x, int64_t dim, const uint16_t* __restrict__ w, float eps,
-                          float* __restrict__ y, bool r) {
-  const float* xr = x + int64_t(blockIdx.x) * dim;
-  if (w)  // the weight row's latency overlaps the sum of squares
-    for (int64_t j = int64_t(threadIdx.x) * 64; j < dim; j += int64_t(blockDim.x) * 64)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(w + j));
+// RMSNorm, a 256-thread block per row of job blockIdx.y (one launch normalizes the rows of one or two
+// (x, dim, w, y) jobs): thread t takes x[t + 256k] — the canonical block_sum<256> partials — and keeps
+// its first kRmsRegs values and weights in registers, so the output needs no second read. y may
+// equal x (a thread rewrites only what it read).
+constexpr int kRmsRegs = 4;
+__global__ void __launch_bounds__(256) k_rmsnorm(RmsJob a, RmsJob b, float eps, bool r) {
+  const RmsJob jb = blockIdx.y == 0 ? a : b;
+  const int64_t dim = jb.dim;
+  const float* xr = jb.x + int64_t(blockIdx.x) * dim;
+  float* yr = jb.y + int64_t(blockIdx.x) * dim;
+  float xv[kRmsRegs], wv[kRmsRegs];
+#pragma unroll
+  for (int p = 0; p < kRmsRegs; ++p) {
+    const int64_t j = threadIdx.x + 256 * p;
+    xv[p] = j < dim ? xr[j] : 0.0f;
+    wv[p] = jb.w && j < dim ? bf16_load(jb.w, j) : 1.0f;
+  }
   float ss = 0.0f;
-#pragma unroll 4
-  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) ss += xr[j] * xr[j];
+#pragma unroll
+  for (int p = 0; p < kRmsRegs; ++p)
+    if (threadIdx.x + 256 * p < dim) ss += xv[p] * xv[p];
+  for (int64_t j = threadIdx.x + 256 * kRmsRegs; j < dim; j += 256) ss += xr[j] * xr[j];
   ss = block_sum(ss);
   const float rinv = 1.0f / sqrtf(ss / float(dim) + eps);
-#pragma unroll 4
-  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
-    y[int64_t(blockIdx.x) * dim + j] = rb((w ? bf16_load(w, j) : 1.0f) * (xr[j] * rinv), r);
+#pragma unroll
+  for (int p = 0; p < kRmsRegs; ++p)
+    if (threadIdx.x + 256 * p < dim) yr[threadIdx.x + 256 * p] = rb(wv[p] * (xv[p] * rinv), r);
+  for (int64_t j = threadIdx.x + 256 * kRmsRegs; j < dim; j += 256)
+    yr[j] = rb((jb.w ? bf16_load(jb.w, j) : 1.0f) * (xr[j] * rinv), r);
 }
 
 // ---- quantization and linears ------------------------------------------------------------------
@@ -1176,13 +1374,28 @@ __global__ void k_swiglu(float* h1, const float* h3, int64_t rows, int64_t F, co
   h1[t] = rb(wt * (det::silu(g) * u), r);
 }
 
-__global__ void k_moe_sum(const float* ye, int k, const float* ys, int n, int64_t D, float* out, bool r) {
-  int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+// The MoE output y = bf16(Σ_j ye_j + ys) of a row, expanded straight into the streams (the FFN
+// site's expansion, as hc_expand in the reference): X_k ← bf16(post_k·y + Σ_j C[j][k]·X_j).
+template <int HC>
+__global__ void k_moe_sum_expand(const float* __restrict__ ye, int k, const float* __restrict__ ys, int n, int64_t D,
+                                 const float* __restrict__ mix, int mix_stride, float* __restrict__ X, bool r) {
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= int64_t(n) * D) return;
   const int64_t i = t / D, d = t % D;
   float acc = 0.0f;
   for (int j = 0; j < k; ++j) acc += ye[(i * k + j) * D + d];
-  out[t] = rb(acc + ys[t], r);
+  const float yv = rb(acc + ys[t], r);
+  const float* m = mix + i * mix_stride;
+  float old[HC];
+#pragma unroll
+  for (int j = 0; j < HC; ++j) old[j] = X[(i * HC + j) * D + d];
+#pragma unroll
+  for (int c = 0; c < HC; ++c) {
+    float a = m[HC + c] * yv;
+#pragma unroll
+    for (int j = 0; j < HC; ++j) a += m[2 * HC + j * HC + c] * old[j];
+    X[(i * HC + c) * D + d] = rb(a, r);
+  }
 }
 
 // ---- Engram ------------------------------------------------------------------------------------
@@ -1338,29 +1551,78 @@ void set_smem(Kernel k, size_t smem) {
 void embed(const int32_t* tok, int n, const uint16_t* table, int64_t D, int hc, float* X, float* pre, cudaStream_t s) {
   k_embed<<<n, 256, 0, s>>>(tok, table, D, hc, X, pre);
 }
+namespace {
+// hc (1..8, config.cc's range) as a compile-time constant: per-stream values live in registers.
+template <typename F>
+void with_hc(int hc, F&& f) {
+  switch (hc) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    default: fail("mHC: hc_mult = ", hc, " (1..8 supported)");
+  }
+}
+// Warps per k_hc_mix block: the G in 4..8 that leaves the fewest idle warps over the M + 1 outputs.
+int hc_mix_warps(int outputs) {
+  int best = 8;
+  for (int g = 8; g >= 4; --g)
+    if ((outputs + g - 1) / g * g - outputs < (outputs + best - 1) / best * best - outputs) best = g;
+  return best;
+}
+// Rows per k_hc_mix row tile: one at small batches (most blocks), more when the grid is large
+// anyway (each warp's fn values are then read once for R rows).
+int hc_mix_rows(int n) { return n >= 128 ? 8 : n >= 64 ? 4 : n >= 32 ? 2 : 1; }
+}  // namespace
+
+int64_t hc_mix_part_floats(int rows, int hc) { return int64_t(rows) * (hc_mix_stride(hc) + 1) * 32; }
+
 void hc_mix(const float* fn, const float* base, const float* scale, const float* X, int n, int hc, int64_t D,
-            float norm_eps, int iters, float hc_eps, float* out, cudaStream_t s) {
-  k_hc_mix_dots<<<dim3(hc_mix_stride(hc), n), 1024, 0, s>>>(fn, X, hc, D, norm_eps, out);
-  DSUF_CHECK(hc <= 8, "hc_mix: hc = ", hc, " (at most 8)");
-  k_hc_mix_finish<<<n, hc * hc <= 32 ? 32 : 64, 0, s>>>(base, scale, n, hc, iters, hc_eps, out);
+            float norm_eps, int iters, float hc_eps, float* out, float* part, unsigned* count, cudaStream_t s) {
+  if (n <= 0) return;
+  const int64_t N = hc * D;
+  const int T = hc_mix_stride(hc) + 1, G = hc_mix_warps(T), groups = (T + G - 1) / G, R = hc_mix_rows(n);
+  const int64_t J = (N + 1023) / 1024;
+  const size_t smem = size_t(std::max<int64_t>(R * J, R * T) * 32 + R * T) * sizeof(float);
+  DSUF_CHECK(smem <= 200 * 1024, "hc_mix: hc·hidden size ", N, " too large");
+  with_hc(hc, [&](auto H) {
+    auto* k = k_hc_mix<decltype(H)::value>;
+    set_smem(k, smem);
+    k<<<dim3(32 * groups, (n + R - 1) / R), 32 * G, smem, s>>>(fn, X, n, N, R, norm_eps, base, scale, iters, hc_eps,
+                                                                out, part, count);
+  });
 }
 void hc_collapse(const float* pre, int pre_stride, const float* X, int n, int hc, int64_t D, float* u, bool r,
                  cudaStream_t s) {
   k_hc_collapse<<<dim3(blocks_for(D, 256), n), 256, 0, s>>>(pre, pre_stride, X, hc, D, u, r);
 }
-void hc_expand(const float* mix, int mix_stride, const float* y, int n, int hc, int64_t D, float* X, bool r,
-               cudaStream_t s) {
-  k_hc_expand<<<dim3(blocks_for(D, 256), n), 256, 0, s>>>(mix, mix_stride, y, hc, D, X, r);
-}
-void collapse_norm(const float* pre, int pre_stride, const float* X, int n, int hc, int64_t D, const uint16_t* w,
-                   float eps, float* y, bool r, cudaStream_t s) {
-  const size_t smem = size_t(D) * sizeof(float);
+void collapse_norm(const float* pre, int pre_stride, const float* emix, int emix_stride, const float* y_in, float* X,
+                   int n, int hc, int64_t D, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s) {
+  if (n <= 0) return;
+  const size_t smem = size_t((D + 255) / 256) * 32 * sizeof(float);
   DSUF_CHECK(smem <= 200 * 1024, "collapse_norm: hidden size ", D, " too large");
-  set_smem(k_collapse_norm, smem);
-  if (n > 0) k_collapse_norm<<<n, 1024, smem, s>>>(pre, pre_stride, X, hc, D, w, eps, y, r);
+  with_hc(hc, [&](auto H) {
+    auto* k = k_collapse_norm<decltype(H)::value>;
+    set_smem(k, smem);
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(kNormCluster, n), cfg.blockDim = dim3(256), cfg.dynamicSmemBytes = smem, cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = kNormCluster, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+    cfg.attrs = at, cfg.numAttrs = 1;
+    DSUF_CUDA(cudaLaunchKernelEx(&cfg, k, pre, pre_stride, emix, emix_stride, y_in, X, D, w, eps, y, r));
+  });
 }
 void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s) {
-  k_rmsnorm<<<rows, 256, 0, s>>>(x, dim, w, eps, y, r);
+  const RmsJob j{x, dim, w, y};
+  if (rows > 0) k_rmsnorm<<<dim3(unsigned(rows), 1), 256, 0, s>>>(j, j, eps, r);
+}
+void rmsnorm2(const RmsJob& a, const RmsJob& b, int64_t rows, float eps, bool r, cudaStream_t s) {
+  if (rows > 0) k_rmsnorm<<<dim3(unsigned(rows), 2), 256, 0, s>>>(a, b, eps, r);
 }
 namespace {
 // Outputs per warp: more per warp (more weight bytes in flight per input read) while the grid still
@@ -1561,9 +1823,13 @@ void swiglu(float* h1, const float* h3, int64_t rows, int64_t F, const float* we
             cudaStream_t s) {
   k_swiglu<<<blocks_for(rows * F, 256), 256, 0, s>>>(h1, h3, rows, F, weight, limit, clamp, r);
 }
-void moe_sum(const float* y_experts, int k, const float* y_shared, int n, int64_t D, float* out, bool r,
-             cudaStream_t s) {
-  k_moe_sum<<<blocks_for(int64_t(n) * D, 256), 256, 0, s>>>(y_experts, k, y_shared, n, D, out, r);
+void moe_sum_expand(const float* y_experts, int k, const float* y_shared, int n, int hc, int64_t D, const float* mix,
+                    int mix_stride, float* X, bool r, cudaStream_t s) {
+  if (n <= 0) return;
+  with_hc(hc, [&](auto H) {
+    k_moe_sum_expand<decltype(H)::value><<<blocks_for(int64_t(n) * D, 256), 256, 0, s>>>(y_experts, k, y_shared, n, D,
+                                                                                       mix, mix_stride, X, r);
+  });
 }
 void engram_gather(const int64_t* row_ids, int n, int rows, const uint8_t* table, const uint8_t* scales, int64_t ehd,
                    float* emb, cudaStream_t s) {

@@ -19,19 +19,31 @@ namespace dsuf::cuda {
 // Embedding rows to every stream; pre[row] = one-hot(stream 0).
 void embed(const int32_t* tok, int n, const uint16_t* table, int64_t D, int hc, float* X, float* pre,
            cudaStream_t s);
-// mHC mix per token: out[row] = pre[hc] | post[hc] | comb[hc·hc] (model-spec §3.2).
+// mHC mix per token, one launch: out[row] = pre[hc] | post[hc] | comb[hc·hc] (model-spec §3.2).
+// part (hc_mix_part_floats(n, hc) floats) and count (n counters, zero before the first launch; every
+// launch leaves them zero) are its scratch; launches sharing them must not run concurrently.
 void hc_mix(const float* fn, const float* base, const float* scale, const float* X, int n, int hc, int64_t D,
-            float norm_eps, int iters, float hc_eps, float* out, cudaStream_t s);
+            float norm_eps, int iters, float hc_eps, float* out, float* part, unsigned* count, cudaStream_t s);
 constexpr int hc_mix_stride(int hc) { return 2 * hc + hc * hc; }
+int64_t hc_mix_part_floats(int rows, int hc);
 void hc_collapse(const float* pre, int pre_stride, const float* X, int n, int hc, int64_t D, float* u, bool r,
                  cudaStream_t s);
-void hc_expand(const float* mix, int mix_stride, const float* y, int n, int hc, int64_t D, float* X, bool r,
-               cudaStream_t s);
-// hc_collapse then rmsnorm in one kernel (the collapsed row stays in shared memory).
-void collapse_norm(const float* pre, int pre_stride, const float* X, int n, int hc, int64_t D, const uint16_t* w,
-                   float eps, float* y, bool r, cudaStream_t s);
+// y = rmsnorm(Σ_k pre[k]·X[k]) per row (the collapsed row never leaves the chip). With emix set, the
+// streams are first expanded in place with the mix rows emix (stride emix_stride) and the site output
+// y_in, as the reference's hc_expand: X_k ← bf16(post_k·y_in + Σ_j C[j][k]·X_j).
+void collapse_norm(const float* pre, int pre_stride, const float* emix, int emix_stride, const float* y_in, float* X,
+                   int n, int hc, int64_t D, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s);
+// y = bf16(w ⊙ x·rsqrt(mean(x²)+eps)) per row (w optional; y may be x).
 void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float eps, float* y, bool r,
              cudaStream_t s);
+// Two independent row sets of `rows` rows each in one launch.
+struct RmsJob {
+  const float* x;
+  int64_t dim;
+  const uint16_t* w;
+  float* y;
+};
+void rmsnorm2(const RmsJob& a, const RmsJob& b, int64_t rows, float eps, bool r, cudaStream_t s);
 // The input rows of the FP8/FP4 linears, laid out by linear_input: per row `stride` floats, per group
 // of K inputs interleaved_k(K) floats (group_stride), interleaved so that a warp's loads are
 // contiguous (kernels.cu, xpos4). With scale set, the reference's per-32 FP8 activation quantization
@@ -203,8 +215,10 @@ void route(const float* logits, int n, int E, int k, const float* bias, const fl
 // h1[row] = bf16(weight[row]·silu(min(h1,L))·clamp(h3,±L)) (clamps when clamp).
 void swiglu(float* h1, const float* h3, int64_t rows, int64_t F, const float* weight, float limit, bool clamp,
             bool r, cudaStream_t s);
-void moe_sum(const float* y_experts, int k, const float* y_shared, int n, int64_t D, float* out, bool r,
-             cudaStream_t s);
+// The FFN site's end: y = bf16(Σ_j y_experts[row·k + j] + y_shared[row]), expanded straight into the
+// streams with the mix rows `mix` (as collapse_norm's expansion); y itself is not stored.
+void moe_sum_expand(const float* y_experts, int k, const float* y_shared, int n, int hc, int64_t D, const float* mix,
+                    int mix_stride, float* X, bool r, cudaStream_t s);
 
 // Engram: gather + dequantize 'rows' table rows per token (table in host-mapped memory).
 void engram_gather(const int64_t* row_ids, int n, int rows, const uint8_t* table, const uint8_t* scales,
