@@ -561,7 +561,13 @@ __device__ __forceinline__ float mac(float part, float x, float wbits, float wsc
 //              (twice the bytes in flight, more registers). The default.
 // The inputs are read straight from global memory (the rows are small and every warp of the block
 // reads the same ones, so they come from L1): no shared-memory staging, no barrier, no prologue.
-enum GemvMode { kRegs = 0, kRegsPipe = 1 };
+//   kDeep      all of a lane's K-blocks up to kDeepBytes per output-row set loaded at once (one round
+//              trip for the small linears, whose lanes have only a few K-blocks each), then used
+//              in order.
+enum GemvMode { kRegs = 0, kRegsPipe = 1, kDeep = 2 };
+// K-blocks a lane loads at once in kDeep: 256 bytes of weights per lane.
+template <int BytesPerKb>
+constexpr int deep_u() { return 256 / BytesPerKb > 8 ? 8 : 256 / BytesPerKb; }
 
 // K-block kb of an interleaved input row as 8 float4 (the quantized ones are x·2^64).
 __device__ __forceinline__ void load_x(const float* __restrict__ xr, int kb, float4 (&xv)[8]) {
@@ -669,14 +675,40 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
   for (int o = 0; o < OPW; ++o)
 #pragma unroll
     for (int rr = 0; rr < R; ++rr) acc[o][rr] = 0.0f;
-  for (int kb = lane; kb < nb; kb += 32) {
-    if (kMode == kRegs) load(kb);
+  if (kMode == kDeep) {
+    constexpr int U = deep_u<32 * OPW>();
+    for (int kb0 = lane; kb0 < nb; kb0 += 32 * U) {
+      uint4 wu[U][OPW][2];
+      float su[U][OPW];
 #pragma unroll
-    for (int o = 0; o < OPW; ++o) w[o][0] = wn[o][0], w[o][1] = wn[o][1];
-    if (kMode == kRegsPipe && kb + 32 < nb) load(kb + 32);
+      for (int u = 0; u < U; ++u) {
+        const int kb = kb0 + 32 * u;
+        if (kb >= nb) break;
 #pragma unroll
-    for (int o = 0; o < OPW; ++o) sw[o] = e8m0(__ldg(Ws + (clamp(o) / 32) * nb + kb));
-    fp8_kb_mac<OPW, R, kExact>(w, sw, x, x_stride, xs, xs_stride, kb, nr, acc);
+        for (int o = 0; o < OPW; ++o) {
+          const uint8_t* wr = W + clamp(o) * K + int64_t(kb) * 32;
+          wu[u][o][0] = __ldg(reinterpret_cast<const uint4*>(wr));
+          wu[u][o][1] = __ldg(reinterpret_cast<const uint4*>(wr + 16));
+          su[u][o] = e8m0(__ldg(Ws + (clamp(o) / 32) * nb + kb));
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int kb = kb0 + 32 * u;
+        if (kb >= nb) break;
+        fp8_kb_mac<OPW, R, kExact>(wu[u], su[u], x, x_stride, xs, xs_stride, kb, nr, acc);
+      }
+    }
+  } else {
+    for (int kb = lane; kb < nb; kb += 32) {
+      if (kMode == kRegs) load(kb);
+#pragma unroll
+      for (int o = 0; o < OPW; ++o) w[o][0] = wn[o][0], w[o][1] = wn[o][1];
+      if (kMode == kRegsPipe && kb + 32 < nb) load(kb + 32);
+#pragma unroll
+      for (int o = 0; o < OPW; ++o) sw[o] = e8m0(__ldg(Ws + (clamp(o) / 32) * nb + kb));
+      fp8_kb_mac<OPW, R, kExact>(w, sw, x, x_stride, xs, xs_stride, kb, nr, acc);
+    }
   }
 #pragma unroll
   for (int o = 0; o < OPW; ++o)
@@ -720,14 +752,38 @@ __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const
       wn[o] = __ldg(reinterpret_cast<const uint4*>(We + clamp(o) * row_bytes + int64_t(kb) * 16));
   };
   if (kMode == kRegsPipe && lane < nb) load(lane);
-  for (int kb = lane; kb < nb; kb += 32) {
-    if (kMode == kRegs) load(kb);
+  if (kMode == kDeep) {
+    constexpr int U = deep_u<16 * OPW>();
+    for (int kb0 = lane; kb0 < nb; kb0 += 32 * U) {
+      uint4 wu[U][OPW];
+      float su[U][OPW];
 #pragma unroll
-    for (int o = 0; o < OPW; ++o) w[o] = wn[o];
-    if (kMode == kRegsPipe && kb + 32 < nb) load(kb + 32);
+      for (int u = 0; u < U; ++u) {
+        const int kb = kb0 + 32 * u;
+        if (kb >= nb) break;
 #pragma unroll
-    for (int o = 0; o < OPW; ++o) sw[o] = e8m0(__ldg(Se + clamp(o) * nb + kb));
-    fp4_kb_mac<OPW, kExact>(w, sw, x, xs, kb, acc);
+        for (int o = 0; o < OPW; ++o) {
+          wu[u][o] = __ldg(reinterpret_cast<const uint4*>(We + clamp(o) * row_bytes + int64_t(kb) * 16));
+          su[u][o] = e8m0(__ldg(Se + clamp(o) * nb + kb));
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int kb = kb0 + 32 * u;
+        if (kb >= nb) break;
+        fp4_kb_mac<OPW, kExact>(wu[u], su[u], x, xs, kb, acc);
+      }
+    }
+  } else {
+    for (int kb = lane; kb < nb; kb += 32) {
+      if (kMode == kRegs) load(kb);
+#pragma unroll
+      for (int o = 0; o < OPW; ++o) w[o] = wn[o];
+      if (kMode == kRegsPipe && kb + 32 < nb) load(kb + 32);
+#pragma unroll
+      for (int o = 0; o < OPW; ++o) sw[o] = e8m0(__ldg(Se + clamp(o) * nb + kb));
+      fp4_kb_mac<OPW, kExact>(w, sw, x, xs, kb, acc);
+    }
   }
 #pragma unroll
   for (int o = 0; o < OPW; ++o) {
@@ -1644,20 +1700,24 @@ struct Fp8Call {
   cudaStream_t s;
   Fp8Pair pair;
 };
-// DSUF_GEMV=regs|pipe picks how the FP8/FP4 linears fetch weights (see GemvMode); pipe by default.
+// DSUF_GEMV=regs|pipe|deep picks how the FP8/FP4 linears fetch weights (see GemvMode); pipe by default.
 int gemv_mode() {
   static const int mode = [] {
     const char* v = std::getenv("DSUF_GEMV");
     const std::string m = v ? v : "pipe";
     if (m == "regs") return int(kRegs);
     if (m == "pipe") return int(kRegsPipe);
-    fail("DSUF_GEMV=", m, ": expected regs or pipe");
+    if (m == "deep") return int(kDeep);
+    fail("DSUF_GEMV=", m, ": expected regs, pipe or deep");
   }();
   return mode;
 }
 template <int OPW, int R, bool kExact>
 void launch_fp8(const Fp8Call& c) {
-  auto k = gemv_mode() == kRegsPipe ? k_fp8_gemv<OPW, R, kExact, kRegsPipe> : k_fp8_gemv<OPW, R, kExact, kRegs>;
+  const int mode = gemv_mode();
+  auto k = mode == kDeep        ? k_fp8_gemv<OPW, R, kExact, kDeep>
+           : mode == kRegsPipe ? k_fp8_gemv<OPW, R, kExact, kRegsPipe>
+                               : k_fp8_gemv<OPW, R, kExact, kRegs>;
   const int64_t out = std::max(c.out, c.pair.out);
   launch_pdl(k, dim3(blocks_for(out, 8 * OPW), blocks_for(c.rows, R), c.groups), dim3(256), 0, c.s, c.W, c.Ws,
              c.out, c.K, c.in.x, c.in.stride, c.in.group_stride, c.in.scale, c.in.scale_stride, int(c.rows), c.y,
@@ -1693,7 +1753,10 @@ struct Fp4Call {
 };
 template <int OPW, bool kExact>
 void launch_fp4(const Fp4Call& c) {
-  auto k = gemv_mode() == kRegsPipe ? k_fp4_gemv<OPW, kExact, kRegsPipe> : k_fp4_gemv<OPW, kExact, kRegs>;
+  const int mode = gemv_mode();
+  auto k = mode == kDeep        ? k_fp4_gemv<OPW, kExact, kDeep>
+           : mode == kRegsPipe ? k_fp4_gemv<OPW, kExact, kRegsPipe>
+                               : k_fp4_gemv<OPW, kExact, kRegs>;
   launch_pdl(k, dim3(blocks_for(c.out, 8 * OPW), int(c.rows), c.pair.W ? 2 : 1), dim3(256), 0, c.s, c.W, c.Ws,
              c.ids, c.out, c.K, c.in.x, c.in.stride, c.in.scale, c.in.scale_stride, c.x_div, c.y, c.r, c.pair);
 }
