@@ -911,7 +911,7 @@ __global__ void k_gather_keys(AttentionArgs a) {
 // logits (one warp per (key, 8 heads): the lane-strided dot of core/detmath.h for each head), then
 // softmax and P·V (one thread per output dim for 4 heads; the denominator is the 128-thread
 // block_sum, the P·V sum runs over keys in order).
-constexpr int kAttHeadsQK = 8, kAttHeadsPV = 4, kAttDimsPV = 128, kAttKeySplit = 20;
+constexpr int kAttHeadsQK = 8, kAttDimsPV = 128, kAttKeySplit = 20;
 
 __device__ __forceinline__ int attention_keys(const AttentionArgs& a, int i, int* first_free) {
   // The row's keys: its window, then the selection up to its first -1 (found in parallel).
@@ -958,14 +958,18 @@ __global__ void __launch_bounds__(256) k_attention_logits(AttentionArgs a) {
   }
 }
 
+// HPV heads per block (DSUF_PV_HEADS=1|2|4, 2 by default): fewer give more blocks (at batch 1 there
+// are H/HPV × hd/128 of them) and a shorter softmax per block, at the price of reading the keys
+// once per HPV heads. The arithmetic per (head, dim) is the same for every HPV.
+template <int HPV>
 __global__ void __launch_bounds__(kAttDimsPV) k_attention_pv(AttentionArgs a) {
-  extern __shared__ float p[];  // [kAttHeadsPV][kmax]: exp(logit − max)
+  extern __shared__ float p[];  // [HPV][kmax]: exp(logit − max)
   __shared__ int first_free;
-  __shared__ float den_s[kAttHeadsPV];
-  const int i = blockIdx.x, h0 = blockIdx.y * kAttHeadsPV;
+  __shared__ float den_s[HPV];
+  const int i = blockIdx.x, h0 = blockIdx.y * HPV;
   const int64_t hd = a.hd;
   const int nk = attention_keys(a, i, &first_free);
-  const int nh = min(kAttHeadsPV, a.H - h0);
+  const int nh = min(HPV, a.H - h0);
   for (int h = 0; h < nh; ++h) {
     const float* lg = a.att + (int64_t(i) * a.H + h0 + h) * a.kmax;
     float* ph = p + h * a.kmax;
@@ -981,9 +985,9 @@ __global__ void __launch_bounds__(kAttDimsPV) k_attention_pv(AttentionArgs a) {
   const int64_t d = int64_t(blockIdx.z) * blockDim.x + threadIdx.x;
   if (d >= hd) return;
   const float* __restrict__ keys = a.keys + int64_t(i) * a.kmax * hd + d;
-  float acc[kAttHeadsPV];
+  float acc[HPV];
 #pragma unroll
-  for (int h = 0; h < kAttHeadsPV; ++h) acc[h] = 0.0f;
+  for (int h = 0; h < HPV; ++h) acc[h] = 0.0f;
   // Keys in register tiles of 32: the tile's loads are all in flight together, then used in order.
   constexpr int kTile = 32;
   for (int j0 = 0; j0 < nk; j0 += kTile) {
@@ -994,11 +998,11 @@ __global__ void __launch_bounds__(kAttDimsPV) k_attention_pv(AttentionArgs a) {
     for (int t = 0; t < kTile; ++t) {
       if (j0 + t >= nk) break;
 #pragma unroll
-      for (int h = 0; h < kAttHeadsPV; ++h) acc[h] += p[h * a.kmax + j0 + t] * kt[t];
+      for (int h = 0; h < HPV; ++h) acc[h] += p[h * a.kmax + j0 + t] * kt[t];
     }
   }
 #pragma unroll
-  for (int h = 0; h < kAttHeadsPV; ++h)
+  for (int h = 0; h < HPV; ++h)
     if (h < nh) a.out[(int64_t(i) * a.H + h0 + h) * hd + d] = rb(acc[h] / den_s[h], a.r);
 }
 
@@ -1259,6 +1263,51 @@ __device__ __forceinline__ int block_scan_256(int v, int* warp_tot) {
 
 // One block per row: radix-select the k-th largest key, then gather (> threshold) and the first ties
 // in index order, then sort the picks by (value desc, index asc).
+// The row's entries [0, count) in any order, f(j, value): float4 loads spread over the block, four
+// in flight per thread (one block reads a whole row; one scalar load at a time per thread left a
+// 262,000-entry row latency-bound at ~2 GB/s).
+template <int T, typename F>
+__device__ __forceinline__ void for_each_entry(const float* __restrict__ row, int64_t count, F f) {
+  constexpr int U = 4;
+  int64_t done = 0;
+  if ((reinterpret_cast<uintptr_t>(row) & 15) == 0) {
+    const float4* r4 = reinterpret_cast<const float4*>(row);
+    const int64_t n4 = count / 4;
+    for (int64_t c0 = threadIdx.x; c0 < n4; c0 += int64_t(U) * T) {
+      float4 v[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (c0 + u * T < n4) v[u] = __ldg(r4 + c0 + u * T);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t c = c0 + u * T;
+        if (c >= n4) break;
+        f(4 * c, v[u].x), f(4 * c + 1, v[u].y), f(4 * c + 2, v[u].z), f(4 * c + 3, v[u].w);
+      }
+    }
+    done = n4 * 4;
+  }
+  for (int64_t j = done + threadIdx.x; j < count; j += T) f(j, row[j]);
+}
+// The entries [lo, hi) of one thread, in index order, f(j, value): float4 loads where aligned, four
+// in flight.
+template <typename F>
+__device__ __forceinline__ void for_range(const float* __restrict__ row, int64_t lo, int64_t hi, F f) {
+  int64_t j = lo;
+  for (; j < hi && (j & 3); ++j) f(j, row[j]);
+  if ((reinterpret_cast<uintptr_t>(row) & 15) == 0) {
+    for (; j + 16 <= hi; j += 16) {
+      float4 v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) v[u] = __ldg(reinterpret_cast<const float4*>(row + j) + u);
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        f(j + 4 * u, v[u].x), f(j + 4 * u + 1, v[u].y), f(j + 4 * u + 2, v[u].z), f(j + 4 * u + 3, v[u].w);
+    }
+  }
+  for (; j < hi; ++j) f(j, row[j]);
+}
+
 __global__ void k_top_k(const float* x, int64_t stride, const RowMeta* meta, int ratio, int block, int k, int32_t* out,
                         int out_stride) {
   constexpr int T = 256;
@@ -1274,7 +1323,7 @@ __global__ void k_top_k(const float* x, int64_t stride, const RowMeta* meta, int
   if (t == 0) s_eligible = 0;
   __syncthreads();
   int local = 0;
-  for (int64_t j = t; j < count; j += T) local += fkey(row[j]) > neg_inf_key;
+  for_each_entry<T>(row, count, [&](int64_t, float v) { local += fkey(v) > neg_inf_key; });
   atomicAdd(&s_eligible, local);
   __syncthreads();
   const int want = s_eligible < k ? s_eligible : k;
@@ -1289,10 +1338,10 @@ __global__ void k_top_k(const float* x, int64_t stride, const RowMeta* meta, int
       if (t == 0) s_digit = 0, above[256] = 0;
       __syncthreads();
       const uint32_t mask = s_mask, prefix = s_prefix;
-      for (int64_t j = t; j < count; j += T) {
-        uint32_t key = fkey(row[j]);
+      for_each_entry<T>(row, count, [&](int64_t, float v) {
+        const uint32_t key = fkey(v);
         if (key > neg_inf_key && (key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1);
-      }
+      });
       __syncthreads();
       // The digit: the largest d ≥ 1 whose bins d..255 hold at least the remaining count, else 0
       // (bins from the top, as a sequential scan would stop). Suffix sums by a scan of the
@@ -1314,16 +1363,17 @@ __global__ void k_top_k(const float* x, int64_t stride, const RowMeta* meta, int
     threshold = s_prefix;  // keys > threshold all taken, s_remaining ties (key == threshold) taken
     ties_to_take = s_remaining;
   }
-  // Gather in index order: each thread owns a contiguous range; exclusive scans give offsets.
-  const int64_t per = (count + T - 1) / T;
-  const int64_t lo = t * per, hi = lo + per < count ? lo + per : count;
+  // Gather in index order: each thread owns a contiguous range (a multiple of 4 long, so that its
+  // loads are aligned float4); exclusive scans give offsets.
+  const int64_t per = ((count + T - 1) / T + 3) / 4 * 4;
+  const int64_t lo = t * per < count ? t * per : count, hi = lo + per < count ? lo + per : count;
   int n_gt = 0, n_eq = 0;
-  for (int64_t j = lo; j < hi; ++j) {
-    uint32_t key = fkey(row[j]);
-    if (key <= neg_inf_key) continue;
+  for_range(row, lo, hi, [&](int64_t, float v) {
+    const uint32_t key = fkey(v);
+    if (key <= neg_inf_key) return;
     if (s_eligible <= k || key > threshold) ++n_gt;
     else if (key == threshold) ++n_eq;
-  }
+  });
   __shared__ int sc_gt[T], sc_eq[T], scan_tot[8];
   const int inc_gt = block_scan_256(n_gt, scan_tot);
   const int inc_eq = block_scan_256(n_eq, scan_tot);
@@ -1333,15 +1383,15 @@ __global__ void k_top_k(const float* x, int64_t stride, const RowMeta* meta, int
   extern __shared__ uint64_t picks[];  // (key << 32) | ~index, sorted descending
   int og = sc_gt[t], oe = sc_eq[t];
   const int n_gt_total = want - ties_to_take;
-  for (int64_t j = lo; j < hi; ++j) {
-    uint32_t key = fkey(row[j]);
-    if (key <= neg_inf_key) continue;
+  for_range(row, lo, hi, [&](int64_t j, float v) {
+    const uint32_t key = fkey(v);
+    if (key <= neg_inf_key) return;
     if (s_eligible <= k || key > threshold) {
       picks[og++] = (uint64_t(key) << 32) | uint32_t(~uint32_t(j));
     } else if (key == threshold && oe < ties_to_take) {
       picks[n_gt_total + oe++] = (uint64_t(key) << 32) | uint32_t(~uint32_t(j));
     }
-  }
+  });
   int npow = 1;
   while (npow < want) npow <<= 1;
   for (int j = want + t; j < npow; j += T) picks[j] = 0;
@@ -1830,11 +1880,18 @@ void pack_window(const float* kv, int rows, const RowMeta* meta, const SeqMeta* 
 }
 void attention(const AttentionArgs& a, cudaStream_t s) {
   k_gather_keys<<<dim3(a.rows, a.W + (a.sel ? a.sel_stride : 0)), 128, 0, s>>>(a);
-  const size_t qk_smem = sizeof(float) * kAttHeadsQK * a.hd, pv_smem = sizeof(float) * kAttHeadsPV * a.kmax;
+  static const int hpv = [] {
+    const char* v = std::getenv("DSUF_PV_HEADS");
+    const int h = v ? std::atoi(v) : 2;
+    DSUF_CHECK(h == 1 || h == 2 || h == 4, "DSUF_PV_HEADS=", v, ": expected 1, 2 or 4");
+    return h;
+  }();
+  const size_t qk_smem = sizeof(float) * kAttHeadsQK * a.hd, pv_smem = sizeof(float) * hpv * a.kmax;
   set_smem(k_attention_logits, qk_smem);
-  set_smem(k_attention_pv, pv_smem);
   k_attention_logits<<<dim3(a.rows, blocks_for(a.H, kAttHeadsQK), kAttKeySplit), 256, qk_smem, s>>>(a);
-  k_attention_pv<<<dim3(a.rows, blocks_for(a.H, kAttHeadsPV), blocks_for(a.hd, kAttDimsPV)), kAttDimsPV, pv_smem, s>>>(a);
+  auto pv = hpv == 1 ? k_attention_pv<1> : hpv == 2 ? k_attention_pv<2> : k_attention_pv<4>;
+  set_smem(pv, pv_smem);
+  pv<<<dim3(a.rows, blocks_for(a.H, hpv), blocks_for(a.hd, kAttDimsPV)), kAttDimsPV, pv_smem, s>>>(a);
 }
 void compress_emit(const CompressArgs& a, cudaStream_t s) {
   if (a.n_jobs <= 0) return;
