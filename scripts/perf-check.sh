@@ -2,9 +2,10 @@
 # Decode-speed measurements on the GPU machine with binaries already in build-gpu/bin (docs/perf.md):
 #   scripts/perf-check.sh [quick|full|ncu]
 # quick: batch 1 and 64 at 8K and 128K with the per-component table; batch 1 at 8K with the
-#        register GEMVs (DSUF_GEMV=regs) and with programmatic dependent launch on (DSUF_PDL=1);
-#        batch 1 at ~1M tokens.
-# full:  also batches 4 and 16, and the double-buffered register GEMVs (DSUF_GEMV=pipe).
+#        single-buffered GEMVs (DSUF_GEMV=regs), with programmatic dependent launch on (DSUF_PDL=1)
+#        and with one stream (DSUF_OVERLAP=0 DSUF_HC_FORK=0); batch 1 at ~1M tokens.
+# full:  also batches 4 and 16, the deep-prefetch GEMVs (DSUF_GEMV=deep) and P·V with 4 heads a
+#        block (DSUF_PV_HEADS=4).
 # ncu:   a per-kernel Nsight Compute breakdown of one batch-1 step at 8K (bench/ncu_breakdown.py).
 # Each step is time-limited and the script goes on past a failing one; logs go to $OUT or /tmp.
 set -uo pipefail
@@ -25,7 +26,9 @@ if [ "$mode" != ncu ]; then
   bench main 200 --contexts 8192,131072 --batches $batches --steps 10 --warmup 2 --components
   DSUF_GEMV=regs bench gemv_regs 60 --contexts 8192 --batches 1 --steps 10 --warmup 2
   DSUF_PDL=1 bench pdl_on 60 --contexts 8192 --batches 1 --steps 10 --warmup 2
-  [ "$mode" = full ] && DSUF_GEMV=pipe bench gemv_pipe 60 --contexts 8192 --batches 1 --steps 10 --warmup 2
+  DSUF_OVERLAP=0 DSUF_HC_FORK=0 bench one_stream 60 --contexts 8192 --batches 1 --steps 10 --warmup 2
+  [ "$mode" = full ] && DSUF_GEMV=deep bench gemv_deep 60 --contexts 8192 --batches 1 --steps 10 --warmup 2
+  [ "$mode" = full ] && DSUF_PV_HEADS=4 bench pv4 60 --contexts 8192 --batches 1 --steps 10 --warmup 2
   bench 1m 120 --contexts 1048000 --batches 1 --steps 5 --warmup 1 --components
 fi
 if [ "$mode" = ncu ] || [ "$mode" = full ]; then
