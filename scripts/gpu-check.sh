@@ -12,6 +12,10 @@
 #                                    GoogleTest's source into .deps/ so the GPU machine can build,
 #                                    and the shared libraries build/bin/serve and
 #                                    build/bin/cluster_cuda_tests link into .gpu-libs/
+#   scripts/gpu-check.sh --bundle    (on the dev machine, after --prepare) pack .gpu-libs/, build/bin/serve,
+#                                    build/bin/cluster_cuda_tests and build-gpu/bin/* into build-gpu/bundle.tar.xz
+#                                    (~16 MB: the device tool carries at most 64 MiB, the loose files are ~90 MB);
+#                                    on the GPU machine `scripts/gpu-check.sh --unbundle` unpacks it
 #   scripts/gpu-check.sh --build     (on the GPU machine) configure + build build-gpu/ there with only
 #                                    the CUDA toolkit, CMake/ninja and .deps/, then run the checks
 #   scripts/gpu-check.sh             run the checks with binaries already in build-gpu/bin
@@ -49,6 +53,19 @@ if [ "${1:-}" = "--prepare" ]; then
   for big in .gpu-libs/libicudata.so.*; do [ "${big%.xz}" = "$big" ] && xz -f -9 "$big"; done
   echo "prepared .deps/ and .gpu-libs/ (carry them, and build/bin/serve, build/bin/cluster_cuda_tests, to the GPU machine)"
   exit 0
+fi
+if [ "${1:-}" = "--bundle" ]; then
+  files=(.gpu-libs)
+  for f in build/bin/serve build/bin/cluster_cuda_tests build-gpu/bin/*; do [ -x "$f" ] && files+=("$f"); done
+  tar -cJf build-gpu/bundle.tar.xz "${files[@]}"
+  ls -la build-gpu/bundle.tar.xz
+  echo "carry build-gpu/bundle.tar.xz; first on the GPU machine: scripts/gpu-check.sh --unbundle"
+  exit 0
+fi
+if [ "${1:-}" = "--unbundle" ]; then  # python's tarfile: the GPU machine may lack xz
+  python3 -c 'import tarfile; tarfile.open("build-gpu/bundle.tar.xz").extractall(".")'
+  shift
+  [ $# -eq 0 ] && exit 0
 fi
 if [ "${1:-}" = "--build" ]; then
   cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSUF_TEXT=OFF -DDSUF_SERVER=OFF \
