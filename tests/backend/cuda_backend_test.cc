@@ -10,6 +10,7 @@
 #include <span>
 
 #include "core/error.h"
+#include "core/numerics.h"
 
 #include "backend/cuda/cuda_backend.h"
 #include "engine/sampler.h"
@@ -300,6 +301,110 @@ TEST(CudaVsCpuRealDims, PrefillChunksAndDecodeBitIdentical) {
   EXPECT_EQ(toks_g, toks_c);
   gpu_b.download(sg);
   EXPECT_EQ(sg.serialize(gpu_b.layout()), sc.serialize(cpu_b.layout()));
+}
+
+TEST(CudaLongContext, SyntheticStateDecodeEqualsCpu) {
+  // Long rows, which the prompts above (a few hundred tokens) never reach: the tiny model at
+  // 131072 positions (tiny-long) continues two sequences of synthetic packed KV state
+  // (CudaBackend::synthetic_sequence) downloaded to the host, on the GPU and on the CPU reference
+  // from the same bytes. A holds 120001 tokens (odd: the ratio-2 compressor has one token
+  // buffered); B holds 130814, so that its four decode rows have 130815..130818 ratio-1 entries
+  // (every row length mod 4 of the top-k's float4 loads, across the 128-entry tile boundary at
+  // 130816) and 65407..65409 ratio-2 entries (across 65408). Four decode steps run both sequences
+  // in one graph-captured step (2 rows); then a 24-token chunk of each in one step (48 rows),
+  // where the indexer-score grid (about 4096 blocks over the rows) is smaller than a row's tiles
+  // of 128 entries, so each block loops over several tiles. Logits (every row of the chunks) and
+  // the packed state must be bit-identical. The CPU side's forwards take ~3.5 s in all (measured
+  // on 2 cores from a host-made state of the same shape: 0.09-0.13 s per decode row, 1.3 s per
+  // 24-token chunk with every row's logits), plus ~2 s to write the checkpoint the first time.
+  const LoadedModel& m = testing::tiny_long_model();
+  const ModelConfig& cfg = m.config;
+  ASSERT_GE(cfg.text.max_position_embeddings, 131072);
+  CpuBackend cpu_b(m, compressed_ids(), CpuNumerics{}, 0);
+  CudaBackend gpu_b(m, compressed_ids(),
+                    CudaOptions{.max_context = 131072, .max_chunk = 64, .numerics = {}, .max_batch = 2, .devices = {}});
+  const KvLayout& L = gpu_b.layout();
+  ASSERT_EQ(L.fingerprint, cpu_b.layout().fingerprint);
+  const std::vector<int64_t> start = {120001, 130814};
+  const size_t B = start.size();
+  std::vector<SequenceState> sg, sc;
+  std::mt19937 rng(2024);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  for (size_t b = 0; b < B; ++b) {
+    SequenceState s = gpu_b.synthetic_sequence(start[b], 31 + b);
+    gpu_b.download(s);
+    // Every stored value must decode to a finite number (the FP4 codes always do; the scales and
+    // the window's E4M3 codes are checked), so the reference runs on a state it could hold.
+    size_t bad = 0;
+    for (const auto& w : s.window)
+      for (size_t i = 0; i < w.size(); ++i) {
+        const size_t j = i % L.window_entry_bytes;
+        bad += !std::isfinite(j < size_t(L.head_dim) ? e4m3_to_float(w[i]) : e8m0_to_float(w[i]));
+      }
+    for (size_t k = 0; k < L.kv_sources.size(); ++k) {
+      ASSERT_EQ(s.entries(L, int(k)), start[b] / L.source_ratio[k]);
+      for (size_t i = 0; i < s.ckv[k].size(); ++i)
+        bad += i % L.ckv_entry_bytes >= size_t(L.head_dim / 2) && !std::isfinite(e4m3_to_float(s.ckv[k][i]));
+      for (size_t i = 0; i < s.ikey[k].size(); ++i)
+        bad += i % L.ikey_entry_bytes >= size_t(L.index_head_dim / 2) && !std::isfinite(e8m0_to_float(s.ikey[k][i]));
+      // The compressor's buffered a‖g (synthetic_sequence leaves zeros): random finite values.
+      for (float& v : s.pending[k]) v = uni(rng);
+    }
+    ASSERT_EQ(bad, 0u) << "synthetic state of sequence " << b << " holds non-finite values";
+    const std::string bytes = s.serialize(L);
+    sg.push_back(SequenceState::deserialize(L, bytes));  // uploaded again from the host pools
+    sc.push_back(SequenceState::deserialize(cpu_b.layout(), bytes));
+  }
+  // The rows each index source scored: (pos + 1) / ratio compressed entries per query row.
+  auto report_rows = [&](const char* what, size_t b, int64_t first, int64_t last) {
+    for (const LayerPlan& lp : cfg.layers) {
+      if (!lp.runs_indexer) continue;
+      std::printf("  %s, sequence %zu: index source layer %d (KV source %d, ratio %d) scored rows of %lld..%lld entries%s\n",
+                  what, b, lp.layer, lp.kv_source, lp.ratio, static_cast<long long>((first + 1) / lp.ratio),
+                  static_cast<long long>((last + 1) / lp.ratio),
+                  lp.candidate_constrained ? " (inside the candidate blocks; the rest -inf)" : "");
+    }
+  };
+
+  std::vector<std::vector<float>> lg(B), lc(B);
+  std::vector<int32_t> next = {4321, 98765};  // fresh ids, then the reference's greedy tokens
+  double worst = 0;
+  for (int step = 0; step < 4; ++step) {
+    std::vector<ForwardItem> items;
+    for (size_t b = 0; b < B; ++b)
+      items.push_back({.state = &sg[b], .tokens = {&next[b], 1}, .want = Logits::kLast, .logits = &lg[b]});
+    gpu_b.forward(items);
+    for (size_t b = 0; b < B; ++b) {
+      if (step == 0) report_rows("decode", b, sc[b].pos, sc[b].pos + 3);
+      lc[b] = run(cpu_b, sc[b], {next[b]}, Logits::kLast);
+      const Diff d = diff(lg[b], lc[b]);
+      std::printf("long context decode step %d, sequence %zu (position %lld): max |diff| %.4g (ref rms %.3g)\n", step, b,
+                  static_cast<long long>(sc[b].pos - 1), d.max_abs, d.ref_rms);
+      EXPECT_EQ(d.max_abs, 0.0) << "decode step " << step << " sequence " << b;
+      EXPECT_EQ(argmax(lg[b]), argmax(lc[b])) << "decode step " << step << " sequence " << b;
+      worst = std::max(worst, d.max_abs);
+      next[b] = argmax(lc[b]);
+    }
+  }
+  std::printf("long context: 4 decode steps x %zu sequences, worst max |diff| %.4g (last step graph %.3f ms)\n", B,
+              worst, gpu_b.last_graph_ms());
+
+  std::vector<std::vector<int32_t>> chunk = {random_prompt(24, 71, false), random_prompt(24, 72, false)};
+  std::vector<ForwardItem> items;
+  for (size_t b = 0; b < B; ++b)
+    items.push_back({.state = &sg[b], .tokens = chunk[b], .want = Logits::kAll, .logits = &lg[b]});
+  gpu_b.forward(items);  // 48 rows in one step (max_chunk 64)
+  for (size_t b = 0; b < B; ++b) {
+    report_rows("chunk", b, sc[b].pos, sc[b].pos + int64_t(chunk[b].size()) - 1);
+    lc[b] = run(cpu_b, sc[b], chunk[b], Logits::kAll);
+    const Diff d = diff(lg[b], lc[b]);
+    std::printf("long context %zu-token chunk, sequence %zu: max |diff| %.4g over every row's logits\n",
+                chunk[b].size(), b, d.max_abs);
+    EXPECT_EQ(d.max_abs, 0.0) << "chunk of sequence " << b;
+    gpu_b.download(sg[b]);
+    // Compared as a bool: the states are ~25 MB, too long for gtest to print.
+    EXPECT_TRUE(sg[b].serialize(L) == sc[b].serialize(cpu_b.layout())) << "packed state of sequence " << b;
+  }
 }
 
 TEST(CudaMemoryPlan, RefusesWithNumbers) {

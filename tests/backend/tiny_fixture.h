@@ -96,6 +96,21 @@ inline const LoadedModel& real_dims_model() {
   return *m;
 }
 
+// The tiny model with a 131072-token context (dsuf make-tiny --variant tiny-long: the tiny weights,
+// only the position limit differs), written once to /tmp (or DSUF_TINY_LONG_CKPT) and loaded once
+// per test binary.
+inline const LoadedModel& tiny_long_model() {
+  static std::unique_ptr<LoadedModel> m = [] {
+    const char* env = std::getenv("DSUF_TINY_LONG_CKPT");
+    const std::string dir = env ? env : "/tmp/dsuf-tiny-long-seed1";
+    if (!std::filesystem::exists(dir + "/config.json"))
+      write_tiny_checkpoint({.out_dir = dir, .seed = 1, .num_shards = 4,
+                             .tokenizer_dir = source_dir() + "/assets/tokenizer", .variant = "tiny-long"});
+    return load_model(dir);
+  }();
+  return *m;
+}
+
 // One forward of `toks` for one sequence; returns the logits asked for (`trace` as ForwardItem's).
 inline std::vector<float> run(Backend& b, SequenceState& st, const std::vector<int32_t>& toks,
                               ForwardItem::Logits want, std::vector<std::vector<float>>* trace = nullptr) {
