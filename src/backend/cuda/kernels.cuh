@@ -1,10 +1,10 @@
-// Kernels of the CUDA backend, first version: one straightforward kernel per step of the CPU
-// reference (src/backend/cpu/cpu_backend.cc), same order of operations, FP32 arithmetic with the
-// same BF16 rounding points, so results agree with the reference to a few ULPs of the activations.
+// Kernels of the CUDA backend: each step of the CPU reference (src/backend/cpu/cpu_backend.cc) with
+// the same operations in the same order (the canonical summation orders of core/detmath.h), FP32
+// arithmetic with the same BF16 rounding points, so results equal the reference bit for bit.
 // Layouts: activations row-major FP32 [rows][dim] (values already BF16-rounded where the reference
-// rounds); weights in their checkpoint formats (FP8 E4M3 + E8M0 per 32×32 tile, packed E2M1 + E8M0 per
-// 32 inputs, raw BF16). They are written for correctness and clear data flow; the decode-speed issue
-// replaces the hot ones (the GEMVs, attention) with fused, bandwidth-bound versions.
+// rounds); the linears' inputs in the interleaved layout of linear_input; weights in their
+// checkpoint formats (FP8 E4M3 + E8M0 per 32×32 tile, packed E2M1 + E8M0 per 32 inputs, raw BF16).
+// docs/cuda.md lists the kernels, docs/perf.md what each version measured.
 #pragma once
 
 #include <cstdint>
