@@ -105,7 +105,7 @@ TEST(Batch, EqualsSequencesRunAlone) {
   std::vector<SequenceState> states;
   std::vector<std::vector<float>> logits(seqs.size());
   std::vector<ForwardItem> items;
-  for (auto& s : seqs) states.push_back(backend().new_sequence());
+  for (size_t i = 0; i < seqs.size(); ++i) states.push_back(backend().new_sequence());
   for (size_t i = 0; i < seqs.size(); ++i)
     items.push_back({.state = &states[i], .tokens = seqs[i], .want = Logits::kLast, .logits = &logits[i]});
   backend().forward(items);

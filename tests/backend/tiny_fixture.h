@@ -82,32 +82,30 @@ inline std::vector<float> prefill_chunked(Backend& b, SequenceState& st, const s
   return logits;
 }
 
-// The real V4.1 per-layer dimensions (dsuf make-tiny --variant real-dims): 4 layers with every role,
-// written once to /tmp (or DSUF_REAL_DIMS_CKPT) and loaded once per test binary.
+// A make-tiny variant's checkpoint, written once to default_dir (or $env) and loaded once per test
+// binary (the caller keeps the static).
+inline std::unique_ptr<LoadedModel> variant_model(const char* env_name, const std::string& default_dir,
+                                                  const std::string& variant) {
+  const char* env = std::getenv(env_name);
+  const std::string dir = env ? env : default_dir;
+  if (!std::filesystem::exists(dir + "/config.json"))
+    write_tiny_checkpoint({.out_dir = dir, .seed = 1, .num_shards = 4,
+                           .tokenizer_dir = source_dir() + "/assets/tokenizer", .variant = variant});
+  return load_model(dir);
+}
+
+// The real V4.1 per-layer dimensions (dsuf make-tiny --variant real-dims): 4 layers with every role.
 inline const LoadedModel& real_dims_model() {
-  static std::unique_ptr<LoadedModel> m = [] {
-    const char* env = std::getenv("DSUF_REAL_DIMS_CKPT");
-    const std::string dir = env ? env : "/tmp/dsuf-real-dims-seed1";
-    if (!std::filesystem::exists(dir + "/config.json"))
-      write_tiny_checkpoint({.out_dir = dir, .seed = 1, .num_shards = 4,
-                             .tokenizer_dir = source_dir() + "/assets/tokenizer", .variant = "real-dims"});
-    return load_model(dir);
-  }();
+  static std::unique_ptr<LoadedModel> m =
+      variant_model("DSUF_REAL_DIMS_CKPT", "/tmp/dsuf-real-dims-seed1", "real-dims");
   return *m;
 }
 
 // The tiny model with a 131072-token context (dsuf make-tiny --variant tiny-long: the tiny weights,
-// only the position limit differs), written once to /tmp (or DSUF_TINY_LONG_CKPT) and loaded once
-// per test binary.
+// only the position limit differs).
 inline const LoadedModel& tiny_long_model() {
-  static std::unique_ptr<LoadedModel> m = [] {
-    const char* env = std::getenv("DSUF_TINY_LONG_CKPT");
-    const std::string dir = env ? env : "/tmp/dsuf-tiny-long-seed1";
-    if (!std::filesystem::exists(dir + "/config.json"))
-      write_tiny_checkpoint({.out_dir = dir, .seed = 1, .num_shards = 4,
-                             .tokenizer_dir = source_dir() + "/assets/tokenizer", .variant = "tiny-long"});
-    return load_model(dir);
-  }();
+  static std::unique_ptr<LoadedModel> m =
+      variant_model("DSUF_TINY_LONG_CKPT", "/tmp/dsuf-tiny-long-seed1", "tiny-long");
   return *m;
 }
 

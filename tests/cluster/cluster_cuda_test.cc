@@ -15,7 +15,7 @@
 #include "backend/factory.h"
 #include "cluster/conversation_cache.h"
 #include "engine/engine.h"
-#include "tiny_fixture.h"
+#include "cuda_fixture.h"
 
 namespace dsuf::cluster {
 namespace {
@@ -26,21 +26,8 @@ using testing::tiny_model;
 
 constexpr std::chrono::milliseconds kWait{60000};
 
-Backend& cuda() {
-  static std::unique_ptr<Backend> b = make_backend(tiny_model(), compressed_ids(),
-                                                   BackendOptions{.cpu = false,
-                                                                  .gpus = {0},
-                                                                  .max_batch = 2,
-                                                                  .max_context = 512,
-                                                                  .numerics = {},
-                                                                  .cpu_threads = 0});
-  return *b;
-}
-
-Backend& cpu() {
-  static CpuBackend b(tiny_model(), compressed_ids(), CpuNumerics{}, 0);
-  return b;
-}
+Backend& cuda() { return testing::tiny_cuda_backend(); }
+Backend& cpu() { return testing::tiny_cpu_backend(); }
 
 std::vector<int32_t> generate(Backend& be, std::vector<int32_t> prompt, int n, PromptCache* store_in = nullptr,
                               CachedPrefix from = {}) {

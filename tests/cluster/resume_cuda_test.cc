@@ -9,7 +9,7 @@
 #include "backend/factory.h"
 #include "core/error.h"
 #include "engine/engine.h"
-#include "tiny_fixture.h"
+#include "cuda_fixture.h"
 
 namespace dsuf {
 namespace {
@@ -21,21 +21,8 @@ using testing::tiny_model;
 
 constexpr std::chrono::milliseconds kWait{60000};
 
-Backend& cuda() {
-  static std::unique_ptr<Backend> b = make_backend(tiny_model(), compressed_ids(),
-                                                   BackendOptions{.cpu = false,
-                                                                  .gpus = {0},
-                                                                  .max_batch = 2,
-                                                                  .max_context = 512,
-                                                                  .numerics = {},
-                                                                  .cpu_threads = 0});
-  return *b;
-}
-
-Backend& cpu() {
-  static CpuBackend b(tiny_model(), compressed_ids(), CpuNumerics{}, 0);
-  return b;
-}
+Backend& cuda() { return testing::tiny_cuda_backend(); }
+Backend& cpu() { return testing::tiny_cpu_backend(); }
 
 struct Turn {
   std::vector<int32_t> out;
