@@ -1440,6 +1440,52 @@ __global__ void k_top_k(const float* x, int64_t stride, const RowMeta* meta, int
   sort_picks_write(picks, want, out + int64_t(i) * out_stride, out_stride);
 }
 
+// Multi-block top-k, stage 1 (topk_plan.h): grid (g_launch, rows). Block (g, i) selects the top k
+// of chunk g of row i and writes them — values and row indices — to slots [g·ks, g·ks + want) of
+// the row's candidates (stride cand_stride), the rest of its ks = slot_stride(k) slots −inf / −1.
+// Rows of one chunk (topk::chunks(...).G = 1) are left to stage 2.
+__global__ void k_top_k_chunks(const float* x, int64_t stride, const RowMeta* meta, int ratio, int block, int k,
+                               int g_launch, int64_t min_chunk, float* cand_val, int32_t* cand_idx,
+                               int64_t cand_stride) {
+  const int i = blockIdx.y, g = blockIdx.x;
+  const int64_t count = top_k_count(meta, i, ratio, block);
+  const topk::Chunks c = topk::chunks(count, k, g_launch, min_chunk);
+  if (c.G < 2 || g >= c.G) return;
+  const int64_t lo = topk::chunk_lo(c, g), hi = topk::chunk_hi(c, count, g), ks = topk::slot_stride(k);
+  float* val = cand_val + int64_t(i) * cand_stride + g * ks;
+  int32_t* idx = cand_idx + int64_t(i) * cand_stride + g * ks;
+  const int want = block_select_256(x + int64_t(i) * stride + lo, hi - lo, k,
+                                    [&](int slot, int64_t j, uint32_t, float v) {
+                                      val[slot] = v;
+                                      idx[slot] = int32_t(lo + j);
+                                    });
+  for (int64_t j = want + threadIdx.x; j < ks; j += blockDim.x) val[j] = -INFINITY, idx[j] = -1;
+}
+
+// Multi-block top-k, stage 2: one block per row. A row of one chunk is selected from the row itself
+// (as k_top_k); otherwise from its G·ks candidates, which stage 1 stored chunk after chunk, so that
+// storage order restricted to any one key is index order and "first ties in storage order" is
+// "ties to the lower index" (topk_plan.h); the picks carry the candidates' row indices.
+__global__ void k_top_k_merge(const float* x, int64_t stride, const RowMeta* meta, int ratio, int block, int k,
+                              int g_launch, int64_t min_chunk, const float* cand_val, const int32_t* cand_idx,
+                              int64_t cand_stride, int32_t* out, int out_stride) {
+  const int i = blockIdx.x;
+  const int64_t count = top_k_count(meta, i, ratio, block);
+  const int G = topk::chunks(count, k, g_launch, min_chunk).G;
+  extern __shared__ uint64_t picks[];
+  int want;
+  if (G < 2) {
+    want = block_select_256(x + int64_t(i) * stride, count, k, [&](int slot, int64_t j, uint32_t key, float) {
+      picks[slot] = topk::pick(key, j);
+    });
+  } else {
+    const int32_t* idx = cand_idx + int64_t(i) * cand_stride;
+    want = block_select_256(cand_val + int64_t(i) * cand_stride, G * topk::slot_stride(k), k,
+                            [&](int slot, int64_t j, uint32_t key, float) { picks[slot] = topk::pick(key, idx[j]); });
+  }
+  sort_picks_write(picks, want, out + int64_t(i) * out_stride, out_stride);
+}
+
 __global__ void k_mask_from_selection(const int32_t* sel, int sel_stride, uint8_t* mask, int64_t mask_stride) {
   const int i = blockIdx.x;
   for (int64_t b = threadIdx.x; b < mask_stride; b += blockDim.x) mask[int64_t(i) * mask_stride + b] = 0;
@@ -1947,10 +1993,21 @@ void candidate_block_scores(const float* scores, int64_t score_stride, int rows,
                                                                                block, bscores, b_stride);
 }
 void top_k(const float* x, int64_t stride, int rows, const RowMeta* meta, int ratio, int block, int k, int32_t* out,
-           int out_stride, cudaStream_t s) {
+           int out_stride, cudaStream_t s, const TopkScratch& scratch) {
+  if (rows <= 0) return;
   int npow = 1;
   while (npow < k) npow <<= 1;
-  k_top_k<<<rows, 256, sizeof(uint64_t) * npow, s>>>(x, stride, meta, ratio, block, k, out, out_stride);
+  const size_t smem = sizeof(uint64_t) * npow;
+  const int g = scratch.val ? topk::launch_groups(scratch.max_count, rows, k, scratch.min_chunk, scratch.slots) : 1;
+  if (g < 2) {
+    k_top_k<<<rows, 256, smem, s>>>(x, stride, meta, ratio, block, k, out, out_stride);
+    return;
+  }
+  const int64_t cand_stride = int64_t(g) * topk::slot_stride(k);
+  k_top_k_chunks<<<dim3(g, rows), 256, 0, s>>>(x, stride, meta, ratio, block, k, g, scratch.min_chunk, scratch.val,
+                                               scratch.idx, cand_stride);
+  k_top_k_merge<<<rows, 256, smem, s>>>(x, stride, meta, ratio, block, k, g, scratch.min_chunk, scratch.val, scratch.idx,
+                                        cand_stride, out, out_stride);
 }
 void mask_from_selection(const int32_t* sel, int sel_stride, int n, uint8_t* mask, int64_t mask_stride, cudaStream_t s) {
   k_mask_from_selection<<<n, 128, 0, s>>>(sel, sel_stride, mask, mask_stride);
