@@ -16,6 +16,7 @@
 #include "core/detmath.h"
 #include "core/numerics.h"
 #include "core/sampling.h"
+#include "core/topk.h"
 #include "model/rope.h"
 
 namespace dsuf {
@@ -184,20 +185,7 @@ void rope(float* v, int64_t dim, const std::vector<float>& inv_freq, int64_t pos
   }
 }
 
-// Indices of the k largest finite scores, ties to the smaller index (an [open] rule, docs/numerics.md).
-std::vector<int32_t> top_k(const std::vector<float>& score, int64_t k) {
-  std::vector<int32_t> idx;
-  for (int32_t i = 0; i < static_cast<int32_t>(score.size()); ++i)
-    if (score[i] != kNegInf) idx.push_back(i);
-  auto better = [&](int32_t a, int32_t b) { return score[a] > score[b] || (score[a] == score[b] && a < b); };
-  if (static_cast<int64_t>(idx.size()) > k) {
-    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), better);
-    idx.resize(k);
-  } else {
-    std::sort(idx.begin(), idx.end(), better);
-  }
-  return idx;
-}
+// top_k (the k largest finite scores, ties to the smaller index): core/topk.h, shared with the tests.
 
 // mHC mixing of one site (model-spec §3.2 with the V4.1 eps): pre, post and the Sinkhorn-normalized
 // combination matrix C[j][k], all FP32.

@@ -13,6 +13,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/kernels.cuh"
+#include "backend/cuda/topk_plan.h"
 #include "backend/cuda/tp.h"
 #include "core/error.h"
 #include "model/engram.h"
@@ -173,6 +174,8 @@ struct CudaBackend::Impl {
     int32_t* sample_out;      // [max_rows] sampled tokens, one per sampling job
   } ws{};
   int64_t score_stride = 0, bscore_stride = 0, mask_stride = 0, logits_rows = 0;
+  // The multi-block top-k's candidates (topk_plan.h); val null: DSUF_TOPK=single, one block per row.
+  cuda::TopkScratch topk_scratch{};
   int max_rows = 0;  // rows per step: max(max_chunk, max_batch)
   float *X_head = nullptr, *pre_head = nullptr;
 
@@ -500,8 +503,9 @@ namespace {
 // one list serves the allocation and the memory plan.
 struct WorkspaceSizes {
   // qi: also the indexer query codes (qi bytes) and their scales (qi/32 floats)
+  // topk: candidate slots of the multi-block top-k (a float and an int32 each)
   int64_t X, pre, mix, vecD, tmp, q_lat, q, kvw, ag, o, zg, qi, wts, scores, bscores, sel, cand, cand_mask,
-      router, ids, h, ye, hs, emb, ekv, logits, keys, att, sample_w, sample, aq, aq_shared, mix_part;
+      router, ids, h, ye, hs, emb, ekv, logits, keys, att, sample_w, sample, aq, aq_shared, mix_part, topk;
   int64_t score_stride, bscore_stride;
   size_t bytes() const {
     const int64_t floats = X + pre + 2 * mix + 3 * vecD + tmp + q_lat + q + kvw + ag + o + zg + qi +
@@ -509,7 +513,7 @@ struct WorkspaceSizes {
                            logits + keys + att + sample_w + 2 * (aq + aq / 32) + aq_shared + aq_shared / 32 + qi / 32 +
                            mix_part;
     return size_t(floats) * 4 + size_t(sel + cand + ids + 2 * sample + sample /*mix counters*/) * 4 +
-           size_t(cand_mask + qi);
+           size_t(cand_mask + qi) + size_t(topk) * 8;
   }
 };
 // N rows per step; S sampling jobs per launch (max_batch).
@@ -527,6 +531,9 @@ WorkspaceSizes workspace_sizes(const TextConfig& t, int64_t N, int64_t max_conte
   w.kvw = N * hd, w.ag = N * 2 * hd, w.o = N * H * hd, w.zg = N * G * ol;
   w.qi = N * IH * ihd, w.wts = N * IH, w.scores = N * w.score_stride, w.bscores = N * w.bscore_stride;
   w.sel = N * t.index_topk, w.cand = N * t.candidate_topk_blocks, w.cand_mask = N * w.bscore_stride;
+  // The two top-k launches of a layer (block scores, then scores) share the candidates.
+  w.topk = std::max(topk::scratch_slots(N, w.score_stride, t.index_topk),
+                    topk::scratch_slots(N, w.bscore_stride, t.candidate_topk_blocks));
   w.router = N * E, w.ids = N * K, w.h = N * K * F, w.ye = N * K * D, w.hs = N * F;
   w.emb = N * std::max<int64_t>(R * ehd, 1), w.ekv = N * (hc + 1) * D, w.logits = N * t.vocab_size;
   w.keys = N * (t.sliding_window + t.index_topk) * hd;
@@ -612,6 +619,17 @@ void CudaBackend::Impl::alloc_workspace() {
   score_stride = w.score_stride, bscore_stride = w.bscore_stride, mask_stride = w.bscore_stride;
   ws.scores = alloc<float>(w.scores), ws.bscores = alloc<float>(w.bscores);
   ws.sel = alloc<int32_t>(w.sel), ws.cand = alloc<int32_t>(w.cand), ws.cand_mask = alloc<uint8_t>(w.cand_mask);
+  // DSUF_TOPK=single: the single-block top-k for every row (the path before the multi-block one).
+  // DSUF_TOPK_CHUNK=n: the multi-block top-k's smallest chunk (default topk::kDefaultChunk).
+  const char* topk_mode = std::getenv("DSUF_TOPK");
+  DSUF_CHECK(!topk_mode || std::string(topk_mode) == "single" || std::string(topk_mode) == "multi",
+             "DSUF_TOPK=", topk_mode, ": expected single or multi");
+  if (w.topk > 0 && !(topk_mode && std::string(topk_mode) == "single")) {
+    topk_scratch.min_chunk = topk::kDefaultChunk;
+    if (const char* c = std::getenv("DSUF_TOPK_CHUNK")) topk_scratch.min_chunk = std::atoll(c);
+    DSUF_CHECK(topk_scratch.min_chunk >= 256, "DSUF_TOPK_CHUNK=", std::getenv("DSUF_TOPK_CHUNK"), ": expected >= 256");
+    topk_scratch.slots = w.topk, topk_scratch.val = alloc<float>(w.topk), topk_scratch.idx = alloc<int32_t>(w.topk);
+  }
   ws.router = alloc<float>(w.router), ws.ids = alloc<int32_t>(w.ids), ws.rw = alloc<float>(w.ids);
   ws.h1 = alloc<float>(w.h), ws.h3 = alloc<float>(w.h), ws.ye = alloc<float>(w.ye), ws.ys = alloc<float>(w.vecD);
   ws.keys = alloc<float>(w.keys);
@@ -892,11 +910,15 @@ void CudaBackend::Impl::indexer_branch(int l, const Step& st, const cuda::Linear
     if (lp.candidate_source) {
       cuda::candidate_block_scores(ws.scores, score_stride, n, st.meta, ratio, t.candidate_block_size, ws.bscores,
                                    bscore_stride, stream);
+      cuda::TopkScratch ts = topk_scratch;
+      ts.max_count = (st.max_entries / ratio + t.candidate_block_size - 1) / t.candidate_block_size;
       cuda::top_k(ws.bscores, bscore_stride, n, st.meta, ratio, t.candidate_block_size, t.candidate_topk_blocks,
-                  ws.cand, t.candidate_topk_blocks, stream);
+                  ws.cand, t.candidate_topk_blocks, stream, ts);
       cuda::mask_from_selection(ws.cand, t.candidate_topk_blocks, n, ws.cand_mask, mask_stride, stream);
     }
-    cuda::top_k(ws.scores, score_stride, n, st.meta, ratio, 0, t.index_topk, ws.sel, t.index_topk, stream);
+    cuda::TopkScratch ts = topk_scratch;
+    ts.max_count = st.max_entries / ratio;
+    cuda::top_k(ws.scores, score_stride, n, st.meta, ratio, 0, t.index_topk, ws.sel, t.index_topk, stream, ts);
   }
 }
 

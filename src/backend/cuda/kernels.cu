@@ -14,6 +14,7 @@
 #include <cooperative_groups.h>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/topk_plan.h"
 #include "core/detmath.h"
 
 namespace dsuf::cuda {
@@ -1241,11 +1242,8 @@ __global__ void k_candidate_block_scores(const float* scores, int64_t score_stri
   bscores[int64_t(i) * b_stride + b] = b == nb - 1 ? INFINITY : m;
 }
 
-// Order-preserving key of a float (larger float, larger key).
-__device__ __forceinline__ uint32_t fkey(float f) {
-  uint32_t u = __float_as_uint(f);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
+// Order-preserving key of a float (larger float, larger key): topk::key.
+__device__ __forceinline__ uint32_t fkey(float f) { return topk::key(f); }
 
 // Inclusive prefix sum over a 256-thread block (warp shuffles, then the 8 warp totals).
 __device__ __forceinline__ int block_scan_256(int v, int* warp_tot) {
@@ -1308,13 +1306,16 @@ __device__ __forceinline__ void for_range(const float* __restrict__ row, int64_t
   for (; j < hi; ++j) f(j, row[j]);
 }
 
-__global__ void k_top_k(const float* x, int64_t stride, const RowMeta* meta, int ratio, int block, int k, int32_t* out,
-                        int out_stride) {
+// One 256-thread block selects the top k of the entries [0, count) of `row` (topk_plan.h: eligible =
+// key above key(-inf), order (key desc, index asc)): radix-select the k-th largest key, then gather
+// every entry above it and the first ties at it in index order. Calls emit(slot, j, key, value) once
+// per pick: slots [0, want − ties) hold the entries above the k-th key in index order, [want − ties,
+// want) the ties taken, in index order. Returns want = min(eligible, k), the same in every thread.
+// The caller synchronizes before reading what emit wrote.
+template <typename Emit>
+__device__ __forceinline__ int block_select_256(const float* __restrict__ row, int64_t count, int k, Emit emit) {
   constexpr int T = 256;
-  const int i = blockIdx.x, t = threadIdx.x;
-  int64_t count = (meta[i].pos + 1) / ratio;
-  if (block > 0) count = (count + block - 1) / block;
-  const float* row = x + int64_t(i) * stride;
+  const int t = threadIdx.x;
   const uint32_t neg_inf_key = fkey(-INFINITY);
   __shared__ int hist[256];
   __shared__ int s_eligible;
@@ -1326,10 +1327,11 @@ __global__ void k_top_k(const float* x, int64_t stride, const RowMeta* meta, int
   for_each_entry<T>(row, count, [&](int64_t, float v) { local += fkey(v) > neg_inf_key; });
   atomicAdd(&s_eligible, local);
   __syncthreads();
-  const int want = s_eligible < k ? s_eligible : k;
+  const int eligible = s_eligible;
+  const int want = eligible < k ? eligible : k;
   uint32_t threshold = neg_inf_key + 1;  // take every eligible entry
   int ties_to_take = 0;
-  if (s_eligible > k) {
+  if (eligible > k) {
     if (t == 0) s_prefix = 0, s_mask = 0, s_remaining = k;
     __syncthreads();
     __shared__ int warp_tot[8], s_digit, above[257];
@@ -1371,7 +1373,7 @@ __global__ void k_top_k(const float* x, int64_t stride, const RowMeta* meta, int
   for_range(row, lo, hi, [&](int64_t, float v) {
     const uint32_t key = fkey(v);
     if (key <= neg_inf_key) return;
-    if (s_eligible <= k || key > threshold) ++n_gt;
+    if (eligible <= k || key > threshold) ++n_gt;
     else if (key == threshold) ++n_eq;
   });
   __shared__ int sc_gt[T], sc_eq[T], scan_tot[8];
@@ -1380,18 +1382,26 @@ __global__ void k_top_k(const float* x, int64_t stride, const RowMeta* meta, int
   sc_gt[t] = inc_gt - n_gt;  // exclusive offsets
   sc_eq[t] = inc_eq - n_eq;
   __syncthreads();
-  extern __shared__ uint64_t picks[];  // (key << 32) | ~index, sorted descending
   int og = sc_gt[t], oe = sc_eq[t];
   const int n_gt_total = want - ties_to_take;
   for_range(row, lo, hi, [&](int64_t j, float v) {
     const uint32_t key = fkey(v);
     if (key <= neg_inf_key) return;
-    if (s_eligible <= k || key > threshold) {
-      picks[og++] = (uint64_t(key) << 32) | uint32_t(~uint32_t(j));
+    if (eligible <= k || key > threshold) {
+      emit(og++, j, key, v);
     } else if (key == threshold && oe < ties_to_take) {
-      picks[n_gt_total + oe++] = (uint64_t(key) << 32) | uint32_t(~uint32_t(j));
+      emit(n_gt_total + oe++, j, key, v);
     }
   });
+  return want;
+}
+
+// Sorts the block's `want` picks (topk::pick: (key << 32) | ~index) descending — a bitonic sort
+// over npow ≥ want entries of shared memory, the tail padded with 0 — and writes their indices to
+// out[0, out_stride), −1 padded. The picks must be written and the block synchronized.
+__device__ __forceinline__ void sort_picks_write(uint64_t* picks, int want, int32_t* out, int out_stride) {
+  constexpr int T = 256;
+  const int t = threadIdx.x;
   int npow = 1;
   while (npow < want) npow <<= 1;
   for (int j = want + t; j < npow; j += T) picks[j] = 0;
@@ -1409,8 +1419,71 @@ __global__ void k_top_k(const float* x, int64_t stride, const RowMeta* meta, int
       }
       __syncthreads();
     }
-  for (int j = t; j < out_stride; j += T)
-    out[int64_t(i) * out_stride + j] = j < want ? int32_t(~uint32_t(picks[j] & 0xffffffffu)) : -1;
+  for (int j = t; j < out_stride; j += T) out[j] = j < want ? topk::pick_index(picks[j]) : -1;
+}
+
+__device__ __forceinline__ int64_t top_k_count(const RowMeta* meta, int i, int ratio, int block) {
+  int64_t count = (meta[i].pos + 1) / ratio;
+  if (block > 0) count = (count + block - 1) / block;
+  return count;
+}
+
+// The single-block top-k: one block per row.
+__global__ void k_top_k(const float* x, int64_t stride, const RowMeta* meta, int ratio, int block, int k, int32_t* out,
+                        int out_stride) {
+  const int i = blockIdx.x;
+  const int64_t count = top_k_count(meta, i, ratio, block);
+  extern __shared__ uint64_t picks[];  // (key << 32) | ~index, sorted descending
+  const int want = block_select_256(x + int64_t(i) * stride, count, k, [&](int slot, int64_t j, uint32_t key, float) {
+    picks[slot] = topk::pick(key, j);
+  });
+  sort_picks_write(picks, want, out + int64_t(i) * out_stride, out_stride);
+}
+
+// Multi-block top-k, stage 1 (topk_plan.h): grid (g_launch, rows). Block (g, i) selects the top k
+// of chunk g of row i and writes them — values and row indices — to slots [g·ks, g·ks + want) of
+// the row's candidates (stride cand_stride), the rest of its ks = slot_stride(k) slots −inf / −1.
+// Rows of one chunk (topk::chunks(...).G = 1) are left to stage 2.
+__global__ void k_top_k_chunks(const float* x, int64_t stride, const RowMeta* meta, int ratio, int block, int k,
+                               int g_launch, int64_t min_chunk, float* cand_val, int32_t* cand_idx,
+                               int64_t cand_stride) {
+  const int i = blockIdx.y, g = blockIdx.x;
+  const int64_t count = top_k_count(meta, i, ratio, block);
+  const topk::Chunks c = topk::chunks(count, k, g_launch, min_chunk);
+  if (c.G < 2 || g >= c.G) return;
+  const int64_t lo = topk::chunk_lo(c, g), hi = topk::chunk_hi(c, count, g), ks = topk::slot_stride(k);
+  float* val = cand_val + int64_t(i) * cand_stride + g * ks;
+  int32_t* idx = cand_idx + int64_t(i) * cand_stride + g * ks;
+  const int want = block_select_256(x + int64_t(i) * stride + lo, hi - lo, k,
+                                    [&](int slot, int64_t j, uint32_t, float v) {
+                                      val[slot] = v;
+                                      idx[slot] = int32_t(lo + j);
+                                    });
+  for (int64_t j = want + threadIdx.x; j < ks; j += blockDim.x) val[j] = -INFINITY, idx[j] = -1;
+}
+
+// Multi-block top-k, stage 2: one block per row. A row of one chunk is selected from the row itself
+// (as k_top_k); otherwise from its G·ks candidates, which stage 1 stored chunk after chunk, so that
+// storage order restricted to any one key is index order and "first ties in storage order" is
+// "ties to the lower index" (topk_plan.h); the picks carry the candidates' row indices.
+__global__ void k_top_k_merge(const float* x, int64_t stride, const RowMeta* meta, int ratio, int block, int k,
+                              int g_launch, int64_t min_chunk, const float* cand_val, const int32_t* cand_idx,
+                              int64_t cand_stride, int32_t* out, int out_stride) {
+  const int i = blockIdx.x;
+  const int64_t count = top_k_count(meta, i, ratio, block);
+  const int G = topk::chunks(count, k, g_launch, min_chunk).G;
+  extern __shared__ uint64_t picks[];
+  int want;
+  if (G < 2) {
+    want = block_select_256(x + int64_t(i) * stride, count, k, [&](int slot, int64_t j, uint32_t key, float) {
+      picks[slot] = topk::pick(key, j);
+    });
+  } else {
+    const int32_t* idx = cand_idx + int64_t(i) * cand_stride;
+    want = block_select_256(cand_val + int64_t(i) * cand_stride, G * topk::slot_stride(k), k,
+                            [&](int slot, int64_t j, uint32_t key, float) { picks[slot] = topk::pick(key, idx[j]); });
+  }
+  sort_picks_write(picks, want, out + int64_t(i) * out_stride, out_stride);
 }
 
 __global__ void k_mask_from_selection(const int32_t* sel, int sel_stride, uint8_t* mask, int64_t mask_stride) {
@@ -1920,10 +1993,21 @@ void candidate_block_scores(const float* scores, int64_t score_stride, int rows,
                                                                                block, bscores, b_stride);
 }
 void top_k(const float* x, int64_t stride, int rows, const RowMeta* meta, int ratio, int block, int k, int32_t* out,
-           int out_stride, cudaStream_t s) {
+           int out_stride, cudaStream_t s, const TopkScratch& scratch) {
+  if (rows <= 0) return;
   int npow = 1;
   while (npow < k) npow <<= 1;
-  k_top_k<<<rows, 256, sizeof(uint64_t) * npow, s>>>(x, stride, meta, ratio, block, k, out, out_stride);
+  const size_t smem = sizeof(uint64_t) * npow;
+  const int g = scratch.val ? topk::launch_groups(scratch.max_count, rows, k, scratch.min_chunk, scratch.slots) : 1;
+  if (g < 2) {
+    k_top_k<<<rows, 256, smem, s>>>(x, stride, meta, ratio, block, k, out, out_stride);
+    return;
+  }
+  const int64_t cand_stride = int64_t(g) * topk::slot_stride(k);
+  k_top_k_chunks<<<dim3(g, rows), 256, 0, s>>>(x, stride, meta, ratio, block, k, g, scratch.min_chunk, scratch.val,
+                                               scratch.idx, cand_stride);
+  k_top_k_merge<<<rows, 256, smem, s>>>(x, stride, meta, ratio, block, k, g, scratch.min_chunk, scratch.val, scratch.idx,
+                                        cand_stride, out, out_stride);
 }
 void mask_from_selection(const int32_t* sel, int sel_stride, int n, uint8_t* mask, int64_t mask_stride, cudaStream_t s) {
   k_mask_from_selection<<<n, 128, 0, s>>>(sel, sel_stride, mask, mask_stride);

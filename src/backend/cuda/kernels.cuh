@@ -197,10 +197,20 @@ void index_scores(const IndexScoreArgs& a, cudaStream_t s);
 // Block scores for the candidate source: max over `block` entries, the newest block forced to +inf.
 void candidate_block_scores(const float* scores, int64_t score_stride, int rows, const RowMeta* meta, int ratio,
                             int block, float* bscores, int64_t b_stride, cudaStream_t s);
+// Candidate buffers of the multi-block top-k (topk_plan.h). val == nullptr: the single-block kernel.
+struct TopkScratch {
+  float* val = nullptr;    // [slots] candidate values
+  int32_t* idx = nullptr;  // [slots] their row indices
+  int64_t slots = 0;       // capacity (launch_groups never needs more)
+  int64_t max_count = 0;   // a bound on every row's count in the launches (groups per row come from it)
+  int64_t min_chunk = 0;   // smallest chunk (topk::kDefaultChunk; DSUF_TOPK_CHUNK)
+};
 // Per row: the k largest finite values of row[0..count), count = (pos+1)/ratio (block > 0: in blocks
 // of `block`), ties to the lower index, sorted by (value desc, index asc); rows padded with −1.
+// One block per row (k_top_k), or, given scratch and rows of at least 2·min_chunk, each row split
+// over several blocks (k_top_k_chunks) and their picks merged (k_top_k_merge): the same output.
 void top_k(const float* x, int64_t stride, int rows, const RowMeta* meta, int ratio, int block, int k, int32_t* out,
-           int out_stride, cudaStream_t s);
+           int out_stride, cudaStream_t s, const TopkScratch& scratch = {});
 void mask_from_selection(const int32_t* sel, int sel_stride, int n, uint8_t* mask, int64_t mask_stride,
                          cudaStream_t s);
 

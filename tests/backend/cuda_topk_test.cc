@@ -1,0 +1,234 @@
+// cuda::top_k on the device, single-block (k_top_k) and multi-block (k_top_k_chunks +
+// k_top_k_merge, backend/cuda/topk_plan.h), against the CPU reference's top_k (core/topk.h) on
+// fresh random rows: heavy ties, −inf runs, +inf, fewer eligible than k, count < k, rows of
+// different lengths in one launch, unaligned rows, block-count rows, and a launch planned for far
+// longer rows than it gets (as a captured decode graph plans for max_context). GPU machine only
+// (label "gpu", in cuda_backend_tests). CudaTopK.Timing prints both paths' device time.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/kernels.cuh"
+#include "backend/cuda/topk_plan.h"
+#include "core/topk.h"
+
+namespace dsuf {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+template <typename T>
+struct Buf {
+  T* p = nullptr;
+  explicit Buf(size_t n) { DSUF_CUDA(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T))); }
+  ~Buf() { cudaFree(p); }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+};
+
+std::vector<float> make_row(std::mt19937_64& rng, int64_t count, int shape, int k) {
+  std::vector<float> x(static_cast<size_t>(count));
+  std::uniform_int_distribution<int> small(0, 7);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  auto at = [&] { return size_t(rng() % uint64_t(std::max<int64_t>(count, 1))); };
+  switch (shape) {
+    case 0:  // values from a set of 8: every cut is a tie
+      for (auto& v : x) v = 0.25f * float(small(rng));
+      break;
+    case 1:  // set of 8 with −inf runs
+      for (auto& v : x) v = 0.25f * float(small(rng)) - 1.0f;
+      for (int r = 0; r < 8 && count > 0; ++r) {
+        const size_t a = at(), len = 1 + rng() % uint64_t(std::max<int64_t>(count / 6, 1));
+        for (size_t j = a; j < std::min(size_t(count), a + len); ++j) x[j] = -kInf;
+      }
+      break;
+    case 2:  // all equal
+      for (auto& v : x) v = 1.5f;
+      break;
+    case 3:  // fewer eligible than k
+      for (auto& v : x) v = -kInf;
+      for (int i = 0; i < k / 2 && count > 0; ++i) x[at()] = float(small(rng));
+      break;
+    case 4:  // continuous, with +inf entries and −inf runs
+      for (auto& v : x) v = nd(rng);
+      for (int i = 0; i < 3 && count > 0; ++i) x[at()] = kInf;
+      for (int r = 0; r < 4 && count > 0; ++r) {
+        const size_t a = at();
+        for (size_t j = a; j < std::min(size_t(count), a + 1000); ++j) x[j] = -kInf;
+      }
+      break;
+    case 5:  // quantized normal
+      for (auto& v : x) v = std::round(nd(rng) * 16.0f) / 16.0f + 0.0f;  // + 0: no −0
+      break;
+    case 6:  // a large tie block right at the cut
+      for (auto& v : x) v = -3.0f + 0.001f * float(rng() % 100);
+      for (int i = 0; i < k / 3 && count > 0; ++i) x[at()] = 10.0f + float(i);
+      for (int i = 0; i < 4 * k && count > 0; ++i) x[at()] = 5.0f;
+      break;
+    case 7:  // candidate-constrained (−inf outside 2048 random blocks of 8), as the layers after the
+             // candidate source
+      for (auto& v : x) v = -kInf;
+      for (int b = 0; b < 2048 && count > 0; ++b) {
+        const size_t a = at() / 8 * 8;
+        for (size_t j = a; j < std::min(size_t(count), a + 8); ++j) x[j] = 0.25f * float(small(rng));
+      }
+      break;
+    default:  // all −inf
+      for (auto& v : x) v = -kInf;
+      break;
+  }
+  return x;
+}
+
+struct Launch {
+  int k;
+  int ratio = 1, block = 0;  // block > 0: counts are block counts (as the candidate blocks' top-k)
+  int64_t min_chunk = topk::kDefaultChunk;
+  int64_t max_count = 0;     // 0: the largest count; else the launch's bound (≥ every count)
+};
+
+// One launch over rows of counts[i] entries (stride apart; −7 beyond the count, never read); out
+// rows of k. multi: the multi-block path with room for kMaxGroups groups a row.
+std::vector<int32_t> device_top_k(const std::vector<float>& host, int64_t stride, const std::vector<int64_t>& counts,
+                                  const Launch& L, bool multi, float* us = nullptr, int iters = 0) {
+  const int rows = int(counts.size());
+  Buf<float> x(host.size());
+  DSUF_CUDA(cudaMemcpy(x.p, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+  std::vector<cuda::RowMeta> meta(static_cast<size_t>(rows));
+  int64_t max_count = 0;
+  for (int i = 0; i < rows; ++i) {
+    // count = (pos+1)/ratio, in blocks ceil(that / block).
+    const int64_t vis = L.block > 0 ? counts[i] * L.block : counts[i];
+    meta[i] = {.pos = vis * L.ratio - 1, .seq = 0, .write = 0};
+    max_count = std::max(max_count, counts[i]);
+  }
+  if (L.max_count) max_count = L.max_count;
+  Buf<cuda::RowMeta> dmeta(static_cast<size_t>(rows));
+  DSUF_CUDA(cudaMemcpy(dmeta.p, meta.data(), meta.size() * sizeof(cuda::RowMeta), cudaMemcpyHostToDevice));
+  const int64_t slots = int64_t(rows) * topk::kMaxGroups * topk::slot_stride(L.k);
+  Buf<float> cv(multi ? size_t(slots) : 1);
+  Buf<int32_t> ci(multi ? size_t(slots) : 1), out(size_t(rows) * L.k);
+  cuda::TopkScratch ts{};
+  if (multi) ts = {.val = cv.p, .idx = ci.p, .slots = slots, .max_count = max_count, .min_chunk = L.min_chunk};
+  auto launch = [&] { cuda::top_k(x.p, stride, rows, dmeta.p, L.ratio, L.block, L.k, out.p, L.k, nullptr, ts); };
+  launch();
+  DSUF_CUDA(cudaGetLastError());
+  DSUF_CUDA(cudaDeviceSynchronize());
+  if (us && iters > 0) {
+    cudaEvent_t e0, e1;
+    DSUF_CUDA(cudaEventCreate(&e0));
+    DSUF_CUDA(cudaEventCreate(&e1));
+    DSUF_CUDA(cudaEventRecord(e0));
+    for (int i = 0; i < iters; ++i) launch();
+    DSUF_CUDA(cudaEventRecord(e1));
+    DSUF_CUDA(cudaEventSynchronize(e1));
+    float ms = 0;
+    DSUF_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+    *us = 1000.0f * ms / float(iters);
+    DSUF_CUDA(cudaEventDestroy(e0));
+    DSUF_CUDA(cudaEventDestroy(e1));
+  }
+  std::vector<int32_t> res(size_t(rows) * L.k);
+  DSUF_CUDA(cudaMemcpy(res.data(), out.p, res.size() * 4, cudaMemcpyDeviceToHost));
+  return res;
+}
+
+// Rows of the given counts (stride = largest + pad), random shapes; both paths == the reference.
+int check_launch(std::mt19937_64& rng, const std::vector<int64_t>& counts, int64_t pad, const Launch& L,
+                 const char* what) {
+  const int64_t stride = *std::max_element(counts.begin(), counts.end()) + pad;
+  std::vector<float> host(size_t(stride) * counts.size(), -7.0f);
+  std::vector<std::vector<int32_t>> ref;
+  std::vector<int> shapes;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    const int shape = int(rng() % 9);
+    const std::vector<float> row = make_row(rng, counts[i], shape, L.k);
+    std::copy(row.begin(), row.end(), host.begin() + int64_t(i) * stride);
+    std::vector<int32_t> r = top_k(row, L.k);
+    r.resize(size_t(L.k), -1);
+    ref.push_back(r), shapes.push_back(shape);
+  }
+  int bad = 0;
+  for (const bool multi : {false, true}) {
+    const std::vector<int32_t> got = device_top_k(host, stride, counts, L, multi);
+    for (size_t i = 0; i < counts.size(); ++i) {
+      const bool same = std::equal(ref[i].begin(), ref[i].end(), got.begin() + int64_t(i) * L.k);
+      if (!same && ++bad <= 8)
+        ADD_FAILURE() << what << (multi ? " multi" : " single") << ": row " << i << " count " << counts[i]
+                      << " shape " << shapes[i] << " k " << L.k;
+    }
+  }
+  return bad;
+}
+
+TEST(CudaTopK, MultiBlockEqualsCpu) {
+  std::mt19937_64 rng(std::random_device{}());
+  const uint64_t seed = rng();
+  rng.seed(seed);
+  std::printf("[topk] seed %llu\n", (unsigned long long)seed);
+  int bad = 0;
+  // The real sizes at 1M context: rows of 1,048,000 (ratio 1) and 524,000 (ratio 2) entries, k =
+  // 512, with shorter rows in the same launch; stride ≡ 1 mod 4 (rows after the first unaligned,
+  // scalar loads) and ≡ 0.
+  for (const int64_t pad : {int64_t(1), int64_t(4)}) {
+    bad += check_launch(rng, {1048000, 524000, 262000, 16383, 16384 + 5, 700, 0, 511}, pad, Launch{.k = 512},
+                        "real k=512");
+  }
+  // The candidate blocks' top-k at 1M: 131,000 block scores, k = 2048, blocks of 8.
+  bad += check_launch(rng, {131000, 70001, 2000, 16500}, 2, Launch{.k = 2048, .block = 8}, "real k=2048");
+  // Many small chunks: k 64 and an odd k (slot stride rounded), chunks from 256 entries.
+  for (int rep = 0; rep < 6; ++rep) {
+    std::vector<int64_t> counts;
+    for (int i = 0; i < 8; ++i) counts.push_back(int64_t(rng() % 60000));
+    bad += check_launch(rng, counts, int64_t(rng() % 4), Launch{.k = 64, .min_chunk = 256}, "k=64");
+    bad += check_launch(rng, counts, int64_t(rng() % 4), Launch{.k = 61, .ratio = 2, .min_chunk = 300}, "k=61");
+  }
+  // Block counts (the candidate blocks' top-k: count = ceil((pos+1)/ratio / block)).
+  bad += check_launch(rng, {20000, 9000, 33, 40000}, 3, Launch{.k = 64, .ratio = 4, .block = 16, .min_chunk = 512},
+                      "blocks");
+  // Planned for max_context = 1M (as a captured decode graph): most of the launch's chunk blocks
+  // find their row too short and return.
+  bad += check_launch(rng, {300, 17000, 70000, 0}, 0, Launch{.k = 512, .max_count = 1048000}, "graph-sized");
+  EXPECT_EQ(bad, 0) << "seed " << seed;
+}
+
+TEST(CudaTopK, Timing) {
+  // Not a pass/fail check: µs per top-k launch, single-block vs multi-block, at the 1M-context
+  // sizes: k = 512 of 1,048,000 (ratio 1; also candidate-constrained: −inf outside 2048 blocks of
+  // 8) and of 524,000 (ratio 2) entries, k = 2048 of 131,000 block scores; 1 and 4 rows.
+  std::mt19937_64 rng(3);
+  struct T {
+    int64_t count;
+    int k, block, shape;
+    const char* what;
+  };
+  for (const T c : {T{1048000, 512, 0, 4, "normal"}, T{1048000, 512, 0, 7, "constrained"},
+                    T{1048000, 512, 0, 0, "8 values"}, T{524000, 512, 0, 4, "normal"},
+                    T{131000, 2048, 8, 4, "block scores"}}) {
+    for (const int rows : {1, 4}) {
+      std::vector<float> host(size_t(c.count) * rows);
+      for (int r = 0; r < rows; ++r) {
+        const std::vector<float> row = make_row(rng, c.count, c.shape, c.k);
+        std::copy(row.begin(), row.end(), host.begin() + int64_t(r) * c.count);
+      }
+      const std::vector<int64_t> counts(size_t(rows), c.count);
+      const Launch L{.k = c.k, .block = c.block};
+      float us_single = 0, us_multi = 0;
+      const auto a = device_top_k(host, c.count, counts, L, false, &us_single, 10);
+      const auto b = device_top_k(host, c.count, counts, L, true, &us_multi, 10);
+      EXPECT_EQ(a, b);
+      std::printf("top-k %4d of %7lld (%-12s), %d rows: single %8.1f us, multi %8.1f us (%d chunks a row)\n", c.k,
+                  (long long)c.count, c.what, rows, us_single, us_multi,
+                  topk::chunks(c.count, c.k, topk::kMaxGroups, topk::kDefaultChunk).G);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dsuf
