@@ -307,9 +307,10 @@ struct CudaBackend::Impl {
   void enqueue_step(const Step& st, std::vector<Part>& parts, bool trace);
   Step run_step(std::vector<Part>& parts);
   void finish_step(std::vector<Part>& parts, const Step& st);
-  void attention(int l, const Step& st, float* out);
+  // xin: the normalized rows ws.xn laid out for the linears (collapse_norm wrote them through a sink).
+  void attention(int l, const Step& st, const cuda::LinearInput& xin, float* out);
   void indexer_branch(int l, const Step& st, const cuda::LinearInput& qin, cudaStream_t stream);
-  void moe(int l, int n, const uint8_t* image, const float* expand_mix);
+  void moe(int l, int n, const uint8_t* image, const cuda::LinearInput& xin, const float* expand_mix);
   // mHC mixes on a second stream (off the critical path: a site's mix is read only by its expansion,
   // after its attention/MoE, and by the next site's collapse); DSUF_HC_FORK=0 keeps them on `stream`.
   void hc_mix_fork(const float* fn, const float* base, const float* scale, int n, float* out);
@@ -922,7 +923,7 @@ void CudaBackend::Impl::indexer_branch(int l, const Step& st, const cuda::Linear
   }
 }
 
-void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
+void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput& xin, float* out) {
   const TextConfig& t = cfg.text;
   const LayerPlan& lp = cfg.layers[l];
   const DevLayer& d = layers[l];
@@ -938,12 +939,12 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
   const int64_t d0 = part.my_hidden().begin, Dr = part.my_hidden().size();
 
   mark(kAttention);
-  const cuda::LinearInput xin = cuda::linear_input(ws.xn, D, n, D, aq, ws.xq[0], ws.xs[0], stream);
   // wq_a and wkv in one launch (same input), then q_norm and kv_norm in one (kv normalized in place).
   cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, xin, n, ws.tmp, qr, r, stream,
                    {.W = d.wkv.w, .Ws = d.wkv.s, .out = hd, .y = ws.kvw, .y_stride = hd});
-  cuda::rmsnorm2({ws.tmp, qr, d.q_norm, ws.q_lat}, {ws.kvw, hd, d.kv_norm, ws.kvw}, n, eps, r, stream);
-  const cuda::LinearInput qin = cuda::linear_input(ws.q_lat, qr, n, qr, aq, ws.xq[1], ws.xs[1], stream);
+  const cuda::InputSink qsink{ws.xq[1], ws.xs[1], aq};  // the normalized q latent, laid out for wq_b
+  cuda::rmsnorm2({ws.tmp, qr, d.q_norm, ws.q_lat, qsink}, {ws.kvw, hd, d.kv_norm, ws.kvw}, n, eps, r, stream);
+  const cuda::LinearInput qin = cuda::sink_input(qsink, qr);
   // The compressor and the indexer (on the side stream) need only xn and q_lat; the KV rope and
   // the query projection go on beside them.
   fork();
@@ -975,7 +976,8 @@ void CudaBackend::Impl::attention(int l, const Step& st, float* out) {
   cuda::pack_window(ws.kvw, n, st.meta, st.seqtab, l, hd, W, stream);
 }
 
-void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const float* expand_mix) {
+void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::LinearInput& xin,
+                            const float* expand_mix) {
   const TextConfig& t = cfg.text;
   const DevLayer& d = layers[l];
   const bool r = opt.numerics.bf16_activations, aq = opt.numerics.act_quant;
@@ -985,21 +987,22 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const float* exp
   cuda::bf16_linear(d.gate, E, D, ws.xn, D, n, ws.router, E, false, stream);
   cuda::route(ws.router, n, E, K, d.bias, d.bias_vl, image, float(t.gate_temp), float(t.routed_scaling_factor),
               ws.ids, ws.rw, stream);
-  const cuda::LinearInput xin = cuda::linear_input(ws.xn, D, n, D, aq, ws.xq[0], ws.xs[0], stream);
   // The shared expert on the side stream, beside the routed experts (its own input buffer xq[2]).
   if (part.owns_shared(l)) {
     fork();
     cudaStream_t s2 = branch();
     cuda::fp8_linear(d.sw1.w, d.sw1.s, F, D, xin, n, ws.h1s, F, r, s2,
                      {.W = d.sw3.w, .Ws = d.sw3.s, .out = F, .y = ws.h3s, .y_stride = F});
-    cuda::swiglu(ws.h1s, ws.h3s, n, F, nullptr, limit, opt.numerics.shared_expert_clamp, r, s2);
-    const cuda::LinearInput hsin = cuda::linear_input(ws.h1s, F, n, F, aq, ws.xq[2], ws.xs[2], s2);
+    const cuda::InputSink hssink{ws.xq[2], ws.xs[2], aq};
+    cuda::swiglu(ws.h1s, ws.h3s, n, F, nullptr, limit, opt.numerics.shared_expert_clamp, r, s2, hssink);
+    const cuda::LinearInput hsin = cuda::sink_input(hssink, F);
     cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, hsin, n, ws.ys, D, r, s2);
   }
   cuda::fp4_linear_grouped(d.experts.w1, d.experts.s1, ws.ids, F, D, xin, K, int64_t(n) * K, ws.h1, r, stream,
                            {.W = d.experts.w3, .Ws = d.experts.s3, .y = ws.h3});
-  cuda::swiglu(ws.h1, ws.h3, int64_t(n) * K, F, ws.rw, limit, true, r, stream);
-  const cuda::LinearInput hin = cuda::linear_input(ws.h1, F, int64_t(n) * K, F, aq, ws.xq[1], ws.xs[1], stream);
+  const cuda::InputSink hsink{ws.xq[1], ws.xs[1], aq};
+  cuda::swiglu(ws.h1, ws.h3, int64_t(n) * K, F, ws.rw, limit, true, r, stream, hsink);
+  const cuda::LinearInput hin = cuda::sink_input(hsink, F);
   cuda::fp4_linear_grouped(d.experts.w2, d.experts.s2, ws.ids, D, F, hin, 1, int64_t(n) * K, ws.ye, r, stream);
   // Tensor parallel: the rows of ye whose expert another rank owns were computed with a stand-in
   // expert and are replaced by the owner's; the shared expert runs whole on its layer's owner.
@@ -1061,15 +1064,19 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
     // Attention site: its mix on the mix stream; the collapse uses the previous site's pre.
     mark(kMhc);
     hc_mix_fork(d.hca_fn, d.hca_base, d.hca_scale, n, ws.mix_a);
-    cuda::collapse_norm(pre, pre_stride, nullptr, 0, nullptr, ws.X, n, hc, D, d.attn_norm, eps, ws.xn, r, stream);
-    attention(l, st, ws.y);
+    // Both collapses also lay their rows out for the site's first linears (xq[0], no linear_input).
+    const cuda::InputSink xsink{ws.xq[0], ws.xs[0], opt.numerics.act_quant};
+    const cuda::LinearInput xin = cuda::sink_input(xsink, D);
+    cuda::collapse_norm(pre, pre_stride, nullptr, 0, nullptr, ws.X, n, hc, D, d.attn_norm, eps, ws.xn, r, stream,
+                        xsink);
+    attention(l, st, xin, ws.y);
     // FFN site: the attention site's expansion, then the collapse with its pre, in one kernel.
     mark(kMhc);
     hc_mix_join();
-    cuda::collapse_norm(ws.mix_a, ms, ws.mix_a, ms, ws.y, ws.X, n, hc, D, d.ffn_norm, eps, ws.xn, r, stream);
+    cuda::collapse_norm(ws.mix_a, ms, ws.mix_a, ms, ws.y, ws.X, n, hc, D, d.ffn_norm, eps, ws.xn, r, stream, xsink);
     hc_mix_fork(d.hcf_fn, d.hcf_base, d.hcf_scale, n, ws.mix_f);
     mark(kMoe);
-    moe(l, n, st.image, ws.mix_f);  // ends with the FFN site's expansion
+    moe(l, n, st.image, xin, ws.mix_f);  // ends with the FFN site's expansion
     // pre of the FFN site feeds the next attention site's collapse.
     pre = ws.mix_f, pre_stride = ms;
     if (trace) {

@@ -94,6 +94,16 @@ __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
+// Asynchronous global → shared copies (sm_80+): issued without waiting, completed by cp_async_wait_all.
+__device__ __forceinline__ void cp_async4(float* dst, const float* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(uint32_t(__cvta_generic_to_shared(dst))), "l"(src));
+}
+__device__ __forceinline__ void cp_async16(float* dst, const float* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(uint32_t(__cvta_generic_to_shared(dst))),
+               "l"(src));
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
 // Block-wide sum (blockDim.x a multiple of 32, ≤ 1024); every thread gets the result.
 __device__ float block_sum(float v) {
   __shared__ float part[32];
@@ -136,6 +146,39 @@ int blocks_for(int64_t n, int per) { return int((n + per - 1) / per); }
 // the launch has no such dependency.
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
+
+// ---- quantization and linears ------------------------------------------------------------------
+// The per-32 quantizers run one warp per block, lane k on element k (the max is order-free).
+__device__ __forceinline__ float fp8_block_scale(float v) {
+  return pow2_ceil(fmaxf(warp_max(fabsf(v)), 1e-4f) / 448.0f);
+}
+__device__ __forceinline__ uint8_t fp8_code(float v, float s) { return e4m3_code(fminf(fmaxf(v / s, -448.0f), 448.0f)); }
+
+constexpr float kXStage = 0x1p64f;  // quantized inputs stored as x·2^64
+
+// The linears read their inputs in an interleaved layout (per row and group of K inputs): K-block
+// kb's float4 j sits at float4 xpos4(kb, j), so that the 32 lanes of a warp (K-blocks ≡ lane mod 32)
+// read 512 contiguous bytes per load. In the plain layout each lane's 16 bytes came from a different
+// 128-byte line: 32 L1 wavefronts per load, which capped the linears near 1 TB/s.
+__device__ __forceinline__ int64_t xpos4(int kb, int j) { return (int64_t(kb >> 5) * 8 + j) * 32 + (kb & 31); }
+
+// Lane `lane` of a warp holding K-block kb of an input row (element lane, value v) writes it into the
+// row's interleaved group xq_group, quantized (E4M3 value times 2^64, the block's scale to *xs) when
+// quantize. The whole warp must call it (the scale is a warp max).
+__device__ __forceinline__ void emit_input(float v, bool quantize, float* xq_group, float* xs, int kb, int lane) {
+  float q = v;
+  if (quantize) {
+    const float sc = fp8_block_scale(v);
+    q = e4m3_val(fp8_code(v, sc)) * kXStage;
+    if (lane == 0) *xs = sc;
+  }
+  xq_group[xpos4(kb, lane / 4) * 4 + lane % 4] = q;
+}
+// emit_input for row `row` of rows laid out through an InputSink (one group of K inputs).
+__device__ __forceinline__ void emit_input(const InputSink& sk, int64_t K, int64_t row, int kb, int lane, float v) {
+  emit_input(v, sk.quantize, sk.xq + row * interleaved_k(K), sk.quantize ? sk.xs + row * (K / 32) + kb : nullptr,
+             kb, lane);
+}
 
 // ---- embedding and mHC -------------------------------------------------------------------------
 __global__ void k_embed(const int32_t* tok, const uint16_t* table, int64_t D, int hc, float* X, float* pre) {
@@ -373,7 +416,7 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
                                                        const float* __restrict__ emix, int emix_stride,
                                                        const float* __restrict__ y_in, float* __restrict__ X,
                                                        int64_t D, const uint16_t* __restrict__ w, float eps,
-                                                       float* __restrict__ y, bool r) {
+                                                       float* __restrict__ y, bool r, InputSink sink) {
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ float us[];  // [32·J]: u[32c + l + 256j] at 32j + l
@@ -457,12 +500,32 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
       const int e = e0 + threadIdx.x + 256 * p;
       if (e >= E || pos(e) >= D) continue;
       const float wgt = e0 == 0 ? wv[p] : w ? bf16_load(w, pos(e)) : 1.0f;
-      y[int64_t(i) * D + pos(e)] = rb(wgt * (us[e] * rinv), r);
+      const float v = rb(wgt * (us[e] * rinv), r);
+      y[int64_t(i) * D + pos(e)] = v;
+      // A warp's 32 elements are one K-block (D % 32 == 0 with a sink: whole warps skip or stay).
+      if (sink.xq) emit_input(sink, D, i, int(pos(e) / 32), lane, v);
     }
   }
   cluster.sync();  // no block leaves while another may still read its q
 }
 
+
+// ---- FP8 / FP4 matrix-vector products ------------------------------------------------------------
+// The canonical order (core/detmath.h lane_sum): lane l of a warp owns the K-blocks kb ≡ l (mod 32) in
+// ascending order; a block's 32 products are summed sequentially from 0, scaled by s_act·s_w and added
+// to the lane's sum; the 32 lane sums are then reduced by tree32 (= the xor butterfly of warp_sum).
+// Nothing here depends on which thread runs which lane, so a warp serves several outputs and several
+// rows at once while every (row, output) keeps exactly that order.
+//
+// Weights are decoded by placing their bits into an FP32 (no table: a table lookup with 32 different
+// addresses per warp serializes), giving value·2^-120 for E4M3 and value·2^-126 for E2M1 — both exact,
+// subnormal or not. On the quantized path (kExact: the inputs are E4M3 values) a product of two such
+// values is exact in FP32, so fma(x, w, part) rounds exactly as part + x·w; the inputs are stored as
+// x·2^64 (quantize_act), so the partial is the reference's times 2^-56 (E4M3) or 2^-62 (E2M1) with no
+// rounding difference: every nonzero product is at least 2^-18 (2^-10) before scaling, far above
+// FP32's smallest normal after it. It is scaled back exactly before the block scale. On the general
+// path (inputs any FP32) the weight is scaled back first and the product rounded separately, as the
+// reference does.
 // RMSNorm, a 256-thread block per row of job blockIdx.y (one launch normalizes the rows of one or two
 // (x, dim, w, y) jobs): thread t takes x[t + 256k] — the canonical block_sum<256> partials — and keeps
 // its first kRmsRegs values and weights in registers, so the output needs no second read. y may
@@ -487,43 +550,21 @@ __global__ void __launch_bounds__(256) k_rmsnorm(RmsJob a, RmsJob b, float eps, 
   for (int64_t j = threadIdx.x + 256 * kRmsRegs; j < dim; j += 256) ss += xr[j] * xr[j];
   ss = block_sum(ss);
   const float rinv = 1.0f / sqrtf(ss / float(dim) + eps);
+  // With a sink (dim % 32 == 0), warp w's elements 256p + 32w + lane are K-block 8p + w.
+  const int lane = threadIdx.x % 32, wb = threadIdx.x / 32;
 #pragma unroll
   for (int p = 0; p < kRmsRegs; ++p)
-    if (threadIdx.x + 256 * p < dim) yr[threadIdx.x + 256 * p] = rb(wv[p] * (xv[p] * rinv), r);
-  for (int64_t j = threadIdx.x + 256 * kRmsRegs; j < dim; j += 256)
-    yr[j] = rb((jb.w ? bf16_load(jb.w, j) : 1.0f) * (xr[j] * rinv), r);
+    if (threadIdx.x + 256 * p < dim) {
+      const float v = rb(wv[p] * (xv[p] * rinv), r);
+      yr[threadIdx.x + 256 * p] = v;
+      if (jb.sink.xq) emit_input(jb.sink, dim, blockIdx.x, 8 * p + wb, lane, v);
+    }
+  for (int64_t j = threadIdx.x + 256 * kRmsRegs; j < dim; j += 256) {
+    const float v = rb((jb.w ? bf16_load(jb.w, j) : 1.0f) * (xr[j] * rinv), r);
+    yr[j] = v;
+    if (jb.sink.xq) emit_input(jb.sink, dim, blockIdx.x, int(j / 32), lane, v);
+  }
 }
-
-// ---- quantization and linears ------------------------------------------------------------------
-// The per-32 quantizers run one warp per block, lane k on element k (the max is order-free).
-__device__ __forceinline__ float fp8_block_scale(float v) {
-  return pow2_ceil(fmaxf(warp_max(fabsf(v)), 1e-4f) / 448.0f);
-}
-__device__ __forceinline__ uint8_t fp8_code(float v, float s) { return e4m3_code(fminf(fmaxf(v / s, -448.0f), 448.0f)); }
-
-// ---- FP8 / FP4 matrix-vector products ------------------------------------------------------------
-// The canonical order (core/detmath.h lane_sum): lane l of a warp owns the K-blocks kb ≡ l (mod 32) in
-// ascending order; a block's 32 products are summed sequentially from 0, scaled by s_act·s_w and added
-// to the lane's sum; the 32 lane sums are then reduced by tree32 (= the xor butterfly of warp_sum).
-// Nothing here depends on which thread runs which lane, so a warp serves several outputs and several
-// rows at once while every (row, output) keeps exactly that order.
-//
-// Weights are decoded by placing their bits into an FP32 (no table: a table lookup with 32 different
-// addresses per warp serializes), giving value·2^-120 for E4M3 and value·2^-126 for E2M1 — both exact,
-// subnormal or not. On the quantized path (kExact: the inputs are E4M3 values) a product of two such
-// values is exact in FP32, so fma(x, w, part) rounds exactly as part + x·w; the inputs are stored as
-// x·2^64 (quantize_act), so the partial is the reference's times 2^-56 (E4M3) or 2^-62 (E2M1) with no
-// rounding difference: every nonzero product is at least 2^-18 (2^-10) before scaling, far above
-// FP32's smallest normal after it. It is scaled back exactly before the block scale. On the general
-// path (inputs any FP32) the weight is scaled back first and the product rounded separately, as the
-// reference does.
-constexpr float kXStage = 0x1p64f;  // quantized inputs stored as x·2^64
-
-// The linears read their inputs in an interleaved layout (per row and group of K inputs): K-block
-// kb's float4 j sits at float4 xpos4(kb, j), so that the 32 lanes of a warp (K-blocks ≡ lane mod 32)
-// read 512 contiguous bytes per load. In the plain layout each lane's 16 bytes came from a different
-// 128-byte line: 32 L1 wavefronts per load, which capped the linears near 1 TB/s.
-__device__ __forceinline__ int64_t xpos4(int kb, int j) { return (int64_t(kb >> 5) * 8 + j) * 32 + (kb & 31); }
 
 // Lays out rows × groups × K inputs (stride x_stride) for the linears, with the reference's per-32
 // FP8 activation quantization on the way when quantize (E4M3 values stored times 2^64, scales to
@@ -534,14 +575,8 @@ __global__ void k_linear_input(const float* __restrict__ x, int64_t x_stride, in
   if (gb >= groups * nb) return;
   const int g = gb / nb, kb = gb % nb;
   const int64_t row = blockIdx.y, kp = interleaved_k(K);
-  const float v = x[row * x_stride + int64_t(g) * K + kb * 32 + lane];
-  float q = v;
-  if (quantize) {
-    const float sc = fp8_block_scale(v);
-    q = e4m3_val(fp8_code(v, sc)) * kXStage;
-    if (lane == 0) xs[row * groups * nb + gb] = sc;
-  }
-  xq[row * groups * kp + g * kp + xpos4(kb, lane / 4) * 4 + lane % 4] = q;
+  emit_input(x[row * x_stride + int64_t(g) * K + kb * 32 + lane], quantize, xq + row * groups * kp + g * kp,
+             quantize ? xs + row * groups * nb + gb : nullptr, kb, lane);
 }
 
 __device__ __forceinline__ uint32_t word_of(const uint4 (&w)[2], int i) {
@@ -557,9 +592,11 @@ __device__ __forceinline__ float mac(float part, float x, float wbits, float wsc
 }
 
 // How a GEMV lane gets its weights (docs/perf.md measures them; DSUF_GEMV picks one):
-//   kRegs      it loads a K-block's weights into registers, then uses them;
+//   kRegs      it loads a K-block's weights into registers, then uses them (the default);
 //   kRegsPipe  the same, with the next K-block's load issued before the current one's arithmetic
-//              (twice the bytes in flight, more registers). The default.
+//              (twice the bytes in flight, more registers). The default until session 4, when,
+//              with the remainder tasks (RemainderTasks) added, it measured 11.55 ms a step at 8K
+//              against kRegs' 10.99 in the same run (why is not measured; registers are the suspect).
 // The inputs are read straight from global memory (the rows are small and every warp of the block
 // reads the same ones, so they come from L1): no shared-memory staging, no barrier, no prologue.
 //   kDeep      all of a lane's K-blocks up to kDeepBytes per output-row set loaded at once (one round
@@ -577,8 +614,9 @@ __device__ __forceinline__ void load_x(const float* __restrict__ xr, int kb, flo
   for (int j = 0; j < 8; ++j) xv[j] = __ldg(p + xpos4(kb, j));
 }
 
-// One lane's K-block kb for OPW outputs (weights w, scales sw) and nr ≤ R rows of inputs.
-template <int OPW, int R, bool kExact>
+// One lane's K-block kb for OPW outputs (weights w, scales sw) and nr ≤ R rows of inputs: added to
+// acc, or (kSet) stored there as they are.
+template <int OPW, int R, bool kExact, bool kSet = false>
 __device__ __forceinline__ void fp8_kb_mac(const uint4 (&w)[OPW][2], const float (&sw)[OPW], const float* x,
                                            int64_t x_stride, const float* xs, int64_t xs_stride, int kb, int nr,
                                            float (&acc)[OPW][R]) {
@@ -604,11 +642,14 @@ __device__ __forceinline__ void fp8_kb_mac(const uint4 (&w)[OPW][2], const float
     }
     const float s_a = kExact ? __ldg(xs + rr * xs_stride + kb) : 1.0f;
 #pragma unroll
-    for (int o = 0; o < OPW; ++o) acc[o][rr] += (kExact ? part[o] * back : part[o]) * (s_a * sw[o]);
+    for (int o = 0; o < OPW; ++o) {
+      const float c = (kExact ? part[o] * back : part[o]) * (s_a * sw[o]);
+      acc[o][rr] = kSet ? c : acc[o][rr] + c;
+    }
   }
 }
 
-template <int OPW, bool kExact>
+template <int OPW, bool kExact, bool kSet = false>
 __device__ __forceinline__ void fp4_kb_mac(const uint4 (&w)[OPW], const float (&sw)[OPW], const float* x,
                                            const float* xs, int kb, float (&acc)[OPW]) {
   const float wscale = 0x1p126f, back = 0x1p62f;
@@ -631,8 +672,31 @@ __device__ __forceinline__ void fp4_kb_mac(const uint4 (&w)[OPW], const float (&
   }
   const float s_a = kExact ? __ldg(xs + kb) : 1.0f;
 #pragma unroll
-  for (int o = 0; o < OPW; ++o) acc[o] += (kExact ? part[o] * back : part[o]) * (s_a * sw[o]);
+  for (int o = 0; o < OPW; ++o) {
+    const float c = (kExact ? part[o] * back : part[o]) * (s_a * sw[o]);
+    acc[o] = kSet ? c : acc[o] + c;
+  }
 }
+
+// The last rem = nb mod 32 K-blocks of a warp's OPW rows. In the reference order (lane l adds K-blocks
+// l, l+32, … of a row, then the warp tree) they are the last term of lanes 0..rem−1. Taken by those
+// lanes for all OPW rows, they cost a whole round for a fraction of the lanes (K = 1280: 40 blocks,
+// the second round 8 lanes busy ×4 rows). When OPW·rem ≤ 32 they are spread instead, one task per
+// lane: lane t computes row t / rem, K-block 32·full + t mod rem, alone (the same arithmetic), and
+// lane j < rem adds row o's term, fetched from lane o·rem + j, as its last one: the same sums.
+struct RemainderTasks {
+  int full, rem, row, kb;
+  bool spread, mine;
+  int lane;
+  __device__ RemainderTasks(int nb, int opw, int lane_) : full(nb / 32), rem(nb % 32), lane(lane_) {
+    spread = rem > 0 && opw * rem <= 32;
+    mine = spread && lane < opw * rem;
+    row = spread ? lane / rem : 0;
+    kb = spread ? 32 * full + lane % rem : 0;
+  }
+  __device__ int source(int o) const { return o * rem + (lane < rem ? lane : 0); }
+  __device__ bool receives() const { return lane < rem; }
+};
 
 // Block of 8 warps; warp w takes outputs o0..o0+OPW-1 and the block's R rows (grid.y: row groups).
 // grid.z: independent groups (the grouped o-projection): group g uses weight rows g·out.., inputs
@@ -701,14 +765,51 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
       }
     }
   } else {
+    // Full rounds (every lane a K-block of each of the OPW rows), then the nb mod 32 last blocks of
+    // each row spread over the lanes (see RemainderTasks), or, when they do not fit, taken by lanes
+    // 0.. for all OPW rows as in the full rounds.
+    const RemainderTasks rt(nb, OPW, lane);
+    uint4 tw[2];
+    auto load_task = [&] {
+      const uint8_t* wr = W + clamp(rt.row) * K + int64_t(rt.kb) * 32;
+      tw[0] = __ldg(reinterpret_cast<const uint4*>(wr));
+      tw[1] = __ldg(reinterpret_cast<const uint4*>(wr + 16));
+    };
+    if (kMode == kRegsPipe && rt.full == 0 && rt.mine) load_task();
     for (int kb = lane; kb < nb; kb += 32) {
+      const bool last_full = kb + 32 >= rt.full * 32;
+      if (rt.spread && kb >= rt.full * 32) break;
       if (kMode == kRegs) load(kb);
 #pragma unroll
       for (int o = 0; o < OPW; ++o) w[o][0] = wn[o][0], w[o][1] = wn[o][1];
-      if (kMode == kRegsPipe && kb + 32 < nb) load(kb + 32);
+      if (kMode == kRegsPipe) {
+        if (!(rt.spread && last_full)) {
+          if (kb + 32 < nb) load(kb + 32);
+        } else if (rt.mine) {
+          load_task();
+        }
+      }
 #pragma unroll
       for (int o = 0; o < OPW; ++o) sw[o] = e8m0(__ldg(Ws + (clamp(o) / 32) * nb + kb));
       fp8_kb_mac<OPW, R, kExact>(w, sw, x, x_stride, xs, xs_stride, kb, nr, acc);
+    }
+    if (rt.spread) {
+      float c[1][R];
+#pragma unroll
+      for (int rr = 0; rr < R; ++rr) c[0][rr] = 0.0f;
+      if (rt.mine) {
+        if (kMode == kRegs) load_task();
+        const uint4 tw1[1][2] = {{tw[0], tw[1]}};
+        const float tsw[1] = {e8m0(__ldg(Ws + (clamp(rt.row) / 32) * nb + rt.kb))};
+        fp8_kb_mac<1, R, kExact, true>(tw1, tsw, x, x_stride, xs, xs_stride, rt.kb, nr, c);
+      }
+#pragma unroll
+      for (int o = 0; o < OPW; ++o)
+#pragma unroll
+        for (int rr = 0; rr < R; ++rr) {
+          const float v = __shfl_sync(0xffffffffu, c[0][rr], rt.source(o));
+          if (rt.receives()) acc[o][rr] += v;
+        }
     }
   }
 #pragma unroll
@@ -776,14 +877,40 @@ __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const
       }
     }
   } else {
+    const RemainderTasks rt(nb, OPW, lane);  // as in k_fp8_gemv
+    uint4 tw = make_uint4(0, 0, 0, 0);
+    auto load_task = [&] { tw = __ldg(reinterpret_cast<const uint4*>(We + clamp(rt.row) * row_bytes + int64_t(rt.kb) * 16)); };
+    if (kMode == kRegsPipe && rt.full == 0 && rt.mine) load_task();
     for (int kb = lane; kb < nb; kb += 32) {
+      const bool last_full = kb + 32 >= rt.full * 32;
+      if (rt.spread && kb >= rt.full * 32) break;
       if (kMode == kRegs) load(kb);
 #pragma unroll
       for (int o = 0; o < OPW; ++o) w[o] = wn[o];
-      if (kMode == kRegsPipe && kb + 32 < nb) load(kb + 32);
+      if (kMode == kRegsPipe) {
+        if (!(rt.spread && last_full)) {
+          if (kb + 32 < nb) load(kb + 32);
+        } else if (rt.mine) {
+          load_task();
+        }
+      }
 #pragma unroll
       for (int o = 0; o < OPW; ++o) sw[o] = e8m0(__ldg(Se + clamp(o) * nb + kb));
       fp4_kb_mac<OPW, kExact>(w, sw, x, xs, kb, acc);
+    }
+    if (rt.spread) {
+      float c[1] = {0.0f};
+      if (rt.mine) {
+        if (kMode == kRegs) load_task();
+        const uint4 tw1[1] = {tw};
+        const float tsw[1] = {e8m0(__ldg(Se + clamp(rt.row) * nb + rt.kb))};
+        fp4_kb_mac<1, kExact, true>(tw1, tsw, x, xs, rt.kb, c);
+      }
+#pragma unroll
+      for (int o = 0; o < OPW; ++o) {
+        const float v = __shfl_sync(0xffffffffu, c[0], rt.source(o));
+        if (rt.receives()) acc[o] += v;
+      }
     }
   }
 #pragma unroll
@@ -910,19 +1037,29 @@ __global__ void k_gather_keys(AttentionArgs a) {
 
 // Attention, in two kernels that keep the reference's arithmetic and spread it over the GPU:
 // logits (one warp per (key, 8 heads): the lane-strided dot of core/detmath.h for each head), then
-// softmax and P·V (one thread per output dim for 4 heads; the denominator is the 128-thread
-// block_sum, the P·V sum runs over keys in order).
-constexpr int kAttHeadsQK = 8, kAttDimsPV = 128, kAttKeySplit = 20;
+// softmax and P·V (below). Logit blocks: grid.z splits a row's keys, 40 ways at batch 1 (about two
+// keys a warp at 640 keys), fewer for more rows, since every block stages its heads' queries.
+constexpr int kAttHeadsQK = 8, kAttLoads = 16;
+int attention_key_split(int rows) { return std::max(4, 40 / std::max(1, rows)); }
 
 __device__ __forceinline__ int attention_keys(const AttentionArgs& a, int i, int* first_free) {
   // The row's keys: its window, then the selection up to its first -1 (found in parallel).
   const int64_t pos = a.meta[i].pos;
   const int64_t w0 = pos - a.W + 1 > 0 ? pos - a.W + 1 : 0;
+  // Each thread stops at its first −1 (its smallest), then one atomic per warp: a shared-memory atomic
+  // per −1 entry serialized hundreds of them on one address in the rows with few compressed entries.
   if (threadIdx.x == 0) *first_free = a.sel ? a.sel_stride : 0;
   __syncthreads();
-  if (a.sel)
+  if (a.sel) {
+    int mine = a.sel_stride;
     for (int j = threadIdx.x; j < a.sel_stride; j += blockDim.x)
-      if (a.sel[int64_t(i) * a.sel_stride + j] < 0) atomicMin(first_free, j);
+      if (a.sel[int64_t(i) * a.sel_stride + j] < 0) {
+        mine = j;
+        break;
+      }
+    for (int o = 16; o > 0; o >>= 1) mine = min(mine, __shfl_xor_sync(0xffffffffu, mine, o));
+    if (threadIdx.x % 32 == 0 && mine < a.sel_stride) atomicMin(first_free, mine);
+  }
   __syncthreads();
   return int(pos - w0 + 1) + *first_free;
 }
@@ -932,10 +1069,15 @@ __global__ void __launch_bounds__(256) k_attention_logits(AttentionArgs a) {
   __shared__ int first_free;
   const int i = blockIdx.x, h0 = blockIdx.y * kAttHeadsQK;
   const int64_t hd = a.hd;
-  const int nk = attention_keys(a, i, &first_free);
   const int nh = min(kAttHeadsQK, a.H - h0);  // the last group may be partial
-  for (int64_t t = threadIdx.x; t < kAttHeadsQK * hd; t += blockDim.x)
-    qs[t] = t < nh * hd ? a.q[(int64_t(i) * a.H + h0) * hd + t] : 0.0f;
+  for (int64_t t = threadIdx.x; t < kAttHeadsQK * hd; t += blockDim.x) {  // asynchronous: one round trip
+    if (t < nh * hd)
+      cp_async4(qs + t, a.q + (int64_t(i) * a.H + h0) * hd + t);
+    else
+      qs[t] = 0.0f;
+  }
+  const int nk = attention_keys(a, i, &first_free);
+  cp_async_wait_all();
   __syncthreads();
   const float scale = 1.0f / sqrtf(float(hd));
   const int lane = threadIdx.x % 32;
@@ -945,11 +1087,18 @@ __global__ void __launch_bounds__(256) k_attention_logits(AttentionArgs a) {
     float dot[kAttHeadsQK];
 #pragma unroll
     for (int h = 0; h < kAttHeadsQK; ++h) dot[h] = 0.0f;
-#pragma unroll 4
-    for (int64_t d = lane; d < hd; d += 32) {
-      const float k = keys[int64_t(j) * hd + d];
+    // A lane's 16 key values of a chunk are loaded together (one round trip for hd = 512), then
+    // added in the lane-strided order.
+    for (int64_t c = lane; c < hd; c += 32 * kAttLoads) {
+      float k[kAttLoads];
 #pragma unroll
-      for (int h = 0; h < kAttHeadsQK; ++h) dot[h] += qs[h * hd + d] * k;
+      for (int u = 0; u < kAttLoads; ++u) k[u] = c + 32 * u < hd ? keys[int64_t(j) * hd + c + 32 * u] : 0.0f;
+#pragma unroll
+      for (int u = 0; u < kAttLoads; ++u) {
+        if (c + 32 * u >= hd) break;
+#pragma unroll
+        for (int h = 0; h < kAttHeadsQK; ++h) dot[h] += qs[h * hd + c + 32 * u] * k[u];
+      }
     }
 #pragma unroll
     for (int h = 0; h < kAttHeadsQK; ++h) {
@@ -959,52 +1108,103 @@ __global__ void __launch_bounds__(256) k_attention_logits(AttentionArgs a) {
   }
 }
 
-// HPV heads per block (DSUF_PV_HEADS=1|2|4, 2 by default): fewer give more blocks (at batch 1 there
-// are H/HPV × hd/128 of them) and a shorter softmax per block, at the price of reading the keys
-// once per HPV heads. The arithmetic per (head, dim) is the same for every HPV.
-template <int HPV>
-__global__ void __launch_bounds__(kAttDimsPV) k_attention_pv(AttentionArgs a) {
-  extern __shared__ float p[];  // [HPV][kmax]: exp(logit − max)
+// Softmax and P·V. A block takes 8 heads × 32 output dims of a row (128 threads): it copies the 8
+// heads' logits and its 32-dim slice of every key into shared memory with asynchronous copies (one
+// round trip), warp w turns heads 2w, 2w+1 into exp(logit − max) and their denominators, then thread
+// (w, lane) adds up dim lane of heads 2w and 2w+1 over the keys in order from zero, as the reference.
+// A denominator is the reference's 128-thread block_sum, computed by one warp: lane l keeps the four
+// partials t = l + 32c (c < 4) of that sum, the warp tree of each gives q_c, and the tree of q_0..q_3
+// padded with zeros is (q_0 + q_2) + (q_1 + q_3). The 16 blocks of a head group each redo the group's
+// softmax (8 × nk exponentials) rather than wait for one another. Rows longer than the key tile take
+// several tiles (not at V4.1's 640 keys). Measured under Nsight: 809 µs a step at 8K, against 711 µs
+// for a 256-thread variant that tiled the keys 64 rows at a time (docs/perf.md, v11).
+constexpr int kPvHeads = 8, kPvDims = 32, kPvThreads = 128, kPvMaxTile = 640;
+
+__global__ void __launch_bounds__(kPvThreads) k_attention_pv(AttentionArgs a, int tile) {
+  extern __shared__ float4 pv_smem4[];
+  const int kp = (a.kmax + 3) & ~3;
+  float* p = reinterpret_cast<float*>(pv_smem4);  // [kPvHeads][kp] logits, then exp(logit − max)
+  float* kt = p + kPvHeads * kp;                  // [tile][kPvDims] key slice
+  __shared__ float den_s[kPvHeads];
   __shared__ int first_free;
-  __shared__ float den_s[HPV];
-  const int i = blockIdx.x, h0 = blockIdx.y * HPV;
+  const int i = blockIdx.x, h0 = blockIdx.y * kPvHeads, d0 = blockIdx.z * kPvDims;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t hd = a.hd;
   const int nk = attention_keys(a, i, &first_free);
-  const int nh = min(HPV, a.H - h0);
-  for (int h = 0; h < nh; ++h) {
-    const float* lg = a.att + (int64_t(i) * a.H + h0 + h) * a.kmax;
-    float* ph = p + h * a.kmax;
+  const int nh = min(kPvHeads, a.H - h0);
+  const float* keys = a.keys + int64_t(i) * a.kmax * hd + d0;
+  const bool vec = hd % 4 == 0 && d0 + kPvDims <= hd;
+  auto stage_keys = [&](int j0) {
+    const int n = min(tile, nk - j0);
+    if (vec) {
+      for (int t = threadIdx.x; t < n * (kPvDims / 4); t += kPvThreads)
+        cp_async16(kt + 4 * t, keys + int64_t(j0 + t / (kPvDims / 4)) * hd + 4 * (t % (kPvDims / 4)));
+    } else {
+      for (int t = threadIdx.x; t < n * kPvDims; t += kPvThreads)
+        kt[t] = d0 + t % kPvDims < hd ? keys[int64_t(j0 + t / kPvDims) * hd + t % kPvDims] : 0.0f;
+    }
+  };
+  for (int h = 0; h < nh; ++h)
+    for (int j = threadIdx.x; j < nk; j += kPvThreads)
+      cp_async4(p + h * kp + j, a.att + (int64_t(i) * a.H + h0 + h) * a.kmax + j);
+  stage_keys(0);
+  cp_async_wait_all();
+  __syncthreads();
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int h = 2 * warp + u;
+    if (h >= nh) break;
+    float* ph = p + h * kp;
     float mx = -INFINITY;
-    for (int j = threadIdx.x; j < nk; j += blockDim.x) mx = fmaxf(mx, lg[j]);
-    mx = block_max(mx);
-    float den = 0.0f;
-    for (int j = threadIdx.x; j < nk; j += blockDim.x) den += (ph[j] = det::fexp(lg[j] - mx));
-    den = block_sum(den) + det::fexp(a.sink[h0 + h] - mx);
-    if (threadIdx.x == 0) den_s[h] = den;
+    for (int j = lane; j < nk; j += 32) mx = fmaxf(mx, ph[j]);
+    mx = warp_max(mx);
+    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int j0 = 0; j0 < nk; j0 += 128)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int j = j0 + 32 * c + lane;
+        if (j < nk) part[c] += (ph[j] = det::fexp(ph[j] - mx));
+      }
+    float q[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) q[c] = warp_sum(part[c]);
+    if (lane == 0) den_s[h] = ((q[0] + q[2]) + (q[1] + q[3])) + det::fexp(a.sink[h0 + h] - mx);
   }
   __syncthreads();
-  const int64_t d = int64_t(blockIdx.z) * blockDim.x + threadIdx.x;
-  if (d >= hd) return;
-  const float* __restrict__ keys = a.keys + int64_t(i) * a.kmax * hd + d;
-  float acc[HPV];
-#pragma unroll
-  for (int h = 0; h < HPV; ++h) acc[h] = 0.0f;
-  // Keys in register tiles of 32: the tile's loads are all in flight together, then used in order.
-  constexpr int kTile = 32;
-  for (int j0 = 0; j0 < nk; j0 += kTile) {
-    float kt[kTile];
-#pragma unroll
-    for (int t = 0; t < kTile; ++t) kt[t] = j0 + t < nk ? keys[int64_t(j0 + t) * hd] : 0.0f;
-#pragma unroll
-    for (int t = 0; t < kTile; ++t) {
-      if (j0 + t >= nk) break;
-#pragma unroll
-      for (int h = 0; h < HPV; ++h) acc[h] += p[h * a.kmax + j0 + t] * kt[t];
+  const float* pa = p + 2 * warp * kp;
+  const float* pb = pa + kp;
+  float acc_a = 0.0f, acc_b = 0.0f;
+  for (int j0 = 0; j0 < nk; j0 += tile) {
+    if (j0 > 0) {
+      __syncthreads();
+      stage_keys(j0);
+      cp_async_wait_all();
+      __syncthreads();
+    }
+    const int n = min(tile, nk - j0);
+    int jj = 0;
+#pragma unroll 2
+    for (; jj + 4 <= n; jj += 4) {
+      const float4 wa = *reinterpret_cast<const float4*>(pa + j0 + jj);
+      const float4 wb = *reinterpret_cast<const float4*>(pb + j0 + jj);
+      const float k0 = kt[(jj + 0) * kPvDims + lane], k1 = kt[(jj + 1) * kPvDims + lane];
+      const float k2 = kt[(jj + 2) * kPvDims + lane], k3 = kt[(jj + 3) * kPvDims + lane];
+      acc_a += wa.x * k0, acc_b += wb.x * k0;
+      acc_a += wa.y * k1, acc_b += wb.y * k1;
+      acc_a += wa.z * k2, acc_b += wb.z * k2;
+      acc_a += wa.w * k3, acc_b += wb.w * k3;
+    }
+    for (; jj < n; ++jj) {
+      const float k = kt[jj * kPvDims + lane];
+      acc_a += pa[j0 + jj] * k, acc_b += pb[j0 + jj] * k;
     }
   }
-#pragma unroll
-  for (int h = 0; h < HPV; ++h)
-    if (h < nh) a.out[(int64_t(i) * a.H + h0 + h) * hd + d] = rb(acc[h] / den_s[h], a.r);
+  const int64_t d = d0 + lane;
+  if (d < hd) {
+    float* o = a.out + (int64_t(i) * a.H + h0) * hd + d;
+    if (2 * warp < nh) o[2 * warp * hd] = rb(acc_a / den_s[2 * warp], a.r);
+    if (2 * warp + 1 < nh) o[(2 * warp + 1) * hd] = rb(acc_b / den_s[2 * warp + 1], a.r);
+  }
 }
 
 // ---- compressor --------------------------------------------------------------------------------
@@ -1541,16 +1741,18 @@ __global__ void k_route(const float* logits, int E, int k, const float* bias, co
 }
 
 __global__ void k_swiglu(float* h1, const float* h3, int64_t rows, int64_t F, const float* weight, float limit,
-                         bool clamp, bool r) {
+                         bool clamp, bool r, InputSink sink) {
   int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t >= rows * F) return;
+  if (t >= rows * F) return;  // with a sink, F % 32 == 0: whole warps return
   float g = h1[t], u = h3[t];
   if (clamp && limit > 0) {
     g = fminf(g, limit);
     u = fminf(fmaxf(u, -limit), limit);
   }
   const float wt = weight ? weight[t / F] : 1.0f;
-  h1[t] = rb(wt * (det::silu(g) * u), r);
+  const float h = rb(wt * (det::silu(g) * u), r);
+  h1[t] = h;
+  if (sink.xq) emit_input(sink, F, t / F, int((t % F) / 32), int(t % 32), h);
 }
 
 // The MoE output y = bf16(Σ_j ye_j + ys) of a row, expanded straight into the streams (the FFN
@@ -1780,8 +1982,10 @@ void hc_collapse(const float* pre, int pre_stride, const float* X, int n, int hc
   k_hc_collapse<<<dim3(blocks_for(D, 256), n), 256, 0, s>>>(pre, pre_stride, X, hc, D, u, r);
 }
 void collapse_norm(const float* pre, int pre_stride, const float* emix, int emix_stride, const float* y_in, float* X,
-                   int n, int hc, int64_t D, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s) {
+                   int n, int hc, int64_t D, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s,
+                   const InputSink& sink) {
   if (n <= 0) return;
+  DSUF_CHECK(!sink.xq || D % 32 == 0, "collapse_norm: an input sink needs D % 32 == 0");
   const size_t smem = size_t((D + 255) / 256) * 32 * sizeof(float);
   DSUF_CHECK(smem <= 200 * 1024, "collapse_norm: hidden size ", D, " too large");
   with_hc(hc, [&](auto H) {
@@ -1793,7 +1997,7 @@ void collapse_norm(const float* pre, int pre_stride, const float* emix, int emix
     at[0].id = cudaLaunchAttributeClusterDimension;
     at[0].val.clusterDim.x = kNormCluster, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
     cfg.attrs = at, cfg.numAttrs = 1;
-    DSUF_CUDA(cudaLaunchKernelEx(&cfg, k, pre, pre_stride, emix, emix_stride, y_in, X, D, w, eps, y, r));
+    DSUF_CUDA(cudaLaunchKernelEx(&cfg, k, pre, pre_stride, emix, emix_stride, y_in, X, D, w, eps, y, r, sink));
   });
 }
 void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s) {
@@ -1801,6 +2005,7 @@ void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float
   if (rows > 0) k_rmsnorm<<<dim3(unsigned(rows), 1), 256, 0, s>>>(j, j, eps, r);
 }
 void rmsnorm2(const RmsJob& a, const RmsJob& b, int64_t rows, float eps, bool r, cudaStream_t s) {
+  DSUF_CHECK((!a.sink.xq || a.dim % 32 == 0) && (!b.sink.xq || b.dim % 32 == 0), "rmsnorm2: an input sink needs dim % 32 == 0");
   if (rows > 0) k_rmsnorm<<<dim3(unsigned(rows), 2), 256, 0, s>>>(a, b, eps, r);
 }
 namespace {
@@ -1823,11 +2028,11 @@ struct Fp8Call {
   cudaStream_t s;
   Fp8Pair pair;
 };
-// DSUF_GEMV=regs|pipe|deep picks how the FP8/FP4 linears fetch weights (see GemvMode); pipe by default.
+// DSUF_GEMV=regs|pipe|deep picks how the FP8/FP4 linears fetch weights (see GemvMode); regs by default.
 int gemv_mode() {
   static const int mode = [] {
     const char* v = std::getenv("DSUF_GEMV");
-    const std::string m = v ? v : "pipe";
+    const std::string m = v ? v : "regs";
     if (m == "regs") return int(kRegs);
     if (m == "pipe") return int(kRegsPipe);
     if (m == "deep") return int(kDeep);
@@ -1901,6 +2106,11 @@ LinearInput linear_input(const float* x, int64_t x_stride, int64_t rows, int64_t
     k_linear_input<<<dim3(blocks_for(groups * nb, 8), rows), 256, 0, s>>>(x, x_stride, K, groups, quantize, xq, xs);
   return {xq, groups * kp, kp, quantize ? xs : nullptr, groups * nb};
 }
+LinearInput sink_input(const InputSink& sink, int64_t K) {
+  DSUF_CHECK(K % 32 == 0 && sink.xq, "sink_input: K = ", K);
+  const int64_t kp = interleaved_k(K);
+  return {sink.xq, kp, kp, sink.quantize ? sink.xs : nullptr, K / 32};
+}
 void fp8_linear_groups(const uint8_t* W, const uint8_t* Ws, int groups, int64_t out, int64_t K,
                        const LinearInput& in, int64_t rows, float* y, int64_t y_stride, bool r, cudaStream_t s) {
   DSUF_CHECK(K % 32 == 0 && groups >= 1 && (groups == 1 || out % 32 == 0) && in.group_stride == interleaved_k(K),
@@ -1953,18 +2163,15 @@ void pack_window(const float* kv, int rows, const RowMeta* meta, const SeqMeta* 
 }
 void attention(const AttentionArgs& a, cudaStream_t s) {
   k_gather_keys<<<dim3(a.rows, a.W + (a.sel ? a.sel_stride : 0)), 128, 0, s>>>(a);
-  static const int hpv = [] {
-    const char* v = std::getenv("DSUF_PV_HEADS");
-    const int h = v ? std::atoi(v) : 2;
-    DSUF_CHECK(h == 1 || h == 2 || h == 4, "DSUF_PV_HEADS=", v, ": expected 1, 2 or 4");
-    return h;
-  }();
-  const size_t qk_smem = sizeof(float) * kAttHeadsQK * a.hd, pv_smem = sizeof(float) * hpv * a.kmax;
+  const size_t qk_smem = sizeof(float) * kAttHeadsQK * a.hd;
   set_smem(k_attention_logits, qk_smem);
-  k_attention_logits<<<dim3(a.rows, blocks_for(a.H, kAttHeadsQK), kAttKeySplit), 256, qk_smem, s>>>(a);
-  auto pv = hpv == 1 ? k_attention_pv<1> : hpv == 2 ? k_attention_pv<2> : k_attention_pv<4>;
-  set_smem(pv, pv_smem);
-  pv<<<dim3(a.rows, blocks_for(a.H, hpv), blocks_for(a.hd, kAttDimsPV)), kAttDimsPV, pv_smem, s>>>(a);
+  k_attention_logits<<<dim3(a.rows, blocks_for(a.H, kAttHeadsQK), attention_key_split(a.rows)), 256, qk_smem, s>>>(a);
+  const int kp = (a.kmax + 3) & ~3, tile = std::min(kp, kPvMaxTile);
+  const size_t pv_smem = sizeof(float) * (size_t(kPvHeads) * kp + size_t(tile) * kPvDims);
+  DSUF_CHECK(pv_smem <= 200 * 1024, "attention: ", a.kmax, " keys a row need too much shared memory");
+  set_smem(k_attention_pv, pv_smem);
+  k_attention_pv<<<dim3(a.rows, blocks_for(a.H, kPvHeads), blocks_for(a.hd, kPvDims)), kPvThreads, pv_smem, s>>>(a,
+                                                                                                             tile);
 }
 void compress_emit(const CompressArgs& a, cudaStream_t s) {
   if (a.n_jobs <= 0) return;
@@ -2024,8 +2231,9 @@ void route(const float* logits, int n, int E, int k, const float* bias, const fl
   if (n) k_route<<<n, 32, smem, s>>>(logits, E, k, bias, bias_vl, image, temp, route_scale, ids, w);
 }
 void swiglu(float* h1, const float* h3, int64_t rows, int64_t F, const float* weight, float limit, bool clamp, bool r,
-            cudaStream_t s) {
-  k_swiglu<<<blocks_for(rows * F, 256), 256, 0, s>>>(h1, h3, rows, F, weight, limit, clamp, r);
+            cudaStream_t s, const InputSink& sink) {
+  DSUF_CHECK(!sink.xq || F % 32 == 0, "swiglu: F = ", F, " with an input sink");
+  k_swiglu<<<blocks_for(rows * F, 256), 256, 0, s>>>(h1, h3, rows, F, weight, limit, clamp, r, sink);
 }
 void moe_sum_expand(const float* y_experts, int k, const float* y_shared, int n, int hc, int64_t D, const float* mix,
                     int mix_stride, float* X, bool r, cudaStream_t s) {

@@ -28,11 +28,20 @@ constexpr int hc_mix_stride(int hc) { return 2 * hc + hc * hc; }
 int64_t hc_mix_part_floats(int rows, int hc);
 void hc_collapse(const float* pre, int pre_stride, const float* X, int n, int hc, int64_t D, float* u, bool r,
                  cudaStream_t s);
+// Where a producer (collapse_norm, rmsnorm2, swiglu) also writes its output rows laid out for the linears, as
+// linear_input would (one group): the floats xq, the scales xs when quantize. Off when xq is null.
+struct InputSink {
+  float* xq = nullptr;
+  float* xs = nullptr;
+  bool quantize = false;
+};
 // y = rmsnorm(Σ_k pre[k]·X[k]) per row (the collapsed row never leaves the chip). With emix set, the
 // streams are first expanded in place with the mix rows emix (stride emix_stride) and the site output
-// y_in, as the reference's hc_expand: X_k ← bf16(post_k·y_in + Σ_j C[j][k]·X_j).
+// y_in, as the reference's hc_expand: X_k ← bf16(post_k·y_in + Σ_j C[j][k]·X_j). y is also laid out for
+// the linears through sink when set (D % 32 == 0).
 void collapse_norm(const float* pre, int pre_stride, const float* emix, int emix_stride, const float* y_in, float* X,
-                   int n, int hc, int64_t D, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s);
+                   int n, int hc, int64_t D, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s,
+                   const InputSink& sink = {});
 // y = bf16(w ⊙ x·rsqrt(mean(x²)+eps)) per row (w optional; y may be x).
 void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float eps, float* y, bool r,
              cudaStream_t s);
@@ -42,6 +51,7 @@ struct RmsJob {
   int64_t dim;
   const uint16_t* w;
   float* y;
+  InputSink sink = {};  // dim % 32 == 0
 };
 void rmsnorm2(const RmsJob& a, const RmsJob& b, int64_t rows, float eps, bool r, cudaStream_t s);
 // The input rows of the FP8/FP4 linears, laid out by linear_input: per row `stride` floats, per group
@@ -61,6 +71,8 @@ __host__ __device__ constexpr int64_t interleaved_k(int64_t K) { return (K / 32 
 // linear that reads them.
 LinearInput linear_input(const float* x, int64_t x_stride, int64_t rows, int64_t K, bool quantize, float* xq,
                          float* xs, cudaStream_t s, int groups = 1);
+// The layout a producer wrote through `sink` for rows of K inputs (what linear_input would return).
+LinearInput sink_input(const InputSink& sink, int64_t K);
 // A second linear of the same inputs, run in the same launch (its own weights, outputs and y).
 struct Fp8Pair {
   const uint8_t* W = nullptr;
@@ -222,9 +234,10 @@ void gather_rows(const float* X, const float* pre, const int32_t* rows, int n, i
 // image tokens), weights normalized (+1e-20) and scaled.
 void route(const float* logits, int n, int E, int k, const float* bias, const float* bias_vl,
            const uint8_t* image, float temp, float route_scale, int32_t* ids, float* w, cudaStream_t s);
-// h1[row] = bf16(weight[row]·silu(min(h1,L))·clamp(h3,±L)) (clamps when clamp).
+// h1[row] = bf16(weight[row]·silu(min(h1,L))·clamp(h3,±L)) (clamps when clamp); also laid out for
+// the next linear through sink when set (F % 32 == 0).
 void swiglu(float* h1, const float* h3, int64_t rows, int64_t F, const float* weight, float limit, bool clamp,
-            bool r, cudaStream_t s);
+            bool r, cudaStream_t s, const InputSink& sink = {});
 // The FFN site's end: y = bf16(Σ_j y_experts[row·k + j] + y_shared[row]), expanded straight into the
 // streams with the mix rows `mix` (as collapse_norm's expansion); y itself is not stored.
 void moe_sum_expand(const float* y_experts, int k, const float* y_shared, int n, int hc, int64_t D, const float* mix,
