@@ -17,6 +17,7 @@
 #include "backend/cuda/kernels.cuh"
 #include "backend/cuda/topk_plan.h"
 #include "core/topk.h"
+#include "topk_rows.h"
 
 namespace dsuf {
 namespace {
@@ -32,59 +33,7 @@ struct Buf {
   Buf& operator=(const Buf&) = delete;
 };
 
-std::vector<float> make_row(std::mt19937_64& rng, int64_t count, int shape, int k) {
-  std::vector<float> x(static_cast<size_t>(count));
-  std::uniform_int_distribution<int> small(0, 7);
-  std::normal_distribution<float> nd(0.0f, 2.0f);
-  auto at = [&] { return size_t(rng() % uint64_t(std::max<int64_t>(count, 1))); };
-  switch (shape) {
-    case 0:  // values from a set of 8: every cut is a tie
-      for (auto& v : x) v = 0.25f * float(small(rng));
-      break;
-    case 1:  // set of 8 with −inf runs
-      for (auto& v : x) v = 0.25f * float(small(rng)) - 1.0f;
-      for (int r = 0; r < 8 && count > 0; ++r) {
-        const size_t a = at(), len = 1 + rng() % uint64_t(std::max<int64_t>(count / 6, 1));
-        for (size_t j = a; j < std::min(size_t(count), a + len); ++j) x[j] = -kInf;
-      }
-      break;
-    case 2:  // all equal
-      for (auto& v : x) v = 1.5f;
-      break;
-    case 3:  // fewer eligible than k
-      for (auto& v : x) v = -kInf;
-      for (int i = 0; i < k / 2 && count > 0; ++i) x[at()] = float(small(rng));
-      break;
-    case 4:  // continuous, with +inf entries and −inf runs
-      for (auto& v : x) v = nd(rng);
-      for (int i = 0; i < 3 && count > 0; ++i) x[at()] = kInf;
-      for (int r = 0; r < 4 && count > 0; ++r) {
-        const size_t a = at();
-        for (size_t j = a; j < std::min(size_t(count), a + 1000); ++j) x[j] = -kInf;
-      }
-      break;
-    case 5:  // quantized normal
-      for (auto& v : x) v = std::round(nd(rng) * 16.0f) / 16.0f + 0.0f;  // + 0: no −0
-      break;
-    case 6:  // a large tie block right at the cut
-      for (auto& v : x) v = -3.0f + 0.001f * float(rng() % 100);
-      for (int i = 0; i < k / 3 && count > 0; ++i) x[at()] = 10.0f + float(i);
-      for (int i = 0; i < 4 * k && count > 0; ++i) x[at()] = 5.0f;
-      break;
-    case 7:  // candidate-constrained (−inf outside 2048 random blocks of 8), as the layers after the
-             // candidate source
-      for (auto& v : x) v = -kInf;
-      for (int b = 0; b < 2048 && count > 0; ++b) {
-        const size_t a = at() / 8 * 8;
-        for (size_t j = a; j < std::min(size_t(count), a + 8); ++j) x[j] = 0.25f * float(small(rng));
-      }
-      break;
-    default:  // all −inf
-      for (auto& v : x) v = -kInf;
-      break;
-  }
-  return x;
-}
+using testing_topk::make_row;
 
 struct Launch {
   int k;
