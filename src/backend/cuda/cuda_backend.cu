@@ -163,6 +163,7 @@ struct CudaBackend::Impl {
     float *X, *pre, *mix_a, *mix_f, *u, *xn, *y, *tmp, *q_lat, *q, *kvw, *ag, *o, *zg, *qi, *wts,
         *scores, *bscores, *router, *rw, *h1, *h3, *ye, *ys, *h1s, *h3s, *emb, *ekv, *logits, *keys, *att;
     float *xq[3], *xs[3];  // linear inputs (cuda::linear_input): two live at a time, the third the shared expert's
+    uint8_t* xp[2];        // byte planes of the routed experts' inputs (cuda::InputSink::xp): w1/w3, w2
     int32_t *sel, *cand, *ids;
     uint8_t* cand_mask;
     int8_t* qc;               // [max_rows][IH][ihd] indexer query codes; scales in qs
@@ -507,6 +508,7 @@ struct WorkspaceSizes {
   // topk: candidate slots of the multi-block top-k (a float and an int32 each)
   int64_t X, pre, mix, vecD, tmp, q_lat, q, kvw, ag, o, zg, qi, wts, scores, bscores, sel, cand, cand_mask,
       router, ids, h, ye, hs, emb, ekv, logits, keys, att, sample_w, sample, aq, aq_shared, mix_part, topk;
+  int64_t aqp;  // bytes of each of the two byte-plane buffers of the FP4 linears' inputs
   int64_t score_stride, bscore_stride;
   size_t bytes() const {
     const int64_t floats = X + pre + 2 * mix + 3 * vecD + tmp + q_lat + q + kvw + ag + o + zg + qi +
@@ -514,7 +516,7 @@ struct WorkspaceSizes {
                            logits + keys + att + sample_w + 2 * (aq + aq / 32) + aq_shared + aq_shared / 32 + qi / 32 +
                            mix_part;
     return size_t(floats) * 4 + size_t(sel + cand + ids + 2 * sample + sample /*mix counters*/) * 4 +
-           size_t(cand_mask + qi) + size_t(topk) * 8;
+           size_t(cand_mask + qi) + size_t(topk) * 8 + size_t(2 * aqp);
   }
 };
 // N rows per step; S sampling jobs per launch (max_batch).
@@ -544,6 +546,7 @@ WorkspaceSizes workspace_sizes(const TextConfig& t, int64_t N, int64_t max_conte
   const auto lin = [](int64_t k) { return cuda::interleaved_k(k); };
   w.aq_shared = N * lin(F);
   w.aq = N * std::max({lin(D), lin(qr), G * lin(H / G * hd), lin(G * ol), K * lin(F), lin(std::max<int64_t>(R * ehd, 32))});
+  w.aqp = std::max(N * cuda::interleaved_planes(D), N * K * cuda::interleaved_planes(F));
   return w;
 }
 // Scratch of the tensor-parallel exchanges, in floats (none at world size 1): the packed send block
@@ -644,6 +647,7 @@ void CudaBackend::Impl::alloc_workspace() {
     const int64_t floats = i < 2 ? w.aq : w.aq_shared;
     ws.xq[i] = alloc<float>(floats), ws.xs[i] = alloc<float>(floats / 32);
   }
+  for (int i = 0; i < 2; ++i) ws.xp[i] = alloc<uint8_t>(w.aqp);
   logits_rows = max_rows;
   ws.logits = alloc<float>(w.logits);
   DSUF_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&logits_host), size_t(w.logits) * 4, cudaHostAllocDefault));
@@ -1000,7 +1004,7 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
   }
   cuda::fp4_linear_grouped(d.experts.w1, d.experts.s1, ws.ids, F, D, xin, K, int64_t(n) * K, ws.h1, r, stream,
                            {.W = d.experts.w3, .Ws = d.experts.s3, .y = ws.h3});
-  const cuda::InputSink hsink{ws.xq[1], ws.xs[1], aq};
+  const cuda::InputSink hsink{ws.xq[1], ws.xs[1], aq, ws.xp[1]};
   cuda::swiglu(ws.h1, ws.h3, int64_t(n) * K, F, ws.rw, limit, true, r, stream, hsink);
   const cuda::LinearInput hin = cuda::sink_input(hsink, F);
   cuda::fp4_linear_grouped(d.experts.w2, d.experts.s2, ws.ids, D, F, hin, 1, int64_t(n) * K, ws.ye, r, stream);
@@ -1073,10 +1077,12 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
     // FFN site: the attention site's expansion, then the collapse with its pre, in one kernel.
     mark(kMhc);
     hc_mix_join();
-    cuda::collapse_norm(ws.mix_a, ms, ws.mix_a, ms, ws.y, ws.X, n, hc, D, d.ffn_norm, eps, ws.xn, r, stream, xsink);
+    // This one also writes the byte planes the routed experts' FP4 linears read (xp[0]).
+    const cuda::InputSink fsink{ws.xq[0], ws.xs[0], opt.numerics.act_quant, ws.xp[0]};
+    cuda::collapse_norm(ws.mix_a, ms, ws.mix_a, ms, ws.y, ws.X, n, hc, D, d.ffn_norm, eps, ws.xn, r, stream, fsink);
     hc_mix_fork(d.hcf_fn, d.hcf_base, d.hcf_scale, n, ws.mix_f);
     mark(kMoe);
-    moe(l, n, st.image, xin, ws.mix_f);  // ends with the FFN site's expansion
+    moe(l, n, st.image, cuda::sink_input(fsink, D), ws.mix_f);  // ends with the FFN site's expansion
     // pre of the FFN site feeds the next attention site's collapse.
     pre = ws.mix_f, pre_stride = ms;
     if (trace) {

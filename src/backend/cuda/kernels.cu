@@ -16,6 +16,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/topk_plan.h"
 #include "core/detmath.h"
+#include "core/fp4_dp4a.h"
 
 namespace dsuf::cuda {
 namespace {
@@ -162,22 +163,36 @@ constexpr float kXStage = 0x1p64f;  // quantized inputs stored as x·2^64
 // 128-byte line: 32 L1 wavefronts per load, which capped the linears near 1 TB/s.
 __device__ __forceinline__ int64_t xpos4(int kb, int j) { return (int64_t(kb >> 5) * 8 + j) * 32 + (kb & 31); }
 
+// The byte planes of the quantized inputs, for the FP4 linears' integer blocks (core/fp4_dp4a.h):
+// K-block kb's 96 bytes (planes lo, mid, hi of X = 512·a, 32 bytes each) are the 16-byte pieces
+// j = 2·plane + half at uint4 ppos16(kb, j), so that a lane reads its K-block with six 16-byte loads
+// and the 32 lanes of a warp (K-blocks ≡ lane mod 32) read 512 contiguous bytes per load, as xpos4.
+__device__ __forceinline__ int64_t ppos16(int kb, int j) { return (int64_t(kb >> 5) * 6 + j) * 32 + (kb & 31); }
+
 // Lane `lane` of a warp holding K-block kb of an input row (element lane, value v) writes it into the
 // row's interleaved group xq_group, quantized (E4M3 value times 2^64, the block's scale to *xs) when
-// quantize. The whole warp must call it (the scale is a warp max).
-__device__ __forceinline__ void emit_input(float v, bool quantize, float* xq_group, float* xs, int kb, int lane) {
+// quantize, and then also, when xp_row is set, the value's three plane bytes. The whole warp must
+// call it (the scale is a warp max).
+__device__ __forceinline__ void emit_input(float v, bool quantize, float* xq_group, float* xs, int kb, int lane,
+                                           uint8_t* xp_row = nullptr) {
   float q = v;
   if (quantize) {
     const float sc = fp8_block_scale(v);
-    q = e4m3_val(fp8_code(v, sc)) * kXStage;
+    const float a = e4m3_val(fp8_code(v, sc));
+    q = a * kXStage;
     if (lane == 0) *xs = sc;
+    if (xp_row) {
+      const int32_t X = det::e4m3_x512(a);
+      uint8_t* b = xp_row + ppos16(kb, lane / 16) * 16 + lane % 16;  // plane p: 2p pieces (1024 B) on
+      b[0] = det::x512_plane(X, 0), b[1024] = det::x512_plane(X, 1), b[2048] = det::x512_plane(X, 2);
+    }
   }
   xq_group[xpos4(kb, lane / 4) * 4 + lane % 4] = q;
 }
 // emit_input for row `row` of rows laid out through an InputSink (one group of K inputs).
 __device__ __forceinline__ void emit_input(const InputSink& sk, int64_t K, int64_t row, int kb, int lane, float v) {
   emit_input(v, sk.quantize, sk.xq + row * interleaved_k(K), sk.quantize ? sk.xs + row * (K / 32) + kb : nullptr,
-             kb, lane);
+             kb, lane, sk.quantize && sk.xp ? sk.xp + row * interleaved_planes(K) : nullptr);
 }
 
 // ---- embedding and mHC -------------------------------------------------------------------------
@@ -525,7 +540,9 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
 // rounding difference: every nonzero product is at least 2^-18 (2^-10) before scaling, far above
 // FP32's smallest normal after it. It is scaled back exactly before the block scale. On the general
 // path (inputs any FP32) the weight is scaled back first and the product rounded separately, as the
-// reference does.
+// reference does. The FP4 linear's quantized path is different since its reference changed to an
+// exact integer block sum (det::fp4_act_block_isum, docs/numerics.md §3): it reads the inputs' byte
+// planes (ppos16) and uses prmt/dp4a (core/fp4_dp4a.h) instead of FMAs, see fp4_kb_mac.
 // RMSNorm, a 256-thread block per row of job blockIdx.y (one launch normalizes the rows of one or two
 // (x, dim, w, y) jobs): thread t takes x[t + 256k] — the canonical block_sum<256> partials — and keeps
 // its first kRmsRegs values and weights in registers, so the output needs no second read. y may
@@ -649,9 +666,37 @@ __device__ __forceinline__ void fp8_kb_mac(const uint4 (&w)[OPW][2], const float
   }
 }
 
+__device__ __forceinline__ uint32_t comp(const uint4& q, int i) {
+  return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
+}
+
+// One lane's FP4 K-block kb for OPW outputs. Quantized inputs (kExact): the block's exact integer sum
+// from the byte planes xp (det::fp4_act_block_isum in the prmt/dp4a form of core/fp4_dp4a.h: per 4
+// weights and output 2 prmt, 6 dp4a, and the selector's shift/mask), then det::fp4_act_block_part;
+// the float inputs x are not read. Otherwise the sequential FP32 sum of the products, as before.
 template <int OPW, bool kExact, bool kSet = false>
 __device__ __forceinline__ void fp4_kb_mac(const uint4 (&w)[OPW], const float (&sw)[OPW], const float* x,
-                                           const float* xs, int kb, float (&acc)[OPW]) {
+                                           const float* xs, const uint8_t* xp, int kb, float (&acc)[OPW]) {
+  if constexpr (kExact) {
+    uint4 xv[6];  // lo words 0-7 in xv[0..1], mid in xv[2..3], hi in xv[4..5]
+    const uint4* p = reinterpret_cast<const uint4*>(xp);
+#pragma unroll
+    for (int j = 0; j < 6; ++j) xv[j] = __ldg(p + ppos16(kb, j));
+    det::Fp4Acc a[OPW];
+#pragma unroll
+    for (int m = 0; m < 8; ++m) {
+      const uint32_t lo = comp(xv[m / 4], m % 4), mid = comp(xv[2 + m / 4], m % 4), hi = comp(xv[4 + m / 4], m % 4);
+#pragma unroll
+      for (int o = 0; o < OPW; ++o) det::fp4_act_x4(comp(w[o], m / 2) >> (16 * (m % 2)), lo, mid, hi, a[o]);
+    }
+    const float s_a = __ldg(xs + kb);
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) {
+      const float c = det::fp4_act_block_part(det::fp4_act_isum(a[o])) * (s_a * sw[o]);
+      acc[o] = kSet ? c : acc[o] + c;
+    }
+    return;
+  }
   const float wscale = 0x1p126f, back = 0x1p62f;
   float4 xv[8];
   load_x(x, kb, xv);
@@ -827,7 +872,8 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
 template <int OPW, bool kExact, int kMode>
 __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const uint8_t* const* Ws,
                                                    const int32_t* ids, int64_t out, int64_t K, const float* x,
-                                                   int64_t x_stride, const float* xs, int64_t xs_stride, int x_div,
+                                                   int64_t x_stride, const float* xs, int64_t xs_stride,
+                                                   const uint8_t* xp, int64_t xp_stride, int x_div,
                                                    float* y, bool r, Fp4Pair pair) {
   const int nb = int(K / 32);
   const int row = blockIdx.y;
@@ -842,6 +888,7 @@ __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const
   const uint8_t* We = W[e];
   const uint8_t* Se = Ws[e];
   x += int64_t(row / x_div) * x_stride, xs += int64_t(row / x_div) * xs_stride;
+  if (kExact) xp += int64_t(row / x_div) * xp_stride;
   auto clamp = [&](int o) { return o0 + o < out ? o0 + o : out - 1; };
   float acc[OPW];
 #pragma unroll
@@ -873,7 +920,7 @@ __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const
       for (int u = 0; u < U; ++u) {
         const int kb = kb0 + 32 * u;
         if (kb >= nb) break;
-        fp4_kb_mac<OPW, kExact>(wu[u], su[u], x, xs, kb, acc);
+        fp4_kb_mac<OPW, kExact>(wu[u], su[u], x, xs, xp, kb, acc);
       }
     }
   } else {
@@ -896,7 +943,7 @@ __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const
       }
 #pragma unroll
       for (int o = 0; o < OPW; ++o) sw[o] = e8m0(__ldg(Se + clamp(o) * nb + kb));
-      fp4_kb_mac<OPW, kExact>(w, sw, x, xs, kb, acc);
+      fp4_kb_mac<OPW, kExact>(w, sw, x, xs, xp, kb, acc);
     }
     if (rt.spread) {
       float c[1] = {0.0f};
@@ -904,7 +951,7 @@ __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const
         if (kMode == kRegs) load_task();
         const uint4 tw1[1] = {tw};
         const float tsw[1] = {e8m0(__ldg(Se + clamp(rt.row) * nb + rt.kb))};
-        fp4_kb_mac<1, kExact, true>(tw1, tsw, x, xs, rt.kb, c);
+        fp4_kb_mac<1, kExact, true>(tw1, tsw, x, xs, xp, rt.kb, c);
       }
 #pragma unroll
       for (int o = 0; o < OPW; ++o) {
@@ -2086,7 +2133,8 @@ void launch_fp4(const Fp4Call& c) {
            : mode == kRegsPipe ? k_fp4_gemv<OPW, kExact, kRegsPipe>
                                : k_fp4_gemv<OPW, kExact, kRegs>;
   launch_pdl(k, dim3(blocks_for(c.out, 8 * OPW), int(c.rows), c.pair.W ? 2 : 1), dim3(256), 0, c.s, c.W, c.Ws,
-             c.ids, c.out, c.K, c.in.x, c.in.stride, c.in.scale, c.in.scale_stride, c.x_div, c.y, c.r, c.pair);
+             c.ids, c.out, c.K, c.in.x, c.in.stride, c.in.scale, c.in.scale_stride, c.in.planes, c.in.plane_stride,
+             c.x_div, c.y, c.r, c.pair);
 }
 template <bool kExact>
 void launch_fp4_opw(const Fp4Call& c) {
@@ -2109,7 +2157,9 @@ LinearInput linear_input(const float* x, int64_t x_stride, int64_t rows, int64_t
 LinearInput sink_input(const InputSink& sink, int64_t K) {
   DSUF_CHECK(K % 32 == 0 && sink.xq, "sink_input: K = ", K);
   const int64_t kp = interleaved_k(K);
-  return {sink.xq, kp, kp, sink.quantize ? sink.xs : nullptr, K / 32};
+  const bool planes = sink.quantize && sink.xp;
+  return {sink.xq, kp, kp, sink.quantize ? sink.xs : nullptr, K / 32, planes ? sink.xp : nullptr,
+          planes ? interleaved_planes(K) : 0};
 }
 void fp8_linear_groups(const uint8_t* W, const uint8_t* Ws, int groups, int64_t out, int64_t K,
                        const LinearInput& in, int64_t rows, float* y, int64_t y_stride, bool r, cudaStream_t s) {
@@ -2136,6 +2186,8 @@ void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const
                         const Fp4Pair& pair) {
   DSUF_CHECK(K % 32 == 0 && in.group_stride == interleaved_k(K), "fp4_linear: K = ", K, ", input laid out for ",
              in.group_stride);
+  DSUF_CHECK(!in.scale || (in.planes && in.plane_stride >= interleaved_planes(K)),
+             "fp4_linear: quantized inputs without their byte planes (InputSink::xp)");
   if (rows <= 0) return;
   const Fp4Call c{W, Ws, ids, out, K, in, x_div, rows, y, r, s, pair};
   if (in.scale) return launch_fp4_opw<true>(c);

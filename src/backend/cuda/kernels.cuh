@@ -30,10 +30,13 @@ void hc_collapse(const float* pre, int pre_stride, const float* X, int n, int hc
                  cudaStream_t s);
 // Where a producer (collapse_norm, rmsnorm2, swiglu) also writes its output rows laid out for the linears, as
 // linear_input would (one group): the floats xq, the scales xs when quantize. Off when xq is null.
+// With xp set (and quantize) also the byte planes of 512·(E4M3 value) that the FP4 linears read
+// (interleaved_planes(K) bytes a row; kernels.cu, ppos16).
 struct InputSink {
   float* xq = nullptr;
   float* xs = nullptr;
   bool quantize = false;
+  uint8_t* xp = nullptr;
 };
 // y = rmsnorm(Σ_k pre[k]·X[k]) per row (the collapsed row never leaves the chip). With emix set, the
 // streams are first expanded in place with the mix rows emix (stride emix_stride) and the site output
@@ -58,14 +61,20 @@ void rmsnorm2(const RmsJob& a, const RmsJob& b, int64_t rows, float eps, bool r,
 // of K inputs interleaved_k(K) floats (group_stride), interleaved so that a warp's loads are
 // contiguous (kernels.cu, xpos4). With scale set, the reference's per-32 FP8 activation quantization
 // of them: E4M3 values times 2^64, block scales at scale[row·scale_stride + group·K/32 + kb].
+// planes: the quantized rows' byte planes (InputSink::xp; plane_stride bytes a row), which the FP4
+// linears need when scale is set.
 struct LinearInput {
   const float* x;
   int64_t stride, group_stride;
   const float* scale;
   int64_t scale_stride;
+  const uint8_t* planes = nullptr;
+  int64_t plane_stride = 0;
 };
 // Floats of one group of K inputs in the interleaved layout (K/32 blocks rounded up to 32).
 __host__ __device__ constexpr int64_t interleaved_k(int64_t K) { return (K / 32 + 31) / 32 * 1024; }
+// Bytes of one row of K inputs as byte planes: 3·32 bytes a K-block, K/32 rounded up to 32.
+__host__ __device__ constexpr int64_t interleaved_planes(int64_t K) { return 3 * interleaved_k(K); }
 // Lays out rows × groups × K inputs of x (row stride x_stride) into xq [rows][groups·interleaved_k(K)]
 // for the linears, quantized (scales into xs [rows][groups·K/32]) when quantize: once, for every
 // linear that reads them.
@@ -96,7 +105,8 @@ struct Fp4Pair {
   float* y = nullptr;
 };
 // Grouped FP4 linear (experts): row r uses expert ids[r]'s weights and input row r / x_div; with
-// pair.W, the same for the pair's weights into pair.y, in the same launch.
+// pair.W, the same for the pair's weights into pair.y, in the same launch. Quantized inputs (in.scale)
+// must come with their byte planes (in.planes): the blocks are exact integer sums (docs/numerics.md §3).
 void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out,
                         int64_t K, const LinearInput& in, int x_div, int64_t rows, float* y, bool r, cudaStream_t s,
                         const Fp4Pair& pair = {});
