@@ -180,6 +180,30 @@ __device__ __forceinline__ void emit_input(const InputSink& sk, int64_t K, int64
              kb, lane);
 }
 
+// ---- RoPE on the way (FusedRope) -----------------------------------------------------------------
+// k_rope's rotation of a pair (2i, 2i+1) in the last 2·half values of a head vector, done by a warp
+// that holds 32 consecutive values of it, lane l with value v: the pair is lanes l and l ^ 1 (the
+// rotated part starts at the even offset dim − 2·half and dim % 32 == 0, so no pair straddles two
+// warps or heads). Element `col` of its head vector (row `row` of the step) is rotated when rot, by
+// its pair's c and sign·s, read from cs as k_rope reads them.
+struct RopePair {
+  bool rot;
+  float c, s;
+};
+__device__ __forceinline__ RopePair rope_pair(const FusedRope& f, int64_t row, int64_t col) {
+  const int64_t off = col - (f.dim - 2 * f.half);
+  if (off < 0) return {false, 1.0f, 0.0f};
+  const int64_t k = (row * f.half + off / 2) * 2;
+  return {true, f.cs[k], f.sign * f.cs[k + 1]};
+}
+// The rotated, rounded value of lane `lane` (k_rope: even a·c − b·s, odd a·s + b·c, a the even value
+// and b the odd one). The whole warp must call it (one shuffle).
+__device__ __forceinline__ float rope_lane(float v, const RopePair& p, int lane, bool r) {
+  const float other = __shfl_xor_sync(0xffffffffu, v, 1);
+  if (!p.rot) return v;
+  return lane % 2 == 0 ? rb(v * p.c - other * p.s, r) : rb(other * p.s + v * p.c, r);
+}
+
 // ---- embedding and mHC -------------------------------------------------------------------------
 __global__ void k_embed(const int32_t* tok, const uint16_t* table, int64_t D, int hc, float* X, float* pre) {
   int i = blockIdx.x;
@@ -569,14 +593,17 @@ __global__ void __launch_bounds__(256) k_rmsnorm(RmsJob a, RmsJob b, float eps, 
 // Lays out rows × groups × K inputs (stride x_stride) for the linears, with the reference's per-32
 // FP8 activation quantization on the way when quantize (E4M3 values stored times 2^64, scales to
 // xs): once per input row, for every linear that reads it. A warp per 32-block.
+// With rope.cs set, the values are first rotated as k_rope would (by shuffles, in registers; x is
+// not written): the attention output's inverse rope, fused into wo_a's input.
 __global__ void k_linear_input(const float* __restrict__ x, int64_t x_stride, int64_t K, int groups, bool quantize,
-                               float* __restrict__ xq, float* __restrict__ xs) {
+                               float* __restrict__ xq, float* __restrict__ xs, FusedRope rope) {
   const int nb = int(K / 32), gb = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (gb >= groups * nb) return;
+  if (gb >= groups * nb) return;  // whole warps
   const int g = gb / nb, kb = gb % nb;
-  const int64_t row = blockIdx.y, kp = interleaved_k(K);
-  emit_input(x[row * x_stride + int64_t(g) * K + kb * 32 + lane], quantize, xq + row * groups * kp + g * kp,
-             quantize ? xs + row * groups * nb + gb : nullptr, kb, lane);
+  const int64_t row = blockIdx.y, kp = interleaved_k(K), col = int64_t(g) * K + kb * 32 + lane;
+  float v = x[row * x_stride + col];
+  if (rope.cs) v = rope_lane(v, rope_pair(rope, row, col % rope.dim), lane, rope.r);
+  emit_input(v, quantize, xq + row * groups * kp + g * kp, quantize ? xs + row * groups * nb + gb : nullptr, kb, lane);
 }
 
 __device__ __forceinline__ uint32_t word_of(const uint4 (&w)[2], int i) {
@@ -971,12 +998,17 @@ __global__ void k_rope(float* x, int64_t rows, int heads, int64_t dim, const flo
   v[2 * i + 1] = rb(a * s + b * c, r);
 }
 
-__global__ void k_fp8_fake_quant(float* x, int64_t blocks, bool r) {
+// A warp per 32-block; with rope.cs set, k_rope's rotation first (the window KV: rope then fake-quant
+// in one launch, the quantizer seeing the rotated, rounded values as after k_rope).
+__global__ void k_fp8_fake_quant(float* x, int64_t blocks, bool r, FusedRope rope) {
   const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  if (b >= blocks) return;
-  float* p = x + b * 32 + threadIdx.x % 32;
-  const float v = *p, s = fp8_block_scale(v);
-  *p = rb(e4m3_val(fp8_code(v, s)) * s, r);
+  if (b >= blocks) return;  // whole warps
+  const int lane = threadIdx.x % 32;
+  const int64_t e = b * 32 + lane;
+  float v = x[e];
+  if (rope.cs) v = rope_lane(v, rope_pair(rope, e / (rope.heads * rope.dim), e % rope.dim), lane, rope.r);
+  const float s = fp8_block_scale(v);
+  x[e] = rb(e4m3_val(fp8_code(v, s)) * s, r);
 }
 
 __device__ __forceinline__ uint8_t* ring_of(const SeqMeta& sq, int layer, int W, int64_t hd) {
@@ -1079,6 +1111,18 @@ __global__ void __launch_bounds__(256) k_attention_logits(AttentionArgs a) {
   const int nk = attention_keys(a, i, &first_free);
   cp_async_wait_all();
   __syncthreads();
+  if (a.q_rope.cs) {  // the queries' rope (k_rope's arithmetic, a thread per pair), here instead of a launch
+    const FusedRope& f = a.q_rope;
+    for (int t = threadIdx.x; t < nh * f.half; t += blockDim.x) {
+      const int h = t / f.half, k = t % f.half;
+      float* v = qs + h * hd + hd - 2 * f.half;
+      const float c = f.cs[(int64_t(i) * f.half + k) * 2], s = f.sign * f.cs[(int64_t(i) * f.half + k) * 2 + 1];
+      const float x0 = v[2 * k], x1 = v[2 * k + 1];
+      v[2 * k] = rb(x0 * c - x1 * s, f.r);
+      v[2 * k + 1] = rb(x0 * s + x1 * c, f.r);
+    }
+    __syncthreads();
+  }
   const float scale = 1.0f / sqrtf(float(hd));
   const int lane = threadIdx.x % 32;
   const int gw = blockIdx.z * (blockDim.x / 32) + threadIdx.x / 32, nw = gridDim.z * (blockDim.x / 32);
@@ -2098,12 +2142,20 @@ void launch_fp4_opw(const Fp4Call& c) {
 }
 }  // namespace
 
+namespace {
+void check_fused_rope(const FusedRope& f, const char* what) {
+  DSUF_CHECK(!f.cs || (f.dim % 32 == 0 && f.half > 0 && 2 * f.half <= f.dim && f.heads >= 1), what,
+             ": a fused rope needs dim % 32 == 0 and 0 < 2·half ≤ dim (dim ", f.dim, ", half ", f.half, ")");
+}
+}  // namespace
 LinearInput linear_input(const float* x, int64_t x_stride, int64_t rows, int64_t K, bool quantize, float* xq,
-                         float* xs, cudaStream_t s, int groups) {
+                         float* xs, cudaStream_t s, int groups, const FusedRope& rope) {
   DSUF_CHECK(K % 32 == 0 && groups >= 1, "linear_input: K = ", K, ", groups = ", groups);
+  check_fused_rope(rope, "linear_input");
   const int64_t nb = K / 32, kp = interleaved_k(K);
   if (rows > 0)
-    k_linear_input<<<dim3(blocks_for(groups * nb, 8), rows), 256, 0, s>>>(x, x_stride, K, groups, quantize, xq, xs);
+    k_linear_input<<<dim3(blocks_for(groups * nb, 8), rows), 256, 0, s>>>(x, x_stride, K, groups, quantize, xq, xs,
+                                                                          rope);
   return {xq, groups * kp, kp, quantize ? xs : nullptr, groups * nb};
 }
 LinearInput sink_input(const InputSink& sink, int64_t K) {
@@ -2150,8 +2202,11 @@ void rope(float* x, int64_t rows, int heads, int64_t dim, const float* cs, int h
   const int64_t n = rows * heads * half;
   if (n) k_rope<<<blocks_for(n, 256), 256, 0, s>>>(x, rows, heads, dim, cs, half, sign, r);
 }
-void fp8_fake_quant(float* x, int64_t n, bool r, cudaStream_t s) {
-  if (n) k_fp8_fake_quant<<<blocks_for(n / 32, 8), 256, 0, s>>>(x, n / 32, r);
+void fp8_fake_quant(float* x, int64_t n, bool r, cudaStream_t s, const FusedRope& rope) {
+  check_fused_rope(rope, "fp8_fake_quant");
+  DSUF_CHECK(!rope.cs || n % (rope.heads * rope.dim) == 0, "fp8_fake_quant: ", n, " values, rows of ",
+             rope.heads * rope.dim);
+  if (n) k_fp8_fake_quant<<<blocks_for(n / 32, 8), 256, 0, s>>>(x, n / 32, r, rope);
 }
 void index_q_quant(const float* x, int64_t n, int8_t* codes, float* scales, cudaStream_t s) {
   if (n) k_index_q_quant<<<blocks_for(n / 32, 8), 256, 0, s>>>(x, n / 32, codes, scales);
@@ -2162,6 +2217,9 @@ void pack_window(const float* kv, int rows, const RowMeta* meta, const SeqMeta* 
   if (t > 0) k_pack_window<<<blocks_for(t, 8), 256, 0, s>>>(kv, rows, meta, seqs, layer, hd, W);
 }
 void attention(const AttentionArgs& a, cudaStream_t s) {
+  const FusedRope& qr = a.q_rope;
+  DSUF_CHECK(!qr.cs || (qr.dim == a.hd && qr.heads == a.H && qr.half > 0 && 2 * qr.half <= qr.dim),
+             "attention: the queries' rope must cover H = ", a.H, " heads of ", a.hd, " dims");
   k_gather_keys<<<dim3(a.rows, a.W + (a.sel ? a.sel_stride : 0)), 128, 0, s>>>(a);
   const size_t qk_smem = sizeof(float) * kAttHeadsQK * a.hd;
   set_smem(k_attention_logits, qk_smem);
