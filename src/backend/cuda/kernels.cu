@@ -1161,7 +1161,8 @@ __global__ void __launch_bounds__(256) k_attention_logits(AttentionArgs a) {
 // padded with zeros is (q_0 + q_2) + (q_1 + q_3). The 16 blocks of a head group each redo the group's
 // softmax (8 × nk exponentials) rather than wait for one another. Rows longer than the key tile take
 // several tiles (not at V4.1's 640 keys). Measured under Nsight: 809 µs a step at 8K, against 711 µs
-// for a 256-thread variant that tiled the keys 64 rows at a time (docs/perf.md, v11).
+// for a 256-thread variant that tiled the keys 64 rows at a time (docs/perf.md, v11): that one is
+// k_attention_pv_tiles below (DSUF_PV=tiles).
 constexpr int kPvHeads = 8, kPvDims = 32, kPvThreads = 128, kPvMaxTile = 640;
 
 __global__ void __launch_bounds__(kPvThreads) k_attention_pv(AttentionArgs a, int tile) {
@@ -1249,6 +1250,101 @@ __global__ void __launch_bounds__(kPvThreads) k_attention_pv(AttentionArgs a, in
     if (2 * warp < nh) o[2 * warp * hd] = rb(acc_a / den_s[2 * warp], a.r);
     if (2 * warp + 1 < nh) o[(2 * warp + 1) * hd] = rb(acc_b / den_s[2 * warp + 1], a.r);
   }
+}
+
+// The tiled alternative (DSUF_PV=tiles; session 4's first rewrite, measured 711 µs a step at 8K against
+// 809 for k_attention_pv, docs/perf.md v11). A block per (8 heads, 32 dims) of a row, 256 threads:
+// first the two 128-thread halves each run one head's softmax at a time (the reference's 128-thread
+// block_sum order: thread t's partial over j ≡ t mod 128, then the warp trees and (q0 + q2) + (q1 + q3)),
+// exp(logit − max) kept in shared memory; then thread (head, dim) adds up its dim over the keys in
+// order from zero, the keys' 32-dim slice staged 64 rows at a time through registers (the next tile's
+// loads issued before this tile's arithmetic). Dynamic shared memory: kPvHeads·kmax floats.
+constexpr int kPvTileRows = 64, kPvTileThreads = kPvHeads * kPvDims;
+
+// Sum (max) over one 128-thread half `half` of a 256-thread block: the warp trees, then the tree of
+// the half's four warp values (q0 + q2) + (q1 + q3). Every thread of the block must call it.
+__device__ __forceinline__ float half_block_sum(float v, float (*part)[4], int half) {
+  v = warp_sum(v);
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) part[half][(threadIdx.x / 32) % 4] = v;
+  __syncthreads();
+  return (part[half][0] + part[half][2]) + (part[half][1] + part[half][3]);
+}
+__device__ __forceinline__ float half_block_max(float v, float (*part)[4], int half) {
+  v = warp_max(v);
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) part[half][(threadIdx.x / 32) % 4] = v;
+  __syncthreads();
+  return fmaxf(fmaxf(part[half][0], part[half][2]), fmaxf(part[half][1], part[half][3]));
+}
+
+__global__ void __launch_bounds__(kPvTileThreads) k_attention_pv_tiles(AttentionArgs a) {
+  extern __shared__ float4 pvt_smem4[];
+  float* p = reinterpret_cast<float*>(pvt_smem4);  // [kPvHeads][kmax]: exp(logit − max)
+  __shared__ float kt[kPvTileRows][kPvDims];
+  __shared__ float part[2][4];
+  __shared__ float den_s[kPvHeads];
+  __shared__ int first_free;
+  const int i = blockIdx.x, h0 = blockIdx.y * kPvHeads, d0 = blockIdx.z * kPvDims;
+  const int64_t hd = a.hd;
+  const int nk = attention_keys(a, i, &first_free);
+  const int nh = min(kPvHeads, a.H - h0);
+  const int half = threadIdx.x / 128, t128 = threadIdx.x % 128;
+  for (int hp = 0; hp < kPvHeads; hp += 2) {  // uniform trip count: both halves reach every barrier
+    const int h = hp + half;
+    const bool live = h < nh;
+    const float* lg = a.att + (int64_t(i) * a.H + h0 + h) * a.kmax;
+    float* ph = p + h * a.kmax;
+    float mx = -INFINITY;
+    if (live)
+      for (int j = t128; j < nk; j += 128) mx = fmaxf(mx, lg[j]);
+    mx = half_block_max(mx, part, half);
+    float den = 0.0f;
+    if (live)
+      for (int j = t128; j < nk; j += 128) den += (ph[j] = det::fexp(lg[j] - mx));
+    den = half_block_sum(den, part, half);
+    if (live && t128 == 0) den_s[h] = den + det::fexp(a.sink[h0 + h] - mx);
+  }
+  const float* keys = a.keys + int64_t(i) * a.kmax * hd + d0;
+  const int lr = threadIdx.x / 8, lc = threadIdx.x % 8;  // tile rows lr and lr + 32, float4 lc
+  const bool vec = hd % 4 == 0 && d0 + kPvDims <= hd;
+  auto fetch = [&](int j0, float4 (&v)[2]) {
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int j = j0 + lr + 32 * u;
+      v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (j >= nk) continue;
+      const float* src = keys + int64_t(j) * hd + 4 * lc;
+      if (vec) {
+        v[u] = __ldg(reinterpret_cast<const float4*>(src));
+      } else {
+        float* e = &v[u].x;
+        for (int c = 0; c < 4; ++c)
+          if (d0 + 4 * lc + c < hd) e[c] = src[c];
+      }
+    }
+  };
+  const int hl = threadIdx.x / kPvDims, dl = threadIdx.x % kPvDims;
+  const float* ph = p + hl * a.kmax;
+  float acc = 0.0f;
+  float4 next[2];
+  fetch(0, next);
+  for (int j0 = 0; j0 < nk; j0 += kPvTileRows) {
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < 2; ++u) reinterpret_cast<float4*>(kt[lr + 32 * u])[lc] = next[u];
+    __syncthreads();
+    if (j0 + kPvTileRows < nk) fetch(j0 + kPvTileRows, next);
+    const int n = min(kPvTileRows, nk - j0);
+    if (n == kPvTileRows) {
+#pragma unroll 16
+      for (int jj = 0; jj < kPvTileRows; ++jj) acc += ph[j0 + jj] * kt[jj][dl];
+    } else {
+      for (int jj = 0; jj < n; ++jj) acc += ph[j0 + jj] * kt[jj][dl];
+    }
+  }
+  const int64_t d = d0 + dl;
+  if (hl < nh && d < hd) a.out[(int64_t(i) * a.H + h0 + hl) * hd + d] = rb(acc / den_s[hl], a.r);
 }
 
 // ---- compressor --------------------------------------------------------------------------------
@@ -2216,6 +2312,16 @@ void pack_window(const float* kv, int rows, const RowMeta* meta, const SeqMeta* 
   const int64_t t = int64_t(rows) * (hd / 32);
   if (t > 0) k_pack_window<<<blocks_for(t, 8), 256, 0, s>>>(kv, rows, meta, seqs, layer, hd, W);
 }
+// DSUF_PV=cp|tiles picks the softmax + P·V kernel (k_attention_pv, the default, or k_attention_pv_tiles).
+bool pv_tiles() {
+  static const bool tiles = [] {
+    const char* v = std::getenv("DSUF_PV");
+    const std::string m = v ? v : "cp";
+    if (m != "cp" && m != "tiles") fail("DSUF_PV=", m, ": expected cp or tiles");
+    return m == "tiles";
+  }();
+  return tiles;
+}
 void attention(const AttentionArgs& a, cudaStream_t s) {
   const FusedRope& qr = a.q_rope;
   DSUF_CHECK(!qr.cs || (qr.dim == a.hd && qr.heads == a.H && qr.half > 0 && 2 * qr.half <= qr.dim),
@@ -2224,12 +2330,21 @@ void attention(const AttentionArgs& a, cudaStream_t s) {
   const size_t qk_smem = sizeof(float) * kAttHeadsQK * a.hd;
   set_smem(k_attention_logits, qk_smem);
   k_attention_logits<<<dim3(a.rows, blocks_for(a.H, kAttHeadsQK), attention_key_split(a.rows)), 256, qk_smem, s>>>(a);
+  const dim3 pv_grid(a.rows, blocks_for(a.H, kPvHeads), blocks_for(a.hd, kPvDims));
+  if (pv_tiles()) {
+    const size_t smem = sizeof(float) * size_t(kPvHeads) * a.kmax;
+    DSUF_CHECK(smem <= 200 * 1024, "attention: ", a.kmax, " keys a row need too much shared memory");
+    // Above 48 KB in all (with the 8 KB key tile) the dynamic part needs the opt-in.
+    if (smem + sizeof(float) * kPvTileRows * kPvDims + 1024 > 48 * 1024)
+      DSUF_CUDA(cudaFuncSetAttribute(k_attention_pv_tiles, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    k_attention_pv_tiles<<<pv_grid, kPvTileThreads, smem, s>>>(a);
+    return;
+  }
   const int kp = (a.kmax + 3) & ~3, tile = std::min(kp, kPvMaxTile);
   const size_t pv_smem = sizeof(float) * (size_t(kPvHeads) * kp + size_t(tile) * kPvDims);
   DSUF_CHECK(pv_smem <= 200 * 1024, "attention: ", a.kmax, " keys a row need too much shared memory");
   set_smem(k_attention_pv, pv_smem);
-  k_attention_pv<<<dim3(a.rows, blocks_for(a.H, kPvHeads), blocks_for(a.hd, kPvDims)), kPvThreads, pv_smem, s>>>(a,
-                                                                                                             tile);
+  k_attention_pv<<<pv_grid, kPvThreads, pv_smem, s>>>(a, tile);
 }
 void compress_emit(const CompressArgs& a, cudaStream_t s) {
   if (a.n_jobs <= 0) return;

@@ -178,6 +178,8 @@ struct AttentionArgs {
   bool r;
   FusedRope q_rope = {};  // set: the logits kernel rotates the queries it stages (q itself stays as it is)
 };
+// Gathers the keys, then the logits, then softmax and P·V: k_attention_pv, or k_attention_pv_tiles with
+// DSUF_PV=tiles (read once; both equal the reference).
 void attention(const AttentionArgs& a, cudaStream_t s);
 
 struct CompressArgs {
