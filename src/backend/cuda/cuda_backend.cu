@@ -951,11 +951,13 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   const cuda::LinearInput qin = cuda::sink_input(qsink, qr);
   // The compressor and the indexer (on the side stream) need only xn and q_lat; the KV rope and
   // the query projection go on beside them.
+  // RoPE is fused into the kernels that read its outputs (the same arithmetic, one launch fewer each):
+  // the window KV's into its fake-quant, the queries' into the logits kernel's query staging (ws.q
+  // stays unrotated: nothing else reads it), the output's inverse into wo_a's input layout.
   fork();
-  cuda::rope(ws.kvw, n, 1, hd, cs, half, 1.0f, r, stream);
-  cuda::fp8_fake_quant(ws.kvw, n * hd, r, stream);
+  const cuda::FusedRope kv_rope{.cs = cs, .half = half, .heads = 1, .dim = hd, .sign = 1.0f, .r = r};
+  cuda::fp8_fake_quant(ws.kvw, n * hd, r, stream, kv_rope);
   cuda::fp8_linear(d.wq_b.w, d.wq_b.s, Hr * hd, qr, qin, n, ws.q, Hr * hd, r, stream);
-  cuda::rope(ws.q, n, Hr, hd, cs, half, 1.0f, r, stream);
 
   const int slot = layout.source_slot[l];
   const int ratio = lp.ratio;
@@ -966,12 +968,14 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   cuda::AttentionArgs aa{.q = ws.q, .kv_chunk = ws.kvw, .meta = st.meta, .seqs = st.seqtab, .layer = l,
                          .src = ratio > 0 ? slot : -1, .sel = ratio > 0 ? ws.sel : nullptr,
                          .sel_stride = t.index_topk, .sink = d.sink + h0, .out = ws.o, .keys = ws.keys, .att = ws.att,
-                         .kmax = W + t.index_topk, .rows = n, .H = Hr, .W = W, .hd = hd, .r = r};
+                         .kmax = W + t.index_topk, .rows = n, .H = Hr, .W = W, .hd = hd, .r = r,
+                         .q_rope = {.cs = cs, .half = half, .heads = Hr, .dim = hd, .sign = 1.0f, .r = r}};
   cuda::attention(aa, stream);
-  cuda::rope(ws.o, n, Hr, hd, cs, half, -1.0f, r, stream);
+  // ws.o is left unrotated: only wo_a's input (rotated back on the way) reads it.
   const int64_t gin = (H / G) * hd;
-  const cuda::LinearInput oin =
-      cuda::linear_input(ws.o, Hr * hd, n, gin, opt.numerics.wo_a_act_quant && aq, ws.xq[0], ws.xs[0], stream, Gr);
+  const cuda::FusedRope o_rope{.cs = cs, .half = half, .heads = Hr, .dim = hd, .sign = -1.0f, .r = r};
+  const cuda::LinearInput oin = cuda::linear_input(ws.o, Hr * hd, n, gin, opt.numerics.wo_a_act_quant && aq,
+                                                   ws.xq[0], ws.xs[0], stream, Gr, o_rope);
   cuda::fp8_linear_groups(d.wo_a.w, d.wo_a.s, Gr, ol, gin, oin, n, ws.zg + g0 * ol, G * ol, r, stream);
   cuda::gather_cols(comm, zg_split, ws.zg, n, G * ol, tp_send, tp_recv, stream);
   const cuda::LinearInput zin = cuda::linear_input(ws.zg, G * ol, n, G * ol, aq, ws.xq[1], ws.xs[1], stream);

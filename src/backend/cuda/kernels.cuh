@@ -75,11 +75,25 @@ struct LinearInput {
 __host__ __device__ constexpr int64_t interleaved_k(int64_t K) { return (K / 32 + 31) / 32 * 1024; }
 // Bytes of one row of K inputs as byte planes: 3·32 bytes a K-block, K/32 rounded up to 32.
 __host__ __device__ constexpr int64_t interleaved_planes(int64_t K) { return 3 * interleaved_k(K); }
+// rope()'s rotation done by another kernel on the way, with rope()'s arithmetic and rounding: rows of
+// `heads` head vectors of `dim` values (dim % 32 == 0), the last 2·half of each rotated by the row's
+// cos/sin in cs (row-major [rows][half][cos,sin]) with sign·sin, rounded as rope() with r. Off when
+// cs is null.
+struct FusedRope {
+  const float* cs = nullptr;
+  int half = 0;
+  int heads = 1;
+  int64_t dim = 0;
+  float sign = 1.0f;
+  bool r = false;
+};
 // Lays out rows × groups × K inputs of x (row stride x_stride) into xq [rows][groups·interleaved_k(K)]
 // for the linears, quantized (scales into xs [rows][groups·K/32]) when quantize: once, for every
-// linear that reads them.
+// linear that reads them. With rope.cs set, each row's values (head vectors of rope.dim from the row's
+// start) are first rotated as rope(x, …, rope.sign, rope.r) would, in registers only: x is not
+// written (the inverse rope of the attention output, fused into wo_a's input).
 LinearInput linear_input(const float* x, int64_t x_stride, int64_t rows, int64_t K, bool quantize, float* xq,
-                         float* xs, cudaStream_t s, int groups = 1);
+                         float* xs, cudaStream_t s, int groups = 1, const FusedRope& rope = {});
 // The layout a producer wrote through `sink` for rows of K inputs (what linear_input would return).
 LinearInput sink_input(const InputSink& sink, int64_t K);
 // A second linear of the same inputs, run in the same launch (its own weights, outputs and y).
@@ -117,7 +131,10 @@ void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int6
 // (computed on the host by model/rope.h, the same values the CPU reference uses).
 void rope(float* x, int64_t rows, int heads, int64_t dim, const float* cs, int half, float sign, bool r,
           cudaStream_t s);
-void fp8_fake_quant(float* x, int64_t n, bool r, cudaStream_t s);      // blocks of 32
+// The reference's FP8 fake-quant per 32 values in place (rounded by r). With rope.cs set, rope()
+// first (x is rope.heads·rope.dim values a row), in the same launch: the quantizer sees the rotated,
+// rounded values, exactly as rope() then fp8_fake_quant() (the window KV of a layer).
+void fp8_fake_quant(float* x, int64_t n, bool r, cudaStream_t s, const FusedRope& rope = {});
 // ---- Per-row metadata: a step's rows may come from several sequences (a prefill chunk is rows of
 // one sequence; a decode step one row per sequence). Rows of one sequence are consecutive and in
 // position order.
@@ -154,7 +171,7 @@ void pack_window(const float* kv, int rows, const RowMeta* meta, const SeqMeta* 
                  cudaStream_t s);
 
 struct AttentionArgs {
-  const float* q;         // [rows][H][hd]
+  const float* q;         // [rows][H][hd]; not yet rotated when q_rope.cs is set
   const float* kv_chunk;  // [rows][hd] this step's window KV (fake-quantized)
   const RowMeta* meta;
   const SeqMeta* seqs;
@@ -169,7 +186,10 @@ struct AttentionArgs {
   int rows, H, W;
   int64_t hd;
   bool r;
+  FusedRope q_rope = {};  // set: the logits kernel rotates the queries it stages (q itself stays as it is)
 };
+// Gathers the keys, then the logits, then softmax and P·V: k_attention_pv, or k_attention_pv_tiles with
+// DSUF_PV=tiles (read once; both equal the reference).
 void attention(const AttentionArgs& a, cudaStream_t s);
 
 struct CompressArgs {
