@@ -1328,7 +1328,7 @@ __device__ __forceinline__ float half_block_max(float v, float (*part)[4], int h
 __global__ void __launch_bounds__(kPvTileThreads) k_attention_pv_tiles(AttentionArgs a) {
   extern __shared__ float4 pvt_smem4[];
   float* p = reinterpret_cast<float*>(pvt_smem4);  // [kPvHeads][kmax]: exp(logit − max)
-  __shared__ float kt[kPvTileRows][kPvDims];
+  __shared__ __align__(16) float kt[kPvTileRows][kPvDims];  // written as float4: 16-byte aligned
   __shared__ float part[2][4];
   __shared__ float den_s[kPvHeads];
   __shared__ int first_free;
