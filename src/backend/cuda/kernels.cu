@@ -768,6 +768,18 @@ struct RemainderTasks {
   }
   __device__ int source(int o) const { return o * rem + (lane < rem ? lane : 0); }
   __device__ bool receives() const { return lane < rem; }
+  // The lane's rounds over K-blocks kb = lane, lane + 32, …: with spread tasks only the full ones.
+  __device__ bool ends_at(int kb, int nb) const { return kb >= nb || (spread && kb >= 32 * full); }
+  // What a double-buffered lane loads during round kb: the next round's blocks, or, after the last
+  // full round of a spread warp, its task's.
+  template <typename Load, typename LoadTask>
+  __device__ void prefetch(int kb, int nb, Load&& load, LoadTask&& load_task) const {
+    if (!(spread && kb + 32 >= 32 * full)) {
+      if (kb + 32 < nb) load(kb + 32);
+    } else if (mine) {
+      load_task();
+    }
+  }
 };
 
 // Block of 8 warps; warp w takes outputs o0..o0+OPW-1 and the block's R rows (grid.y: row groups).
@@ -848,19 +860,11 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
       tw[1] = __ldg(reinterpret_cast<const uint4*>(wr + 16));
     };
     if (kMode == kRegsPipe && rt.full == 0 && rt.mine) load_task();
-    for (int kb = lane; kb < nb; kb += 32) {
-      const bool last_full = kb + 32 >= rt.full * 32;
-      if (rt.spread && kb >= rt.full * 32) break;
+    for (int kb = lane; !rt.ends_at(kb, nb); kb += 32) {
       if (kMode == kRegs) load(kb);
 #pragma unroll
       for (int o = 0; o < OPW; ++o) w[o][0] = wn[o][0], w[o][1] = wn[o][1];
-      if (kMode == kRegsPipe) {
-        if (!(rt.spread && last_full)) {
-          if (kb + 32 < nb) load(kb + 32);
-        } else if (rt.mine) {
-          load_task();
-        }
-      }
+      if (kMode == kRegsPipe) rt.prefetch(kb, nb, load, load_task);
 #pragma unroll
       for (int o = 0; o < OPW; ++o) sw[o] = e8m0(__ldg(Ws + (clamp(o) / 32) * nb + kb));
       fp8_kb_mac<OPW, R, kExact>(w, sw, x, x_stride, xs, xs_stride, kb, nr, acc);
@@ -955,19 +959,11 @@ __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const
     uint4 tw = make_uint4(0, 0, 0, 0);
     auto load_task = [&] { tw = __ldg(reinterpret_cast<const uint4*>(We + clamp(rt.row) * row_bytes + int64_t(rt.kb) * 16)); };
     if (kMode == kRegsPipe && rt.full == 0 && rt.mine) load_task();
-    for (int kb = lane; kb < nb; kb += 32) {
-      const bool last_full = kb + 32 >= rt.full * 32;
-      if (rt.spread && kb >= rt.full * 32) break;
+    for (int kb = lane; !rt.ends_at(kb, nb); kb += 32) {
       if (kMode == kRegs) load(kb);
 #pragma unroll
       for (int o = 0; o < OPW; ++o) w[o] = wn[o];
-      if (kMode == kRegsPipe) {
-        if (!(rt.spread && last_full)) {
-          if (kb + 32 < nb) load(kb + 32);
-        } else if (rt.mine) {
-          load_task();
-        }
-      }
+      if (kMode == kRegsPipe) rt.prefetch(kb, nb, load, load_task);
 #pragma unroll
       for (int o = 0; o < OPW; ++o) sw[o] = e8m0(__ldg(Se + clamp(o) * nb + kb));
       fp4_kb_mac<OPW, kExact>(w, sw, x, xs, xp, kb, acc);
