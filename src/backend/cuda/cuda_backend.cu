@@ -5,6 +5,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -300,6 +301,7 @@ struct CudaBackend::Impl {
   };
 
   void load(uint64_t synthetic_seed);
+  void place_host_tables(uint64_t synthetic_seed);
   void place_tensors(uint64_t synthetic_seed);
   void alloc_workspace();
   DevSeq& seq(SequenceState& st);
@@ -338,87 +340,143 @@ uint8_t synthetic_scale(int64_t fan_in, bool fp4) {
   const int e = int(std::lround(std::log2(std::sqrt(double(fan_in))))) + (fp4 ? 1 : 0);
   return uint8_t(127 - e);
 }
-}  // namespace
 
-void CudaBackend::Impl::place_tensors(uint64_t synthetic_seed) {
-  // Every backbone tensor by checkpoint name: on the device, except the Engram tables, which go to
-  // pinned host memory the GPU reads directly. From the checkpoint, or drawn on the device.
-  // Tensor parallel: each rank takes only its row slice of a split tensor (tp_partition.h) and
-  // skips experts other ranks own; the Engram tables are pinned once (rank 0) and mapped by all.
-  uint64_t salt = synthetic_seed;
+// A rank's device weights live in one allocation (an arena), each tensor at a multiple of this
+// offset (cudaMalloc's own alignment). One allocation instead of one per tensor: at 352 experts
+// over 2 GPUs a rank holds ~42,000 tensors, each was a cudaMalloc (a driver call that maps pages,
+// and a cudaFree at the end), and where the driver rounds a large allocation up to 2 MiB pages,
+// each 5.625 MiB FP4 expert matrix took 6 MiB (≈ 7.7 GiB a rank the plan did not count). The plan
+// counts the arena to the byte.
+constexpr size_t kWeightAlign = 256;
+size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+// Every backbone tensor of the inventory in order, with its synthetic salt (seed + its position
+// among the backbone tensors, counted whether or not this rank holds it, so that every rank and
+// world size draws the same values). fn(w, ts, off, bytes, full_bytes, host, salt) runs for the
+// tensors this rank holds: [off, off + bytes) is its slice of the whole tensor's full_bytes; host:
+// an Engram table (pinned host memory).
+template <typename Fn>
+void for_each_backbone_tensor(const ModelConfig& cfg, const TpPartition& part, uint64_t seed, Fn&& fn) {
+  uint64_t salt = seed;
   for (const WeightSpec& w : expected_weights(cfg)) {
     for (const TensorSpec& ts : physical_tensors(w)) {
       if (!on_device_backbone(ts.name)) continue;
+      ++salt;
       const size_t full_bytes = size_t(numel(ts.shape)) * dtype_size(ts.dtype);
-      const bool host = in_host_memory(ts.name);
-      if (!model) ++salt;
       const TensorSlice sl = tensor_slice(part, ts.name, ts.shape);
       if (!sl.present) continue;
       const size_t row_bytes = full_bytes / size_t(ts.shape[0]);
       const size_t off = sl.sliced ? size_t(sl.rows.begin) * row_bytes : 0;
       const size_t bytes = sl.sliced ? size_t(sl.rows.size()) * row_bytes : full_bytes;
-      if (host && host_tables) {
-        void* d = nullptr;
-        DSUF_CUDA(cudaHostGetDevicePointer(&d, const_cast<uint8_t*>(host_tables->at(ts.name)), 0));
-        dev[ts.name] = static_cast<const uint8_t*>(d);
-        continue;
-      }
-      if (model) {
-        const uint8_t* src = model->checkpoint->get(ts.name).data;
-        if (host) {
-          dev[ts.name] = pin(src, bytes);
-          host_ptr[ts.name] = static_cast<const uint8_t*>(pinned.back());
-        } else {
-          dev[ts.name] = upload<uint8_t>(src + off, bytes);
-        }
-        continue;
-      }
-      const bool is_scale = ts.dtype == DType::F8_E8M0;
-      const int64_t fan_in = w.shape.back();
-      if (host) {
-        void* p = nullptr;
-        DSUF_CUDA(cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
-        pinned.push_back(p);
-        host_ptr[ts.name] = static_cast<const uint8_t*>(p);
-        cuda::fill_host_synthetic(static_cast<uint8_t*>(p), bytes, salt,
-                                  is_scale ? cuda::Fill::kConstant : cuda::Fill::kE4M3, synthetic_scale(fan_in, false));
-        void* d = nullptr;
-        DSUF_CUDA(cudaHostGetDevicePointer(&d, p, 0));
-        dev[ts.name] = static_cast<const uint8_t*>(d);
-        continue;
-      }
-      uint8_t* d = alloc<uint8_t>(bytes);
-      weight_bytes += bytes;
-      // A slice gets the bytes the whole tensor would hold there: drawn whole, then cut.
-      const bool partial = bytes != full_bytes;
-      uint8_t* fill_to = d;
-      DevMem whole;
-      if (partial) whole = DevMem(full_bytes), fill_to = whole.as<uint8_t>();
-      cuda::Fill mode = cuda::Fill::kBytes;
-      uint8_t constant = 0;
-      float sigma = 1.0f;
-      if (is_scale) {
-        mode = cuda::Fill::kConstant, constant = synthetic_scale(fan_in, w.kind == WeightKind::kFp4Linear);
-      } else if (ts.dtype == DType::F8_E4M3) {
-        mode = cuda::Fill::kE4M3;
-      } else if (ts.dtype == DType::BF16) {
-        mode = w.init == WeightInit::kNorm ? cuda::Fill::kBf16One : cuda::Fill::kBf16Normal;
-        sigma = w.init == WeightInit::kHead ? 2.5f / std::sqrt(float(fan_in))
-                : w.init == WeightInit::kEmbed ? 1.0f : 1.0f / std::sqrt(float(fan_in));
-      } else if (ts.dtype == DType::F32) {
-        mode = cuda::Fill::kF32Normal;
-        sigma = w.init == WeightInit::kHcFn ? 0.1f / std::sqrt(float(fan_in)) : w.init == WeightInit::kBias ? 0.01f : 1.0f;
-        if (w.init == WeightInit::kHcScale) mode = cuda::Fill::kF32One;
-      }
-      cuda::fill_device_synthetic(fill_to, full_bytes, salt, mode, constant, sigma, stream);
-      if (partial) {
-        DSUF_CUDA(cudaMemcpyAsync(d, fill_to + off, bytes, cudaMemcpyDeviceToDevice, stream));
-        DSUF_CUDA(cudaStreamSynchronize(stream));
-      }
-      dev[ts.name] = d;
+      fn(w, ts, off, bytes, full_bytes, in_host_memory(ts.name), salt);
     }
   }
+}
+
+// Bytes of a rank's weight arena: its device tensors, each aligned.
+size_t weight_arena_bytes(const ModelConfig& cfg, const TpPartition& part) {
+  size_t total = 0;
+  for_each_backbone_tensor(cfg, part, 0, [&](const WeightSpec&, const TensorSpec&, size_t, size_t bytes, size_t,
+                                             bool host, uint64_t) {
+    if (!host) total += align_up(bytes, kWeightAlign);
+  });
+  return total;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+void CudaBackend::Impl::place_host_tables(uint64_t synthetic_seed) {
+  // The Engram tables, in pinned host memory the GPUs read directly: from the checkpoint, or drawn
+  // on the host. Once, by rank 0, before the ranks load; the others map rank 0's (place_tensors).
+  DSUF_CUDA(cudaSetDevice(opt.device));
+  const auto t0 = std::chrono::steady_clock::now();
+  size_t total = 0;
+  for_each_backbone_tensor(cfg, part, synthetic_seed, [&](const WeightSpec& w, const TensorSpec& ts, size_t,
+                                                          size_t bytes, size_t, bool host, uint64_t salt) {
+    if (!host) return;
+    total += bytes;
+    if (model) {
+      dev[ts.name] = pin(model->checkpoint->get(ts.name).data, bytes);
+      host_ptr[ts.name] = static_cast<const uint8_t*>(pinned.back());
+      return;
+    }
+    void* p = nullptr;
+    DSUF_CUDA(cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+    pinned.push_back(p);
+    host_ptr[ts.name] = static_cast<const uint8_t*>(p);
+    const bool is_scale = ts.dtype == DType::F8_E8M0;
+    cuda::fill_host_synthetic(static_cast<uint8_t*>(p), bytes, salt,
+                              is_scale ? cuda::Fill::kConstant : cuda::Fill::kE4M3, synthetic_scale(w.shape.back(), false));
+    void* d = nullptr;
+    DSUF_CUDA(cudaHostGetDevicePointer(&d, p, 0));
+    dev[ts.name] = static_cast<const uint8_t*>(d);
+  });
+  if (opt.progress && total)
+    std::fprintf(stderr, "Engram tables: %.2f GB (%.2f GiB) pinned in host memory and %s in %.1f s\n", total / 1e9,
+                 total / double(1ull << 30), model ? "copied" : "drawn", seconds_since(t0));
+}
+
+void CudaBackend::Impl::place_tensors(uint64_t synthetic_seed) {
+  // Every backbone tensor by checkpoint name: on the device in one allocation (kWeightAlign), from
+  // the checkpoint or drawn on the device; the Engram tables are rank 0's pinned host copies
+  // (place_host_tables), mapped. Tensor parallel: each rank takes only its row slice of a split
+  // tensor (tp_partition.h) and skips experts other ranks own; a slice gets the values the whole
+  // tensor's draw holds there (the fill starts at the slice's first element), so TP and TP=1 hold
+  // the same values.
+  const auto t0 = std::chrono::steady_clock::now();
+  const size_t arena_bytes = weight_arena_bytes(cfg, part);
+  uint8_t* arena = alloc<uint8_t>(arena_bytes);
+  size_t used = 0, tensors = 0;
+  for_each_backbone_tensor(cfg, part, synthetic_seed, [&](const WeightSpec& w, const TensorSpec& ts, size_t off,
+                                                          size_t bytes, size_t full_bytes, bool host, uint64_t salt) {
+    if (host) {
+      if (dev.count(ts.name)) return;  // rank 0: pinned by place_host_tables
+      DSUF_CHECK(host_tables, "rank ", part.rank, ": the Engram tables were not placed before the weights");
+      void* d = nullptr;
+      DSUF_CUDA(cudaHostGetDevicePointer(&d, const_cast<uint8_t*>(host_tables->at(ts.name)), 0));
+      dev[ts.name] = static_cast<const uint8_t*>(d);
+      return;
+    }
+    uint8_t* d = arena + used;
+    used += align_up(bytes, kWeightAlign);
+    DSUF_CHECK(used <= arena_bytes, "weight arena overflow at ", ts.name);
+    weight_bytes += bytes;
+    ++tensors;
+    dev[ts.name] = d;
+    if (model) {
+      DSUF_CUDA(cudaMemcpy(d, model->checkpoint->get(ts.name).data + off, bytes, cudaMemcpyHostToDevice));
+      return;
+    }
+    const bool is_scale = ts.dtype == DType::F8_E8M0;
+    const int64_t fan_in = w.shape.back();
+    cuda::Fill mode = cuda::Fill::kBytes;
+    uint8_t constant = 0;
+    float sigma = 1.0f;
+    size_t elem = 1;  // bytes per element of the fill mode
+    if (is_scale) {
+      mode = cuda::Fill::kConstant, constant = synthetic_scale(fan_in, w.kind == WeightKind::kFp4Linear);
+    } else if (ts.dtype == DType::F8_E4M3) {
+      mode = cuda::Fill::kE4M3;
+    } else if (ts.dtype == DType::BF16) {
+      mode = w.init == WeightInit::kNorm ? cuda::Fill::kBf16One : cuda::Fill::kBf16Normal, elem = 2;
+      sigma = w.init == WeightInit::kHead ? 2.5f / std::sqrt(float(fan_in))
+              : w.init == WeightInit::kEmbed ? 1.0f : 1.0f / std::sqrt(float(fan_in));
+    } else if (ts.dtype == DType::F32) {
+      mode = cuda::Fill::kF32Normal, elem = 4;
+      sigma = w.init == WeightInit::kHcFn ? 0.1f / std::sqrt(float(fan_in)) : w.init == WeightInit::kBias ? 0.01f : 1.0f;
+      if (w.init == WeightInit::kHcScale) mode = cuda::Fill::kF32One;
+    }
+    DSUF_CHECK(off % elem == 0 && full_bytes % elem == 0, ts.name, ": slice not on an element boundary");
+    cuda::fill_device_synthetic(d, bytes, salt, mode, constant, sigma, stream, off / elem);
+  });
   DSUF_CUDA(cudaStreamSynchronize(stream));
+  if (opt.progress)
+    std::fprintf(stderr, "rank %d (GPU %d): %s %.2f GB (%.2f GiB, %zu tensors, one allocation) in %.1f s\n", part.rank,
+                 opt.device, model ? "uploaded" : "filled", arena_bytes / 1e9, arena_bytes / double(1ull << 30),
+                 tensors, seconds_since(t0));
 }
 
 void CudaBackend::Impl::load(uint64_t synthetic_seed) {
@@ -583,16 +641,12 @@ CudaMemoryPlan plan_cuda_memory(const ModelConfig& cfg, const CudaOptions& opt, 
   const TextConfig& t = cfg.text;
   const TpPartition part = TpPartition::make(t, std::max<int>(1, int(opt.devices.size())), rank);
   CudaMemoryPlan p;
-  for (const TensorSpec& ts : expected_tensors(cfg)) {
-    if (!on_device_backbone(ts.name)) continue;
-    const size_t bytes = size_t(numel(ts.shape)) * dtype_size(ts.dtype);
-    if (in_host_memory(ts.name)) {
-      p.host_pinned += bytes;  // once, shared by the ranks
-      continue;
-    }
-    const TensorSlice sl = tensor_slice(part, ts.name, ts.shape);
-    if (sl.present) p.weights += sl.sliced ? bytes / size_t(ts.shape[0]) * size_t(sl.rows.size()) : bytes;
-  }
+  // The weight arena (place_tensors) to the byte; the Engram tables once, shared by the ranks.
+  for_each_backbone_tensor(cfg, part, 0, [&](const WeightSpec&, const TensorSpec&, size_t, size_t bytes, size_t,
+                                             bool host, uint64_t) {
+    if (host) p.host_pinned += bytes;
+    else p.weights += align_up(bytes, kWeightAlign);
+  });
   const KvLayout L = KvLayout::from_config(cfg);
   p.per_sequence = size_t(L.num_layers) * L.window * L.window_entry_bytes;
   for (size_t k = 0; k < L.kv_sources.size(); ++k)
@@ -1251,7 +1305,11 @@ void CudaBackend::init(const ModelConfig& cfg, const LoadedModel* model, std::ve
     check_fits(cfg, o, r);  // plan first: refuse before uploading anything
   }
   tp_ = std::make_unique<Tp>();
-  if (world > 1) tp_->comms = cuda::TpComm::create_all(opt.devices);
+  if (world > 1) {
+    const auto t0 = std::chrono::steady_clock::now();
+    tp_->comms = cuda::TpComm::create_all(opt.devices);
+    if (opt.progress) std::fprintf(stderr, "tensor parallel: NCCL communicators in %.1f s\n", seconds_since(t0));
+  }
   try {
     load_ranks(cfg, model, ids, opt, seed);
   } catch (...) {
@@ -1272,12 +1330,18 @@ void CudaBackend::load_ranks(const ModelConfig& cfg, const LoadedModel* model, c
     im.use_graphs = graphs;
     if (world > 1) im.comm = tp_->comms[r].get();
     if (r > 0) im.host_tables = &ranks_[0]->host_ptr;
-    im.load(seed);
   }
+  // The Engram tables first (rank 0 pins them, the others map them), then every rank its weights,
+  // all ranks at once, each on its own thread and GPU (one after another, TP=2 took twice as long).
+  ranks_[0]->place_host_tables(seed);
+  const auto t0 = std::chrono::steady_clock::now();
   if (world > 1) {
     tp_->pool = std::make_unique<cuda::RankPool>(opt.devices, [this] {
       for (auto& c : tp_->comms) c->abort();
     });
+    tp_->pool->run([&](int r) { ranks_[r]->load(seed); });
+    if (opt.progress)
+      std::fprintf(stderr, "tensor parallel: %d ranks loaded in parallel in %.1f s\n", world, seconds_since(t0));
     // Every collective kind once, small and large, outside any graph capture: NCCL connects its
     // peers on first use, which must not happen inside a captured decode step.
     tp_->pool->run([&](int r) {
@@ -1290,6 +1354,8 @@ void CudaBackend::load_ranks(const ModelConfig& cfg, const LoadedModel* model, c
       im.comm->group_end();
       DSUF_CUDA(cudaStreamSynchronize(im.stream));
     });
+  } else {
+    ranks_[0]->load(seed);
   }
   DSUF_CUDA(cudaSetDevice(opt.devices[0]));
 }

@@ -2016,8 +2016,11 @@ __device__ __host__ inline uint8_t e4m3_small(uint64_t r) {
   // sign | exponent 1..7 | mantissa: |value| in [2^-6, 1.875]
   return uint8_t(((r >> 8) & 1) << 7 | (1 + (r % 7)) << 3 | ((r >> 16) & 7));
 }
-__global__ void k_fill(uint8_t* p, size_t bytes, uint64_t seed, Fill mode, uint8_t constant, float sigma) {
+// Element i of p holds the value of element first + i of the whole draw.
+__global__ void k_fill(uint8_t* p, size_t bytes, uint64_t seed, Fill mode, uint8_t constant, float sigma,
+                       size_t first) {
   const size_t stride = size_t(gridDim.x) * blockDim.x;
+  seed += first * 0x9e3779b97f4a7c15ull;  // seed + (first + i)·φ below, i local
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;; i += stride) {
     switch (mode) {
       case Fill::kBytes:
@@ -2055,8 +2058,8 @@ __global__ void k_fill(uint8_t* p, size_t bytes, uint64_t seed, Fill mode, uint8
 }  // namespace
 
 void fill_device_synthetic(uint8_t* p, size_t bytes, uint64_t seed, Fill mode, uint8_t constant, float sigma,
-                           cudaStream_t s) {
-  if (bytes) k_fill<<<1024, 256, 0, s>>>(p, bytes, mix64(seed), mode, constant, sigma);
+                           cudaStream_t s, size_t first) {
+  if (bytes) k_fill<<<1024, 256, 0, s>>>(p, bytes, mix64(seed), mode, constant, sigma, first);
 }
 
 void fill_host_synthetic(uint8_t* p, size_t bytes, uint64_t seed, Fill mode, uint8_t constant) {

@@ -299,8 +299,10 @@ void sample_serial(const float* logits, int64_t V, const SampleJob* jobs, int n_
 // Synthetic weights (benchmarks): raw bytes, E4M3 codes with |value| ≤ 1.875 (no NaN), a constant
 // byte, BF16 ≈ N(0, σ²) or ≈ 1, FP32 ≈ N(0, σ²) or 1; deterministic in the seed.
 enum class Fill { kBytes, kE4M3, kConstant, kBf16Normal, kBf16One, kF32Normal, kF32One };
+// `first`: the index (in elements of the mode: bytes, BF16 or FP32 values) of p[0] within the tensor
+// the seed draws, so a slice gets exactly the values a draw of the whole tensor holds there.
 void fill_device_synthetic(uint8_t* p, size_t bytes, uint64_t seed, Fill mode, uint8_t constant, float sigma,
-                           cudaStream_t s);
+                           cudaStream_t s, size_t first = 0);
 void fill_host_synthetic(uint8_t* p, size_t bytes, uint64_t seed, Fill mode, uint8_t constant);
 // Packed KV entries: the first value_bytes of each entry random (E4M3 codes or raw FP4 bytes), the
 // rest (the scales) the constant `scale`.
