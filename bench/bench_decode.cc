@@ -14,6 +14,12 @@
 // experts, counted for uniform routing), smaller Engram tables (--engram-vocab; a token still reads
 // 24 rows per Engram layer), Engram compressed ids synthetic (t mod 99092).
 // --sample runs the head as the engine does: tokens sampled on the device, no logits copied.
+//
+// Before anything is drawn it prints the memory plan of every context (per GPU: weights, KV pools,
+// workspace against the GPU's free memory) and refuses, naming the numbers, when a context cannot
+// hold even the smallest batch; --plan prints the plan and stops (no GPU needed: free memory is then
+// unknown and nothing is refused, unless --free-gib G says how much each GPU has). Setup progress
+// (Engram tables, each rank's weights, in seconds) goes to stderr.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -176,6 +182,8 @@ int main(int argc, char** argv) {
     std::vector<int> gpus;
     bool sample = false;      // --sample: the engine's path (tokens sampled on the device, no logits copied)
     bool components = false;  // --components: per-part GPU time (a step without graphs) against its bytes
+    bool plan_only = false;   // --plan: print the memory plan and stop
+    double free_gib = 0;      // --free-gib G (with --plan): assume G GiB free on every GPU instead of asking them
     int64_t engram_vocab = 1000000;
     std::vector<int64_t> contexts = {8192, 131072, 1048576 - 64}, batches = {1, 4, 16, 64};
     for (int i = 1; i < argc; ++i) {
@@ -192,16 +200,85 @@ int main(int argc, char** argv) {
       else if (a == "--batches") batches = dsuf::parse_int_list(v(), "--batches", 1, 4096);
       else if (a == "--sample") sample = true;
       else if (a == "--components") components = true;
+      else if (a == "--plan") plan_only = true;
+      else if (a == "--free-gib") free_gib = std::stod(v());
       else dsuf::fail("unknown argument ", a);
     }
     if (gpus.empty()) gpus = {device};
     device = gpus[0];
     const int world = int(gpus.size());
+    std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each line as it comes, also into a log file
+    const json cj = real_config(experts, engram_vocab);
+    const dsuf::ModelConfig cfg = dsuf::parse_model_config(cj, "bench config");
+    const int64_t max_pos = cfg.text.max_position_embeddings;
+    for (int64_t ctx : contexts)
+      if (ctx + steps + warmup + 5 + 1 > max_pos)
+        dsuf::fail("--contexts ", ctx, ": ", steps + warmup + 6, " decode steps would pass max_position_embeddings ",
+                   max_pos, " (use at most ", max_pos - steps - warmup - 6, ")");
+    // Room for the steps the run decodes, within the model's positions.
+    auto max_ctx_of = [&](int64_t ctx) { return std::min(ctx + steps + warmup + 16, max_pos); };
+    auto options = [&](int64_t ctx, int64_t B) {
+      return dsuf::CudaOptions{.device = device, .max_context = max_ctx_of(ctx), .max_chunk = 64, .numerics = {},
+                               .max_batch = int(B), .devices = gpus, .progress = true};
+    };
+
+    // The memory plan, before anything is allocated: per context, the largest of --batches whose
+    // pools fit next to the weights on every GPU (1 GiB margin: NCCL's buffers, CUDA graphs, the
+    // allocator's rounding of the per-sequence pools).
+    const size_t margin = size_t(1) << 30;
+    int count = 0;
+    if (free_gib > 0 && !plan_only) dsuf::fail("--free-gib goes with --plan");
+    const bool assume = free_gib > 0;
+    const bool have_gpu = assume || (cudaGetDeviceCount(&count) == cudaSuccess && count > 0);
+    if (!have_gpu && !plan_only) dsuf::fail("no CUDA device is available (--plan prints the memory plan without one)");
+    std::vector<size_t> free_b(world, size_t(free_gib * double(1ull << 30)));
+    for (int r = 0; r < world && have_gpu && !assume; ++r) {
+      if (gpus[r] >= count) dsuf::fail("--gpus: GPU ", gpus[r], " does not exist (", count, " visible)");
+      size_t total_b = 0;
+      DSUF_CUDA(cudaSetDevice(gpus[r]));
+      DSUF_CUDA(cudaMemGetInfo(&free_b[r], &total_b));
+    }
+    auto gib = [](double b) { return b / double(1ull << 30); };
+    std::map<int64_t, int64_t> max_b_of;  // per context
+    std::string refused;
+    for (int64_t ctx : contexts) {
+      int64_t max_b = 0;
+      for (int64_t B : batches) {
+        bool fits = true;
+        for (int r = 0; r < world && have_gpu; ++r)
+          fits = fits && dsuf::plan_cuda_memory(cfg, options(ctx, B), r).total() + margin <= free_b[r];
+        if (fits) max_b = std::max(max_b, B);
+      }
+      max_b_of[ctx] = max_b;
+      const int64_t shown = max_b ? max_b : *std::min_element(batches.begin(), batches.end());
+      for (int r = 0; r < world; ++r) {
+        const dsuf::CudaMemoryPlan p = dsuf::plan_cuda_memory(cfg, options(ctx, shown), r);
+        char line[400];
+        std::snprintf(line, sizeof line,
+                      "plan: context %lld, batch %lld, rank %d (GPU %d): weights %.2f GiB + KV pools %.2f GiB"
+                      " + workspace %.2f GiB = %.2f GiB (+ %.1f GiB margin)",
+                      static_cast<long long>(ctx), static_cast<long long>(shown), r, gpus[r], gib(p.weights),
+                      gib(p.sequences), gib(p.workspace), gib(p.total()), gib(margin));
+        std::string l = line;
+        if (have_gpu) {
+          std::snprintf(line, sizeof line, " of %.2f GiB free%s: %s", gib(free_b[r]), assume ? " (--free-gib)" : "",
+                        p.total() + margin <= free_b[r] ? "fits" : "DOES NOT FIT");
+          l += line;
+          if (!max_b && refused.empty()) refused = l;
+        }
+        std::printf("%s\n", l.c_str());
+      }
+    }
+    std::printf("plan: Engram tables %.2f GiB in pinned host memory (shared by the GPUs)\n",
+                gib(dsuf::plan_cuda_memory(cfg, options(contexts[0], 1), 0).host_pinned));
+    if (!refused.empty())
+      dsuf::fail("the plan does not fit (", refused, "): use fewer --experts, more --gpus, smaller --batches, or drop"
+                 " that context from --contexts");
+    if (plan_only) return 0;
+
     DSUF_CUDA(cudaSetDevice(device));
     const double bw = copy_bandwidth();
     std::printf("device copy bandwidth (read+write): %.0f GB/s, measured in this run\n", bw / 1e9);
-    const json cj = real_config(experts, engram_vocab);
-    const dsuf::ModelConfig cfg = dsuf::parse_model_config(cj, "bench config");
     std::printf("model: V4.1-Flash text, 40 layers, real dimensions; %d routed experts per layer (the real model has 384:"
                 " a token reads its 6 either way), Engram tables from vocab %lld (a token reads 24 rows per layer either"
                 " way), synthetic weights and KV\n",
@@ -218,29 +295,12 @@ int main(int argc, char** argv) {
     std::printf("%9s %5s %10s %10s %9s %9s %9s %8s %10s\n", "context", "batch", "step ms", "gpu ms", "GB read",
                 "bound ms", "% bound", "tok/s", "engram MB");
     for (int64_t ctx : contexts) {
-      // Room for the steps the run decodes, within the model's positions.
-      const int64_t max_pos = cfg.text.max_position_embeddings;
-      const int64_t max_ctx = std::min(ctx + steps + warmup + 16, max_pos);
-      if (ctx + steps + warmup + 5 + 1 > max_pos)
-        dsuf::fail("--contexts ", ctx, ": ", steps + warmup + 6, " decode steps would pass max_position_embeddings ",
-                   max_pos, " (use at most ", max_pos - steps - warmup - 6, ")");
-      // The largest batch whose pools fit next to the weights at this context.
-      int64_t max_b = 0;
-      for (int64_t B : batches) {
-        dsuf::CudaOptions o{.device = device, .max_context = max_ctx, .max_chunk = 64, .numerics = {},
-                            .max_batch = int(B), .devices = gpus};
-        size_t free_b, total_b;
-        cudaMemGetInfo(&free_b, &total_b);
-        if (dsuf::plan_cuda_memory(cfg, o).total() + (size_t(1) << 30) < free_b) max_b = std::max(max_b, B);
-      }
-      if (max_b == 0) {
-        std::printf("%9lld: no batch fits\n", static_cast<long long>(ctx));
-        continue;
-      }
-      dsuf::CudaBackend be(cfg, cids,
-                           dsuf::CudaOptions{.device = device, .max_context = max_ctx, .max_chunk = 64,
-                                             .numerics = {}, .max_batch = int(max_b), .devices = gpus},
-                           1234);
+      const int64_t max_b = max_b_of.at(ctx);  // the plan above: at least the smallest batch fits
+      const auto t_setup = std::chrono::steady_clock::now();
+      dsuf::CudaBackend be(cfg, cids, options(ctx, max_b), 1234);
+      std::fprintf(stderr, "setup: context %lld, batch up to %lld: backend ready in %.1f s\n",
+                   static_cast<long long>(ctx), static_cast<long long>(max_b),
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t_setup).count());
       for (int64_t B : batches) {
         if (B > max_b) {
           std::printf("%9lld %5lld  (pools do not fit with the weights)\n", static_cast<long long>(ctx),

@@ -149,7 +149,8 @@ if want bench; then
   step bench_tp2_352 200 "$BD" --gpus 0,1 --experts 352 --contexts 8192 --batches 1 --steps 8 --warmup 2 \
     --engram-vocab 200000
   for f in bench_tp1 bench_tp2 bench_tp2_352; do
-    [ -f "$LOG/$f.log" ] && grep -E "^ +[0-9]+ +[0-9]+ |bandwidth|error" "$LOG/$f.log" | sed "s|^|    $f: |" >> "$SUMMARY"
+    [ -f "$LOG/$f.log" ] && grep -E "^ +[0-9]+ +[0-9]+ |bandwidth|error|^plan: context|^setup:| filled " "$LOG/$f.log" \
+      | sed "s|^|    $f: |" >> "$SUMMARY"
   done
 fi
 

@@ -194,4 +194,28 @@ DSUF_HD int e2m1_x2(uint32_t nibble) {
 // the products gives); below that 0.25·sa·sb rounds to 0 and so does the block.
 DSUF_HD float fp4_block_dot(int32_t isum, float sa, float sb) { return float(isum) * (0.25f * sa * sb); }
 
+// ---- FP4 weights × quantized activations (the FP4 linear with activation quantization) -----------
+// With activation quantization every input is an E4M3 value a (a multiple of 2^-9, |a| ≤ 448) and
+// every weight an E2M1 value c, so X = 512·a is an integer in [−229376, 229376] (19 bits with the
+// sign) and 2c an integer in {0, ±1, ±2, ±3, ±4, ±6, ±8, ±12}. A 32-block of the linear is the exact
+// integer S = Σ X·(2c) (|S| ≤ 32·229376·12 = 88 080 384 < 2^27, so int32 holds it and any order of
+// the additions gives it), turned into a float once — rounded to nearest, ties to even, the only
+// rounding — and scaled by 2^-10 (exact: a power of two on a value ≥ 1 when nonzero):
+//   part = float(S)·2^-10,
+// the block's real Σ a·c rounded once. (Before, part was the sequential FP32 sum of the 32 products,
+// which rounds whenever a partial sum reaches 2^24·2^-10 = 2^14 in magnitude.) float(int32) rounds to
+// nearest even on both sides: cvtsi2ss under the default MXCSR on x86, __int2float_rn on the GPU.
+DSUF_HD int32_t e4m3_x512(float a) { return int32_t(a * 512.0f); }  // a an E4M3 value: exact
+
+// S for one 32-block: X[0..31] (512·a) against 16 packed E2M1 bytes (low nibble first).
+DSUF_HD int32_t fp4_act_block_isum(const int32_t* X, const uint8_t* w) {
+  int32_t s = 0;
+  for (int k = 0; k < 16; ++k) {
+    s += X[2 * k] * e2m1_x2(w[k] & 0xfu);
+    s += X[2 * k + 1] * e2m1_x2(w[k] >> 4);
+  }
+  return s;
+}
+DSUF_HD float fp4_act_block_part(int32_t isum) { return float(isum) * 0x1p-10f; }
+
 }  // namespace dsuf::det

@@ -309,5 +309,25 @@ TEST(TpMemoryPlan, PerRankWeightsShrink) {
   }
 }
 
+TEST(TpMemoryPlan, BenchmarkSplitsAgainstAnH200) {
+  // Host-side numbers only: bench_decode's near-real model (352 experts per layer) over 2 GPUs fits
+  // an H200 (139 GiB free) with room for the KV pools; the released 384 do not at TP=2, do at TP=4.
+  // The weights are counted as loaded: one arena a rank, every tensor at a 256-byte offset.
+  nlohmann::json j = real_v41_config_json();
+  auto weights = [&](int experts, int world, int rank) {
+    j["text_config"]["n_routed_experts"] = experts;
+    const ModelConfig cfg = parse_model_config(j, "bench");
+    const CudaOptions o{.max_context = 8192, .max_chunk = 64, .numerics = {}, .max_batch = 1, .devices = first_gpus(world)};
+    return double(plan_cuda_memory(cfg, o, rank).weights) / double(1ull << 30);
+  };
+  const double w352 = weights(352, 2, 0), w384_2 = weights(384, 2, 0), w384_4 = weights(384, 4, 0);
+  std::printf("weights per GPU: 352 experts TP=2 %.2f GiB; 384 TP=2 %.2f GiB; 384 TP=4 %.2f GiB\n", w352, w384_2,
+              w384_4);
+  EXPECT_NEAR(weights(352, 2, 1), w352, 0.1);  // ranks balanced (experts round robin, shared expert rotating)
+  EXPECT_LT(w352, 131.0);
+  EXPECT_GT(w384_2, 139.0);
+  EXPECT_LT(w384_4, 72.0);
+}
+
 }  // namespace
 }  // namespace dsuf

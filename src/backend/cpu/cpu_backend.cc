@@ -77,17 +77,20 @@ const Luts& lut() {
 // (model-spec §3.0; block 32 for V4.1), or the BF16 values with unit scales when quantization is off.
 struct QuantAct {
   std::vector<float> v, s;
+  std::vector<int32_t> x512;  // quantized: 512·v, exact integers (det::e4m3_x512), for the FP4 linear
 };
 QuantAct quant_act(const float* x, int64_t n, bool on) {
   DSUF_CHECK(n % 32 == 0, "linear input of ", n, " values");
   QuantAct a;
   a.v.resize(n);
   a.s.resize(n / 32);
+  if (on) a.x512.resize(n);
   for (int64_t b = 0; b < n / 32; ++b) {
     if (on) {
       uint8_t q[32];
       a.s[b] = act_quant_fp8_block(x + 32 * b, 32, q);
       for (int k = 0; k < 32; ++k) a.v[32 * b + k] = lut().e4m3[q[k]];
+      for (int k = 0; k < 32; ++k) a.x512[32 * b + k] = det::e4m3_x512(a.v[32 * b + k]);
     } else {
       a.s[b] = 1.0f;
       std::copy(x + 32 * b, x + 32 * b + 32, a.v.begin() + 32 * b);
@@ -117,6 +120,8 @@ void fp8_linear(const Fp8Linear& W, const float* x, float* y, bool act_quant, in
 }
 
 // y = bf16(W·x) for a packed E2M1 weight with an E8M0 scale per 32 inputs (FP4 upcast exactly).
+// With activation quantization a block's partial is its exact integer sum rounded once
+// (det::fp4_act_block_isum/part, docs/numerics.md §3); without, the sequential FP32 sum.
 void fp4_linear(const Fp4Linear& W, const float* x, float* y, bool act_quant, int threads = 1) {
   const QuantAct a = quant_act(x, W.in, act_quant);
   const int64_t nb = W.in / 32;
@@ -126,6 +131,10 @@ void fp4_linear(const Fp4Linear& W, const float* x, float* y, bool act_quant, in
     const uint8_t* wr = W.w + o * (W.in / 2);
     const uint8_t* sr = W.scale + o * nb;
     const float acc = det::lane_sum(nb, [&](int64_t kb) {
+      if (act_quant) {
+        const float part = det::fp4_act_block_part(det::fp4_act_block_isum(a.x512.data() + kb * 32, wr + kb * 16));
+        return part * (a.s[kb] * lut().e8m0[sr[kb]]);
+      }
       float part = 0.0f;
       for (int k = 0; k < 16; ++k) {
         uint8_t b = wr[kb * 16 + k];

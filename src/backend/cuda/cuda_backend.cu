@@ -5,6 +5,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -163,6 +164,7 @@ struct CudaBackend::Impl {
     float *X, *pre, *mix_a, *mix_f, *u, *xn, *y, *tmp, *q_lat, *q, *kvw, *ag, *o, *zg, *qi, *wts,
         *scores, *bscores, *router, *rw, *h1, *h3, *ye, *ys, *h1s, *h3s, *emb, *ekv, *logits, *keys, *att;
     float *xq[3], *xs[3];  // linear inputs (cuda::linear_input): two live at a time, the third the shared expert's
+    uint8_t* xp[2];        // byte planes of the routed experts' inputs (cuda::InputSink::xp): w1/w3, w2
     int32_t *sel, *cand, *ids;
     uint8_t* cand_mask;
     int8_t* qc;               // [max_rows][IH][ihd] indexer query codes; scales in qs
@@ -299,6 +301,7 @@ struct CudaBackend::Impl {
   };
 
   void load(uint64_t synthetic_seed);
+  void place_host_tables(uint64_t synthetic_seed);
   void place_tensors(uint64_t synthetic_seed);
   void alloc_workspace();
   DevSeq& seq(SequenceState& st);
@@ -337,87 +340,143 @@ uint8_t synthetic_scale(int64_t fan_in, bool fp4) {
   const int e = int(std::lround(std::log2(std::sqrt(double(fan_in))))) + (fp4 ? 1 : 0);
   return uint8_t(127 - e);
 }
-}  // namespace
 
-void CudaBackend::Impl::place_tensors(uint64_t synthetic_seed) {
-  // Every backbone tensor by checkpoint name: on the device, except the Engram tables, which go to
-  // pinned host memory the GPU reads directly. From the checkpoint, or drawn on the device.
-  // Tensor parallel: each rank takes only its row slice of a split tensor (tp_partition.h) and
-  // skips experts other ranks own; the Engram tables are pinned once (rank 0) and mapped by all.
-  uint64_t salt = synthetic_seed;
+// A rank's device weights live in one allocation (an arena), each tensor at a multiple of this
+// offset (cudaMalloc's own alignment). One allocation instead of one per tensor: at 352 experts
+// over 2 GPUs a rank holds ~42,000 tensors, each was a cudaMalloc (a driver call that maps pages,
+// and a cudaFree at the end), and where the driver rounds a large allocation up to 2 MiB pages,
+// each 5.625 MiB FP4 expert matrix took 6 MiB (≈ 7.7 GiB a rank the plan did not count). The plan
+// counts the arena to the byte.
+constexpr size_t kWeightAlign = 256;
+size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+// Every backbone tensor of the inventory in order, with its synthetic salt (seed + its position
+// among the backbone tensors, counted whether or not this rank holds it, so that every rank and
+// world size draws the same values). fn(w, ts, off, bytes, full_bytes, host, salt) runs for the
+// tensors this rank holds: [off, off + bytes) is its slice of the whole tensor's full_bytes; host:
+// an Engram table (pinned host memory).
+template <typename Fn>
+void for_each_backbone_tensor(const ModelConfig& cfg, const TpPartition& part, uint64_t seed, Fn&& fn) {
+  uint64_t salt = seed;
   for (const WeightSpec& w : expected_weights(cfg)) {
     for (const TensorSpec& ts : physical_tensors(w)) {
       if (!on_device_backbone(ts.name)) continue;
+      ++salt;
       const size_t full_bytes = size_t(numel(ts.shape)) * dtype_size(ts.dtype);
-      const bool host = in_host_memory(ts.name);
-      if (!model) ++salt;
       const TensorSlice sl = tensor_slice(part, ts.name, ts.shape);
       if (!sl.present) continue;
       const size_t row_bytes = full_bytes / size_t(ts.shape[0]);
       const size_t off = sl.sliced ? size_t(sl.rows.begin) * row_bytes : 0;
       const size_t bytes = sl.sliced ? size_t(sl.rows.size()) * row_bytes : full_bytes;
-      if (host && host_tables) {
-        void* d = nullptr;
-        DSUF_CUDA(cudaHostGetDevicePointer(&d, const_cast<uint8_t*>(host_tables->at(ts.name)), 0));
-        dev[ts.name] = static_cast<const uint8_t*>(d);
-        continue;
-      }
-      if (model) {
-        const uint8_t* src = model->checkpoint->get(ts.name).data;
-        if (host) {
-          dev[ts.name] = pin(src, bytes);
-          host_ptr[ts.name] = static_cast<const uint8_t*>(pinned.back());
-        } else {
-          dev[ts.name] = upload<uint8_t>(src + off, bytes);
-        }
-        continue;
-      }
-      const bool is_scale = ts.dtype == DType::F8_E8M0;
-      const int64_t fan_in = w.shape.back();
-      if (host) {
-        void* p = nullptr;
-        DSUF_CUDA(cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
-        pinned.push_back(p);
-        host_ptr[ts.name] = static_cast<const uint8_t*>(p);
-        cuda::fill_host_synthetic(static_cast<uint8_t*>(p), bytes, salt,
-                                  is_scale ? cuda::Fill::kConstant : cuda::Fill::kE4M3, synthetic_scale(fan_in, false));
-        void* d = nullptr;
-        DSUF_CUDA(cudaHostGetDevicePointer(&d, p, 0));
-        dev[ts.name] = static_cast<const uint8_t*>(d);
-        continue;
-      }
-      uint8_t* d = alloc<uint8_t>(bytes);
-      weight_bytes += bytes;
-      // A slice gets the bytes the whole tensor would hold there: drawn whole, then cut.
-      const bool partial = bytes != full_bytes;
-      uint8_t* fill_to = d;
-      DevMem whole;
-      if (partial) whole = DevMem(full_bytes), fill_to = whole.as<uint8_t>();
-      cuda::Fill mode = cuda::Fill::kBytes;
-      uint8_t constant = 0;
-      float sigma = 1.0f;
-      if (is_scale) {
-        mode = cuda::Fill::kConstant, constant = synthetic_scale(fan_in, w.kind == WeightKind::kFp4Linear);
-      } else if (ts.dtype == DType::F8_E4M3) {
-        mode = cuda::Fill::kE4M3;
-      } else if (ts.dtype == DType::BF16) {
-        mode = w.init == WeightInit::kNorm ? cuda::Fill::kBf16One : cuda::Fill::kBf16Normal;
-        sigma = w.init == WeightInit::kHead ? 2.5f / std::sqrt(float(fan_in))
-                : w.init == WeightInit::kEmbed ? 1.0f : 1.0f / std::sqrt(float(fan_in));
-      } else if (ts.dtype == DType::F32) {
-        mode = cuda::Fill::kF32Normal;
-        sigma = w.init == WeightInit::kHcFn ? 0.1f / std::sqrt(float(fan_in)) : w.init == WeightInit::kBias ? 0.01f : 1.0f;
-        if (w.init == WeightInit::kHcScale) mode = cuda::Fill::kF32One;
-      }
-      cuda::fill_device_synthetic(fill_to, full_bytes, salt, mode, constant, sigma, stream);
-      if (partial) {
-        DSUF_CUDA(cudaMemcpyAsync(d, fill_to + off, bytes, cudaMemcpyDeviceToDevice, stream));
-        DSUF_CUDA(cudaStreamSynchronize(stream));
-      }
-      dev[ts.name] = d;
+      fn(w, ts, off, bytes, full_bytes, in_host_memory(ts.name), salt);
     }
   }
+}
+
+// Bytes of a rank's weight arena: its device tensors, each aligned.
+size_t weight_arena_bytes(const ModelConfig& cfg, const TpPartition& part) {
+  size_t total = 0;
+  for_each_backbone_tensor(cfg, part, 0, [&](const WeightSpec&, const TensorSpec&, size_t, size_t bytes, size_t,
+                                             bool host, uint64_t) {
+    if (!host) total += align_up(bytes, kWeightAlign);
+  });
+  return total;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+void CudaBackend::Impl::place_host_tables(uint64_t synthetic_seed) {
+  // The Engram tables, in pinned host memory the GPUs read directly: from the checkpoint, or drawn
+  // on the host. Once, by rank 0, before the ranks load; the others map rank 0's (place_tensors).
+  DSUF_CUDA(cudaSetDevice(opt.device));
+  const auto t0 = std::chrono::steady_clock::now();
+  size_t total = 0;
+  for_each_backbone_tensor(cfg, part, synthetic_seed, [&](const WeightSpec& w, const TensorSpec& ts, size_t,
+                                                          size_t bytes, size_t, bool host, uint64_t salt) {
+    if (!host) return;
+    total += bytes;
+    if (model) {
+      dev[ts.name] = pin(model->checkpoint->get(ts.name).data, bytes);
+      host_ptr[ts.name] = static_cast<const uint8_t*>(pinned.back());
+      return;
+    }
+    void* p = nullptr;
+    DSUF_CUDA(cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+    pinned.push_back(p);
+    host_ptr[ts.name] = static_cast<const uint8_t*>(p);
+    const bool is_scale = ts.dtype == DType::F8_E8M0;
+    cuda::fill_host_synthetic(static_cast<uint8_t*>(p), bytes, salt,
+                              is_scale ? cuda::Fill::kConstant : cuda::Fill::kE4M3, synthetic_scale(w.shape.back(), false));
+    void* d = nullptr;
+    DSUF_CUDA(cudaHostGetDevicePointer(&d, p, 0));
+    dev[ts.name] = static_cast<const uint8_t*>(d);
+  });
+  if (opt.progress && total)
+    std::fprintf(stderr, "Engram tables: %.2f GB (%.2f GiB) pinned in host memory and %s in %.1f s\n", total / 1e9,
+                 total / double(1ull << 30), model ? "copied" : "drawn", seconds_since(t0));
+}
+
+void CudaBackend::Impl::place_tensors(uint64_t synthetic_seed) {
+  // Every backbone tensor by checkpoint name: on the device in one allocation (kWeightAlign), from
+  // the checkpoint or drawn on the device; the Engram tables are rank 0's pinned host copies
+  // (place_host_tables), mapped. Tensor parallel: each rank takes only its row slice of a split
+  // tensor (tp_partition.h) and skips experts other ranks own; a slice gets the values the whole
+  // tensor's draw holds there (the fill starts at the slice's first element), so TP and TP=1 hold
+  // the same values.
+  const auto t0 = std::chrono::steady_clock::now();
+  const size_t arena_bytes = weight_arena_bytes(cfg, part);
+  uint8_t* arena = alloc<uint8_t>(arena_bytes);
+  size_t used = 0, tensors = 0;
+  for_each_backbone_tensor(cfg, part, synthetic_seed, [&](const WeightSpec& w, const TensorSpec& ts, size_t off,
+                                                          size_t bytes, size_t full_bytes, bool host, uint64_t salt) {
+    if (host) {
+      if (dev.count(ts.name)) return;  // rank 0: pinned by place_host_tables
+      DSUF_CHECK(host_tables, "rank ", part.rank, ": the Engram tables were not placed before the weights");
+      void* d = nullptr;
+      DSUF_CUDA(cudaHostGetDevicePointer(&d, const_cast<uint8_t*>(host_tables->at(ts.name)), 0));
+      dev[ts.name] = static_cast<const uint8_t*>(d);
+      return;
+    }
+    uint8_t* d = arena + used;
+    used += align_up(bytes, kWeightAlign);
+    DSUF_CHECK(used <= arena_bytes, "weight arena overflow at ", ts.name);
+    weight_bytes += bytes;
+    ++tensors;
+    dev[ts.name] = d;
+    if (model) {
+      DSUF_CUDA(cudaMemcpy(d, model->checkpoint->get(ts.name).data + off, bytes, cudaMemcpyHostToDevice));
+      return;
+    }
+    const bool is_scale = ts.dtype == DType::F8_E8M0;
+    const int64_t fan_in = w.shape.back();
+    cuda::Fill mode = cuda::Fill::kBytes;
+    uint8_t constant = 0;
+    float sigma = 1.0f;
+    size_t elem = 1;  // bytes per element of the fill mode
+    if (is_scale) {
+      mode = cuda::Fill::kConstant, constant = synthetic_scale(fan_in, w.kind == WeightKind::kFp4Linear);
+    } else if (ts.dtype == DType::F8_E4M3) {
+      mode = cuda::Fill::kE4M3;
+    } else if (ts.dtype == DType::BF16) {
+      mode = w.init == WeightInit::kNorm ? cuda::Fill::kBf16One : cuda::Fill::kBf16Normal, elem = 2;
+      sigma = w.init == WeightInit::kHead ? 2.5f / std::sqrt(float(fan_in))
+              : w.init == WeightInit::kEmbed ? 1.0f : 1.0f / std::sqrt(float(fan_in));
+    } else if (ts.dtype == DType::F32) {
+      mode = cuda::Fill::kF32Normal, elem = 4;
+      sigma = w.init == WeightInit::kHcFn ? 0.1f / std::sqrt(float(fan_in)) : w.init == WeightInit::kBias ? 0.01f : 1.0f;
+      if (w.init == WeightInit::kHcScale) mode = cuda::Fill::kF32One;
+    }
+    DSUF_CHECK(off % elem == 0 && full_bytes % elem == 0, ts.name, ": slice not on an element boundary");
+    cuda::fill_device_synthetic(d, bytes, salt, mode, constant, sigma, stream, off / elem);
+  });
   DSUF_CUDA(cudaStreamSynchronize(stream));
+  if (opt.progress)
+    std::fprintf(stderr, "rank %d (GPU %d): %s %.2f GB (%.2f GiB, %zu tensors, one allocation) in %.1f s\n", part.rank,
+                 opt.device, model ? "uploaded" : "filled", arena_bytes / 1e9, arena_bytes / double(1ull << 30),
+                 tensors, seconds_since(t0));
 }
 
 void CudaBackend::Impl::load(uint64_t synthetic_seed) {
@@ -507,6 +566,7 @@ struct WorkspaceSizes {
   // topk: candidate slots of the multi-block top-k (a float and an int32 each)
   int64_t X, pre, mix, vecD, tmp, q_lat, q, kvw, ag, o, zg, qi, wts, scores, bscores, sel, cand, cand_mask,
       router, ids, h, ye, hs, emb, ekv, logits, keys, att, sample_w, sample, aq, aq_shared, mix_part, topk;
+  int64_t aqp;  // bytes of each of the two byte-plane buffers of the FP4 linears' inputs
   int64_t score_stride, bscore_stride;
   size_t bytes() const {
     const int64_t floats = X + pre + 2 * mix + 3 * vecD + tmp + q_lat + q + kvw + ag + o + zg + qi +
@@ -514,7 +574,7 @@ struct WorkspaceSizes {
                            logits + keys + att + sample_w + 2 * (aq + aq / 32) + aq_shared + aq_shared / 32 + qi / 32 +
                            mix_part;
     return size_t(floats) * 4 + size_t(sel + cand + ids + 2 * sample + sample /*mix counters*/) * 4 +
-           size_t(cand_mask + qi) + size_t(topk) * 8;
+           size_t(cand_mask + qi) + size_t(topk) * 8 + size_t(2 * aqp);
   }
 };
 // N rows per step; S sampling jobs per launch (max_batch).
@@ -544,6 +604,7 @@ WorkspaceSizes workspace_sizes(const TextConfig& t, int64_t N, int64_t max_conte
   const auto lin = [](int64_t k) { return cuda::interleaved_k(k); };
   w.aq_shared = N * lin(F);
   w.aq = N * std::max({lin(D), lin(qr), G * lin(H / G * hd), lin(G * ol), K * lin(F), lin(std::max<int64_t>(R * ehd, 32))});
+  w.aqp = std::max(N * cuda::interleaved_planes(D), N * K * cuda::interleaved_planes(F));
   return w;
 }
 // Scratch of the tensor-parallel exchanges, in floats (none at world size 1): the packed send block
@@ -580,16 +641,12 @@ CudaMemoryPlan plan_cuda_memory(const ModelConfig& cfg, const CudaOptions& opt, 
   const TextConfig& t = cfg.text;
   const TpPartition part = TpPartition::make(t, std::max<int>(1, int(opt.devices.size())), rank);
   CudaMemoryPlan p;
-  for (const TensorSpec& ts : expected_tensors(cfg)) {
-    if (!on_device_backbone(ts.name)) continue;
-    const size_t bytes = size_t(numel(ts.shape)) * dtype_size(ts.dtype);
-    if (in_host_memory(ts.name)) {
-      p.host_pinned += bytes;  // once, shared by the ranks
-      continue;
-    }
-    const TensorSlice sl = tensor_slice(part, ts.name, ts.shape);
-    if (sl.present) p.weights += sl.sliced ? bytes / size_t(ts.shape[0]) * size_t(sl.rows.size()) : bytes;
-  }
+  // The weight arena (place_tensors) to the byte; the Engram tables once, shared by the ranks.
+  for_each_backbone_tensor(cfg, part, 0, [&](const WeightSpec&, const TensorSpec&, size_t, size_t bytes, size_t,
+                                             bool host, uint64_t) {
+    if (host) p.host_pinned += bytes;
+    else p.weights += align_up(bytes, kWeightAlign);
+  });
   const KvLayout L = KvLayout::from_config(cfg);
   p.per_sequence = size_t(L.num_layers) * L.window * L.window_entry_bytes;
   for (size_t k = 0; k < L.kv_sources.size(); ++k)
@@ -644,6 +701,7 @@ void CudaBackend::Impl::alloc_workspace() {
     const int64_t floats = i < 2 ? w.aq : w.aq_shared;
     ws.xq[i] = alloc<float>(floats), ws.xs[i] = alloc<float>(floats / 32);
   }
+  for (int i = 0; i < 2; ++i) ws.xp[i] = alloc<uint8_t>(w.aqp);
   logits_rows = max_rows;
   ws.logits = alloc<float>(w.logits);
   DSUF_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&logits_host), size_t(w.logits) * 4, cudaHostAllocDefault));
@@ -947,11 +1005,13 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   const cuda::LinearInput qin = cuda::sink_input(qsink, qr);
   // The compressor and the indexer (on the side stream) need only xn and q_lat; the KV rope and
   // the query projection go on beside them.
+  // RoPE is fused into the kernels that read its outputs (the same arithmetic, one launch fewer each):
+  // the window KV's into its fake-quant, the queries' into the logits kernel's query staging (ws.q
+  // stays unrotated: nothing else reads it), the output's inverse into wo_a's input layout.
   fork();
-  cuda::rope(ws.kvw, n, 1, hd, cs, half, 1.0f, r, stream);
-  cuda::fp8_fake_quant(ws.kvw, n * hd, r, stream);
+  const cuda::FusedRope kv_rope{.cs = cs, .half = half, .heads = 1, .dim = hd, .sign = 1.0f, .r = r};
+  cuda::fp8_fake_quant(ws.kvw, n * hd, r, stream, kv_rope);
   cuda::fp8_linear(d.wq_b.w, d.wq_b.s, Hr * hd, qr, qin, n, ws.q, Hr * hd, r, stream);
-  cuda::rope(ws.q, n, Hr, hd, cs, half, 1.0f, r, stream);
 
   const int slot = layout.source_slot[l];
   const int ratio = lp.ratio;
@@ -962,12 +1022,14 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   cuda::AttentionArgs aa{.q = ws.q, .kv_chunk = ws.kvw, .meta = st.meta, .seqs = st.seqtab, .layer = l,
                          .src = ratio > 0 ? slot : -1, .sel = ratio > 0 ? ws.sel : nullptr,
                          .sel_stride = t.index_topk, .sink = d.sink + h0, .out = ws.o, .keys = ws.keys, .att = ws.att,
-                         .kmax = W + t.index_topk, .rows = n, .H = Hr, .W = W, .hd = hd, .r = r};
+                         .kmax = W + t.index_topk, .rows = n, .H = Hr, .W = W, .hd = hd, .r = r,
+                         .q_rope = {.cs = cs, .half = half, .heads = Hr, .dim = hd, .sign = 1.0f, .r = r}};
   cuda::attention(aa, stream);
-  cuda::rope(ws.o, n, Hr, hd, cs, half, -1.0f, r, stream);
+  // ws.o is left unrotated: only wo_a's input (rotated back on the way) reads it.
   const int64_t gin = (H / G) * hd;
-  const cuda::LinearInput oin =
-      cuda::linear_input(ws.o, Hr * hd, n, gin, opt.numerics.wo_a_act_quant && aq, ws.xq[0], ws.xs[0], stream, Gr);
+  const cuda::FusedRope o_rope{.cs = cs, .half = half, .heads = Hr, .dim = hd, .sign = -1.0f, .r = r};
+  const cuda::LinearInput oin = cuda::linear_input(ws.o, Hr * hd, n, gin, opt.numerics.wo_a_act_quant && aq,
+                                                   ws.xq[0], ws.xs[0], stream, Gr, o_rope);
   cuda::fp8_linear_groups(d.wo_a.w, d.wo_a.s, Gr, ol, gin, oin, n, ws.zg + g0 * ol, G * ol, r, stream);
   cuda::gather_cols(comm, zg_split, ws.zg, n, G * ol, tp_send, tp_recv, stream);
   const cuda::LinearInput zin = cuda::linear_input(ws.zg, G * ol, n, G * ol, aq, ws.xq[1], ws.xs[1], stream);
@@ -1000,7 +1062,7 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
   }
   cuda::fp4_linear_grouped(d.experts.w1, d.experts.s1, ws.ids, F, D, xin, K, int64_t(n) * K, ws.h1, r, stream,
                            {.W = d.experts.w3, .Ws = d.experts.s3, .y = ws.h3});
-  const cuda::InputSink hsink{ws.xq[1], ws.xs[1], aq};
+  const cuda::InputSink hsink{ws.xq[1], ws.xs[1], aq, ws.xp[1]};
   cuda::swiglu(ws.h1, ws.h3, int64_t(n) * K, F, ws.rw, limit, true, r, stream, hsink);
   const cuda::LinearInput hin = cuda::sink_input(hsink, F);
   cuda::fp4_linear_grouped(d.experts.w2, d.experts.s2, ws.ids, D, F, hin, 1, int64_t(n) * K, ws.ye, r, stream);
@@ -1073,10 +1135,12 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
     // FFN site: the attention site's expansion, then the collapse with its pre, in one kernel.
     mark(kMhc);
     hc_mix_join();
-    cuda::collapse_norm(ws.mix_a, ms, ws.mix_a, ms, ws.y, ws.X, n, hc, D, d.ffn_norm, eps, ws.xn, r, stream, xsink);
+    // This one also writes the byte planes the routed experts' FP4 linears read (xp[0]).
+    const cuda::InputSink fsink{ws.xq[0], ws.xs[0], opt.numerics.act_quant, ws.xp[0]};
+    cuda::collapse_norm(ws.mix_a, ms, ws.mix_a, ms, ws.y, ws.X, n, hc, D, d.ffn_norm, eps, ws.xn, r, stream, fsink);
     hc_mix_fork(d.hcf_fn, d.hcf_base, d.hcf_scale, n, ws.mix_f);
     mark(kMoe);
-    moe(l, n, st.image, xin, ws.mix_f);  // ends with the FFN site's expansion
+    moe(l, n, st.image, cuda::sink_input(fsink, D), ws.mix_f);  // ends with the FFN site's expansion
     // pre of the FFN site feeds the next attention site's collapse.
     pre = ws.mix_f, pre_stride = ms;
     if (trace) {
@@ -1241,7 +1305,11 @@ void CudaBackend::init(const ModelConfig& cfg, const LoadedModel* model, std::ve
     check_fits(cfg, o, r);  // plan first: refuse before uploading anything
   }
   tp_ = std::make_unique<Tp>();
-  if (world > 1) tp_->comms = cuda::TpComm::create_all(opt.devices);
+  if (world > 1) {
+    const auto t0 = std::chrono::steady_clock::now();
+    tp_->comms = cuda::TpComm::create_all(opt.devices);
+    if (opt.progress) std::fprintf(stderr, "tensor parallel: NCCL communicators in %.1f s\n", seconds_since(t0));
+  }
   try {
     load_ranks(cfg, model, ids, opt, seed);
   } catch (...) {
@@ -1262,12 +1330,18 @@ void CudaBackend::load_ranks(const ModelConfig& cfg, const LoadedModel* model, c
     im.use_graphs = graphs;
     if (world > 1) im.comm = tp_->comms[r].get();
     if (r > 0) im.host_tables = &ranks_[0]->host_ptr;
-    im.load(seed);
   }
+  // The Engram tables first (rank 0 pins them, the others map them), then every rank its weights,
+  // all ranks at once, each on its own thread and GPU (one after another, TP=2 took twice as long).
+  ranks_[0]->place_host_tables(seed);
+  const auto t0 = std::chrono::steady_clock::now();
   if (world > 1) {
     tp_->pool = std::make_unique<cuda::RankPool>(opt.devices, [this] {
       for (auto& c : tp_->comms) c->abort();
     });
+    tp_->pool->run([&](int r) { ranks_[r]->load(seed); });
+    if (opt.progress)
+      std::fprintf(stderr, "tensor parallel: %d ranks loaded in parallel in %.1f s\n", world, seconds_since(t0));
     // Every collective kind once, small and large, outside any graph capture: NCCL connects its
     // peers on first use, which must not happen inside a captured decode step.
     tp_->pool->run([&](int r) {
@@ -1280,6 +1354,8 @@ void CudaBackend::load_ranks(const ModelConfig& cfg, const LoadedModel* model, c
       im.comm->group_end();
       DSUF_CUDA(cudaStreamSynchronize(im.stream));
     });
+  } else {
+    ranks_[0]->load(seed);
   }
   DSUF_CUDA(cudaSetDevice(opt.devices[0]));
 }

@@ -23,6 +23,8 @@ struct CudaOptions {
   // Tensor parallelism (docs/tp.md): one rank per listed GPU. Empty: the one GPU `device`. A single
   // device runs the same partitioned code at world size 1 (no collectives).
   std::vector<int> devices;
+  // Prints on stderr what loading takes: the Engram tables, each rank's weights (bytes, seconds).
+  bool progress = false;
 };
 
 // Device memory the backend will need, computed from the config before anything is uploaded.

@@ -16,6 +16,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/topk_plan.h"
 #include "core/detmath.h"
+#include "core/fp4_dp4a.h"
 
 namespace dsuf::cuda {
 namespace {
@@ -162,22 +163,60 @@ constexpr float kXStage = 0x1p64f;  // quantized inputs stored as x·2^64
 // 128-byte line: 32 L1 wavefronts per load, which capped the linears near 1 TB/s.
 __device__ __forceinline__ int64_t xpos4(int kb, int j) { return (int64_t(kb >> 5) * 8 + j) * 32 + (kb & 31); }
 
+// The byte planes of the quantized inputs, for the FP4 linears' integer blocks (core/fp4_dp4a.h):
+// K-block kb's 96 bytes (planes lo, mid, hi of X = 512·a, 32 bytes each) are the 16-byte pieces
+// j = 2·plane + half at uint4 ppos16(kb, j), so that a lane reads its K-block with six 16-byte loads
+// and the 32 lanes of a warp (K-blocks ≡ lane mod 32) read 512 contiguous bytes per load, as xpos4.
+__device__ __forceinline__ int64_t ppos16(int kb, int j) { return (int64_t(kb >> 5) * 6 + j) * 32 + (kb & 31); }
+
 // Lane `lane` of a warp holding K-block kb of an input row (element lane, value v) writes it into the
 // row's interleaved group xq_group, quantized (E4M3 value times 2^64, the block's scale to *xs) when
-// quantize. The whole warp must call it (the scale is a warp max).
-__device__ __forceinline__ void emit_input(float v, bool quantize, float* xq_group, float* xs, int kb, int lane) {
+// quantize, and then also, when xp_row is set, the value's three plane bytes. The whole warp must
+// call it (the scale is a warp max).
+__device__ __forceinline__ void emit_input(float v, bool quantize, float* xq_group, float* xs, int kb, int lane,
+                                           uint8_t* xp_row = nullptr) {
   float q = v;
   if (quantize) {
     const float sc = fp8_block_scale(v);
-    q = e4m3_val(fp8_code(v, sc)) * kXStage;
+    const float a = e4m3_val(fp8_code(v, sc));
+    q = a * kXStage;
     if (lane == 0) *xs = sc;
+    if (xp_row) {
+      const int32_t X = det::e4m3_x512(a);
+      uint8_t* b = xp_row + ppos16(kb, lane / 16) * 16 + lane % 16;  // plane p: 2p pieces (1024 B) on
+      b[0] = det::x512_plane(X, 0), b[1024] = det::x512_plane(X, 1), b[2048] = det::x512_plane(X, 2);
+    }
   }
   xq_group[xpos4(kb, lane / 4) * 4 + lane % 4] = q;
 }
 // emit_input for row `row` of rows laid out through an InputSink (one group of K inputs).
 __device__ __forceinline__ void emit_input(const InputSink& sk, int64_t K, int64_t row, int kb, int lane, float v) {
   emit_input(v, sk.quantize, sk.xq + row * interleaved_k(K), sk.quantize ? sk.xs + row * (K / 32) + kb : nullptr,
-             kb, lane);
+             kb, lane, sk.quantize && sk.xp ? sk.xp + row * interleaved_planes(K) : nullptr);
+}
+
+// ---- RoPE on the way (FusedRope) -----------------------------------------------------------------
+// k_rope's rotation of a pair (2i, 2i+1) in the last 2·half values of a head vector, done by a warp
+// that holds 32 consecutive values of it, lane l with value v: the pair is lanes l and l ^ 1 (the
+// rotated part starts at the even offset dim − 2·half and dim % 32 == 0, so no pair straddles two
+// warps or heads). Element `col` of its head vector (row `row` of the step) is rotated when rot, by
+// its pair's c and sign·s, read from cs as k_rope reads them.
+struct RopePair {
+  bool rot;
+  float c, s;
+};
+__device__ __forceinline__ RopePair rope_pair(const FusedRope& f, int64_t row, int64_t col) {
+  const int64_t off = col - (f.dim - 2 * f.half);
+  if (off < 0) return {false, 1.0f, 0.0f};
+  const int64_t k = (row * f.half + off / 2) * 2;
+  return {true, f.cs[k], f.sign * f.cs[k + 1]};
+}
+// The rotated, rounded value of lane `lane` (k_rope: even a·c − b·s, odd a·s + b·c, a the even value
+// and b the odd one). The whole warp must call it (one shuffle).
+__device__ __forceinline__ float rope_lane(float v, const RopePair& p, int lane, bool r) {
+  const float other = __shfl_xor_sync(0xffffffffu, v, 1);
+  if (!p.rot) return v;
+  return lane % 2 == 0 ? rb(v * p.c - other * p.s, r) : rb(other * p.s + v * p.c, r);
 }
 
 // ---- embedding and mHC -------------------------------------------------------------------------
@@ -525,7 +564,9 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
 // rounding difference: every nonzero product is at least 2^-18 (2^-10) before scaling, far above
 // FP32's smallest normal after it. It is scaled back exactly before the block scale. On the general
 // path (inputs any FP32) the weight is scaled back first and the product rounded separately, as the
-// reference does.
+// reference does. The FP4 linear's quantized path is different since its reference changed to an
+// exact integer block sum (det::fp4_act_block_isum, docs/numerics.md §3): it reads the inputs' byte
+// planes (ppos16) and uses prmt/dp4a (core/fp4_dp4a.h) instead of FMAs, see fp4_kb_mac.
 // RMSNorm, a 256-thread block per row of job blockIdx.y (one launch normalizes the rows of one or two
 // (x, dim, w, y) jobs): thread t takes x[t + 256k] — the canonical block_sum<256> partials — and keeps
 // its first kRmsRegs values and weights in registers, so the output needs no second read. y may
@@ -569,14 +610,17 @@ __global__ void __launch_bounds__(256) k_rmsnorm(RmsJob a, RmsJob b, float eps, 
 // Lays out rows × groups × K inputs (stride x_stride) for the linears, with the reference's per-32
 // FP8 activation quantization on the way when quantize (E4M3 values stored times 2^64, scales to
 // xs): once per input row, for every linear that reads it. A warp per 32-block.
+// With rope.cs set, the values are first rotated as k_rope would (by shuffles, in registers; x is
+// not written): the attention output's inverse rope, fused into wo_a's input.
 __global__ void k_linear_input(const float* __restrict__ x, int64_t x_stride, int64_t K, int groups, bool quantize,
-                               float* __restrict__ xq, float* __restrict__ xs) {
+                               float* __restrict__ xq, float* __restrict__ xs, FusedRope rope) {
   const int nb = int(K / 32), gb = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (gb >= groups * nb) return;
+  if (gb >= groups * nb) return;  // whole warps
   const int g = gb / nb, kb = gb % nb;
-  const int64_t row = blockIdx.y, kp = interleaved_k(K);
-  emit_input(x[row * x_stride + int64_t(g) * K + kb * 32 + lane], quantize, xq + row * groups * kp + g * kp,
-             quantize ? xs + row * groups * nb + gb : nullptr, kb, lane);
+  const int64_t row = blockIdx.y, kp = interleaved_k(K), col = int64_t(g) * K + kb * 32 + lane;
+  float v = x[row * x_stride + col];
+  if (rope.cs) v = rope_lane(v, rope_pair(rope, row, col % rope.dim), lane, rope.r);
+  emit_input(v, quantize, xq + row * groups * kp + g * kp, quantize ? xs + row * groups * nb + gb : nullptr, kb, lane);
 }
 
 __device__ __forceinline__ uint32_t word_of(const uint4 (&w)[2], int i) {
@@ -649,9 +693,37 @@ __device__ __forceinline__ void fp8_kb_mac(const uint4 (&w)[OPW][2], const float
   }
 }
 
+__device__ __forceinline__ uint32_t comp(const uint4& q, int i) {
+  return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
+}
+
+// One lane's FP4 K-block kb for OPW outputs. Quantized inputs (kExact): the block's exact integer sum
+// from the byte planes xp (det::fp4_act_block_isum in the prmt/dp4a form of core/fp4_dp4a.h: per 4
+// weights and output 2 prmt, 6 dp4a, and the selector's shift/mask), then det::fp4_act_block_part;
+// the float inputs x are not read. Otherwise the sequential FP32 sum of the products, as before.
 template <int OPW, bool kExact, bool kSet = false>
 __device__ __forceinline__ void fp4_kb_mac(const uint4 (&w)[OPW], const float (&sw)[OPW], const float* x,
-                                           const float* xs, int kb, float (&acc)[OPW]) {
+                                           const float* xs, const uint8_t* xp, int kb, float (&acc)[OPW]) {
+  if constexpr (kExact) {
+    uint4 xv[6];  // lo words 0-7 in xv[0..1], mid in xv[2..3], hi in xv[4..5]
+    const uint4* p = reinterpret_cast<const uint4*>(xp);
+#pragma unroll
+    for (int j = 0; j < 6; ++j) xv[j] = __ldg(p + ppos16(kb, j));
+    det::Fp4Acc a[OPW];
+#pragma unroll
+    for (int m = 0; m < 8; ++m) {
+      const uint32_t lo = comp(xv[m / 4], m % 4), mid = comp(xv[2 + m / 4], m % 4), hi = comp(xv[4 + m / 4], m % 4);
+#pragma unroll
+      for (int o = 0; o < OPW; ++o) det::fp4_act_x4(comp(w[o], m / 2) >> (16 * (m % 2)), lo, mid, hi, a[o]);
+    }
+    const float s_a = __ldg(xs + kb);
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) {
+      const float c = det::fp4_act_block_part(det::fp4_act_isum(a[o])) * (s_a * sw[o]);
+      acc[o] = kSet ? c : acc[o] + c;
+    }
+    return;
+  }
   const float wscale = 0x1p126f, back = 0x1p62f;
   float4 xv[8];
   load_x(x, kb, xv);
@@ -696,6 +768,18 @@ struct RemainderTasks {
   }
   __device__ int source(int o) const { return o * rem + (lane < rem ? lane : 0); }
   __device__ bool receives() const { return lane < rem; }
+  // The lane's rounds over K-blocks kb = lane, lane + 32, …: with spread tasks only the full ones.
+  __device__ bool ends_at(int kb, int nb) const { return kb >= nb || (spread && kb >= 32 * full); }
+  // What a double-buffered lane loads during round kb: the next round's blocks, or, after the last
+  // full round of a spread warp, its task's.
+  template <typename Load, typename LoadTask>
+  __device__ void prefetch(int kb, int nb, Load&& load, LoadTask&& load_task) const {
+    if (!(spread && kb + 32 >= 32 * full)) {
+      if (kb + 32 < nb) load(kb + 32);
+    } else if (mine) {
+      load_task();
+    }
+  }
 };
 
 // Block of 8 warps; warp w takes outputs o0..o0+OPW-1 and the block's R rows (grid.y: row groups).
@@ -776,19 +860,11 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
       tw[1] = __ldg(reinterpret_cast<const uint4*>(wr + 16));
     };
     if (kMode == kRegsPipe && rt.full == 0 && rt.mine) load_task();
-    for (int kb = lane; kb < nb; kb += 32) {
-      const bool last_full = kb + 32 >= rt.full * 32;
-      if (rt.spread && kb >= rt.full * 32) break;
+    for (int kb = lane; !rt.ends_at(kb, nb); kb += 32) {
       if (kMode == kRegs) load(kb);
 #pragma unroll
       for (int o = 0; o < OPW; ++o) w[o][0] = wn[o][0], w[o][1] = wn[o][1];
-      if (kMode == kRegsPipe) {
-        if (!(rt.spread && last_full)) {
-          if (kb + 32 < nb) load(kb + 32);
-        } else if (rt.mine) {
-          load_task();
-        }
-      }
+      if (kMode == kRegsPipe) rt.prefetch(kb, nb, load, load_task);
 #pragma unroll
       for (int o = 0; o < OPW; ++o) sw[o] = e8m0(__ldg(Ws + (clamp(o) / 32) * nb + kb));
       fp8_kb_mac<OPW, R, kExact>(w, sw, x, x_stride, xs, xs_stride, kb, nr, acc);
@@ -827,7 +903,8 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
 template <int OPW, bool kExact, int kMode>
 __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const uint8_t* const* Ws,
                                                    const int32_t* ids, int64_t out, int64_t K, const float* x,
-                                                   int64_t x_stride, const float* xs, int64_t xs_stride, int x_div,
+                                                   int64_t x_stride, const float* xs, int64_t xs_stride,
+                                                   const uint8_t* xp, int64_t xp_stride, int x_div,
                                                    float* y, bool r, Fp4Pair pair) {
   const int nb = int(K / 32);
   const int row = blockIdx.y;
@@ -842,6 +919,7 @@ __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const
   const uint8_t* We = W[e];
   const uint8_t* Se = Ws[e];
   x += int64_t(row / x_div) * x_stride, xs += int64_t(row / x_div) * xs_stride;
+  if (kExact) xp += int64_t(row / x_div) * xp_stride;
   auto clamp = [&](int o) { return o0 + o < out ? o0 + o : out - 1; };
   float acc[OPW];
 #pragma unroll
@@ -873,7 +951,7 @@ __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const
       for (int u = 0; u < U; ++u) {
         const int kb = kb0 + 32 * u;
         if (kb >= nb) break;
-        fp4_kb_mac<OPW, kExact>(wu[u], su[u], x, xs, kb, acc);
+        fp4_kb_mac<OPW, kExact>(wu[u], su[u], x, xs, xp, kb, acc);
       }
     }
   } else {
@@ -881,22 +959,14 @@ __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const
     uint4 tw = make_uint4(0, 0, 0, 0);
     auto load_task = [&] { tw = __ldg(reinterpret_cast<const uint4*>(We + clamp(rt.row) * row_bytes + int64_t(rt.kb) * 16)); };
     if (kMode == kRegsPipe && rt.full == 0 && rt.mine) load_task();
-    for (int kb = lane; kb < nb; kb += 32) {
-      const bool last_full = kb + 32 >= rt.full * 32;
-      if (rt.spread && kb >= rt.full * 32) break;
+    for (int kb = lane; !rt.ends_at(kb, nb); kb += 32) {
       if (kMode == kRegs) load(kb);
 #pragma unroll
       for (int o = 0; o < OPW; ++o) w[o] = wn[o];
-      if (kMode == kRegsPipe) {
-        if (!(rt.spread && last_full)) {
-          if (kb + 32 < nb) load(kb + 32);
-        } else if (rt.mine) {
-          load_task();
-        }
-      }
+      if (kMode == kRegsPipe) rt.prefetch(kb, nb, load, load_task);
 #pragma unroll
       for (int o = 0; o < OPW; ++o) sw[o] = e8m0(__ldg(Se + clamp(o) * nb + kb));
-      fp4_kb_mac<OPW, kExact>(w, sw, x, xs, kb, acc);
+      fp4_kb_mac<OPW, kExact>(w, sw, x, xs, xp, kb, acc);
     }
     if (rt.spread) {
       float c[1] = {0.0f};
@@ -904,7 +974,7 @@ __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const
         if (kMode == kRegs) load_task();
         const uint4 tw1[1] = {tw};
         const float tsw[1] = {e8m0(__ldg(Se + clamp(rt.row) * nb + rt.kb))};
-        fp4_kb_mac<1, kExact, true>(tw1, tsw, x, xs, rt.kb, c);
+        fp4_kb_mac<1, kExact, true>(tw1, tsw, x, xs, xp, rt.kb, c);
       }
 #pragma unroll
       for (int o = 0; o < OPW; ++o) {
@@ -971,12 +1041,17 @@ __global__ void k_rope(float* x, int64_t rows, int heads, int64_t dim, const flo
   v[2 * i + 1] = rb(a * s + b * c, r);
 }
 
-__global__ void k_fp8_fake_quant(float* x, int64_t blocks, bool r) {
+// A warp per 32-block; with rope.cs set, k_rope's rotation first (the window KV: rope then fake-quant
+// in one launch, the quantizer seeing the rotated, rounded values as after k_rope).
+__global__ void k_fp8_fake_quant(float* x, int64_t blocks, bool r, FusedRope rope) {
   const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  if (b >= blocks) return;
-  float* p = x + b * 32 + threadIdx.x % 32;
-  const float v = *p, s = fp8_block_scale(v);
-  *p = rb(e4m3_val(fp8_code(v, s)) * s, r);
+  if (b >= blocks) return;  // whole warps
+  const int lane = threadIdx.x % 32;
+  const int64_t e = b * 32 + lane;
+  float v = x[e];
+  if (rope.cs) v = rope_lane(v, rope_pair(rope, e / (rope.heads * rope.dim), e % rope.dim), lane, rope.r);
+  const float s = fp8_block_scale(v);
+  x[e] = rb(e4m3_val(fp8_code(v, s)) * s, r);
 }
 
 __device__ __forceinline__ uint8_t* ring_of(const SeqMeta& sq, int layer, int W, int64_t hd) {
@@ -1079,6 +1154,18 @@ __global__ void __launch_bounds__(256) k_attention_logits(AttentionArgs a) {
   const int nk = attention_keys(a, i, &first_free);
   cp_async_wait_all();
   __syncthreads();
+  if (a.q_rope.cs) {  // the queries' rope (k_rope's arithmetic, a thread per pair), here instead of a launch
+    const FusedRope& f = a.q_rope;
+    for (int t = threadIdx.x; t < nh * f.half; t += blockDim.x) {
+      const int h = t / f.half, k = t % f.half;
+      float* v = qs + h * hd + hd - 2 * f.half;
+      const float c = f.cs[(int64_t(i) * f.half + k) * 2], s = f.sign * f.cs[(int64_t(i) * f.half + k) * 2 + 1];
+      const float x0 = v[2 * k], x1 = v[2 * k + 1];
+      v[2 * k] = rb(x0 * c - x1 * s, f.r);
+      v[2 * k + 1] = rb(x0 * s + x1 * c, f.r);
+    }
+    __syncthreads();
+  }
   const float scale = 1.0f / sqrtf(float(hd));
   const int lane = threadIdx.x % 32;
   const int gw = blockIdx.z * (blockDim.x / 32) + threadIdx.x / 32, nw = gridDim.z * (blockDim.x / 32);
@@ -1117,7 +1204,8 @@ __global__ void __launch_bounds__(256) k_attention_logits(AttentionArgs a) {
 // padded with zeros is (q_0 + q_2) + (q_1 + q_3). The 16 blocks of a head group each redo the group's
 // softmax (8 × nk exponentials) rather than wait for one another. Rows longer than the key tile take
 // several tiles (not at V4.1's 640 keys). Measured under Nsight: 809 µs a step at 8K, against 711 µs
-// for a 256-thread variant that tiled the keys 64 rows at a time (docs/perf.md, v11).
+// for a 256-thread variant that tiled the keys 64 rows at a time (docs/perf.md, v11): that one is
+// k_attention_pv_tiles below (DSUF_PV=tiles).
 constexpr int kPvHeads = 8, kPvDims = 32, kPvThreads = 128, kPvMaxTile = 640;
 
 __global__ void __launch_bounds__(kPvThreads) k_attention_pv(AttentionArgs a, int tile) {
@@ -1205,6 +1293,101 @@ __global__ void __launch_bounds__(kPvThreads) k_attention_pv(AttentionArgs a, in
     if (2 * warp < nh) o[2 * warp * hd] = rb(acc_a / den_s[2 * warp], a.r);
     if (2 * warp + 1 < nh) o[(2 * warp + 1) * hd] = rb(acc_b / den_s[2 * warp + 1], a.r);
   }
+}
+
+// The tiled alternative (DSUF_PV=tiles; session 4's first rewrite, measured 711 µs a step at 8K against
+// 809 for k_attention_pv, docs/perf.md v11). A block per (8 heads, 32 dims) of a row, 256 threads:
+// first the two 128-thread halves each run one head's softmax at a time (the reference's 128-thread
+// block_sum order: thread t's partial over j ≡ t mod 128, then the warp trees and (q0 + q2) + (q1 + q3)),
+// exp(logit − max) kept in shared memory; then thread (head, dim) adds up its dim over the keys in
+// order from zero, the keys' 32-dim slice staged 64 rows at a time through registers (the next tile's
+// loads issued before this tile's arithmetic). Dynamic shared memory: kPvHeads·kmax floats.
+constexpr int kPvTileRows = 64, kPvTileThreads = kPvHeads * kPvDims;
+
+// Sum (max) over one 128-thread half `half` of a 256-thread block: the warp trees, then the tree of
+// the half's four warp values (q0 + q2) + (q1 + q3). Every thread of the block must call it.
+__device__ __forceinline__ float half_block_sum(float v, float (*part)[4], int half) {
+  v = warp_sum(v);
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) part[half][(threadIdx.x / 32) % 4] = v;
+  __syncthreads();
+  return (part[half][0] + part[half][2]) + (part[half][1] + part[half][3]);
+}
+__device__ __forceinline__ float half_block_max(float v, float (*part)[4], int half) {
+  v = warp_max(v);
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) part[half][(threadIdx.x / 32) % 4] = v;
+  __syncthreads();
+  return fmaxf(fmaxf(part[half][0], part[half][2]), fmaxf(part[half][1], part[half][3]));
+}
+
+__global__ void __launch_bounds__(kPvTileThreads) k_attention_pv_tiles(AttentionArgs a) {
+  extern __shared__ float4 pvt_smem4[];
+  float* p = reinterpret_cast<float*>(pvt_smem4);  // [kPvHeads][kmax]: exp(logit − max)
+  __shared__ __align__(16) float kt[kPvTileRows][kPvDims];  // written as float4: 16-byte aligned
+  __shared__ float part[2][4];
+  __shared__ float den_s[kPvHeads];
+  __shared__ int first_free;
+  const int i = blockIdx.x, h0 = blockIdx.y * kPvHeads, d0 = blockIdx.z * kPvDims;
+  const int64_t hd = a.hd;
+  const int nk = attention_keys(a, i, &first_free);
+  const int nh = min(kPvHeads, a.H - h0);
+  const int half = threadIdx.x / 128, t128 = threadIdx.x % 128;
+  for (int hp = 0; hp < kPvHeads; hp += 2) {  // uniform trip count: both halves reach every barrier
+    const int h = hp + half;
+    const bool live = h < nh;
+    const float* lg = a.att + (int64_t(i) * a.H + h0 + h) * a.kmax;
+    float* ph = p + h * a.kmax;
+    float mx = -INFINITY;
+    if (live)
+      for (int j = t128; j < nk; j += 128) mx = fmaxf(mx, lg[j]);
+    mx = half_block_max(mx, part, half);
+    float den = 0.0f;
+    if (live)
+      for (int j = t128; j < nk; j += 128) den += (ph[j] = det::fexp(lg[j] - mx));
+    den = half_block_sum(den, part, half);
+    if (live && t128 == 0) den_s[h] = den + det::fexp(a.sink[h0 + h] - mx);
+  }
+  const float* keys = a.keys + int64_t(i) * a.kmax * hd + d0;
+  const int lr = threadIdx.x / 8, lc = threadIdx.x % 8;  // tile rows lr and lr + 32, float4 lc
+  const bool vec = hd % 4 == 0 && d0 + kPvDims <= hd;
+  auto fetch = [&](int j0, float4 (&v)[2]) {
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int j = j0 + lr + 32 * u;
+      v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (j >= nk) continue;
+      const float* src = keys + int64_t(j) * hd + 4 * lc;
+      if (vec) {
+        v[u] = __ldg(reinterpret_cast<const float4*>(src));
+      } else {
+        float* e = &v[u].x;
+        for (int c = 0; c < 4; ++c)
+          if (d0 + 4 * lc + c < hd) e[c] = src[c];
+      }
+    }
+  };
+  const int hl = threadIdx.x / kPvDims, dl = threadIdx.x % kPvDims;
+  const float* ph = p + hl * a.kmax;
+  float acc = 0.0f;
+  float4 next[2];
+  fetch(0, next);
+  for (int j0 = 0; j0 < nk; j0 += kPvTileRows) {
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < 2; ++u) reinterpret_cast<float4*>(kt[lr + 32 * u])[lc] = next[u];
+    __syncthreads();
+    if (j0 + kPvTileRows < nk) fetch(j0 + kPvTileRows, next);
+    const int n = min(kPvTileRows, nk - j0);
+    if (n == kPvTileRows) {
+#pragma unroll 16
+      for (int jj = 0; jj < kPvTileRows; ++jj) acc += ph[j0 + jj] * kt[jj][dl];
+    } else {
+      for (int jj = 0; jj < n; ++jj) acc += ph[j0 + jj] * kt[jj][dl];
+    }
+  }
+  const int64_t d = d0 + dl;
+  if (hl < nh && d < hd) a.out[(int64_t(i) * a.H + h0 + hl) * hd + d] = rb(acc / den_s[hl], a.r);
 }
 
 // ---- compressor --------------------------------------------------------------------------------
@@ -1833,8 +2016,11 @@ __device__ __host__ inline uint8_t e4m3_small(uint64_t r) {
   // sign | exponent 1..7 | mantissa: |value| in [2^-6, 1.875]
   return uint8_t(((r >> 8) & 1) << 7 | (1 + (r % 7)) << 3 | ((r >> 16) & 7));
 }
-__global__ void k_fill(uint8_t* p, size_t bytes, uint64_t seed, Fill mode, uint8_t constant, float sigma) {
+// Element i of p holds the value of element first + i of the whole draw.
+__global__ void k_fill(uint8_t* p, size_t bytes, uint64_t seed, Fill mode, uint8_t constant, float sigma,
+                       size_t first) {
   const size_t stride = size_t(gridDim.x) * blockDim.x;
+  seed += first * 0x9e3779b97f4a7c15ull;  // seed + (first + i)·φ below, i local
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;; i += stride) {
     switch (mode) {
       case Fill::kBytes:
@@ -1872,8 +2058,8 @@ __global__ void k_fill(uint8_t* p, size_t bytes, uint64_t seed, Fill mode, uint8
 }  // namespace
 
 void fill_device_synthetic(uint8_t* p, size_t bytes, uint64_t seed, Fill mode, uint8_t constant, float sigma,
-                           cudaStream_t s) {
-  if (bytes) k_fill<<<1024, 256, 0, s>>>(p, bytes, mix64(seed), mode, constant, sigma);
+                           cudaStream_t s, size_t first) {
+  if (bytes) k_fill<<<1024, 256, 0, s>>>(p, bytes, mix64(seed), mode, constant, sigma, first);
 }
 
 void fill_host_synthetic(uint8_t* p, size_t bytes, uint64_t seed, Fill mode, uint8_t constant) {
@@ -2086,7 +2272,8 @@ void launch_fp4(const Fp4Call& c) {
            : mode == kRegsPipe ? k_fp4_gemv<OPW, kExact, kRegsPipe>
                                : k_fp4_gemv<OPW, kExact, kRegs>;
   launch_pdl(k, dim3(blocks_for(c.out, 8 * OPW), int(c.rows), c.pair.W ? 2 : 1), dim3(256), 0, c.s, c.W, c.Ws,
-             c.ids, c.out, c.K, c.in.x, c.in.stride, c.in.scale, c.in.scale_stride, c.x_div, c.y, c.r, c.pair);
+             c.ids, c.out, c.K, c.in.x, c.in.stride, c.in.scale, c.in.scale_stride, c.in.planes, c.in.plane_stride,
+             c.x_div, c.y, c.r, c.pair);
 }
 template <bool kExact>
 void launch_fp4_opw(const Fp4Call& c) {
@@ -2098,18 +2285,28 @@ void launch_fp4_opw(const Fp4Call& c) {
 }
 }  // namespace
 
+namespace {
+void check_fused_rope(const FusedRope& f, const char* what) {
+  DSUF_CHECK(!f.cs || (f.dim % 32 == 0 && f.half > 0 && 2 * f.half <= f.dim && f.heads >= 1), what,
+             ": a fused rope needs dim % 32 == 0 and 0 < 2·half ≤ dim (dim ", f.dim, ", half ", f.half, ")");
+}
+}  // namespace
 LinearInput linear_input(const float* x, int64_t x_stride, int64_t rows, int64_t K, bool quantize, float* xq,
-                         float* xs, cudaStream_t s, int groups) {
+                         float* xs, cudaStream_t s, int groups, const FusedRope& rope) {
   DSUF_CHECK(K % 32 == 0 && groups >= 1, "linear_input: K = ", K, ", groups = ", groups);
+  check_fused_rope(rope, "linear_input");
   const int64_t nb = K / 32, kp = interleaved_k(K);
   if (rows > 0)
-    k_linear_input<<<dim3(blocks_for(groups * nb, 8), rows), 256, 0, s>>>(x, x_stride, K, groups, quantize, xq, xs);
+    k_linear_input<<<dim3(blocks_for(groups * nb, 8), rows), 256, 0, s>>>(x, x_stride, K, groups, quantize, xq, xs,
+                                                                          rope);
   return {xq, groups * kp, kp, quantize ? xs : nullptr, groups * nb};
 }
 LinearInput sink_input(const InputSink& sink, int64_t K) {
   DSUF_CHECK(K % 32 == 0 && sink.xq, "sink_input: K = ", K);
   const int64_t kp = interleaved_k(K);
-  return {sink.xq, kp, kp, sink.quantize ? sink.xs : nullptr, K / 32};
+  const bool planes = sink.quantize && sink.xp;
+  return {sink.xq, kp, kp, sink.quantize ? sink.xs : nullptr, K / 32, planes ? sink.xp : nullptr,
+          planes ? interleaved_planes(K) : 0};
 }
 void fp8_linear_groups(const uint8_t* W, const uint8_t* Ws, int groups, int64_t out, int64_t K,
                        const LinearInput& in, int64_t rows, float* y, int64_t y_stride, bool r, cudaStream_t s) {
@@ -2136,6 +2333,8 @@ void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const
                         const Fp4Pair& pair) {
   DSUF_CHECK(K % 32 == 0 && in.group_stride == interleaved_k(K), "fp4_linear: K = ", K, ", input laid out for ",
              in.group_stride);
+  DSUF_CHECK(!in.scale || (in.planes && in.plane_stride >= interleaved_planes(K)),
+             "fp4_linear: quantized inputs without their byte planes (InputSink::xp)");
   if (rows <= 0) return;
   const Fp4Call c{W, Ws, ids, out, K, in, x_div, rows, y, r, s, pair};
   if (in.scale) return launch_fp4_opw<true>(c);
@@ -2150,8 +2349,11 @@ void rope(float* x, int64_t rows, int heads, int64_t dim, const float* cs, int h
   const int64_t n = rows * heads * half;
   if (n) k_rope<<<blocks_for(n, 256), 256, 0, s>>>(x, rows, heads, dim, cs, half, sign, r);
 }
-void fp8_fake_quant(float* x, int64_t n, bool r, cudaStream_t s) {
-  if (n) k_fp8_fake_quant<<<blocks_for(n / 32, 8), 256, 0, s>>>(x, n / 32, r);
+void fp8_fake_quant(float* x, int64_t n, bool r, cudaStream_t s, const FusedRope& rope) {
+  check_fused_rope(rope, "fp8_fake_quant");
+  DSUF_CHECK(!rope.cs || n % (rope.heads * rope.dim) == 0, "fp8_fake_quant: ", n, " values, rows of ",
+             rope.heads * rope.dim);
+  if (n) k_fp8_fake_quant<<<blocks_for(n / 32, 8), 256, 0, s>>>(x, n / 32, r, rope);
 }
 void index_q_quant(const float* x, int64_t n, int8_t* codes, float* scales, cudaStream_t s) {
   if (n) k_index_q_quant<<<blocks_for(n / 32, 8), 256, 0, s>>>(x, n / 32, codes, scales);
@@ -2161,17 +2363,39 @@ void pack_window(const float* kv, int rows, const RowMeta* meta, const SeqMeta* 
   const int64_t t = int64_t(rows) * (hd / 32);
   if (t > 0) k_pack_window<<<blocks_for(t, 8), 256, 0, s>>>(kv, rows, meta, seqs, layer, hd, W);
 }
+// DSUF_PV=cp|tiles picks the softmax + P·V kernel (k_attention_pv, the default, or k_attention_pv_tiles).
+bool pv_tiles() {
+  static const bool tiles = [] {
+    const char* v = std::getenv("DSUF_PV");
+    const std::string m = v ? v : "cp";
+    if (m != "cp" && m != "tiles") fail("DSUF_PV=", m, ": expected cp or tiles");
+    return m == "tiles";
+  }();
+  return tiles;
+}
 void attention(const AttentionArgs& a, cudaStream_t s) {
+  const FusedRope& qr = a.q_rope;
+  DSUF_CHECK(!qr.cs || (qr.dim == a.hd && qr.heads == a.H && qr.half > 0 && 2 * qr.half <= qr.dim),
+             "attention: the queries' rope must cover H = ", a.H, " heads of ", a.hd, " dims");
   k_gather_keys<<<dim3(a.rows, a.W + (a.sel ? a.sel_stride : 0)), 128, 0, s>>>(a);
   const size_t qk_smem = sizeof(float) * kAttHeadsQK * a.hd;
   set_smem(k_attention_logits, qk_smem);
   k_attention_logits<<<dim3(a.rows, blocks_for(a.H, kAttHeadsQK), attention_key_split(a.rows)), 256, qk_smem, s>>>(a);
+  const dim3 pv_grid(a.rows, blocks_for(a.H, kPvHeads), blocks_for(a.hd, kPvDims));
+  if (pv_tiles()) {
+    const size_t smem = sizeof(float) * size_t(kPvHeads) * a.kmax;
+    DSUF_CHECK(smem <= 200 * 1024, "attention: ", a.kmax, " keys a row need too much shared memory");
+    // Above 48 KB in all (with the 8 KB key tile) the dynamic part needs the opt-in.
+    if (smem + sizeof(float) * kPvTileRows * kPvDims + 1024 > 48 * 1024)
+      DSUF_CUDA(cudaFuncSetAttribute(k_attention_pv_tiles, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    k_attention_pv_tiles<<<pv_grid, kPvTileThreads, smem, s>>>(a);
+    return;
+  }
   const int kp = (a.kmax + 3) & ~3, tile = std::min(kp, kPvMaxTile);
   const size_t pv_smem = sizeof(float) * (size_t(kPvHeads) * kp + size_t(tile) * kPvDims);
   DSUF_CHECK(pv_smem <= 200 * 1024, "attention: ", a.kmax, " keys a row need too much shared memory");
   set_smem(k_attention_pv, pv_smem);
-  k_attention_pv<<<dim3(a.rows, blocks_for(a.H, kPvHeads), blocks_for(a.hd, kPvDims)), kPvThreads, pv_smem, s>>>(a,
-                                                                                                             tile);
+  k_attention_pv<<<pv_grid, kPvThreads, pv_smem, s>>>(a, tile);
 }
 void compress_emit(const CompressArgs& a, cudaStream_t s) {
   if (a.n_jobs <= 0) return;

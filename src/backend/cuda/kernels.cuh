@@ -30,10 +30,13 @@ void hc_collapse(const float* pre, int pre_stride, const float* X, int n, int hc
                  cudaStream_t s);
 // Where a producer (collapse_norm, rmsnorm2, swiglu) also writes its output rows laid out for the linears, as
 // linear_input would (one group): the floats xq, the scales xs when quantize. Off when xq is null.
+// With xp set (and quantize) also the byte planes of 512·(E4M3 value) that the FP4 linears read
+// (interleaved_planes(K) bytes a row; kernels.cu, ppos16).
 struct InputSink {
   float* xq = nullptr;
   float* xs = nullptr;
   bool quantize = false;
+  uint8_t* xp = nullptr;
 };
 // y = rmsnorm(Σ_k pre[k]·X[k]) per row (the collapsed row never leaves the chip). With emix set, the
 // streams are first expanded in place with the mix rows emix (stride emix_stride) and the site output
@@ -58,19 +61,39 @@ void rmsnorm2(const RmsJob& a, const RmsJob& b, int64_t rows, float eps, bool r,
 // of K inputs interleaved_k(K) floats (group_stride), interleaved so that a warp's loads are
 // contiguous (kernels.cu, xpos4). With scale set, the reference's per-32 FP8 activation quantization
 // of them: E4M3 values times 2^64, block scales at scale[row·scale_stride + group·K/32 + kb].
+// planes: the quantized rows' byte planes (InputSink::xp; plane_stride bytes a row), which the FP4
+// linears need when scale is set.
 struct LinearInput {
   const float* x;
   int64_t stride, group_stride;
   const float* scale;
   int64_t scale_stride;
+  const uint8_t* planes = nullptr;
+  int64_t plane_stride = 0;
 };
 // Floats of one group of K inputs in the interleaved layout (K/32 blocks rounded up to 32).
 __host__ __device__ constexpr int64_t interleaved_k(int64_t K) { return (K / 32 + 31) / 32 * 1024; }
+// Bytes of one row of K inputs as byte planes: 3·32 bytes a K-block, K/32 rounded up to 32.
+__host__ __device__ constexpr int64_t interleaved_planes(int64_t K) { return 3 * interleaved_k(K); }
+// rope()'s rotation done by another kernel on the way, with rope()'s arithmetic and rounding: rows of
+// `heads` head vectors of `dim` values (dim % 32 == 0), the last 2·half of each rotated by the row's
+// cos/sin in cs (row-major [rows][half][cos,sin]) with sign·sin, rounded as rope() with r. Off when
+// cs is null.
+struct FusedRope {
+  const float* cs = nullptr;
+  int half = 0;
+  int heads = 1;
+  int64_t dim = 0;
+  float sign = 1.0f;
+  bool r = false;
+};
 // Lays out rows × groups × K inputs of x (row stride x_stride) into xq [rows][groups·interleaved_k(K)]
 // for the linears, quantized (scales into xs [rows][groups·K/32]) when quantize: once, for every
-// linear that reads them.
+// linear that reads them. With rope.cs set, each row's values (head vectors of rope.dim from the row's
+// start) are first rotated as rope(x, …, rope.sign, rope.r) would, in registers only: x is not
+// written (the inverse rope of the attention output, fused into wo_a's input).
 LinearInput linear_input(const float* x, int64_t x_stride, int64_t rows, int64_t K, bool quantize, float* xq,
-                         float* xs, cudaStream_t s, int groups = 1);
+                         float* xs, cudaStream_t s, int groups = 1, const FusedRope& rope = {});
 // The layout a producer wrote through `sink` for rows of K inputs (what linear_input would return).
 LinearInput sink_input(const InputSink& sink, int64_t K);
 // A second linear of the same inputs, run in the same launch (its own weights, outputs and y).
@@ -96,7 +119,8 @@ struct Fp4Pair {
   float* y = nullptr;
 };
 // Grouped FP4 linear (experts): row r uses expert ids[r]'s weights and input row r / x_div; with
-// pair.W, the same for the pair's weights into pair.y, in the same launch.
+// pair.W, the same for the pair's weights into pair.y, in the same launch. Quantized inputs (in.scale)
+// must come with their byte planes (in.planes): the blocks are exact integer sums (docs/numerics.md §3).
 void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out,
                         int64_t K, const LinearInput& in, int x_div, int64_t rows, float* y, bool r, cudaStream_t s,
                         const Fp4Pair& pair = {});
@@ -107,7 +131,10 @@ void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int6
 // (computed on the host by model/rope.h, the same values the CPU reference uses).
 void rope(float* x, int64_t rows, int heads, int64_t dim, const float* cs, int half, float sign, bool r,
           cudaStream_t s);
-void fp8_fake_quant(float* x, int64_t n, bool r, cudaStream_t s);      // blocks of 32
+// The reference's FP8 fake-quant per 32 values in place (rounded by r). With rope.cs set, rope()
+// first (x is rope.heads·rope.dim values a row), in the same launch: the quantizer sees the rotated,
+// rounded values, exactly as rope() then fp8_fake_quant() (the window KV of a layer).
+void fp8_fake_quant(float* x, int64_t n, bool r, cudaStream_t s, const FusedRope& rope = {});
 // ---- Per-row metadata: a step's rows may come from several sequences (a prefill chunk is rows of
 // one sequence; a decode step one row per sequence). Rows of one sequence are consecutive and in
 // position order.
@@ -144,7 +171,7 @@ void pack_window(const float* kv, int rows, const RowMeta* meta, const SeqMeta* 
                  cudaStream_t s);
 
 struct AttentionArgs {
-  const float* q;         // [rows][H][hd]
+  const float* q;         // [rows][H][hd]; not yet rotated when q_rope.cs is set
   const float* kv_chunk;  // [rows][hd] this step's window KV (fake-quantized)
   const RowMeta* meta;
   const SeqMeta* seqs;
@@ -159,7 +186,10 @@ struct AttentionArgs {
   int rows, H, W;
   int64_t hd;
   bool r;
+  FusedRope q_rope = {};  // set: the logits kernel rotates the queries it stages (q itself stays as it is)
 };
+// Gathers the keys, then the logits, then softmax and P·V: k_attention_pv, or k_attention_pv_tiles with
+// DSUF_PV=tiles (read once; both equal the reference).
 void attention(const AttentionArgs& a, cudaStream_t s);
 
 struct CompressArgs {
@@ -269,8 +299,10 @@ void sample_serial(const float* logits, int64_t V, const SampleJob* jobs, int n_
 // Synthetic weights (benchmarks): raw bytes, E4M3 codes with |value| ≤ 1.875 (no NaN), a constant
 // byte, BF16 ≈ N(0, σ²) or ≈ 1, FP32 ≈ N(0, σ²) or 1; deterministic in the seed.
 enum class Fill { kBytes, kE4M3, kConstant, kBf16Normal, kBf16One, kF32Normal, kF32One };
+// `first`: the index (in elements of the mode: bytes, BF16 or FP32 values) of p[0] within the tensor
+// the seed draws, so a slice gets exactly the values a draw of the whole tensor holds there.
 void fill_device_synthetic(uint8_t* p, size_t bytes, uint64_t seed, Fill mode, uint8_t constant, float sigma,
-                           cudaStream_t s);
+                           cudaStream_t s, size_t first = 0);
 void fill_host_synthetic(uint8_t* p, size_t bytes, uint64_t seed, Fill mode, uint8_t constant);
 // Packed KV entries: the first value_bytes of each entry random (E4M3 codes or raw FP4 bytes), the
 // rest (the scales) the constant `scale`.

@@ -1,0 +1,130 @@
+// The CUDA backend's integer form of det::fp4_act_block_isum (core/detmath.h): 4 E2M1 weights at a
+// time decoded by byte permutes and multiplied with byte planes of the activations by dp4a. Written
+// once for both sides: on the GPU prmt and dp4a are the PTX instructions; on the host they are
+// emulated as the PTX ISA defines them, so tests/core/fp4_int_test.cc checks the kernel's algebra
+// (tables, selectors, signedness, plane weights) against the block function without a GPU.
+//
+// Activations: X = 512·a (det::e4m3_x512) split into three byte planes, X = hi·65536 + mid·256 + lo
+// with lo, mid unsigned bytes and hi a signed byte (hi ∈ [−4, 3] for |X| ≤ 229376).
+//
+// Weights: a 32-block is 16 bytes, weight k in nibble k (low nibble first), so the 16-bit half h of
+// word t holds weights 8t+4h .. 8t+4h+3, nibble n at bits 4n. prmt in its generic mode builds output
+// byte n from selector nibble n: bits 0-2 pick one of 8 table bytes, bit 3 set replaces the byte by
+// its sign bit replicated. An E2M1 nibble is exactly such a selector (bits 0-2 the magnitude code,
+// bit 3 the sign), so with a table of non-negative bytes (sign bit 0):
+//   P = prmt(2·|2c| table, nibbles)          = 2·(2c) for a positive weight, 0 for a negative one;
+//   N = prmt(−|2c| table, nibbles & 0x7777)  = −|2c| for every weight (signed bytes);
+// and 2c = P + N byte by byte (a positive weight: 2m − m; a negative one: 0 − m). Each plane's sum
+// over 4 weights is then dp4a(P, plane) + dp4a(N, plane): unsigned × unsigned and signed × unsigned
+// for lo and mid, signed × signed for hi. (This is S = 2·Σ dp4a(M⁺, plane) − Σ dp4a(M, plane) with
+// the factor 2 and the minus sign folded into the two tables, so one accumulator per plane.)
+// Per plane, |Σ| ≤ 32·12·255 (lo, mid) and 32·12·4 (hi); S = acc_lo + 256·acc_mid + 65536·acc_hi,
+// all modulo 2^32, is exact because |S| < 2^27.
+#pragma once
+
+#include <cstdint>
+
+#include "core/detmath.h"
+
+namespace dsuf::det {
+
+// PTX prmt.b32 (generic mode): d byte n = byte (c >> 4n) & 7 of {b, a} (a bytes 0-3, b bytes 4-7),
+// or, when bit 3 of that selector nibble is set, that byte's bit 7 replicated; c's bits 16-31 unused.
+DSUF_HD uint32_t prmt(uint32_t a, uint32_t b, uint32_t c) {
+#if defined(__CUDA_ARCH__)
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+#else
+  const uint64_t src = (uint64_t(b) << 32) | a;
+  uint32_t d = 0;
+  for (int n = 0; n < 4; ++n) {
+    const uint32_t ctl = (c >> (4 * n)) & 0xfu;
+    uint32_t byte = uint32_t(src >> (8 * (ctl & 7u))) & 0xffu;
+    if (ctl & 8u) byte = (byte & 0x80u) ? 0xffu : 0u;
+    d |= byte << (8 * n);
+  }
+  return d;
+#endif
+}
+
+#if !defined(__CUDA_ARCH__)
+// Byte n of v, zero- or sign-extended.
+inline int32_t byte_u(uint32_t v, int n) { return int32_t((v >> (8 * n)) & 0xffu); }
+inline int32_t byte_s(uint32_t v, int n) { return int32_t(int8_t(uint8_t(v >> (8 * n)))); }
+#endif
+
+// PTX dp4a: c + Σ_n a.byte[n]·b.byte[n] modulo 2^32; .u32.u32 (both unsigned), .s32.u32 (a signed,
+// b unsigned), .s32.s32 (both signed).
+DSUF_HD uint32_t dp4a_uu(uint32_t a, uint32_t b, uint32_t c) {
+#if defined(__CUDA_ARCH__)
+  uint32_t d;
+  asm("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+#else
+  int64_t s = 0;
+  for (int n = 0; n < 4; ++n) s += int64_t(byte_u(a, n)) * byte_u(b, n);
+  return c + uint32_t(uint64_t(s));
+#endif
+}
+DSUF_HD uint32_t dp4a_su(uint32_t a, uint32_t b, uint32_t c) {
+#if defined(__CUDA_ARCH__)
+  uint32_t d;
+  asm("dp4a.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+#else
+  int64_t s = 0;
+  for (int n = 0; n < 4; ++n) s += int64_t(byte_s(a, n)) * byte_u(b, n);
+  return c + uint32_t(uint64_t(s));
+#endif
+}
+DSUF_HD uint32_t dp4a_ss(uint32_t a, uint32_t b, uint32_t c) {
+#if defined(__CUDA_ARCH__)
+  uint32_t d;
+  asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+#else
+  int64_t s = 0;
+  for (int n = 0; n < 4; ++n) s += int64_t(byte_s(a, n)) * byte_s(b, n);
+  return c + uint32_t(uint64_t(s));
+#endif
+}
+
+// The two permute tables, byte i for the magnitude code i (|c| = 0, .5, 1, 1.5, 2, 3, 4, 6).
+struct Fp4Tables {
+  uint32_t pos_lo = 0x06040200u, pos_hi = 0x18100C08u;  // 2·|2c|: 0 2 4 6 | 8 12 16 24 (sign bits 0)
+  uint32_t neg_lo = 0xFDFEFF00u, neg_hi = 0xF4F8FAFCu;  // −|2c|: 0 −1 −2 −3 | −4 −6 −8 −12
+};
+
+// The byte planes of X: lo and mid unsigned, hi signed.
+DSUF_HD uint8_t x512_plane(int32_t X, int p) { return uint8_t(uint32_t(X >> (8 * p)) & 0xffu); }
+
+// Per-plane accumulators of one block (modulo 2^32).
+struct Fp4Acc {
+  uint32_t lo = 0, mid = 0, hi = 0;
+};
+
+// 4 weights (selector nibbles in sel's low 16 bits; the high bits are ignored) against the matching
+// plane words (byte n of each: the activation of weight n).
+DSUF_HD void fp4_act_x4(uint32_t sel, uint32_t xlo, uint32_t xmid, uint32_t xhi, Fp4Acc& acc,
+                        const Fp4Tables& t = Fp4Tables{}) {
+  const uint32_t p = prmt(t.pos_lo, t.pos_hi, sel);
+  const uint32_t n = prmt(t.neg_lo, t.neg_hi, sel & 0x7777u);
+  acc.lo = dp4a_su(n, xlo, dp4a_uu(p, xlo, acc.lo));
+  acc.mid = dp4a_su(n, xmid, dp4a_uu(p, xmid, acc.mid));
+  acc.hi = dp4a_ss(n, xhi, dp4a_ss(p, xhi, acc.hi));
+}
+
+// S of the block from its accumulators.
+DSUF_HD int32_t fp4_act_isum(const Fp4Acc& a) { return int32_t(a.lo + (a.mid << 8) + (a.hi << 16)); }
+
+// A whole block the way the kernel computes it: w the 16 weight bytes as 4 words (little-endian),
+// lo/mid/hi the planes as 8 words each (word m: the activations of weights 4m..4m+3).
+DSUF_HD int32_t fp4_act_block_isum_dp4a(const uint32_t* w, const uint32_t* lo, const uint32_t* mid,
+                                        const uint32_t* hi, const Fp4Tables& t = Fp4Tables{}) {
+  Fp4Acc acc;
+  for (int m = 0; m < 8; ++m) fp4_act_x4(w[m / 2] >> (16 * (m % 2)), lo[m], mid[m], hi[m], acc, t);
+  return fp4_act_isum(acc);
+}
+
+}  // namespace dsuf::det
