@@ -411,7 +411,9 @@ void SafetensorsWriter::write(const std::string& path) const {
   uint8_t len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(uint64_t{text.size()} >> (8 * i));
 
-  const std::string tmp = path + ".tmp";
+  // The process id keeps two writers of the same file (two test processes writing one fixture)
+  // from renaming each other's half-written file away; the last rename wins whole.
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) fail("safetensors writer: cannot create '", tmp, "': ", std::strerror(errno));

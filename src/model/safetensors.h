@@ -133,7 +133,7 @@ class SafetensorsWriter {
   void set_metadata(std::string key, std::string value);
   // Header first (compact JSON, "__metadata__" first, tensors in the order added, padded with
   // spaces to a multiple of 8 bytes as the reference writer does), then the data in the same order.
-  // Writes PATH.tmp and renames it, so a failed write never leaves a plausible-looking file.
+  // Writes PATH.tmp.<pid> and renames it, so a failed write never leaves a plausible-looking file.
   void write(const std::string& path) const;
 
   const std::vector<TensorData>& tensors() const { return tensors_; }
