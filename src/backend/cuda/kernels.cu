@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include <cooperative_groups.h>
+#include <cuda_fp16.h>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/topk_plan.h"
@@ -42,6 +43,19 @@ __device__ __forceinline__ float e4m3_bits(uint32_t b) {  // b's low byte: value
 }
 __device__ __forceinline__ float e2m1_bits(uint32_t n) {  // n's low nibble: value·2^-126
   return __uint_as_float(((n & 0x7u) << 22) | ((n & 0x8u) << 28));
+}
+// Four E4M3 bytes (t's bytes 0..3) as their exact values, by the hardware's conversion (sm_89+): two
+// cvt.rn.f16x2.e4m3x2 (E4M3 fits F16 exactly, subnormals included) and four F16 → F32 widenings,
+// about 1.5 instructions a weight against 3 for the bit placement. A NaN code (0x7f/0xff) gives NaN,
+// as the CPU's table does.
+__device__ __forceinline__ void e4m3x4(uint32_t t, float& a, float& b, float& c, float& d) {
+  uint32_t lo, hi;
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}"
+      : "=r"(lo), "=r"(hi)
+      : "r"(t));
+  const float2 p = __half22float2(*reinterpret_cast<const __half2*>(&lo));
+  const float2 q = __half22float2(*reinterpret_cast<const __half2*>(&hi));
+  a = p.x, b = p.y, c = q.x, d = q.y;
 }
 __device__ __forceinline__ float e4m3_val(uint32_t b) {  // 0x7f/0xff: NaN, as the CPU's table
   return (b & 0x7fu) == 0x7fu ? __uint_as_float(0x7fc00000u) : e4m3_bits(b) * 0x1p120f;
@@ -664,7 +678,11 @@ template <int OPW, int R, bool kExact, bool kSet = false>
 __device__ __forceinline__ void fp8_kb_mac(const uint4 (&w)[OPW][2], const float (&sw)[OPW], const float* x,
                                            int64_t x_stride, const float* xs, int64_t xs_stride, int kb, int nr,
                                            float (&acc)[OPW][R]) {
-  const float wscale = 0x1p120f, back = 0x1p56f;
+  // The weights come decoded to their values (e4m3x4); the quantized inputs are x·2^64, so a block's
+  // sum is Σx·w·2^64, scaled back by 2^-64. Every partial sum is an exact power-of-two multiple of the
+  // one with the old bit-placed weights (value·2^-120, scaled back by 2^56), all normal floats
+  // (nonzero products are multiples of 2^46, the sums stay below 2^87), so the bits are the same.
+  const float wscale = 1.0f, back = 0x1p-64f;
 #pragma unroll
   for (int rr = 0; rr < R; ++rr) {
     if (rr >= nr) break;
@@ -677,11 +695,12 @@ __device__ __forceinline__ void fp8_kb_mac(const uint4 (&w)[OPW][2], const float
     for (int j = 0; j < 8; ++j) {
 #pragma unroll
       for (int o = 0; o < OPW; ++o) {
-        const uint32_t t = word_of(w[o], j);
-        part[o] = mac<kExact>(part[o], xv[j].x, e4m3_bits(t), wscale);
-        part[o] = mac<kExact>(part[o], xv[j].y, e4m3_bits(t >> 8), wscale);
-        part[o] = mac<kExact>(part[o], xv[j].z, e4m3_bits(t >> 16), wscale);
-        part[o] = mac<kExact>(part[o], xv[j].w, e4m3_bits(t >> 24), wscale);
+        float w0, w1, w2, w3;
+        e4m3x4(word_of(w[o], j), w0, w1, w2, w3);
+        part[o] = mac<kExact>(part[o], xv[j].x, w0, wscale);
+        part[o] = mac<kExact>(part[o], xv[j].y, w1, wscale);
+        part[o] = mac<kExact>(part[o], xv[j].z, w2, wscale);
+        part[o] = mac<kExact>(part[o], xv[j].w, w3, wscale);
       }
     }
     const float s_a = kExact ? __ldg(xs + rr * xs_stride + kb) : 1.0f;
