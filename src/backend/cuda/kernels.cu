@@ -873,12 +873,16 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
     // 0.. for all OPW rows as in the full rounds.
     const RemainderTasks rt(nb, OPW, lane);
     uint4 tw[2];
+    uint8_t tsc = 0;  // the task's scale code
     auto load_task = [&] {
       const uint8_t* wr = W + clamp(rt.row) * K + int64_t(rt.kb) * 32;
       tw[0] = __ldg(reinterpret_cast<const uint4*>(wr));
       tw[1] = __ldg(reinterpret_cast<const uint4*>(wr + 16));
+      tsc = __ldg(Ws + (clamp(rt.row) / 32) * nb + rt.kb);
     };
-    if (kMode == kRegsPipe && rt.full == 0 && rt.mine) load_task();
+    // The spread task's weights are loaded with the first round's (kRegs; kRegsPipe when there is no
+    // full round), so its DRAM round trip overlaps theirs instead of following the last round.
+    if ((kMode == kRegs || rt.full == 0) && rt.mine) load_task();
     for (int kb = lane; !rt.ends_at(kb, nb); kb += 32) {
       if (kMode == kRegs) load(kb);
 #pragma unroll
@@ -893,9 +897,8 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
 #pragma unroll
       for (int rr = 0; rr < R; ++rr) c[0][rr] = 0.0f;
       if (rt.mine) {
-        if (kMode == kRegs) load_task();
         const uint4 tw1[1][2] = {{tw[0], tw[1]}};
-        const float tsw[1] = {e8m0(__ldg(Ws + (clamp(rt.row) / 32) * nb + rt.kb))};
+        const float tsw[1] = {e8m0(tsc)};
         fp8_kb_mac<1, R, kExact, true>(tw1, tsw, x, x_stride, xs, xs_stride, rt.kb, nr, c);
       }
 #pragma unroll
@@ -976,8 +979,12 @@ __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const
   } else {
     const RemainderTasks rt(nb, OPW, lane);  // as in k_fp8_gemv
     uint4 tw = make_uint4(0, 0, 0, 0);
-    auto load_task = [&] { tw = __ldg(reinterpret_cast<const uint4*>(We + clamp(rt.row) * row_bytes + int64_t(rt.kb) * 16)); };
-    if (kMode == kRegsPipe && rt.full == 0 && rt.mine) load_task();
+    uint8_t tsc = 0;
+    auto load_task = [&] {
+      tw = __ldg(reinterpret_cast<const uint4*>(We + clamp(rt.row) * row_bytes + int64_t(rt.kb) * 16));
+      tsc = __ldg(Se + clamp(rt.row) * nb + rt.kb);
+    };
+    if ((kMode == kRegs || rt.full == 0) && rt.mine) load_task();  // as in k_fp8_gemv
     for (int kb = lane; !rt.ends_at(kb, nb); kb += 32) {
       if (kMode == kRegs) load(kb);
 #pragma unroll
@@ -990,9 +997,8 @@ __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const
     if (rt.spread) {
       float c[1] = {0.0f};
       if (rt.mine) {
-        if (kMode == kRegs) load_task();
         const uint4 tw1[1] = {tw};
-        const float tsw[1] = {e8m0(__ldg(Se + clamp(rt.row) * nb + rt.kb))};
+        const float tsw[1] = {e8m0(tsc)};
         fp4_kb_mac<1, kExact, true>(tw1, tsw, x, xs, xp, rt.kb, c);
       }
 #pragma unroll
@@ -2296,7 +2302,12 @@ void launch_fp4(const Fp4Call& c) {
 }
 template <bool kExact>
 void launch_fp4_opw(const Fp4Call& c) {
-  switch (outputs_per_warp(c.out * c.rows * (c.pair.W ? 2 : 1))) {
+  // DSUF_FP4_OPW=1|2|4 fixes the outputs per warp (a measuring aid; by default from the size).
+  static const int forced = [] {
+    const char* v = std::getenv("DSUF_FP4_OPW");
+    return v ? std::atoi(v) : 0;
+  }();
+  switch (forced ? forced : outputs_per_warp(c.out * c.rows * (c.pair.W ? 2 : 1))) {
     case 4: return launch_fp4<4, kExact>(c);
     case 2: return launch_fp4<2, kExact>(c);
     default: return launch_fp4<1, kExact>(c);
