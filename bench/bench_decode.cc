@@ -14,6 +14,8 @@
 // experts, counted for uniform routing), smaller Engram tables (--engram-vocab; a token still reads
 // 24 rows per Engram layer), Engram compressed ids synthetic (t mod 99092).
 // --sample runs the head as the engine does: tokens sampled on the device, no logits copied.
+// --prefill N,... times a prefill instead: one sequence from empty, --chunk tokens a forward
+// (default 512), per-chunk and total wall time, tokens/s.
 //
 // Before anything is drawn it prints the memory plan of every context (per GPU: weights, KV pools,
 // workspace against the GPU's free memory) and refuses, naming the numbers, when a context cannot
@@ -186,6 +188,8 @@ int main(int argc, char** argv) {
     double free_gib = 0;      // --free-gib G (with --plan): assume G GiB free on every GPU instead of asking them
     int64_t engram_vocab = 1000000;
     std::vector<int64_t> contexts = {8192, 131072, 1048576 - 64}, batches = {1, 4, 16, 64};
+    std::vector<int64_t> prefill;  // --prefill N,...: time a prefill of N tokens instead of decode steps
+    int chunk = 0;                 // --chunk: prefill chunk rows (default 512; decode steps use 64)
     for (int i = 1; i < argc; ++i) {
       std::string a = argv[i];
       auto v = [&] { return i + 1 < argc ? std::string(argv[++i]) : (dsuf::fail(a, " needs a value"), std::string()); };
@@ -202,8 +206,12 @@ int main(int argc, char** argv) {
       else if (a == "--components") components = true;
       else if (a == "--plan") plan_only = true;
       else if (a == "--free-gib") free_gib = std::stod(v());
+      else if (a == "--prefill") prefill = dsuf::parse_int_list(v(), "--prefill", 1, int64_t(1) << 20);
+      else if (a == "--chunk") chunk = std::stoi(v());
       else dsuf::fail("unknown argument ", a);
     }
+    if (!prefill.empty()) contexts = prefill, batches = {1};  // the plan and the pools for one sequence
+    const int max_chunk = chunk > 0 ? chunk : prefill.empty() ? 64 : 512;
     if (gpus.empty()) gpus = {device};
     device = gpus[0];
     const int world = int(gpus.size());
@@ -218,7 +226,7 @@ int main(int argc, char** argv) {
     // Room for the steps the run decodes, within the model's positions.
     auto max_ctx_of = [&](int64_t ctx) { return std::min(ctx + steps + warmup + 16, max_pos); };
     auto options = [&](int64_t ctx, int64_t B) {
-      return dsuf::CudaOptions{.device = device, .max_context = max_ctx_of(ctx), .max_chunk = 64, .numerics = {},
+      return dsuf::CudaOptions{.device = device, .max_context = max_ctx_of(ctx), .max_chunk = max_chunk, .numerics = {},
                                .max_batch = int(B), .devices = gpus, .progress = true};
     };
 
@@ -292,6 +300,35 @@ int main(int argc, char** argv) {
                   " copy bandwidth\n", world, device);
     std::vector<int32_t> cids(cfg.text.vocab_size);
     for (size_t i = 0; i < cids.size(); ++i) cids[i] = int32_t(i % 99092);
+    if (!prefill.empty()) {
+      // Prefill: one sequence from empty, max_chunk tokens a forward (the last row's logits each, so
+      // each forward ends on the host), fresh token ids; wall time per chunk and in all.
+      std::printf("%9s %7s %7s %11s %10s %14s %13s\n", "tokens", "chunk", "chunks", "total s", "tok/s",
+                  "first chunk ms", "last chunk ms");
+      for (int64_t n : prefill) {
+        dsuf::CudaBackend be(cfg, cids, options(n, 1), 1234);
+        dsuf::SequenceState seq = be.new_sequence();
+        std::vector<int32_t> toks(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) toks[size_t(i)] = int32_t((i * 7919 + 11) % 120000) + 3;
+        std::vector<float> logits;
+        std::vector<double> per;
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int64_t p = 0; p < n; p += max_chunk) {
+          const int64_t m = std::min<int64_t>(max_chunk, n - p);
+          dsuf::ForwardItem it{.state = &seq, .tokens = {toks.data() + p, size_t(m)},
+                               .want = dsuf::ForwardItem::Logits::kLast, .logits = &logits};
+          const auto c0 = std::chrono::steady_clock::now();
+          be.forward({&it, 1});
+          per.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0).count());
+          std::fprintf(stderr, "prefill: %lld of %lld tokens, chunk %.1f ms\n", static_cast<long long>(p + m),
+                       static_cast<long long>(n), per.back());
+        }
+        const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        std::printf("%9lld %7d %7zu %11.2f %10.1f %14.1f %13.1f\n", static_cast<long long>(n), max_chunk, per.size(),
+                    total, double(n) / total, per.front(), per.back());
+      }
+      return 0;
+    }
     std::printf("%9s %5s %10s %10s %9s %9s %9s %8s %10s\n", "context", "batch", "step ms", "gpu ms", "GB read",
                 "bound ms", "% bound", "tok/s", "engram MB");
     for (int64_t ctx : contexts) {
