@@ -127,4 +127,33 @@ DSUF_HD int32_t fp4_act_block_isum_dp4a(const uint32_t* w, const uint32_t* lo, c
   return fp4_act_isum(acc);
 }
 
+// ---- The integer-MMA form: mma.m16n8k32.row.col.s32.s8.u8 (16 weight rows a block) ------------
+// One MMA takes 16 weight rows' 32-blocks as A (s8) and the block's input planes as B's columns
+// (u8): column 0 lo, 1 mid, 2 hi + 4 (B is unsigned and hi ∈ [−4, 3]: fp4_mma_hi4), 3 all ones, to
+// take the +4 back out (S = S_lo + 2^8·S_mid + 2^16·(S_hi4 − 4·S_1): fp4_mma_isum); 4..7 zero. A
+// block's S is exact in any order of its products, so the MMA's k runs over the nibbles in the
+// order that suits a lane: quad position q (lane % 4) holds MMA k = 4q..4q+3 in its A registers 0/1
+// and B register 0, and k = 16+4q..16+4q+3 in A registers 2/3 and B register 1. They are taken to be
+// nibbles 8q..8q+3 and 8q+4..8q+7: the low and high halves of the block's 32-bit word q, and plane
+// bytes 8q..8q+7 (one 8-byte load). As in the dp4a form the weights go in as two matrices, P = 2·|2c|
+// for non-negative codes (0 for negative ones) and N = −|2c| for all, P + N = 2c: two MMAs a block.
+// A registers of lane (g = lane / 4, q): 0 row g low half, 1 row g+8 low half, 2 row g high half,
+// 3 row g+8 high half (the PTX fragment layout of m16n8k32 for 8-bit A).
+struct Fp4MmaA {
+  uint32_t pos[4], neg[4];
+};
+DSUF_HD void fp4_mma_a(uint32_t word_g, uint32_t word_g8, Fp4MmaA& a, const Fp4Tables& t = Fp4Tables{}) {
+  const uint32_t sel[4] = {word_g, word_g8, word_g >> 16, word_g8 >> 16};  // prmt reads the low 16 bits
+  for (int i = 0; i < 4; ++i) {
+    a.pos[i] = prmt(t.pos_lo, t.pos_hi, sel[i]);
+    a.neg[i] = prmt(t.neg_lo, t.neg_hi, sel[i] & 0x7777u);
+  }
+}
+// hi + 4 in each byte (hi ∈ [−4, 3] as s8 → [0, 7]; no byte carries into the next).
+DSUF_HD uint32_t fp4_mma_hi4(uint32_t v) { return ((v & 0x7f7f7f7fu) + 0x04040404u) ^ (v & 0x80808080u); }
+// One row's S from its four column sums (modulo 2^32, like fp4_act_isum; S fits int32).
+DSUF_HD int32_t fp4_mma_isum(uint32_t s_lo, uint32_t s_mid, uint32_t s_hi4, uint32_t s_one) {
+  return int32_t(s_lo + (s_mid << 8) + ((s_hi4 - 4u * s_one) << 16));
+}
+
 }  // namespace dsuf::det

@@ -1,6 +1,8 @@
 // The FP4 linear's exact integer block sum (det::fp4_act_block_isum, docs/numerics.md §3) against an
 // int64/double reference, and the CUDA backend's byte-permute/dp4a form of it (core/fp4_dp4a.h, run
-// here with prmt and dp4a emulated as the PTX ISA defines them) against the block function.
+// here with prmt and dp4a emulated as the PTX ISA defines them) against the block function, and its
+// integer-MMA form (16 rows a block, mma.m16n8k32 s8×u8 emulated from the 32 lanes' registers in the
+// PTX fragment layout).
 #include "core/detmath.h"
 #include "core/fp4_dp4a.h"
 #include "core/numerics.h"
@@ -270,6 +272,120 @@ TEST(Fp4IntEmulation, WrongTablesFail) {
   EXPECT_GT(bad[0], 900);
   EXPECT_GT(bad[1], 500);
   EXPECT_GT(bad[2], 500);
+}
+
+// ---- The integer-MMA form ----------------------------------------------------------------------
+
+// mma.sync.m16n8k32.row.col.s32.s8.u8.s32 on the host, d += A·B, from and to the 32 lanes' registers
+// as the PTX ISA lays them out: A register r of lane L holds row L/4 + 8·(r%2), k = 4·(L%4) + 16·(r/2)
+// + byte; B register r: k = 4·(L%4) + 16·r + byte, column L/4; D register r: row L/4 + 8·(r/2),
+// column 2·(L%4) + r%2.
+void emulate_mma(const uint32_t (&a)[32][4], const uint32_t (&b)[32][2], int32_t (&d)[32][4]) {
+  int32_t A[16][32], B[32][8];
+  for (int L = 0; L < 32; ++L)
+    for (int byte = 0; byte < 4; ++byte) {
+      for (int r = 0; r < 4; ++r)
+        A[L / 4 + 8 * (r % 2)][4 * (L % 4) + 16 * (r / 2) + byte] = int8_t(uint8_t(a[L][r] >> (8 * byte)));
+      for (int r = 0; r < 2; ++r) B[4 * (L % 4) + 16 * r + byte][L / 4] = uint8_t(b[L][r] >> (8 * byte));
+    }
+  for (int L = 0; L < 32; ++L)
+    for (int r = 0; r < 4; ++r) {
+      const int m = L / 4 + 8 * (r / 2), n = 2 * (L % 4) + r % 2;
+      int64_t acc = 0;
+      for (int k = 0; k < 32; ++k) acc += int64_t(A[m][k]) * B[k][n];
+      d[L][r] = int32_t(uint32_t(d[L][r]) + uint32_t(uint64_t(acc)));
+    }
+}
+
+// The kernel's path for 16 weight rows against one activation block: per lane the A registers from
+// its two rows' word q (det::fp4_mma_a), B from plane bytes 8q..8q+7 of column g's plane (hi + 4,
+// ones, zeros), two MMAs, then each row's S from lanes (g, 0) and (g, 1) (det::fp4_mma_isum).
+// `hi_plus4` off and `ones` off are the deliberately broken variants the tests must catch.
+std::vector<int32_t> mma_isums(const uint8_t (&a)[32], const uint8_t (&w)[16][16], bool hi_plus4 = true,
+                               bool ones = true) {
+  int32_t X[32];
+  for (int k = 0; k < 32; ++k) X[k] = det::e4m3_x512(e4m3_to_float(a[k]));
+  uint8_t planes[3][32];
+  for (int p = 0; p < 3; ++p)
+    for (int k = 0; k < 32; ++k) planes[p][k] = det::x512_plane(X[k], p);
+  uint32_t pos[32][4], neg[32][4], b[32][2];
+  for (int L = 0; L < 32; ++L) {
+    const int g = L / 4, q = L % 4;
+    uint32_t wg, wg8;
+    std::memcpy(&wg, w[g] + 4 * q, 4);
+    std::memcpy(&wg8, w[g + 8] + 4 * q, 4);
+    det::Fp4MmaA fa;
+    det::fp4_mma_a(wg, wg8, fa);
+    std::memcpy(pos[L], fa.pos, 16);
+    std::memcpy(neg[L], fa.neg, 16);
+    b[L][0] = b[L][1] = 0;
+    if (g < 3) {
+      std::memcpy(&b[L][0], planes[g] + 8 * q, 4);
+      std::memcpy(&b[L][1], planes[g] + 8 * q + 4, 4);
+      if (g == 2 && hi_plus4) b[L][0] = det::fp4_mma_hi4(b[L][0]), b[L][1] = det::fp4_mma_hi4(b[L][1]);
+    } else if (g == 3 && ones) {
+      b[L][0] = b[L][1] = 0x01010101u;
+    }
+  }
+  int32_t d[32][4] = {};
+  emulate_mma(pos, b, d);
+  emulate_mma(neg, b, d);
+  std::vector<int32_t> s(16);
+  for (int m = 0; m < 16; ++m) {
+    const int L = 4 * (m % 8), r = 2 * (m / 8);
+    s[size_t(m)] = det::fp4_mma_isum(uint32_t(d[L][r]), uint32_t(d[L][r + 1]), uint32_t(d[L + 1][r]),
+                                     uint32_t(d[L + 1][r + 1]));
+  }
+  return s;
+}
+
+TEST(Fp4IntMma, SixteenRowsEqualTheBlockFunction) {
+  std::mt19937 g(31337);
+  std::vector<Block> edges = edge_blocks();
+  int checked = 0;
+  for (int t = 0; t < 400; ++t) {
+    // Activations: random, large, or an edge block's; rows: random weights, large ones, edge ones.
+    Block act = t % 3 == 0 ? random_block(g) : t % 3 == 1 ? large_block(g) : edges[size_t(t) % edges.size()];
+    uint8_t w[16][16];
+    for (int m = 0; m < 16; ++m) {
+      const Block src = m % 3 == 0 ? random_block(g) : m % 3 == 1 ? large_block(g) : edges[size_t(t + m) % edges.size()];
+      std::memcpy(w[m], src.w, 16);
+    }
+    const std::vector<int32_t> s = mma_isums(act.a, w);
+    for (int m = 0; m < 16; ++m) {
+      Block b;
+      std::memcpy(b.a, act.a, 32);
+      std::memcpy(b.w, w[m], 16);
+      ASSERT_EQ(s[size_t(m)], block_isum(b)) << "set " << t << ", row " << m;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 6400);
+}
+
+TEST(Fp4IntMma, BrokenVariantsFail) {
+  std::mt19937 g(4242);
+  int bad_hi = 0, bad_ones = 0, rows = 0;
+  for (int t = 0; t < 100; ++t) {
+    const Block act = random_block(g);
+    uint8_t w[16][16];
+    for (auto& row : w)
+      for (auto& c : row) c = uint8_t(g());
+    const std::vector<int32_t> a = mma_isums(act.a, w, false, true), b = mma_isums(act.a, w, true, false);
+    for (int m = 0; m < 16; ++m) {
+      Block blk;
+      std::memcpy(blk.a, act.a, 32);
+      std::memcpy(blk.w, w[m], 16);
+      const int32_t good = block_isum(blk);
+      bad_hi += a[size_t(m)] != good;
+      bad_ones += b[size_t(m)] != good;
+      ++rows;
+    }
+  }
+  // Without the +4, negative activations (hi bytes 0xfc..0xff) read as 252..255; without the ones
+  // column the +4 stays in. Random E4M3 codes are negative half the time, so nearly every row fails.
+  EXPECT_GT(bad_hi, rows * 9 / 10);
+  EXPECT_GT(bad_ones, rows * 9 / 10);
 }
 
 }  // namespace
