@@ -56,39 +56,28 @@ inline int32_t byte_s(uint32_t v, int n) { return int32_t(int8_t(uint8_t(v >> (8
 
 // PTX dp4a: c + Σ_n a.byte[n]·b.byte[n] modulo 2^32; .u32.u32 (both unsigned), .s32.u32 (a signed,
 // b unsigned), .s32.s32 (both signed).
-DSUF_HD uint32_t dp4a_uu(uint32_t a, uint32_t b, uint32_t c) {
+template <bool SignedA, bool SignedB>
+DSUF_HD uint32_t dp4a(uint32_t a, uint32_t b, uint32_t c) {
+  static_assert(SignedA || !SignedB, "dp4a: only u32.u32, s32.u32 and s32.s32 are used");
 #if defined(__CUDA_ARCH__)
   uint32_t d;
-  asm("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  if constexpr (SignedB)
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  else if constexpr (SignedA)
+    asm("dp4a.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  else
+    asm("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
   return d;
 #else
   int64_t s = 0;
-  for (int n = 0; n < 4; ++n) s += int64_t(byte_u(a, n)) * byte_u(b, n);
+  for (int n = 0; n < 4; ++n)
+    s += int64_t(SignedA ? byte_s(a, n) : byte_u(a, n)) * (SignedB ? byte_s(b, n) : byte_u(b, n));
   return c + uint32_t(uint64_t(s));
 #endif
 }
-DSUF_HD uint32_t dp4a_su(uint32_t a, uint32_t b, uint32_t c) {
-#if defined(__CUDA_ARCH__)
-  uint32_t d;
-  asm("dp4a.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-#else
-  int64_t s = 0;
-  for (int n = 0; n < 4; ++n) s += int64_t(byte_s(a, n)) * byte_u(b, n);
-  return c + uint32_t(uint64_t(s));
-#endif
-}
-DSUF_HD uint32_t dp4a_ss(uint32_t a, uint32_t b, uint32_t c) {
-#if defined(__CUDA_ARCH__)
-  uint32_t d;
-  asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-#else
-  int64_t s = 0;
-  for (int n = 0; n < 4; ++n) s += int64_t(byte_s(a, n)) * byte_s(b, n);
-  return c + uint32_t(uint64_t(s));
-#endif
-}
+DSUF_HD uint32_t dp4a_uu(uint32_t a, uint32_t b, uint32_t c) { return dp4a<false, false>(a, b, c); }
+DSUF_HD uint32_t dp4a_su(uint32_t a, uint32_t b, uint32_t c) { return dp4a<true, false>(a, b, c); }
+DSUF_HD uint32_t dp4a_ss(uint32_t a, uint32_t b, uint32_t c) { return dp4a<true, true>(a, b, c); }
 
 // The two permute tables, byte i for the magnitude code i (|c| = 0, .5, 1, 1.5, 2, 3, 4, 6).
 struct Fp4Tables {

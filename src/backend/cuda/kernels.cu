@@ -2400,14 +2400,16 @@ void launch_fp4(const Fp4Call& c) {
              c.ids, c.out, c.K, c.in.x, c.in.stride, c.in.scale, c.in.scale_stride, c.in.planes, c.in.plane_stride,
              c.x_div, c.y, c.r, c.pair);
 }
-// DSUF_FP4=mma|dp4a picks the quantized FP4 linear's kernel (k_fp4_mma or k_fp4_gemv).
+// Whether environment variable `name` picks `alt` over the default `dflt`, the only other value.
+bool env_picks(const char* name, const std::string& dflt, const std::string& alt) {
+  const char* v = std::getenv(name);
+  const std::string m = v ? v : dflt;
+  if (m != dflt && m != alt) fail(name, "=", m, ": expected ", dflt, " or ", alt);
+  return m == alt;
+}
+// DSUF_FP4=dp4a|mma picks the quantized FP4 linear's kernel (k_fp4_gemv, the default, or k_fp4_mma).
 bool fp4_mma() {
-  static const bool on = [] {
-    const char* v = std::getenv("DSUF_FP4");
-    const std::string m = v ? v : "dp4a";
-    if (m != "mma" && m != "dp4a") fail("DSUF_FP4=", m, ": expected mma or dp4a");
-    return m == "mma";
-  }();
+  static const bool on = env_picks("DSUF_FP4", "dp4a", "mma");
   return on;
 }
 template <bool kExact>
@@ -2511,12 +2513,7 @@ void pack_window(const float* kv, int rows, const RowMeta* meta, const SeqMeta* 
 }
 // DSUF_PV=cp|tiles picks the softmax + P·V kernel (k_attention_pv, the default, or k_attention_pv_tiles).
 bool pv_tiles() {
-  static const bool tiles = [] {
-    const char* v = std::getenv("DSUF_PV");
-    const std::string m = v ? v : "cp";
-    if (m != "cp" && m != "tiles") fail("DSUF_PV=", m, ": expected cp or tiles");
-    return m == "tiles";
-  }();
+  static const bool tiles = env_picks("DSUF_PV", "cp", "tiles");
   return tiles;
 }
 void attention(const AttentionArgs& a, cudaStream_t s) {
