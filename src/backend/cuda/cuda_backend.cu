@@ -149,6 +149,9 @@ struct CudaBackend::Impl {
     DSUF_CUDA(cudaEventRecord(ev_join, side));
     DSUF_CUDA(cudaStreamWaitEvent(stream, ev_join));
   }
+  // Routed rows (tokens × experts a token) from which the experts' linears take their rows grouped
+  // by expert, each expert's weights read once per kRowGroup rows (DSUF_MOE_GROUP_ROWS; 0: never).
+  int64_t group_rows_from = 32;
   cudaStream_t mix_side = nullptr;  // the mHC mixes (hc_mix_fork); null: they run on `stream`
   cudaEvent_t mix_ev_fork = nullptr, ev_mix = nullptr;
   bool mix_pending = false;  // a mix on `mix_side` that `stream` has not waited for yet
@@ -166,6 +169,7 @@ struct CudaBackend::Impl {
     float *xq[3], *xs[3];  // linear inputs (cuda::linear_input): two live at a time, the third the shared expert's
     uint8_t* xp[2];        // byte planes of the routed experts' inputs (cuda::InputSink::xp): w1/w3, w2
     int32_t *sel, *cand, *ids;
+    cuda::RowGroups groups;  // the routed rows grouped by expert (cuda::group_rows), for many rows
     uint8_t* cand_mask;
     int8_t* qc;               // [max_rows][IH][ihd] indexer query codes; scales in qs
     float* qs;
@@ -566,13 +570,14 @@ struct WorkspaceSizes {
   // topk: candidate slots of the multi-block top-k (a float and an int32 each)
   int64_t X, pre, mix, vecD, tmp, q_lat, q, kvw, ag, o, zg, qi, wts, scores, bscores, sel, cand, cand_mask,
       router, ids, h, ye, hs, emb, ekv, logits, keys, att, sample_w, sample, aq, aq_shared, mix_part, topk;
+  int64_t row_groups;  // int32: order (ids), groups (3·ids), the count (1)
   int64_t aqp;  // bytes of each of the two byte-plane buffers of the FP4 linears' inputs
   int64_t score_stride, bscore_stride;
   size_t bytes() const {
     const int64_t floats = X + pre + 2 * mix + 3 * vecD + tmp + q_lat + q + kvw + ag + o + zg + qi +
                            wts + scores + bscores + router + ids /*rw*/ + 2 * h + ye + vecD /*ys*/ + 2 * hs + emb + ekv +
                            logits + keys + att + sample_w + 2 * (aq + aq / 32) + aq_shared + aq_shared / 32 + qi / 32 +
-                           mix_part;
+                           mix_part + row_groups;
     return size_t(floats) * 4 + size_t(sel + cand + ids + 2 * sample + sample /*mix counters*/) * 4 +
            size_t(cand_mask + qi) + size_t(topk) * 8 + size_t(2 * aqp);
   }
@@ -596,6 +601,7 @@ WorkspaceSizes workspace_sizes(const TextConfig& t, int64_t N, int64_t max_conte
   w.topk = std::max(topk::scratch_slots(N, w.score_stride, t.index_topk),
                     topk::scratch_slots(N, w.bscore_stride, t.candidate_topk_blocks));
   w.router = N * E, w.ids = N * K, w.h = N * K * F, w.ye = N * K * D, w.hs = N * F;
+  w.row_groups = 4 * w.ids + 1;
   w.emb = N * std::max<int64_t>(R * ehd, 1), w.ekv = N * (hc + 1) * D, w.logits = N * t.vocab_size;
   w.keys = N * (t.sliding_window + t.index_topk) * hd;
   w.att = N * H * (t.sliding_window + t.index_topk);
@@ -689,6 +695,9 @@ void CudaBackend::Impl::alloc_workspace() {
     topk_scratch.slots = w.topk, topk_scratch.val = alloc<float>(w.topk), topk_scratch.idx = alloc<int32_t>(w.topk);
   }
   ws.router = alloc<float>(w.router), ws.ids = alloc<int32_t>(w.ids), ws.rw = alloc<float>(w.ids);
+  ws.groups.order = alloc<int32_t>(w.row_groups);
+  ws.groups.groups = ws.groups.order + w.ids, ws.groups.n_groups = ws.groups.groups + 3 * w.ids;
+  if (const char* v = std::getenv("DSUF_MOE_GROUP_ROWS")) group_rows_from = std::atoll(v);
   ws.h1 = alloc<float>(w.h), ws.h3 = alloc<float>(w.h), ws.ye = alloc<float>(w.ye), ws.ys = alloc<float>(w.vecD);
   ws.keys = alloc<float>(w.keys);
   ws.mix_part = alloc<float>(w.mix_part), ws.mix_count = alloc<unsigned>(w.sample);
@@ -1060,12 +1069,18 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
     const cuda::LinearInput hsin = cuda::sink_input(hssink, F);
     cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, hsin, n, ws.ys, D, r, s2);
   }
+  const cuda::RowGroups* grouped = nullptr;
+  if (group_rows_from > 0 && int64_t(n) * K >= group_rows_from) {
+    cuda::group_rows(ws.ids, int64_t(n) * K, E, ws.groups, stream);
+    grouped = &ws.groups;
+  }
   cuda::fp4_linear_grouped(d.experts.w1, d.experts.s1, ws.ids, F, D, xin, K, int64_t(n) * K, ws.h1, r, stream,
-                           {.W = d.experts.w3, .Ws = d.experts.s3, .y = ws.h3});
+                           {.W = d.experts.w3, .Ws = d.experts.s3, .y = ws.h3}, grouped);
   const cuda::InputSink hsink{ws.xq[1], ws.xs[1], aq, ws.xp[1]};
   cuda::swiglu(ws.h1, ws.h3, int64_t(n) * K, F, ws.rw, limit, true, r, stream, hsink);
   const cuda::LinearInput hin = cuda::sink_input(hsink, F);
-  cuda::fp4_linear_grouped(d.experts.w2, d.experts.s2, ws.ids, D, F, hin, 1, int64_t(n) * K, ws.ye, r, stream);
+  cuda::fp4_linear_grouped(d.experts.w2, d.experts.s2, ws.ids, D, F, hin, 1, int64_t(n) * K, ws.ye, r, stream, {},
+                           grouped);
   // Tensor parallel: the rows of ye whose expert another rank owns were computed with a stand-in
   // expert and are replaced by the owner's; the shared expert runs whole on its layer's owner.
   if (part.owns_shared(l)) join();

@@ -1015,6 +1015,94 @@ __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const
   }
 }
 
+// Grouped FP4 for many rows (prefill chunks, large batches; fp4_linear_grouped with RowGroups):
+// grid.y = row groups of one expert (RowGroups: [expert, first, count ≤ R] into order), so that each
+// warp loads a K-block's weights once for up to R rows. Per row the arithmetic and order of
+// k_fp4_gemv — lane l adds K-blocks l, l+32, … in order, then the warp tree — so the same bits.
+template <int OPW, int R, bool kExact>
+__global__ void __launch_bounds__(256) k_fp4_gemv_rows(const uint8_t* const* W, const uint8_t* const* Ws,
+                                                        const int32_t* __restrict__ groups,
+                                                        const int32_t* __restrict__ n_groups,
+                                                        const int32_t* __restrict__ order, int64_t out, int64_t K,
+                                                        const float* x, int64_t x_stride, const float* xs,
+                                                        int64_t xs_stride, const uint8_t* xp, int64_t xp_stride,
+                                                        int x_div, float* y, bool r, Fp4Pair pair) {
+  const int nb = int(K / 32);
+  const int gi = blockIdx.y;
+  if (blockIdx.z == 1) W = pair.W, Ws = pair.Ws, y = pair.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t o0 = (int64_t(blockIdx.x) * 8 + warp) * OPW;
+  const int64_t row_bytes = K / 2;
+  pdl_trigger();
+  if (o0 >= out) return;
+  pdl_wait();  // the groups come from this step's router
+  if (gi >= *n_groups) return;
+  const int e = groups[3 * gi], first = groups[3 * gi + 1], cnt = groups[3 * gi + 2];
+  const uint8_t* We = W[e];
+  const uint8_t* Se = Ws[e];
+  int rows[R];
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr) rows[rr] = order[first + min(rr, cnt - 1)];
+  auto clamp = [&](int o) { return o0 + o < out ? o0 + o : out - 1; };
+  float acc[R][OPW];
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr)
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) acc[rr][o] = 0.0f;
+  for (int kb = lane; kb < nb; kb += 32) {
+    uint4 w[OPW];
+    float sw[OPW];
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) {
+      w[o] = __ldg(reinterpret_cast<const uint4*>(We + clamp(o) * row_bytes + int64_t(kb) * 16));
+      sw[o] = e8m0(__ldg(Se + clamp(o) * nb + kb));
+    }
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) {
+      if (rr >= cnt) break;  // cnt is the block's
+      const int64_t in_row = rows[rr] / x_div;
+      fp4_kb_mac<OPW, kExact>(w, sw, x + in_row * x_stride, xs + in_row * xs_stride,
+                              kExact ? xp + in_row * xp_stride : xp, kb, acc[rr]);
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr) {
+    if (rr >= cnt) break;
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) {
+      const float v = warp_sum(acc[rr][o]);
+      if (lane == 0 && o0 + o < out) y[int64_t(rows[rr]) * out + o0 + o] = rb(v, r);
+    }
+  }
+}
+
+// RowGroups from ids, one block: counts per expert (shared memory), then thread 0 lays the experts
+// out in order and cuts each into groups of at most R, then every row takes a slot of its expert.
+// The order within an expert is whatever the atomics give: each row is computed on its own.
+__global__ void k_group_rows(const int32_t* __restrict__ ids, int rows, int E, int R, int32_t* order,
+                             int32_t* groups, int32_t* n_groups) {
+  extern __shared__ int32_t gsm[];  // counts[E], then cursor[E]
+  int32_t* counts = gsm;
+  int32_t* cursor = gsm + E;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < rows; i += blockDim.x) atomicAdd(&counts[ids[i]], 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int pos = 0, ng = 0;
+    for (int e = 0; e < E; ++e) {
+      const int c = counts[e];
+      cursor[e] = pos;
+      for (int s0 = 0; s0 < c; s0 += R, ++ng)
+        groups[3 * ng] = e, groups[3 * ng + 1] = pos + s0, groups[3 * ng + 2] = min(R, c - s0);
+      pos += c;
+    }
+    *n_groups = ng;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < rows; i += blockDim.x) order[atomicAdd(&cursor[ids[i]], 1)] = i;
+}
+
 // The quantized FP4 linear by integer MMAs (DSUF_FP4=mma): a block per 16 output rows, a warp per
 // round of 32 K-blocks (K up to 8192: 8 warps). Per K-block one mma.m16n8k32 s8×u8 pair gives the 16
 // rows' exact block sums S at once (the weights' block as A, the input planes as B's columns:
@@ -2496,14 +2584,31 @@ void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, con
   if (in.scale) return launch_fp8_rows<true>(c);
   launch_fp8_rows<false>(c);
 }
+int64_t group_bound(int64_t rows, int experts) {
+  return std::min<int64_t>(rows, (rows + kRowGroup - 1) / kRowGroup + experts);
+}
+void group_rows(const int32_t* ids, int64_t rows, int experts, RowGroups& g, cudaStream_t s) {
+  g.max_groups = group_bound(rows, experts);
+  if (rows <= 0) return;
+  k_group_rows<<<1, 256, size_t(2) * experts * sizeof(int32_t), s>>>(ids, int(rows), experts, kRowGroup, g.order,
+                                                                        g.groups, g.n_groups);
+  DSUF_CUDA(cudaGetLastError());
+}
 void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
                         const LinearInput& in, int x_div, int64_t rows, float* y, bool r, cudaStream_t s,
-                        const Fp4Pair& pair) {
+                        const Fp4Pair& pair, const RowGroups* groups) {
   DSUF_CHECK(K % 32 == 0 && in.group_stride == interleaved_k(K), "fp4_linear: K = ", K, ", input laid out for ",
              in.group_stride);
   DSUF_CHECK(!in.scale || (in.planes && in.plane_stride >= interleaved_planes(K)),
              "fp4_linear: quantized inputs without their byte planes (InputSink::xp)");
   if (rows <= 0) return;
+  if (groups) {
+    const dim3 grid(blocks_for(out, 8 * 2), int(groups->max_groups), pair.W ? 2 : 1);
+    auto k = in.scale ? k_fp4_gemv_rows<2, kRowGroup, true> : k_fp4_gemv_rows<2, kRowGroup, false>;
+    launch_pdl(k, grid, dim3(256), 0, s, W, Ws, groups->groups, groups->n_groups, groups->order, out, K, in.x,
+               in.stride, in.scale, in.scale_stride, in.planes, in.plane_stride, x_div, y, r, pair);
+    return;
+  }
   const Fp4Call c{W, Ws, ids, out, K, in, x_div, rows, y, r, s, pair};
   if (in.scale) return launch_fp4_opw<true>(c);
   launch_fp4_opw<false>(c);
