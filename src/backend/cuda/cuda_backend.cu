@@ -149,9 +149,11 @@ struct CudaBackend::Impl {
     DSUF_CUDA(cudaEventRecord(ev_join, side));
     DSUF_CUDA(cudaStreamWaitEvent(stream, ev_join));
   }
-  // Routed rows (tokens × experts a token) from which the experts' linears take their rows grouped
-  // by expert, each expert's weights read once per kRowGroup rows (DSUF_MOE_GROUP_ROWS; 0: never).
-  int64_t group_rows_from = 32;
+  // The experts' linears take their routed rows (tokens × experts a token) grouped by expert, each
+  // expert's weights read once per kRowGroup rows, from this many routed rows per expert of the
+  // layer on average (DSUF_MOE_GROUP_ROWS; 0: never). Measured (docs/perf.md, v14, 96 experts):
+  // 1 a expert on average (batch 16) lost 9 %, 4 (batch 64) gained 6 %, a 512-token chunk 12 %.
+  int64_t group_rows_per_expert = 4;
   cudaStream_t mix_side = nullptr;  // the mHC mixes (hc_mix_fork); null: they run on `stream`
   cudaEvent_t mix_ev_fork = nullptr, ev_mix = nullptr;
   bool mix_pending = false;  // a mix on `mix_side` that `stream` has not waited for yet
@@ -709,7 +711,7 @@ void CudaBackend::Impl::alloc_workspace() {
   ws.router = alloc<float>(w.router), ws.ids = alloc<int32_t>(w.ids), ws.rw = alloc<float>(w.ids);
   ws.groups.order = alloc<int32_t>(w.row_groups);
   ws.groups.groups = ws.groups.order + w.ids, ws.groups.n_groups = ws.groups.groups + 3 * w.ids;
-  if (const char* v = std::getenv("DSUF_MOE_GROUP_ROWS")) group_rows_from = std::atoll(v);
+  if (const char* v = std::getenv("DSUF_MOE_GROUP_ROWS")) group_rows_per_expert = std::atoll(v);
   ws.h1 = alloc<float>(w.h), ws.h3 = alloc<float>(w.h), ws.ye = alloc<float>(w.ye), ws.ys = alloc<float>(w.vecD);
   ws.keys = alloc<float>(w.keys);
   ws.mix_part = alloc<float>(w.mix_part), ws.mix_count = alloc<unsigned>(w.sample);
@@ -1084,7 +1086,7 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
   }
   const int64_t rows = int64_t(n) * K;
   const cuda::RowGroups* grouped = nullptr;
-  if (group_rows_from > 0 && rows >= group_rows_from) {
+  if (group_rows_per_expert > 0 && rows >= group_rows_per_expert * E) {
     cuda::group_rows(ws.ids, rows, E, ws.groups, stream);
     grouped = &ws.groups;
   }
