@@ -296,8 +296,9 @@ int main(int argc, char** argv) {
     std::vector<dsuf::TpPartition> parts;
     for (int r = 0; r < world; ++r) parts.push_back(dsuf::TpPartition::make(cfg.text, world, r));
     if (world > 1)
-      std::printf("tensor parallel over %d GPUs: bytes are the busiest rank's, the bound is those bytes over GPU %d's"
-                  " copy bandwidth\n", world, device);
+      std::printf("tensor parallel over %d GPUs, routed experts %s (DSUF_TP_EXPERTS): bytes are the busiest rank's,"
+                  " the bound is those bytes over GPU %d's copy bandwidth\n", world,
+                  parts[0].width_experts() ? "split by width" : "whole, round robin", device);
     std::vector<int32_t> cids(cfg.text.vocab_size);
     for (size_t i = 0; i < cids.size(); ++i) cids[i] = int32_t(i % 99092);
     if (!prefill.empty()) {

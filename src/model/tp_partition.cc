@@ -1,6 +1,7 @@
 #include "model/tp_partition.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "core/error.h"
 
@@ -28,10 +29,18 @@ std::vector<RowRange> TpPartition::group_cols() const {
   return c;
 }
 
-TpPartition TpPartition::make(const TextConfig& t, int world, int rank) {
+ExpertSplit expert_split_from_env() {
+  const char* v = std::getenv("DSUF_TP_EXPERTS");
+  const std::string m = v ? v : "ep";
+  if (m == "ep") return ExpertSplit::kExpert;
+  if (m == "width") return ExpertSplit::kWidth;
+  fail("DSUF_TP_EXPERTS=", m, ": expected ep or width");
+}
+
+TpPartition TpPartition::make(const TextConfig& t, int world, int rank, ExpertSplit experts) {
   if (world < 1 || rank < 0 || rank >= world) fail("tensor parallelism: rank ", rank, " of ", world, " GPUs");
   TpPartition p;
-  p.world = world, p.rank = rank;
+  p.world = world, p.rank = rank, p.experts_by = experts;
   p.o_lora_rank = t.o_lora_rank, p.head_dim = t.head_dim;
   DSUF_CHECK(t.o_groups > 0 && t.num_attention_heads % t.o_groups == 0, "heads not divisible into o_groups");
   // A group's heads feed one wo_a block, so heads go with their group. Uneven group counts are
@@ -42,7 +51,10 @@ TpPartition TpPartition::make(const TextConfig& t, int world, int rank) {
   // FP8 weights carry one scale per 32×32 block: row slices start on a block.
   p.hidden = split_rows(t.hidden_size, world, 32, "the hidden rows of wo_b");
   p.vocab = split_rows(t.vocab_size, world, 1, "the vocabulary rows of the head");
-  split_rows(t.n_routed_experts, world, 1, "the routed experts");  // every rank owns one at least
+  if (experts == ExpertSplit::kWidth)  // FP4 scales are per row: any row split
+    p.ffn = split_rows(t.moe_intermediate_size, world, 1, "the routed experts' intermediate rows");
+  else
+    split_rows(t.n_routed_experts, world, 1, "the routed experts");  // every rank owns one at least
   return p;
 }
 
@@ -79,7 +91,14 @@ TensorSlice tensor_slice(const TpPartition& p, const std::string& name, const st
   if (is("attn.wo_b")) return rows_of(name, shape, p.my_hidden(), p.hidden.back().end);
   TensorSlice whole;
   if (rest.rfind("ffn.shared_experts.", 0) == 0) whole.present = p.owns_shared(layer);
-  if (rest.rfind("ffn.experts.", 0) == 0) whole.present = p.owns_expert(std::stoi(rest.substr(12)));
+  if (rest.rfind("ffn.experts.", 0) == 0) {
+    if (p.width_experts()) {  // ffn.experts.<e>.w1|w2|w3.weight|scale
+      const std::string w = rest.substr(rest.find('.', 12) + 1, 2);
+      if (w == "w2") return rows_of(name, shape, p.my_hidden(), p.hidden.back().end);
+      return rows_of(name, shape, p.my_ffn(), p.ffn.back().end);
+    }
+    whole.present = p.owns_expert(std::stoi(rest.substr(12)));
+  }
   return whole;
 }
 

@@ -25,8 +25,18 @@ struct RowRange {
 // when a rank would get nothing.
 std::vector<RowRange> split_rows(int64_t total, int world, int64_t align, const char* what);
 
+// How the routed experts are split (DSUF_TP_EXPERTS=ep|width; ep by default):
+//   kExpert  whole experts, round robin (EP): a token's rows are computed by their experts' owners and
+//            exchanged (cuda::gather_expert_rows);
+//   kWidth   every expert on every rank, split by output rows: w1/w3 rows `ffn` (the intermediate
+//            width), w2 rows `hidden`; the intermediate is all-gathered before w2, w2's output after.
+enum class ExpertSplit { kExpert, kWidth };
+ExpertSplit expert_split_from_env();
+
 struct TpPartition {
   int world = 1, rank = 0;
+  ExpertSplit experts_by = ExpertSplit::kExpert;
+  std::vector<RowRange> ffn;  // kWidth: rows of the routed experts' w1/w3 (moe_intermediate_size)
   // Per rank. Attention: output groups of wo_a, and the query heads that feed them (H/G per group).
   std::vector<RowRange> groups, heads;
   std::vector<RowRange> hidden;  // wo_b output rows (32-row blocks)
@@ -34,7 +44,8 @@ struct TpPartition {
   int64_t o_lora_rank = 0, head_dim = 0;
 
   // Routed experts: round robin. The shared expert of a layer: whole on one rank, rotating by layer.
-  bool owns_expert(int e) const { return e % world == rank; }
+  bool width_experts() const { return experts_by == ExpertSplit::kWidth; }
+  bool owns_expert(int e) const { return width_experts() || e % world == rank; }
   int expert_owner(int e) const { return e % world; }
   int shared_owner(int layer) const { return layer % world; }
   bool owns_shared(int layer) const { return shared_owner(layer) == rank; }
@@ -43,12 +54,13 @@ struct TpPartition {
   const RowRange& my_heads() const { return heads[rank]; }
   const RowRange& my_hidden() const { return hidden[rank]; }
   const RowRange& my_vocab() const { return vocab[rank]; }
+  const RowRange& my_ffn() const { return ffn[rank]; }
   // Columns of the gathered wo_a output ([rows][G·o_lora_rank]) each rank writes.
   std::vector<RowRange> group_cols() const;
 
   // Throws (naming the dimension) when `world` ranks cannot split this model: more ranks than
   // output groups, hidden blocks or vocabulary rows.
-  static TpPartition make(const TextConfig& t, int world, int rank);
+  static TpPartition make(const TextConfig& t, int world, int rank, ExpertSplit experts = expert_split_from_env());
 };
 
 // Which rows of a physical tensor (first dimension, as stored) a rank holds.

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <map>
 
 #include "core/error.h"
@@ -20,9 +21,12 @@ ModelConfig config_of(const std::string& variant) {
 }
 
 // For every tensor: the union of the ranks' slices is every row once, contiguous in rank order.
-void check_cover(const ModelConfig& cfg, int world) {
+void check_cover(const ModelConfig& cfg, int world, ExpertSplit split = ExpertSplit::kExpert) {
   std::vector<TpPartition> parts;
-  for (int r = 0; r < world; ++r) parts.push_back(TpPartition::make(cfg.text, world, r));
+  for (int r = 0; r < world; ++r) parts.push_back(TpPartition::make(cfg.text, world, r, split));
+  auto routed = [](const std::string& name) {
+    return name.rfind("layers.", 0) == 0 && name.find(".ffn.experts.") != std::string::npos;
+  };
   size_t sliced = 0;
   for (const TensorSpec& ts : expected_tensors(cfg)) {
     int64_t next = 0, holders = 0;
@@ -44,10 +48,13 @@ void check_cover(const ModelConfig& cfg, int world) {
     } else {
       const bool owned_once = ts.name.find("experts.") != std::string::npos && ts.name.rfind("layers.", 0) == 0;
       EXPECT_EQ(holders, owned_once ? 1 : world) << ts.name << " over " << world;
+      EXPECT_FALSE(split == ExpertSplit::kWidth && routed(ts.name)) << ts.name << ": a routed expert not split";
     }
   }
-  // wq_b, wo_a, wo_b (weight + scale) per layer, and the head.
-  EXPECT_EQ(sliced, size_t(6 * cfg.text.num_hidden_layers + 1));
+  // wq_b, wo_a, wo_b (weight + scale) per layer, and the head; split by width, also every routed
+  // expert's w1, w2, w3 (weight + scale).
+  const size_t experts = split == ExpertSplit::kWidth ? size_t(6) * cfg.text.n_routed_experts : 0;
+  EXPECT_EQ(sliced, (6 + experts) * size_t(cfg.text.num_hidden_layers) + 1);
   for (int r = 0; r < world; ++r) {
     const TpPartition& p = parts[r];
     // Heads follow their groups; the gathered wo_a columns tile [0, G·o_lora_rank).
@@ -87,6 +94,32 @@ TEST(TpPartition, EveryTensorCoveredOnceRealDims) {
 TEST(TpPartition, EveryTensorCoveredOnceReleasedConfig) {
   const ModelConfig cfg = config_of("real");
   for (int world : {1, 2, 3, 4, 8}) check_cover(cfg, world);
+}
+
+TEST(TpPartition, ExpertsSplitByWidthCoverEveryRowOnce) {
+  for (const char* variant : {"tiny", "real-dims"}) {
+    const ModelConfig cfg = config_of(variant);
+    for (int world : {1, 2}) check_cover(cfg, world, ExpertSplit::kWidth);
+  }
+  const ModelConfig real = config_of("real");
+  for (int world : {2, 3, 4, 8}) {
+    check_cover(real, world, ExpertSplit::kWidth);
+    for (int r = 0; r < world; ++r) {  // every rank holds every expert, its share of the width
+      const TpPartition p = TpPartition::make(real.text, world, r, ExpertSplit::kWidth);
+      for (int e = 0; e < real.text.n_routed_experts; e += 37) EXPECT_TRUE(p.owns_expert(e));
+      EXPECT_LE(p.my_ffn().size(), (real.text.moe_intermediate_size + world - 1) / world);
+    }
+  }
+}
+
+TEST(TpPartition, ExpertSplitFromTheEnvironment) {
+  ::unsetenv("DSUF_TP_EXPERTS");
+  EXPECT_EQ(expert_split_from_env(), ExpertSplit::kExpert);
+  ::setenv("DSUF_TP_EXPERTS", "width", 1);
+  EXPECT_EQ(expert_split_from_env(), ExpertSplit::kWidth);
+  ::setenv("DSUF_TP_EXPERTS", "rows", 1);
+  EXPECT_THROW(expert_split_from_env(), Error);
+  ::unsetenv("DSUF_TP_EXPERTS");
 }
 
 TEST(TpPartition, SixtyFourHeadsOverThreeRanksFollowGroups) {

@@ -128,7 +128,7 @@ struct CudaBackend::Impl {
   std::map<std::string, const uint8_t*> host_ptr;                       // (rank 0) pinned host addresses
   float *tp_send = nullptr, *tp_recv = nullptr;
   int64_t tp_send_floats = 0;
-  cuda::ColSplit zg_split, hidden_split, vocab_split;  // columns each rank computes of the gathered products
+  cuda::ColSplit zg_split, hidden_split, vocab_split, ffn_split;  // columns each rank computes of the gathered products
   std::unique_ptr<EngramHasher> hasher;
   cudaStream_t stream = nullptr;
   // A second stream for the independent branches of a layer (the compressor and indexer beside the
@@ -149,6 +149,11 @@ struct CudaBackend::Impl {
     DSUF_CUDA(cudaEventRecord(ev_join, side));
     DSUF_CUDA(cudaStreamWaitEvent(stream, ev_join));
   }
+  // The experts' linears take their routed rows (tokens × experts a token) grouped by expert, each
+  // expert's weights read once per kRowGroup rows, from this many routed rows per expert of the
+  // layer on average (DSUF_MOE_GROUP_ROWS; 0: never). Measured (docs/perf.md, v14, 96 experts):
+  // 1 a expert on average (batch 16) lost 9 %, 4 (batch 64) gained 6 %, a 512-token chunk 12 %.
+  int64_t group_rows_per_expert = 4;
   cudaStream_t mix_side = nullptr;  // the mHC mixes (hc_mix_fork); null: they run on `stream`
   cudaEvent_t mix_ev_fork = nullptr, ev_mix = nullptr;
   bool mix_pending = false;  // a mix on `mix_side` that `stream` has not waited for yet
@@ -166,6 +171,8 @@ struct CudaBackend::Impl {
     float *xq[3], *xs[3];  // linear inputs (cuda::linear_input): two live at a time, the third the shared expert's
     uint8_t* xp[2];        // byte planes of the routed experts' inputs (cuda::InputSink::xp): w1/w3, w2
     int32_t *sel, *cand, *ids;
+    cuda::RowGroups groups;  // the routed rows grouped by expert (cuda::group_rows), for many rows
+    float *hc1 = nullptr, *hc3 = nullptr;  // experts split by width: this rank's columns of h1/h3 (hc1 also w2's)
     uint8_t* cand_mask;
     int8_t* qc;               // [max_rows][IH][ihd] indexer query codes; scales in qs
     float* qs;
@@ -514,6 +521,7 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   while (!part.owns_expert(fallback_expert)) ++fallback_expert;
   zg_split = cuda::col_split(part.group_cols()), hidden_split = cuda::col_split(part.hidden);
   vocab_split = cuda::col_split(part.vocab);
+  if (part.world > 1 && part.width_experts()) ffn_split = cuda::col_split(part.ffn);
   for (const LayerPlan& lp : cfg.layers) {
     const std::string p = "layers." + std::to_string(lp.layer) + ".";
     DevLayer d{};
@@ -566,13 +574,14 @@ struct WorkspaceSizes {
   // topk: candidate slots of the multi-block top-k (a float and an int32 each)
   int64_t X, pre, mix, vecD, tmp, q_lat, q, kvw, ag, o, zg, qi, wts, scores, bscores, sel, cand, cand_mask,
       router, ids, h, ye, hs, emb, ekv, logits, keys, att, sample_w, sample, aq, aq_shared, mix_part, topk;
+  int64_t row_groups;  // int32: order (ids), groups (3·ids), the count (1)
   int64_t aqp;  // bytes of each of the two byte-plane buffers of the FP4 linears' inputs
   int64_t score_stride, bscore_stride;
   size_t bytes() const {
     const int64_t floats = X + pre + 2 * mix + 3 * vecD + tmp + q_lat + q + kvw + ag + o + zg + qi +
                            wts + scores + bscores + router + ids /*rw*/ + 2 * h + ye + vecD /*ys*/ + 2 * hs + emb + ekv +
                            logits + keys + att + sample_w + 2 * (aq + aq / 32) + aq_shared + aq_shared / 32 + qi / 32 +
-                           mix_part;
+                           mix_part + row_groups;
     return size_t(floats) * 4 + size_t(sel + cand + ids + 2 * sample + sample /*mix counters*/) * 4 +
            size_t(cand_mask + qi) + size_t(topk) * 8 + size_t(2 * aqp);
   }
@@ -596,6 +605,7 @@ WorkspaceSizes workspace_sizes(const TextConfig& t, int64_t N, int64_t max_conte
   w.topk = std::max(topk::scratch_slots(N, w.score_stride, t.index_topk),
                     topk::scratch_slots(N, w.bscore_stride, t.candidate_topk_blocks));
   w.router = N * E, w.ids = N * K, w.h = N * K * F, w.ye = N * K * D, w.hs = N * F;
+  w.row_groups = 4 * w.ids + 1;
   w.emb = N * std::max<int64_t>(R * ehd, 1), w.ekv = N * (hc + 1) * D, w.logits = N * t.vocab_size;
   w.keys = N * (t.sliding_window + t.index_topk) * hd;
   w.att = N * H * (t.sliding_window + t.index_topk);
@@ -609,8 +619,10 @@ WorkspaceSizes workspace_sizes(const TextConfig& t, int64_t N, int64_t max_conte
 }
 // Scratch of the tensor-parallel exchanges, in floats (none at world size 1): the packed send block
 // of a column gather and the receive buffer of every rank's blocks or expert rows.
+// Experts split by width also need this rank's columns of h1/h3 and of w2's output (`compact`: two
+// buffers of N·K rows × its widest share), and gather N·K-row blocks.
 struct TpScratch {
-  int64_t send = 0, recv = 0;
+  int64_t send = 0, recv = 0, compact = 0;
 };
 TpScratch tp_scratch(const TextConfig& t, const TpPartition& p, int64_t N) {
   if (p.world == 1) return {};
@@ -618,8 +630,16 @@ TpScratch tp_scratch(const TextConfig& t, const TpPartition& p, int64_t N) {
   for (const auto* ranges : {&p.hidden, &p.vocab})
     for (const RowRange& r : *ranges) cmax = std::max(cmax, r.size());
   for (const RowRange& r : p.group_cols()) cmax = std::max(cmax, r.size());
-  const int64_t moe = N * t.num_experts_per_tok * t.hidden_size;
-  return {N * cmax, p.world * std::max(N * cmax, moe)};
+  const int64_t K = t.num_experts_per_tok, moe = N * K * t.hidden_size;
+  int64_t compact = 0;
+  if (p.width_experts()) {  // world > 1 here
+    int64_t wmax = 0;
+    for (const auto* ranges : {&p.hidden, &p.ffn})
+      for (const RowRange& r : *ranges) wmax = std::max(wmax, r.size());
+    cmax = std::max(cmax, K * wmax);
+    compact = 2 * N * K * wmax;
+  }
+  return {N * cmax, p.world * std::max(N * cmax, moe), compact};
 }
 }  // namespace
 
@@ -657,7 +677,7 @@ CudaMemoryPlan plan_cuda_memory(const ModelConfig& cfg, const CudaOptions& opt, 
   const WorkspaceSizes w =
       workspace_sizes(t, std::max(opt.max_chunk, opt.max_batch), opt.max_context, R, std::max(opt.max_batch, 1));
   const TpScratch tps = tp_scratch(t, part, std::max(opt.max_chunk, opt.max_batch));
-  p.workspace = w.bytes() + size_t(w.X + w.pre) * 4 + size_t(tps.send + tps.recv) * 4;  // + the head's gathered rows
+  p.workspace = w.bytes() + size_t(w.X + w.pre) * 4 + size_t(tps.send + tps.recv + tps.compact) * 4;  // + the head's gathered rows
   return p;
 }
 
@@ -689,6 +709,9 @@ void CudaBackend::Impl::alloc_workspace() {
     topk_scratch.slots = w.topk, topk_scratch.val = alloc<float>(w.topk), topk_scratch.idx = alloc<int32_t>(w.topk);
   }
   ws.router = alloc<float>(w.router), ws.ids = alloc<int32_t>(w.ids), ws.rw = alloc<float>(w.ids);
+  ws.groups.order = alloc<int32_t>(w.row_groups);
+  ws.groups.groups = ws.groups.order + w.ids, ws.groups.n_groups = ws.groups.groups + 3 * w.ids;
+  if (const char* v = std::getenv("DSUF_MOE_GROUP_ROWS")) group_rows_per_expert = std::atoll(v);
   ws.h1 = alloc<float>(w.h), ws.h3 = alloc<float>(w.h), ws.ye = alloc<float>(w.ye), ws.ys = alloc<float>(w.vecD);
   ws.keys = alloc<float>(w.keys);
   ws.mix_part = alloc<float>(w.mix_part), ws.mix_count = alloc<unsigned>(w.sample);
@@ -696,6 +719,7 @@ void CudaBackend::Impl::alloc_workspace() {
   ws.att = alloc<float>(w.att);
   const TpScratch tps = tp_scratch(t, part, max_rows);
   if (tps.recv) tp_send = alloc<float>(tps.send), tp_recv = alloc<float>(tps.recv), tp_send_floats = tps.send;
+  if (tps.compact) ws.hc1 = alloc<float>(tps.compact / 2), ws.hc3 = alloc<float>(tps.compact / 2);
   ws.h1s = alloc<float>(w.hs), ws.h3s = alloc<float>(w.hs), ws.emb = alloc<float>(w.emb), ws.ekv = alloc<float>(w.ekv);
   for (int i = 0; i < 3; ++i) {
     const int64_t floats = i < 2 ? w.aq : w.aq_shared;
@@ -1060,16 +1084,48 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
     const cuda::LinearInput hsin = cuda::sink_input(hssink, F);
     cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, hsin, n, ws.ys, D, r, s2);
   }
-  cuda::fp4_linear_grouped(d.experts.w1, d.experts.s1, ws.ids, F, D, xin, K, int64_t(n) * K, ws.h1, r, stream,
-                           {.W = d.experts.w3, .Ws = d.experts.s3, .y = ws.h3});
+  const int64_t rows = int64_t(n) * K;
+  const cuda::RowGroups* grouped = nullptr;
+  if (group_rows_per_expert > 0 && rows >= group_rows_per_expert * E) {
+    cuda::group_rows(ws.ids, rows, E, ws.groups, stream);
+    grouped = &ws.groups;
+  }
   const cuda::InputSink hsink{ws.xq[1], ws.xs[1], aq, ws.xp[1]};
-  cuda::swiglu(ws.h1, ws.h3, int64_t(n) * K, F, ws.rw, limit, true, r, stream, hsink);
   const cuda::LinearInput hin = cuda::sink_input(hsink, F);
-  cuda::fp4_linear_grouped(d.experts.w2, d.experts.s2, ws.ids, D, F, hin, 1, int64_t(n) * K, ws.ye, r, stream);
-  // Tensor parallel: the rows of ye whose expert another rank owns were computed with a stand-in
-  // expert and are replaced by the owner's; the shared expert runs whole on its layer's owner.
-  if (part.owns_shared(l)) join();
-  cuda::gather_expert_rows(comm, ws.ye, ws.ids, int64_t(n) * K, D, tp_recv, ws.ys, n, part.shared_owner(l), stream);
+  if (part.world > 1 && part.width_experts()) {
+    // Experts split by width (docs/tp.md): this rank's rows of every expert's w1/w3 — intermediate
+    // columns [f0, f0+Fr) — gathered into the whole h1/h3, SwiGLU on whole rows (it lays out w2's
+    // input), this rank's rows of w2 — hidden columns [d0, d0+Dr) — gathered into ye. Every output
+    // is still one rank's whole reduction: the bits of TP=1.
+    const int64_t f0 = part.my_ffn().begin, Fr = part.my_ffn().size();
+    const int64_t d0 = part.my_hidden().begin, Dr = part.my_hidden().size();
+    auto place = [&](float* full, int64_t ld, int64_t c0, const float* part_cols, int64_t cols) {
+      DSUF_CUDA(cudaMemcpy2DAsync(full + c0, size_t(ld) * 4, part_cols, size_t(cols) * 4, size_t(cols) * 4,
+                                  size_t(rows), cudaMemcpyDeviceToDevice, stream));
+    };
+    cuda::fp4_linear_grouped(d.experts.w1, d.experts.s1, ws.ids, Fr, D, xin, K, rows, ws.hc1, r, stream,
+                             {.W = d.experts.w3, .Ws = d.experts.s3, .y = ws.hc3}, grouped);
+    place(ws.h1, F, f0, ws.hc1, Fr), place(ws.h3, F, f0, ws.hc3, Fr);
+    cuda::gather_cols(comm, ffn_split, ws.h1, rows, F, tp_send, tp_recv, stream);
+    cuda::gather_cols(comm, ffn_split, ws.h3, rows, F, tp_send, tp_recv, stream);
+    cuda::swiglu(ws.h1, ws.h3, rows, F, ws.rw, limit, true, r, stream, hsink);
+    cuda::fp4_linear_grouped(d.experts.w2, d.experts.s2, ws.ids, Dr, F, hin, 1, rows, ws.hc1, r, stream, {},
+                             grouped);
+    place(ws.ye, D, d0, ws.hc1, Dr);
+    cuda::gather_cols(comm, hidden_split, ws.ye, rows, D, tp_send, tp_recv, stream);
+    if (part.owns_shared(l)) join();
+    cuda::gather_expert_rows(comm, ws.ye, nullptr, rows, D, tp_recv, ws.ys, n, part.shared_owner(l), stream);
+  } else {
+    cuda::fp4_linear_grouped(d.experts.w1, d.experts.s1, ws.ids, F, D, xin, K, rows, ws.h1, r, stream,
+                             {.W = d.experts.w3, .Ws = d.experts.s3, .y = ws.h3}, grouped);
+    cuda::swiglu(ws.h1, ws.h3, rows, F, ws.rw, limit, true, r, stream, hsink);
+    cuda::fp4_linear_grouped(d.experts.w2, d.experts.s2, ws.ids, D, F, hin, 1, rows, ws.ye, r, stream, {},
+                             grouped);
+    // Tensor parallel: the rows of ye whose expert another rank owns were computed with a stand-in
+    // expert and are replaced by the owner's; the shared expert runs whole on its layer's owner.
+    if (part.owns_shared(l)) join();
+    cuda::gather_expert_rows(comm, ws.ye, ws.ids, rows, D, tp_recv, ws.ys, n, part.shared_owner(l), stream);
+  }
   hc_mix_join();  // the site's mix (post, comb) expands the output into the streams
   cuda::moe_sum_expand(ws.ye, K, ws.ys, n, t.hc_mult, D, expand_mix, cuda::hc_mix_stride(t.hc_mult), ws.X, r, stream);
 }

@@ -1015,103 +1015,210 @@ __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const
   }
 }
 
-// The quantized FP4 linear by integer MMAs (DSUF_FP4=mma): a warp per 16 output rows, one
-// mma.m16n8k32 s8×u8 pair per K-block giving the 16 rows' exact block sums S at once (the weights'
-// block as A, the input planes as B's columns: core/fp4_dp4a.h, det::fp4_mma_a; emulated on the host
-// by fp4_int_tests), about 2.5 instructions a weight against ~4.3 for the dp4a form. The reference's
-// order is kept through shared memory: a round's 32 K-blocks' S go to cs[row][kb mod 32], then lane l
-// turns K-block 32i + l's into part·(s_a·s_w) and adds it to its partial sum of each row, in i order,
-// as lane l of k_fp4_gemv does; the warp tree at the end is the same. Weight words and plane bytes
-// are loaded 8 K-blocks at a time (rows g and g+8's word q: two 4-byte loads a lane; the plane:
-// one 8-byte load), so a warp keeps 2 KB in flight.
-constexpr int kMmaWarps = 4;  // warps a block (64 rows)
+// Grouped FP4 for many rows (prefill chunks, large batches; fp4_linear_grouped with RowGroups):
+// grid.y = row groups of one expert (RowGroups: [expert, first, count ≤ R] into order), so that each
+// warp loads a K-block's weights once for up to R rows. Per row the arithmetic and order of
+// k_fp4_gemv — lane l adds K-blocks l, l+32, … in order, then the warp tree — so the same bits.
+template <int OPW, int R, bool kExact>
+__global__ void __launch_bounds__(256) k_fp4_gemv_rows(const uint8_t* const* W, const uint8_t* const* Ws,
+                                                        const int32_t* __restrict__ groups,
+                                                        const int32_t* __restrict__ n_groups,
+                                                        const int32_t* __restrict__ order, int64_t out, int64_t K,
+                                                        const float* x, int64_t x_stride, const float* xs,
+                                                        int64_t xs_stride, const uint8_t* xp, int64_t xp_stride,
+                                                        int x_div, float* y, bool r, Fp4Pair pair) {
+  const int nb = int(K / 32);
+  const int gi = blockIdx.y;
+  if (blockIdx.z == 1) W = pair.W, Ws = pair.Ws, y = pair.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t o0 = (int64_t(blockIdx.x) * 8 + warp) * OPW;
+  const int64_t row_bytes = K / 2;
+  pdl_trigger();
+  if (o0 >= out) return;
+  pdl_wait();  // the groups come from this step's router
+  if (gi >= *n_groups) return;
+  const int e = groups[3 * gi], first = groups[3 * gi + 1], cnt = groups[3 * gi + 2];
+  const uint8_t* We = W[e];
+  const uint8_t* Se = Ws[e];
+  int rows[R];
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr) rows[rr] = order[first + min(rr, cnt - 1)];
+  auto clamp = [&](int o) { return o0 + o < out ? o0 + o : out - 1; };
+  float acc[R][OPW];
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr)
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) acc[rr][o] = 0.0f;
+  for (int kb = lane; kb < nb; kb += 32) {
+    uint4 w[OPW];
+    float sw[OPW];
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) {
+      w[o] = __ldg(reinterpret_cast<const uint4*>(We + clamp(o) * row_bytes + int64_t(kb) * 16));
+      sw[o] = e8m0(__ldg(Se + clamp(o) * nb + kb));
+    }
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) {
+      if (rr >= cnt) break;  // cnt is the block's
+      const int64_t in_row = rows[rr] / x_div;
+      fp4_kb_mac<OPW, kExact>(w, sw, x + in_row * x_stride, xs + in_row * xs_stride,
+                              kExact ? xp + in_row * xp_stride : xp, kb, acc[rr]);
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr) {
+    if (rr >= cnt) break;
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) {
+      const float v = warp_sum(acc[rr][o]);
+      if (lane == 0 && o0 + o < out) y[int64_t(rows[rr]) * out + o0 + o] = rb(v, r);
+    }
+  }
+}
+
+// RowGroups from ids, one block: counts per expert (shared memory), then thread 0 lays the experts
+// out in order and cuts each into groups of at most R, then every row takes a slot of its expert.
+// The order within an expert is whatever the atomics give: each row is computed on its own.
+__global__ void k_group_rows(const int32_t* __restrict__ ids, int rows, int E, int R, int32_t* order,
+                             int32_t* groups, int32_t* n_groups) {
+  extern __shared__ int32_t gsm[];  // counts[E], then cursor[E]
+  int32_t* counts = gsm;
+  int32_t* cursor = gsm + E;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < rows; i += blockDim.x) atomicAdd(&counts[ids[i]], 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int pos = 0, ng = 0;
+    for (int e = 0; e < E; ++e) {
+      const int c = counts[e];
+      cursor[e] = pos;
+      for (int s0 = 0; s0 < c; s0 += R, ++ng)
+        groups[3 * ng] = e, groups[3 * ng + 1] = pos + s0, groups[3 * ng + 2] = min(R, c - s0);
+      pos += c;
+    }
+    *n_groups = ng;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < rows; i += blockDim.x) order[atomicAdd(&cursor[ids[i]], 1)] = i;
+}
+
+// The quantized FP4 linear by integer MMAs (DSUF_FP4=mma): a block per 16 output rows, a warp per
+// round of 32 K-blocks (K up to 8192: 8 warps). Per K-block one mma.m16n8k32 s8×u8 pair gives the 16
+// rows' exact block sums S at once (the weights' block as A, the input planes as B's columns:
+// core/fp4_dp4a.h, det::fp4_mma_a; emulated on the host by fp4_int_tests). Each warp loads its
+// round 8 K-blocks at a time, the next 8 before the current 8's MMAs (rows g and g+8's word q: two
+// 4-byte loads a lane; the plane: one 8-byte load), and its lane l's scales (K-block 32w + l, 16
+// rows) first of all; then lane l turns its K-block's 16 S into part·(s_a·s_w) (the same expression
+// as k_fp4_gemv), and after a barrier warp 0's lane l adds rounds 0, 1, … of each row in order —
+// K-blocks l, l+32, …, the reference's lane order — and the warp tree ends it as before.
+// (The first version, a warp per 16 rows over every round with the batches' loads not overlapped,
+// was exact and slower: docs/perf.md v13.)
+constexpr int kMmaMaxRounds = 8;
 __device__ __forceinline__ void mma_s8u8(int32_t (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-__global__ void __launch_bounds__(32 * kMmaWarps) k_fp4_mma(const uint8_t* const* W, const uint8_t* const* Ws,
-                                                          const int32_t* ids, int64_t out, int64_t K,
-                                                          const float* __restrict__ xs, int64_t xs_stride,
-                                                          const uint8_t* __restrict__ xp, int64_t xp_stride,
-                                                          int x_div, float* y, bool r, Fp4Pair pair) {
-  constexpr int U = 8;  // K-blocks whose loads are in flight together
+__global__ void __launch_bounds__(32 * kMmaMaxRounds) k_fp4_mma(const uint8_t* const* W, const uint8_t* const* Ws,
+                                                              const int32_t* ids, int64_t out, int64_t K,
+                                                              const float* __restrict__ xs, int64_t xs_stride,
+                                                              const uint8_t* __restrict__ xp, int64_t xp_stride,
+                                                              int x_div, float* y, bool r, Fp4Pair pair) {
+  constexpr int U = 8;  // K-blocks a batch
   const int nb = int(K / 32);
   const int row = blockIdx.y;
   if (blockIdx.z == 1) W = pair.W, Ws = pair.Ws, y = pair.y;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-  const int64_t o0 = (int64_t(blockIdx.x) * kMmaWarps + warp) * 16;
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const int rounds = int(blockDim.x / 32);  // ⌈nb / 32⌉
+  const int64_t o0 = int64_t(blockIdx.x) * 16;
   const int64_t row_bytes = K / 2;
-  __shared__ int32_t cs[kMmaWarps][16][33];  // a round's S: [row][kb mod 32], padded (no bank conflicts)
+  __shared__ int32_t sS[kMmaMaxRounds][16][33];  // [round][row][kb mod 32]: S, then c (padded: no conflicts)
   pdl_trigger();
-  if (o0 >= out) return;
   pdl_wait();  // the expert ids come from this step's router
   const int e = ids ? ids[row] : 0;
   const uint8_t* We = W[e];
   const uint8_t* Se = Ws[e];
   xs += int64_t(row / x_div) * xs_stride, xp += int64_t(row / x_div) * xp_stride;
   auto clamp = [&](int64_t o) { return o < out ? o : out - 1; };  // a tail repeats the last row
+  const int kb0 = 32 * w, kn = min(32, nb - kb0);
+  // Lane l's K-block of the round: its input scale and the 16 rows' weight scale codes, first.
+  float s_a = 0.0f;
+  uint8_t swc[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) swc[i] = 0;
+  if (lane < kn) {
+    s_a = __ldg(xs + kb0 + lane);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) swc[i] = __ldg(Se + clamp(o0 + i) * nb + kb0 + lane);
+  }
   const uint8_t* wg = We + clamp(o0 + g) * row_bytes + 4 * q;
   const uint8_t* wg8 = We + clamp(o0 + g + 8) * row_bytes + 4 * q;
   // B column n = g: plane g's bytes 8q..8q+7 (piece 2g + q/2 of the K-block, at byte 8·(q mod 2)).
   const uint8_t* bp = xp + 8 * (q % 2);
   const uint32_t bconst = g == 3 ? 0x01010101u : 0u;  // column 3 ones, 4..7 zeros
-  int32_t(*c)[33] = cs[warp];
-  float acc[16];
+  int32_t(*S)[33] = sS[w];
+  auto load = [&](int j, uint32_t(&wa)[U], uint32_t(&wb)[U], uint2(&bv)[U]) {
 #pragma unroll
-  for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
-  for (int kb0 = 0; kb0 < nb; kb0 += 32) {
-    const int kn = min(32, nb - kb0);
-    for (int j = 0; j < kn; j += U) {
-      uint32_t wa[U], wb[U];
-      uint2 bv[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int kb = kb0 + j + u;
-        if (j + u < kn) {
-          wa[u] = __ldg(reinterpret_cast<const uint32_t*>(wg + int64_t(kb) * 16));
-          wb[u] = __ldg(reinterpret_cast<const uint32_t*>(wg8 + int64_t(kb) * 16));
-          bv[u] = g < 3 ? __ldg(reinterpret_cast<const uint2*>(bp + ppos16(kb, 2 * g + q / 2) * 16))
-                        : make_uint2(bconst, bconst);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (j + u >= kn) break;  // kn is the warp's: every lane takes the MMAs together
-        uint32_t b0 = bv[u].x, b1 = bv[u].y;
-        if (g == 2) b0 = det::fp4_mma_hi4(b0), b1 = det::fp4_mma_hi4(b1);
-        det::Fp4MmaA a;
-        det::fp4_mma_a(wa[u], wb[u], a);
-        int32_t d[4] = {0, 0, 0, 0};
-        mma_s8u8(d, a.pos, b0, b1);
-        mma_s8u8(d, a.neg, b0, b1);
-        // Lane (g, 0) holds columns lo, mid of rows g and g+8; lane (g, 1) hi+4 and ones.
-        const uint32_t hi0 = (uint32_t(d[0]) - 4u * uint32_t(d[1])) << 16;
-        const uint32_t hi2 = (uint32_t(d[2]) - 4u * uint32_t(d[3])) << 16;
-        const uint32_t f0 = __shfl_down_sync(0xffffffffu, hi0, 1), f2 = __shfl_down_sync(0xffffffffu, hi2, 1);
-        if (q == 0) {
-          c[g][j + u] = int32_t(uint32_t(d[0]) + (uint32_t(d[1]) << 8) + f0);
-          c[g + 8][j + u] = int32_t(uint32_t(d[2]) + (uint32_t(d[3]) << 8) + f2);
-        }
+    for (int u = 0; u < U; ++u) {
+      const int kb = kb0 + j + u;
+      if (j + u < kn) {
+        wa[u] = __ldg(reinterpret_cast<const uint32_t*>(wg + int64_t(kb) * 16));
+        wb[u] = __ldg(reinterpret_cast<const uint32_t*>(wg8 + int64_t(kb) * 16));
+        bv[u] = g < 3 ? __ldg(reinterpret_cast<const uint2*>(bp + ppos16(kb, 2 * g + q / 2) * 16))
+                      : make_uint2(bconst, bconst);
       }
     }
-    __syncwarp();
-    if (lane < kn) {
-      const int kb = kb0 + lane;
-      const float s_a = __ldg(xs + kb);
+  };
+  auto compute = [&](int j, const uint32_t(&wa)[U], const uint32_t(&wb)[U], const uint2(&bv)[U]) {
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const float sw = e8m0(__ldg(Se + clamp(o0 + i) * nb + kb));
-        acc[i] = acc[i] + det::fp4_act_block_part(c[i][lane]) * (s_a * sw);
+    for (int u = 0; u < U; ++u) {
+      if (j + u >= kn) break;  // kn is the warp's: every lane takes the MMAs together
+      uint32_t b0 = bv[u].x, b1 = bv[u].y;
+      if (g == 2) b0 = det::fp4_mma_hi4(b0), b1 = det::fp4_mma_hi4(b1);
+      det::Fp4MmaA a;
+      det::fp4_mma_a(wa[u], wb[u], a);
+      int32_t d[4] = {0, 0, 0, 0};
+      mma_s8u8(d, a.pos, b0, b1);
+      mma_s8u8(d, a.neg, b0, b1);
+      // Lane (g, 0) holds columns lo, mid of rows g and g+8; lane (g, 1) hi+4 and ones.
+      const uint32_t hi0 = (uint32_t(d[0]) - 4u * uint32_t(d[1])) << 16;
+      const uint32_t hi2 = (uint32_t(d[2]) - 4u * uint32_t(d[3])) << 16;
+      const uint32_t f0 = __shfl_down_sync(0xffffffffu, hi0, 1), f2 = __shfl_down_sync(0xffffffffu, hi2, 1);
+      if (q == 0) {
+        S[g][j + u] = int32_t(uint32_t(d[0]) + (uint32_t(d[1]) << 8) + f0);
+        S[g + 8][j + u] = int32_t(uint32_t(d[2]) + (uint32_t(d[3]) << 8) + f2);
       }
     }
-    __syncwarp();
+  };
+  uint32_t wa0[U], wb0[U], wa1[U], wb1[U];
+  uint2 bv0[U], bv1[U];
+  load(0, wa0, wb0, bv0);
+  for (int j = 0; j < kn; j += 2 * U) {  // two batches a turn, so that the buffers stay registers
+    if (j + U < kn) load(j + U, wa1, wb1, bv1);
+    compute(j, wa0, wb0, bv0);
+    if (j + U >= kn) break;
+    if (j + 2 * U < kn) load(j + 2 * U, wa0, wb0, bv0);
+    compute(j + U, wa1, wb1, bv1);
   }
+  __syncwarp();
+  if (lane < kn) {
 #pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const float c = det::fp4_act_block_part(S[i][lane]) * (s_a * e8m0(swc[i]));
+      S[i][lane] = __float_as_int(c);
+    }
+  }
+  __syncthreads();
+  if (w != 0) return;
+#pragma unroll 1
   for (int i = 0; i < 16; ++i) {
-    const float v = warp_sum(acc[i]);
-    if (lane == 0 && o0 + i < out) y[int64_t(row) * out + o0 + i] = rb(v, r);
+    float acc = 0.0f;
+    for (int v = 0; v < rounds; ++v)
+      if (32 * v + lane < nb) acc = acc + __int_as_float(sS[v][i][lane]);
+    const float s = warp_sum(acc);
+    if (lane == 0 && o0 + i < out) y[int64_t(row) * out + o0 + i] = rb(s, r);
   }
 }
 
@@ -2414,10 +2521,11 @@ bool fp4_mma() {
 }
 template <bool kExact>
 void launch_fp4_opw(const Fp4Call& c) {
-  if (kExact && fp4_mma() && c.in.planes) {
-    launch_pdl(k_fp4_mma, dim3(blocks_for(c.out, 16 * kMmaWarps), int(c.rows), c.pair.W ? 2 : 1),
-               dim3(32 * kMmaWarps), 0, c.s, c.W, c.Ws, c.ids, c.out, c.K, c.in.scale, c.in.scale_stride,
-               c.in.planes, c.in.plane_stride, c.x_div, c.y, c.r, c.pair);
+  const int64_t rounds = (c.K / 32 + 31) / 32;
+  if (kExact && fp4_mma() && c.in.planes && rounds <= kMmaMaxRounds) {
+    launch_pdl(k_fp4_mma, dim3(blocks_for(c.out, 16), int(c.rows), c.pair.W ? 2 : 1), dim3(32 * rounds), 0,
+               c.s, c.W, c.Ws, c.ids, c.out, c.K, c.in.scale, c.in.scale_stride, c.in.planes, c.in.plane_stride,
+               c.x_div, c.y, c.r, c.pair);
     return;
   }
   // DSUF_FP4_OPW=1|2|4 fixes the outputs per warp (a measuring aid; by default from the size).
@@ -2476,14 +2584,31 @@ void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, con
   if (in.scale) return launch_fp8_rows<true>(c);
   launch_fp8_rows<false>(c);
 }
+int64_t group_bound(int64_t rows, int experts) {
+  return std::min<int64_t>(rows, (rows + kRowGroup - 1) / kRowGroup + experts);
+}
+void group_rows(const int32_t* ids, int64_t rows, int experts, RowGroups& g, cudaStream_t s) {
+  g.max_groups = group_bound(rows, experts);
+  if (rows <= 0) return;
+  k_group_rows<<<1, 256, size_t(2) * experts * sizeof(int32_t), s>>>(ids, int(rows), experts, kRowGroup, g.order,
+                                                                        g.groups, g.n_groups);
+  DSUF_CUDA(cudaGetLastError());
+}
 void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
                         const LinearInput& in, int x_div, int64_t rows, float* y, bool r, cudaStream_t s,
-                        const Fp4Pair& pair) {
+                        const Fp4Pair& pair, const RowGroups* groups) {
   DSUF_CHECK(K % 32 == 0 && in.group_stride == interleaved_k(K), "fp4_linear: K = ", K, ", input laid out for ",
              in.group_stride);
   DSUF_CHECK(!in.scale || (in.planes && in.plane_stride >= interleaved_planes(K)),
              "fp4_linear: quantized inputs without their byte planes (InputSink::xp)");
   if (rows <= 0) return;
+  if (groups) {
+    const dim3 grid(blocks_for(out, 8 * 2), int(groups->max_groups), pair.W ? 2 : 1);
+    auto k = in.scale ? k_fp4_gemv_rows<2, kRowGroup, true> : k_fp4_gemv_rows<2, kRowGroup, false>;
+    launch_pdl(k, grid, dim3(256), 0, s, W, Ws, groups->groups, groups->n_groups, groups->order, out, K, in.x,
+               in.stride, in.scale, in.scale_stride, in.planes, in.plane_stride, x_div, y, r, pair);
+    return;
+  }
   const Fp4Call c{W, Ws, ids, out, K, in, x_div, rows, y, r, s, pair};
   if (in.scale) return launch_fp4_opw<true>(c);
   launch_fp4_opw<false>(c);

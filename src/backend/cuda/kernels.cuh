@@ -121,9 +121,23 @@ struct Fp4Pair {
 // Grouped FP4 linear (experts): row r uses expert ids[r]'s weights and input row r / x_div; with
 // pair.W, the same for the pair's weights into pair.y, in the same launch. Quantized inputs (in.scale)
 // must come with their byte planes (in.planes): the blocks are exact integer sums (docs/numerics.md §3).
+// Rows grouped by expert (group_rows), for many rows at once (prefill chunks, large batches): order
+// holds the rows sorted by expert, groups [expert, first, count] of at most kRowGroup consecutive
+// order entries of one expert, *n_groups of them (at most max_groups = group_bound(rows, experts)).
+constexpr int kRowGroup = 8;
+struct RowGroups {
+  int32_t* order = nullptr;
+  int32_t* groups = nullptr;
+  int32_t* n_groups = nullptr;
+  int64_t max_groups = 0;
+};
+int64_t group_bound(int64_t rows, int experts);
+// Builds g from ids[0..rows) (experts 0..experts-1), one block; g's buffers hold rows, 3·rows and 1
+// int32.
+void group_rows(const int32_t* ids, int64_t rows, int experts, RowGroups& g, cudaStream_t s);
 void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out,
                         int64_t K, const LinearInput& in, int x_div, int64_t rows, float* y, bool r, cudaStream_t s,
-                        const Fp4Pair& pair = {});
+                        const Fp4Pair& pair = {}, const RowGroups* groups = nullptr);
 // FP32 product with a BF16 weight; y = W·x (optionally BF16-rounded).
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows,
                  float* y, int64_t y_stride, bool r, cudaStream_t s);

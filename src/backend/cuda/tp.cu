@@ -245,9 +245,10 @@ void gather_expert_rows(TpComm* comm, float* ye, const int32_t* ids, int64_t row
                         int64_t n, int ys_root, cudaStream_t s) {
   if (!comm || comm->world() == 1 || rows == 0) return;
   comm->group_start();
-  comm->all_gather(ye, recv, size_t(rows * D), s);
+  if (ids) comm->all_gather(ye, recv, size_t(rows * D), s);
   comm->broadcast(ys, size_t(n * D), ys_root, s);
   comm->group_end();
+  if (!ids) return;  // experts split by width: ye is whole already, only the shared expert moves
   k_select_expert_rows<<<int(rows), kThreads, 0, s>>>(recv, ids, rows, D, comm->world(), comm->rank(), ye);
   DSUF_CUDA(cudaGetLastError());
 }

@@ -73,7 +73,8 @@ void gather_cols(TpComm* comm, const ColSplit& sp, float* full, int64_t rows, in
 // The MoE exchange. ye [rows][D]: this rank computed the rows whose expert it owns (ids[row] % world
 // == rank; its other rows hold garbage). After: every row holds its owner's values. recv:
 // world·rows·D floats. ys [n][D] (the shared expert) is broadcast from rank ys_root in the same
-// NCCL group. No-op without a comm.
+// NCCL group; with ids null (experts split by width, ye already whole) only ys moves. No-op without
+// a comm.
 void gather_expert_rows(TpComm* comm, float* ye, const int32_t* ids, int64_t rows, int64_t D, float* recv, float* ys,
                         int64_t n, int ys_root, cudaStream_t s);
 
