@@ -138,6 +138,30 @@ DSUF_HD void fp4_mma_a(uint32_t word_g, uint32_t word_g8, Fp4MmaA& a, const Fp4T
     a.neg[i] = prmt(t.neg_lo, t.neg_hi, sel[i] & 0x7777u);
   }
 }
+// The same A as one signed matrix (one MMA instead of two): per byte ((P | 0x80) − M) ^ 0x80 with
+// P the pos table's byte (2·|2c| or 0) and M = |2c| — never a borrow, since P | 0x80 ≥ 0x80 > M —
+// which is P − M = P + N as s8: 2c. For the prefill kernel, whose A serves four MMAs.
+struct Fp4MagTable {
+  uint32_t lo = 0x03020100u, hi = 0x0C080604u;  // |2c|: 0 1 2 3 | 4 6 8 12
+};
+DSUF_HD void fp4_mma_a_signed(uint32_t word_g, uint32_t word_g8, uint32_t (&a)[4], const Fp4Tables& t = Fp4Tables{},
+                              const Fp4MagTable& m = Fp4MagTable{}) {
+  const uint32_t sel[4] = {word_g, word_g8, word_g >> 16, word_g8 >> 16};
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t P = prmt(t.pos_lo, t.pos_hi, sel[i]), M = prmt(m.lo, m.hi, sel[i] & 0x7777u);
+    a[i] = ((P | 0x80808080u) - M) ^ 0x80808080u;
+  }
+}
+// The prefill kernel's B columns for a pair of input rows r0, r1 (column n: lane group n supplies it):
+// 0 r0 lo, 1 r0 mid, 2 r1 lo, 3 r1 mid, 4 r0 hi + 4, 5 ones, 6 r1 hi + 4, 7 zeros. plane < 0: a
+// constant column (ones for 5, zeros for 7). Then lane (g, q) of the D fragment holds columns 2q and
+// 2q+1 of rows g and g+8: q = 0 r0's lo/mid, 1 r1's lo/mid, 2 r0's hi+4 and the ones, 3 r1's hi+4.
+struct Fp4PairColumn {
+  int row, plane;
+};
+DSUF_HD Fp4PairColumn fp4_pair_column(int n) {
+  return {n == 2 || n == 3 || n == 6 ? 1 : 0, n < 4 ? n % 2 : (n == 4 || n == 6) ? 2 : -1};
+}
 // hi + 4 in each byte (hi ∈ [−4, 3] as s8 → [0, 7]; no byte carries into the next).
 DSUF_HD uint32_t fp4_mma_hi4(uint32_t v) { return ((v & 0x7f7f7f7fu) + 0x04040404u) ^ (v & 0x80808080u); }
 // One row's S from its four column sums (modulo 2^32, like fp4_act_isum; S fits int32).

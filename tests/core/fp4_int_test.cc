@@ -363,6 +363,78 @@ TEST(Fp4IntMma, SixteenRowsEqualTheBlockFunction) {
   EXPECT_EQ(checked, 6400);
 }
 
+// The prefill kernel's form: one MMA with the signed A (det::fp4_mma_a_signed) against two input
+// rows' planes in the columns of det::fp4_pair_column; each row's S from its lo, mid, hi+4 and the
+// ones column, wherever the fragment puts them.
+TEST(Fp4IntMma, SignedATwoRowsEqualTheBlockFunction) {
+  std::mt19937 g(2718);
+  std::vector<Block> edges = edge_blocks();
+  int checked = 0;
+  for (int t = 0; t < 300; ++t) {
+    Block act[2];
+    for (int rr = 0; rr < 2; ++rr) {
+      const int k = t + rr;
+      act[rr] = k % 3 == 0 ? random_block(g) : k % 3 == 1 ? large_block(g) : edges[size_t(k) % edges.size()];
+    }
+    uint8_t w[16][16];
+    for (int m = 0; m < 16; ++m) {
+      const Block src = m % 3 == 0 ? random_block(g) : m % 3 == 1 ? large_block(g) : edges[size_t(t + m) % edges.size()];
+      std::memcpy(w[m], src.w, 16);
+    }
+    uint8_t planes[2][3][32];
+    for (int rr = 0; rr < 2; ++rr)
+      for (int k = 0; k < 32; ++k) {
+        const int32_t X = det::e4m3_x512(e4m3_to_float(act[rr].a[k]));
+        for (int p = 0; p < 3; ++p) planes[rr][p][k] = det::x512_plane(X, p);
+      }
+    uint32_t a[32][4], b[32][2];
+    for (int L = 0; L < 32; ++L) {
+      const int n = L / 4, q = L % 4;
+      uint32_t wg, wg8;
+      std::memcpy(&wg, w[n] + 4 * q, 4);
+      std::memcpy(&wg8, w[n + 8] + 4 * q, 4);
+      det::fp4_mma_a_signed(wg, wg8, a[L]);
+      const det::Fp4PairColumn c = det::fp4_pair_column(n);
+      b[L][0] = b[L][1] = n == 5 ? 0x01010101u : 0u;
+      if (c.plane >= 0) {
+        std::memcpy(&b[L][0], planes[c.row][c.plane] + 8 * q, 4);
+        std::memcpy(&b[L][1], planes[c.row][c.plane] + 8 * q + 4, 4);
+        if (c.plane == 2) b[L][0] = det::fp4_mma_hi4(b[L][0]), b[L][1] = det::fp4_mma_hi4(b[L][1]);
+      }
+    }
+    int32_t d[32][4] = {};
+    emulate_mma(a, b, d);
+    for (int m = 0; m < 16; ++m) {
+      const int L = 4 * (m % 8), r = 2 * (m / 8);  // lane (m mod 8, 0); registers of row m
+      auto col = [&](int n) { return uint32_t(d[L + n / 2][r + n % 2]); };
+      for (int rr = 0; rr < 2; ++rr) {
+        const int32_t s = det::fp4_mma_isum(col(2 * rr), col(2 * rr + 1), col(4 + 2 * rr), col(5));
+        Block blk;
+        std::memcpy(blk.a, act[rr].a, 32);
+        std::memcpy(blk.w, w[m], 16);
+        ASSERT_EQ(s, block_isum(blk)) << "set " << t << ", row " << m << ", input row " << rr;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 9600);
+}
+
+TEST(Fp4IntMma, SignedAIsTheSumOfTheTwoMatrices) {
+  for (uint32_t w = 0; w < 65536; ++w) {
+    const uint32_t word = w | (w << 16);
+    det::Fp4MmaA two;
+    det::fp4_mma_a(word, word, two);
+    uint32_t one[4];
+    det::fp4_mma_a_signed(word, word, one);
+    for (int i = 0; i < 4; ++i)
+      for (int byte = 0; byte < 4; ++byte) {
+        const int p = int8_t(uint8_t(two.pos[i] >> (8 * byte))), n = int8_t(uint8_t(two.neg[i] >> (8 * byte)));
+        ASSERT_EQ(int(int8_t(uint8_t(one[i] >> (8 * byte)))), p + n) << "nibbles " << w << ", byte " << byte;
+      }
+  }
+}
+
 TEST(Fp4IntMma, BrokenVariantsFail) {
   std::mt19937 g(4242);
   int bad_hi = 0, bad_ones = 0, rows = 0;

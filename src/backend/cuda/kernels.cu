@@ -919,6 +919,184 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
     }
 }
 
+// ---- FP8 linears of many rows: a tiled GEMM with the GEMV's bits --------------------------------
+// k_fp8_gemv reads each weight once per R ≤ 4 rows, so a 512-row prefill chunk reads every dense
+// weight 128 times and is bound by instruction issue at ~7 TFLOP/s. This kernel stages a K-block of
+// 64 weight rows (decoded once) and of 64 input rows in shared memory and each thread computes a
+// 4 × 4 tile of (output, row) sums from there. The bits are the GEMV's: every (output, row) sum is
+// computed with the same operations in the same order —
+//   block part  p = x₀w₀ + x₁w₁ + … + x₃₁w₃₁ in element order (fp8_kb_mac: fmaf when the inputs are
+//               quantized, a rounded product and a rounded add otherwise), then c = (p·2⁻⁶⁴)·(s_a·s_w);
+//   lane sum    a_l = ((0 + c_l) + c_{l+32}) + …, over the K-blocks kb ≡ l (mod 32) in order;
+//   warp tree   warp_sum's xor tree over l: ((a₀ + a₁₆) + (a₈ + a₂₄)) + … .
+// So the K-blocks are visited class by class, l in 5-bit bit-reversed order (0, 16, 8, 24, 4, …),
+// and each finished class sum is pushed onto a binary-counter stack (one slot per tree level), which
+// adds the pairs the tree adds, in its order. Grid: (outputs / 64, rows / 64, groups or pair) as
+// k_fp8_gemv's; 256 threads, thread t: outputs 4·(t mod 16).., rows 4·(t / 16)...
+constexpr int kGemmTile = 64;
+template <bool kExact>
+__global__ void __launch_bounds__(256) k_fp8_gemm(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws,
+                                                   int64_t out, int64_t K, const float* __restrict__ x,
+                                                   int64_t x_stride, int64_t x_group, const float* __restrict__ xs,
+                                                   int64_t xs_stride, int rows, float* __restrict__ y,
+                                                   int64_t y_stride, bool r, Fp8Pair pair) {
+  constexpr int T = kGemmTile, P = T + 4;  // P: padded smem rows
+  const int nb = int(K / 32);
+  const int g = blockIdx.z;
+  if (!pair.W) {
+    W += int64_t(g) * out * K, Ws += int64_t(g) * (out / 32) * nb, x += int64_t(g) * x_group, xs += int64_t(g) * nb;
+    y += int64_t(g) * out;
+  } else if (g == 1) {
+    W = pair.W, Ws = pair.Ws, out = pair.out, y = pair.y, y_stride = pair.y_stride;
+  }
+  const int64_t o_base = int64_t(blockIdx.x) * T;
+  if (o_base >= out) return;
+  const int row0 = blockIdx.y * T, nr = min(T, rows - row0);
+  x += int64_t(row0) * x_stride;
+  if (kExact) xs += int64_t(row0) * xs_stride;
+  __shared__ __align__(16) float wsm[2][32][P];  // [stage][element k][output]: decoded weights
+  __shared__ __align__(16) float xsm[2][32][P];  // [stage][element k][row]
+  __shared__ float ssa[2][T], ssw[2][T / 32];    // input scales per row, weight scales per 32 outputs
+  const int tid = threadIdx.x, to = tid % 16, tr = tid / 16;
+  // Loader roles: threads 0..127 16 weight bytes (output tid/2, half tid%2); every thread 2 float4 of
+  // inputs (row idx/8, float4 idx%8); threads 0..63 a row's scale, 64..65 a weight-scale group's.
+  // Two register sets, so that a K-block's loads are issued two K-blocks before it is staged.
+  struct Regs {
+    uint4 w;
+    float4 x[2];
+    float s;
+  };
+  auto load = [&](Regs& g, int kb) {
+    if (tid < 2 * T) {
+      const int64_t o = min(o_base + tid / 2, out - 1);
+      g.w = __ldg(reinterpret_cast<const uint4*>(W + o * K + int64_t(kb) * 32 + 16 * (tid % 2)));
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int idx = tid + 256 * u, rr = idx / 8, j = idx % 8;
+      g.x[u] = rr < nr ? __ldg(reinterpret_cast<const float4*>(x + rr * x_stride) + xpos4(kb, j))
+                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    if (tid < T) g.s = kExact && tid < nr ? __ldg(xs + tid * xs_stride + kb) : 1.0f;
+    else if (tid < T + T / 32) g.s = e8m0(__ldg(Ws + (min(o_base + 32 * (tid - T), out - 1) / 32) * nb + kb));
+  };
+  auto store = [&](int b, const Regs& g) {
+    if (tid < 2 * T) {
+      const int o = tid / 2, k0 = 16 * (tid % 2);
+      const uint32_t wd[4] = {g.w.x, g.w.y, g.w.z, g.w.w};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        float a, bb, c, d;
+        e4m3x4(wd[q], a, bb, c, d);
+        wsm[b][k0 + 4 * q][o] = a, wsm[b][k0 + 4 * q + 1][o] = bb, wsm[b][k0 + 4 * q + 2][o] = c;
+        wsm[b][k0 + 4 * q + 3][o] = d;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int idx = tid + 256 * u, rr = idx / 8, j = idx % 8;
+      xsm[b][4 * j][rr] = g.x[u].x, xsm[b][4 * j + 1][rr] = g.x[u].y;
+      xsm[b][4 * j + 2][rr] = g.x[u].z, xsm[b][4 * j + 3][rr] = g.x[u].w;
+    }
+    if (tid < T) ssa[b][tid] = g.s;
+    else if (tid < T + T / 32) ssw[b][tid - T] = g.s;
+  };
+  // The K-blocks in visiting order: class i (lane l = brev5(i)), rounds q: kb = l + 32q < nb.
+  struct Cursor {
+    int i = 0, q = 0;  // class 0 (lane 0) always has K-block 0
+  };
+  auto lane_of = [](int i) { return int(__brev(unsigned(i)) >> 27); };
+  auto next_class = [&](int i) {  // the first class after i that has a K-block (32: none)
+    do ++i;
+    while (i < 32 && lane_of(i) >= nb);
+    return i;
+  };
+  auto advance = [&](Cursor c) {
+    if (lane_of(c.i) + 32 * (c.q + 1) < nb) return Cursor{c.i, c.q + 1};
+    return Cursor{next_class(c.i), 0};
+  };
+  auto kb_of = [&](Cursor c) { return lane_of(c.i) + 32 * c.q; };
+  float acc[16], st[5][16];
+#pragma unroll
+  for (int e = 0; e < 16; ++e) acc[e] = 0.0f;
+  // Push the finished class i's sums: the binary counter adds the tree's pairs (earlier one first).
+  auto push = [&](int i) {
+    bool carry = true;
+#pragma unroll
+    for (int lev = 0; lev < 5; ++lev) {
+      if (carry) {
+        if ((i >> lev) & 1) {
+#pragma unroll
+          for (int e = 0; e < 16; ++e) acc[e] = st[lev][e] + acc[e];
+        } else {
+#pragma unroll
+          for (int e = 0; e < 16; ++e) st[lev][e] = acc[e];
+          carry = false;
+        }
+      }
+    }
+    if (i < 31) {  // class 31 leaves the total in acc
+#pragma unroll
+      for (int e = 0; e < 16; ++e) acc[e] = 0.0f;
+    }
+  };
+  Regs ga, gb;
+  Cursor cur, la = cur;  // la: the K-block whose loads are issued next
+  load(ga, kb_of(la));
+  store(0, ga);
+  if (nb > 1) la = advance(la), load(ga, kb_of(la));
+  if (nb > 2) la = advance(la), load(gb, kb_of(la));
+  __syncthreads();
+  // Step t: compute K-block t (stage t mod 2) while set `mine` holds t+1 and `other` t+2; stage t+1,
+  // then reload `mine` with t+3.
+  auto step = [&](int t, Regs& mine) {
+    const int b = t & 1;
+    const Cursor nx = advance(cur);
+    const bool more = t + 1 < nb;
+    float part[16];
+#pragma unroll
+    for (int e = 0; e < 16; ++e) part[e] = 0.0f;
+#pragma unroll 8
+    for (int k = 0; k < 32; ++k) {
+      const float4 wv = *reinterpret_cast<const float4*>(&wsm[b][k][4 * to]);
+      const float4 xv = *reinterpret_cast<const float4*>(&xsm[b][k][4 * tr]);
+      const float wf[4] = {wv.x, wv.y, wv.z, wv.w}, xf[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) part[4 * i + j] = mac<kExact>(part[4 * i + j], xf[j], wf[i], 1.0f);
+    }
+    const float sw = ssw[b][to / 8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float p = part[4 * i + j];
+        acc[4 * i + j] += (kExact ? p * 0x1p-64f : p) * (ssa[b][4 * tr + j] * sw);
+      }
+    if (more) store(b ^ 1, mine);
+    __syncthreads();
+    if (t + 3 < nb) la = advance(la), load(mine, kb_of(la));
+    if (nx.i != cur.i || !more) {  // class cur.i is complete: push it and the empty classes up to the next
+      push(cur.i);
+      for (int i = cur.i + 1; i < (more ? nx.i : 32); ++i) push(i);
+    }
+    cur = nx;
+  };
+  for (int t = 0; t < nb; t += 2) {
+    step(t, ga);
+    if (t + 1 < nb) step(t + 1, gb);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t o = o_base + 4 * to + i;
+      const int rr = 4 * tr + j;
+      if (o < out && rr < nr) y[int64_t(row0 + rr) * y_stride + o] = rb(acc[4 * i + j], r);
+    }
+}
+
 // Grouped FP4 (experts): grid.y = rows; row i uses expert ids[i] and input row i / x_div; grid.z = 2
 // for a pair (pair: the second weights and outputs). Each packed byte holds two inputs' weights, low
 // nibble first; they are added one after the other.
@@ -1219,6 +1397,160 @@ __global__ void __launch_bounds__(32 * kMmaMaxRounds) k_fp4_mma(const uint8_t* c
       if (32 * v + lane < nb) acc = acc + __int_as_float(sS[v][i][lane]);
     const float s = warp_sum(acc);
     if (lane == 0 && o0 + i < out) y[int64_t(row) * out + o0 + i] = rb(s, r);
+  }
+}
+
+// Grouped FP4 experts by integer MMAs, for the prefill (DSUF_FP4_ROWS=mma, the default for grouped
+// rows with byte planes): a block of kMmaRowWarps warps takes 16 output rows a warp and one group of
+// up to 8 input rows of one expert. Per K-block a warp builds A from the 16 rows' weights once, as
+// one signed matrix (det::fp4_mma_a_signed), and takes one mma.m16n8k32 per pair of input rows, the
+// pair's planes in the columns of det::fp4_pair_column. Three shuffles a pair give each lane one
+// exact block sum S: lane (g, q) row g + 8·(q / 2), input row 2p + q mod 2. The rest is
+// k_fp4_gemv's arithmetic on S — c = part(S)·(s_a·s_w), each lane's K-blocks kb ≡ l (mod 32) added in
+// order, then warp_sum's tree — done per (row, input row) as in k_fp8_gemm: the K-blocks visited
+// class by class in bit-reversed order (the order, the class of each step and where classes end are
+// laid out in shared memory by one thread), the finished class sums pushed onto a binary-counter
+// stack. The scales of the group's rows and the block's weight rows are staged in shared memory.
+constexpr int kMmaRowWarps = 4;
+constexpr int kMmaRowMaxNb = 384;  // K up to 12288: the staging fits the default 48 KB
+size_t mma_rows_smem(int64_t nb) { return size_t(nb) * (kRowGroup * 4 + 16 * kMmaRowWarps + 4); }
+__global__ void __launch_bounds__(32 * kMmaRowWarps) k_fp4_mma_rows(
+    const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* __restrict__ groups,
+    const int32_t* __restrict__ n_groups, const int32_t* __restrict__ order, int64_t out, int64_t K,
+    const float* __restrict__ xs, int64_t xs_stride, const uint8_t* __restrict__ xp, int64_t xp_stride, int x_div,
+    float* y, bool r, Fp4Pair pair) {
+  constexpr int R = kRowGroup, NP = R / 2, O = 16 * kMmaRowWarps, U = 4;
+  static_assert(R == 8, "four pairs of input rows");
+  const int nb = int(K / 32);
+  const int gi = blockIdx.y;
+  if (blockIdx.z == 1) W = pair.W, Ws = pair.Ws, y = pair.y;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
+  const int64_t ob = int64_t(blockIdx.x) * O, o0 = ob + 16 * warp;
+  const int64_t row_bytes = K / 2;
+  pdl_trigger();
+  if (ob >= out) return;
+  pdl_wait();  // the groups come from this step's router
+  if (gi >= *n_groups) return;
+  const int e = groups[3 * gi], first = groups[3 * gi + 1], cnt = groups[3 * gi + 2];
+  const uint8_t* We = W[e];
+  const uint8_t* Se = Ws[e];
+  auto clamp = [&](int64_t o) { return o < out ? o : out - 1; };  // a tail repeats the last row
+  extern __shared__ float msm[];
+  float* sa = msm;                                           // [R][nb] input scales
+  uint8_t* swc = reinterpret_cast<uint8_t*>(sa + R * nb);    // [O][nb] weight scale codes
+  int16_t* kord = reinterpret_cast<int16_t*>(swc + O * nb);  // [nb] visiting order
+  int8_t* kcls = reinterpret_cast<int8_t*>(kord + nb);       // [nb] class of step t
+  int8_t* kend = kcls + nb;                                  // [nb] −1, or the class the next step starts
+  for (int i = tid; i < R * nb; i += blockDim.x) {
+    const int rr = i / nb;
+    sa[i] = __ldg(xs + int64_t(order[first + min(rr, cnt - 1)] / x_div) * xs_stride + i % nb);
+  }
+  for (int i = tid; i < O * nb; i += blockDim.x) swc[i] = __ldg(Se + clamp(ob + i / nb) * nb + i % nb);
+  if (tid == 0) {
+    int t = 0;
+    for (int i = 0; i < 32; ++i)
+      for (int kb = int(__brev(unsigned(i)) >> 27); kb < nb; kb += 32) kord[t] = int16_t(kb), kcls[t++] = int8_t(i);
+    for (t = 0; t < nb; ++t) kend[t] = int8_t(t + 1 == nb ? 32 : kcls[t + 1] != kcls[t] ? kcls[t + 1] : -1);
+  }
+  __syncthreads();
+  // This lane's A words (rows g and g+8, word q of each K-block) and B column g (det::fp4_pair_column).
+  const uint8_t* wg = We + clamp(o0 + g) * row_bytes + 4 * q;
+  const uint8_t* wg8 = We + clamp(o0 + g + 8) * row_bytes + 4 * q;
+  const det::Fp4PairColumn col = det::fp4_pair_column(g);
+  const uint32_t bconst = g == 5 ? 0x01010101u : 0u;
+  const uint8_t* bp[NP];
+#pragma unroll
+  for (int p = 0; p < NP; ++p)
+    bp[p] = xp + int64_t(order[first + min(2 * p + col.row, cnt - 1)] / x_div) * xp_stride + 8 * (q % 2);
+  struct Batch {
+    uint32_t wa[U], wb[U];
+    uint2 b[U][NP];
+  };
+  auto load = [&](Batch& bt, int t0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (t0 + u >= nb) break;
+      const int kb = kord[t0 + u];
+      bt.wa[u] = __ldg(reinterpret_cast<const uint32_t*>(wg + int64_t(kb) * 16));
+      bt.wb[u] = __ldg(reinterpret_cast<const uint32_t*>(wg8 + int64_t(kb) * 16));
+#pragma unroll
+      for (int p = 0; p < NP; ++p)
+        bt.b[u][p] = col.plane >= 0
+                         ? __ldg(reinterpret_cast<const uint2*>(bp[p] + ppos16(kb, 2 * col.plane + q / 2) * 16))
+                         : make_uint2(bconst, bconst);
+    }
+  };
+  // Lane (g, q)'s sums: output row ol = 16·warp + g + 8·(q / 2), input rows 2p + q mod 2.
+  const int ol = 16 * warp + g + 8 * (q / 2);
+  float acc[NP], st[5][NP];
+#pragma unroll
+  for (int p = 0; p < NP; ++p) acc[p] = 0.0f;
+  auto push = [&](int i) {  // as k_fp8_gemm's
+    bool carry = true;
+#pragma unroll
+    for (int lev = 0; lev < 5; ++lev) {
+      if (carry) {
+        if ((i >> lev) & 1) {
+#pragma unroll
+          for (int p = 0; p < NP; ++p) acc[p] = st[lev][p] + acc[p];
+        } else {
+#pragma unroll
+          for (int p = 0; p < NP; ++p) st[lev][p] = acc[p];
+          carry = false;
+        }
+      }
+    }
+    if (i < 31) {
+#pragma unroll
+      for (int p = 0; p < NP; ++p) acc[p] = 0.0f;
+    }
+  };
+  auto compute = [&](const Batch& bt, int t0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int t = t0 + u;
+      if (t >= nb) break;
+      const int kb = kord[t];
+      uint32_t a[4];
+      det::fp4_mma_a_signed(bt.wa[u], bt.wb[u], a);
+      const float sw = e8m0(swc[ol * nb + kb]);
+      uint32_t ones_g = 0, ones_g8 = 0;
+#pragma unroll
+      for (int p = 0; p < NP; ++p) {
+        uint32_t b0 = bt.b[u][p].x, b1 = bt.b[u][p].y;
+        if (col.plane == 2) b0 = det::fp4_mma_hi4(b0), b1 = det::fp4_mma_hi4(b1);
+        int32_t d[4] = {0, 0, 0, 0};
+        mma_s8u8(d, a, b0, b1);
+        const uint32_t d0 = uint32_t(d[0]), d1 = uint32_t(d[1]), d2 = uint32_t(d[2]), d3 = uint32_t(d[3]);
+        if (p == 0) {  // the ones column (weight sums) is the same for every pair: lane q = 2 holds it
+          const uint32_t u1 = __shfl_up_sync(0xffffffffu, d1, 1), u3 = __shfl_up_sync(0xffffffffu, d3, 1);
+          ones_g = q == 2 ? d1 : u1, ones_g8 = q == 2 ? d3 : u3;
+        }
+        // q < 2: lo + mid·2^8 of rows g (kept) and g+8 (sent to q + 2); q ≥ 2: (hi+4 − 4·ones)·2^16
+        // of rows g (sent to q − 2) and g+8 (kept).
+        const uint32_t keep = q < 2 ? d0 + (d1 << 8) : (d2 - 4u * ones_g8) << 16;
+        const uint32_t send = q < 2 ? d2 + (d3 << 8) : (d0 - 4u * ones_g) << 16;
+        const int32_t S = int32_t(keep + __shfl_xor_sync(0xffffffffu, send, 2));
+        acc[p] += det::fp4_act_block_part(S) * (sa[(2 * p + q % 2) * nb + kb] * sw);
+      }
+      if (kend[t] >= 0)
+        for (int i = kcls[t]; i < kend[t]; ++i) push(i);
+    }
+  };
+  Batch b0, b1;
+  load(b0, 0);
+  for (int t0 = 0; t0 < nb; t0 += 2 * U) {  // two batches a turn, so that the buffers stay registers
+    if (t0 + U < nb) load(b1, t0 + U);
+    compute(b0, t0);
+    if (t0 + U >= nb) break;
+    if (t0 + 2 * U < nb) load(b0, t0 + 2 * U);
+    compute(b1, t0 + U);
+  }
+  const int64_t o = ob + ol;
+#pragma unroll
+  for (int p = 0; p < NP; ++p) {
+    const int rr = 2 * p + q % 2;
+    if (rr < cnt && o < out) y[int64_t(order[first + rr]) * out + o] = rb(acc[p], r);
   }
 }
 
@@ -2477,8 +2809,24 @@ void launch_fp8_opw(const Fp8Call& c) {
     default: return launch_fp8<1, R, kExact>(c);
   }
 }
+// DSUF_FP8_GEMM_ROWS: rows from which an FP8 linear runs as the tiled k_fp8_gemm (0: never).
+int64_t fp8_gemm_rows() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("DSUF_FP8_GEMM_ROWS");
+    return e ? std::atoll(e) : int64_t(64);
+  }();
+  return v;
+}
 template <bool kExact>
 void launch_fp8_rows(const Fp8Call& c) {
+  if (fp8_gemm_rows() > 0 && c.rows >= fp8_gemm_rows()) {
+    const int64_t out = std::max(c.out, c.pair.out);
+    k_fp8_gemm<kExact><<<dim3(blocks_for(out, kGemmTile), blocks_for(c.rows, kGemmTile), c.groups), 256, 0, c.s>>>(
+        c.W, c.Ws, c.out, c.K, c.in.x, c.in.stride, c.in.group_stride, c.in.scale, c.in.scale_stride, int(c.rows),
+        c.y, c.y_stride, c.r, c.pair);
+    DSUF_CUDA(cudaGetLastError());
+    return;
+  }
   // Rows per block: each weight row is read once per group of R rows.
   if (c.rows >= 4) return launch_fp8_opw<4, kExact>(c);
   if (c.rows >= 2) return launch_fp8_opw<2, kExact>(c);
@@ -2518,6 +2866,18 @@ bool env_picks(const char* name, const std::string& dflt, const std::string& alt
 bool fp4_mma() {
   static const bool on = env_picks("DSUF_FP4", "dp4a", "mma");
   return on;
+}
+// Whether the grouped FP4 linear of `rows` routed rows over `experts` runs as k_fp4_mma_rows (the
+// rest: k_fp4_gemv_rows): from DSUF_FP4_MMA_ROWS routed rows per expert on average (default 16; 0:
+// always; DSUF_FP4_ROWS=dp4a: never). Its blocks stage the scales of 8 rows and pay for empty row
+// pairs, so it needs full groups: at 4 rows per expert (batch 64 at 96 experts) it measured slower.
+bool fp4_rows_mma(int64_t rows, int64_t experts) {
+  static const bool on = !env_picks("DSUF_FP4_ROWS", "mma", "dp4a");
+  static const int64_t per_expert = [] {
+    const char* v = std::getenv("DSUF_FP4_MMA_ROWS");
+    return v ? std::atoll(v) : int64_t(16);
+  }();
+  return on && rows >= per_expert * experts;
 }
 template <bool kExact>
 void launch_fp4_opw(const Fp4Call& c) {
@@ -2589,6 +2949,7 @@ int64_t group_bound(int64_t rows, int experts) {
 }
 void group_rows(const int32_t* ids, int64_t rows, int experts, RowGroups& g, cudaStream_t s) {
   g.max_groups = group_bound(rows, experts);
+  g.rows = rows, g.experts = experts;
   if (rows <= 0) return;
   k_group_rows<<<1, 256, size_t(2) * experts * sizeof(int32_t), s>>>(ids, int(rows), experts, kRowGroup, g.order,
                                                                         g.groups, g.n_groups);
@@ -2602,6 +2963,12 @@ void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const
   DSUF_CHECK(!in.scale || (in.planes && in.plane_stride >= interleaved_planes(K)),
              "fp4_linear: quantized inputs without their byte planes (InputSink::xp)");
   if (rows <= 0) return;
+  if (groups && in.scale && fp4_rows_mma(groups->rows, groups->experts) && K / 32 <= kMmaRowMaxNb) {
+    launch_pdl(k_fp4_mma_rows, dim3(blocks_for(out, 16 * kMmaRowWarps), int(groups->max_groups), pair.W ? 2 : 1),
+               dim3(32 * kMmaRowWarps), mma_rows_smem(K / 32), s, W, Ws, groups->groups, groups->n_groups,
+               groups->order, out, K, in.scale, in.scale_stride, in.planes, in.plane_stride, x_div, y, r, pair);
+    return;
+  }
   if (groups) {
     const dim3 grid(blocks_for(out, 8 * 2), int(groups->max_groups), pair.W ? 2 : 1);
     auto k = in.scale ? k_fp4_gemv_rows<2, kRowGroup, true> : k_fp4_gemv_rows<2, kRowGroup, false>;

@@ -130,6 +130,7 @@ struct RowGroups {
   int32_t* groups = nullptr;
   int32_t* n_groups = nullptr;
   int64_t max_groups = 0;
+  int64_t rows = 0, experts = 0;  // what group_rows was given
 };
 int64_t group_bound(int64_t rows, int experts);
 // Builds g from ids[0..rows) (experts 0..experts-1), one block; g's buffers hold rows, 3·rows and 1
