@@ -933,6 +933,40 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
 // and each finished class sum is pushed onto a binary-counter stack (one slot per tree level), which
 // adds the pairs the tree adds, in its order. Grid: (outputs / 64, rows / 64, groups or pair) as
 // k_fp8_gemv's; 256 threads, thread t: outputs 4·(t mod 16).., rows 4·(t / 16)...
+// The GEMV's lane sums and warp tree for sums computed by one thread (k_fp8_gemm, k_fp4_mma_rows):
+// the K-blocks of lane class l (kb ≡ l mod 32) are added in order into acc, the classes visited in
+// 5-bit bit-reversed order (0, 16, 8, 24, …), and each finished class pushed onto a binary-counter
+// stack of 5 levels, which adds the pairs warp_sum's xor tree adds, the earlier one first:
+// ((a₀ + a₁₆) + (a₈ + a₂₄)) + … . After class 31, acc holds the N totals.
+template <int N>
+struct ClassTree {
+  float acc[N], st[5][N];
+  __device__ ClassTree() {
+#pragma unroll
+    for (int e = 0; e < N; ++e) acc[e] = 0.0f;
+  }
+  __device__ void push(int i) {
+    bool carry = true;
+#pragma unroll
+    for (int lev = 0; lev < 5; ++lev) {
+      if (carry) {
+        if ((i >> lev) & 1) {
+#pragma unroll
+          for (int e = 0; e < N; ++e) acc[e] = st[lev][e] + acc[e];
+        } else {
+#pragma unroll
+          for (int e = 0; e < N; ++e) st[lev][e] = acc[e];
+          carry = false;
+        }
+      }
+    }
+    if (i < 31) {  // class 31 leaves the total in acc
+#pragma unroll
+      for (int e = 0; e < N; ++e) acc[e] = 0.0f;
+    }
+  }
+};
+
 constexpr int kGemmTile = 64;
 template <bool kExact>
 __global__ void __launch_bounds__(256) k_fp8_gemm(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws,
@@ -1016,30 +1050,8 @@ __global__ void __launch_bounds__(256) k_fp8_gemm(const uint8_t* __restrict__ W,
     return Cursor{next_class(c.i), 0};
   };
   auto kb_of = [&](Cursor c) { return lane_of(c.i) + 32 * c.q; };
-  float acc[16], st[5][16];
-#pragma unroll
-  for (int e = 0; e < 16; ++e) acc[e] = 0.0f;
-  // Push the finished class i's sums: the binary counter adds the tree's pairs (earlier one first).
-  auto push = [&](int i) {
-    bool carry = true;
-#pragma unroll
-    for (int lev = 0; lev < 5; ++lev) {
-      if (carry) {
-        if ((i >> lev) & 1) {
-#pragma unroll
-          for (int e = 0; e < 16; ++e) acc[e] = st[lev][e] + acc[e];
-        } else {
-#pragma unroll
-          for (int e = 0; e < 16; ++e) st[lev][e] = acc[e];
-          carry = false;
-        }
-      }
-    }
-    if (i < 31) {  // class 31 leaves the total in acc
-#pragma unroll
-      for (int e = 0; e < 16; ++e) acc[e] = 0.0f;
-    }
-  };
+  ClassTree<16> tree;
+  float(&acc)[16] = tree.acc;
   Regs ga, gb;
   Cursor cur, la = cur;  // la: the K-block whose loads are issued next
   load(ga, kb_of(la));
@@ -1078,8 +1090,8 @@ __global__ void __launch_bounds__(256) k_fp8_gemm(const uint8_t* __restrict__ W,
     __syncthreads();
     if (t + 3 < nb) la = advance(la), load(mine, kb_of(la));
     if (nx.i != cur.i || !more) {  // class cur.i is complete: push it and the empty classes up to the next
-      push(cur.i);
-      for (int i = cur.i + 1; i < (more ? nx.i : 32); ++i) push(i);
+      tree.push(cur.i);
+      for (int i = cur.i + 1; i < (more ? nx.i : 32); ++i) tree.push(i);
     }
     cur = nx;
   };
@@ -1482,29 +1494,8 @@ __global__ void __launch_bounds__(32 * kMmaRowWarps) k_fp4_mma_rows(
   };
   // Lane (g, q)'s sums: output row ol = 16·warp + g + 8·(q / 2), input rows 2p + q mod 2.
   const int ol = 16 * warp + g + 8 * (q / 2);
-  float acc[NP], st[5][NP];
-#pragma unroll
-  for (int p = 0; p < NP; ++p) acc[p] = 0.0f;
-  auto push = [&](int i) {  // as k_fp8_gemm's
-    bool carry = true;
-#pragma unroll
-    for (int lev = 0; lev < 5; ++lev) {
-      if (carry) {
-        if ((i >> lev) & 1) {
-#pragma unroll
-          for (int p = 0; p < NP; ++p) acc[p] = st[lev][p] + acc[p];
-        } else {
-#pragma unroll
-          for (int p = 0; p < NP; ++p) st[lev][p] = acc[p];
-          carry = false;
-        }
-      }
-    }
-    if (i < 31) {
-#pragma unroll
-      for (int p = 0; p < NP; ++p) acc[p] = 0.0f;
-    }
-  };
+  ClassTree<NP> tree;
+  float(&acc)[NP] = tree.acc;
   auto compute = [&](const Batch& bt, int t0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -1534,7 +1525,7 @@ __global__ void __launch_bounds__(32 * kMmaRowWarps) k_fp4_mma_rows(
         acc[p] += det::fp4_act_block_part(S) * (sa[(2 * p + q % 2) * nb + kb] * sw);
       }
       if (kend[t] >= 0)
-        for (int i = kcls[t]; i < kend[t]; ++i) push(i);
+        for (int i = kcls[t]; i < kend[t]; ++i) tree.push(i);
     }
   };
   Batch b0, b1;
