@@ -919,20 +919,6 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
     }
 }
 
-// ---- FP8 linears of many rows: a tiled GEMM with the GEMV's bits --------------------------------
-// k_fp8_gemv reads each weight once per R ≤ 4 rows, so a 512-row prefill chunk reads every dense
-// weight 128 times and is bound by instruction issue at ~7 TFLOP/s. This kernel stages a K-block of
-// 64 weight rows (decoded once) and of 64 input rows in shared memory and each thread computes a
-// 4 × 4 tile of (output, row) sums from there. The bits are the GEMV's: every (output, row) sum is
-// computed with the same operations in the same order —
-//   block part  p = x₀w₀ + x₁w₁ + … + x₃₁w₃₁ in element order (fp8_kb_mac: fmaf when the inputs are
-//               quantized, a rounded product and a rounded add otherwise), then c = (p·2⁻⁶⁴)·(s_a·s_w);
-//   lane sum    a_l = ((0 + c_l) + c_{l+32}) + …, over the K-blocks kb ≡ l (mod 32) in order;
-//   warp tree   warp_sum's xor tree over l: ((a₀ + a₁₆) + (a₈ + a₂₄)) + … .
-// So the K-blocks are visited class by class, l in 5-bit bit-reversed order (0, 16, 8, 24, 4, …),
-// and each finished class sum is pushed onto a binary-counter stack (one slot per tree level), which
-// adds the pairs the tree adds, in its order. Grid: (outputs / 64, rows / 64, groups or pair) as
-// k_fp8_gemv's; 256 threads, thread t: outputs 4·(t mod 16).., rows 4·(t / 16)...
 // The GEMV's lane sums and warp tree for sums computed by one thread (k_fp8_gemm, k_fp4_mma_rows):
 // the K-blocks of lane class l (kb ≡ l mod 32) are added in order into acc, the classes visited in
 // 5-bit bit-reversed order (0, 16, 8, 24, …), and each finished class pushed onto a binary-counter
@@ -967,6 +953,20 @@ struct ClassTree {
   }
 };
 
+// ---- FP8 linears of many rows: a tiled GEMM with the GEMV's bits --------------------------------
+// k_fp8_gemv reads each weight once per R ≤ 4 rows, so a 512-row prefill chunk reads every dense
+// weight 128 times and is bound by instruction issue at ~7 TFLOP/s. This kernel stages a K-block of
+// 64 weight rows (decoded once) and of 64 input rows in shared memory and each thread computes a
+// 4 × 4 tile of (output, row) sums from there. The bits are the GEMV's: every (output, row) sum is
+// computed with the same operations in the same order —
+//   block part  p = x₀w₀ + x₁w₁ + … + x₃₁w₃₁ in element order (fp8_kb_mac: fmaf when the inputs are
+//               quantized, a rounded product and a rounded add otherwise), then c = (p·2⁻⁶⁴)·(s_a·s_w);
+//   lane sum    a_l = ((0 + c_l) + c_{l+32}) + …, over the K-blocks kb ≡ l (mod 32) in order;
+//   warp tree   warp_sum's xor tree over l: ((a₀ + a₁₆) + (a₈ + a₂₄)) + … .
+// So the K-blocks are visited class by class, l in 5-bit bit-reversed order (0, 16, 8, 24, 4, …),
+// and each finished class sum is pushed onto a binary-counter stack (one slot per tree level), which
+// adds the pairs the tree adds, in its order. Grid: (outputs / 64, rows / 64, groups or pair) as
+// k_fp8_gemv's; 256 threads, thread t: outputs 4·(t mod 16).., rows 4·(t / 16)...
 constexpr int kGemmTile = 64;
 template <bool kExact>
 __global__ void __launch_bounds__(256) k_fp8_gemm(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws,
