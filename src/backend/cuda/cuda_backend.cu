@@ -152,7 +152,7 @@ struct CudaBackend::Impl {
   // The experts' linears take their routed rows (tokens × experts a token) grouped by expert, each
   // expert's weights read once per kRowGroup rows, from this many routed rows per expert of the
   // layer on average (DSUF_MOE_GROUP_ROWS; 0: never). Measured (docs/perf.md, v14, 96 experts):
-  // 1 a expert on average (batch 16) lost 9 %, 4 (batch 64) gained 6 %, a 512-token chunk 12 %.
+  // 1 routed row per expert (batch 16) lost 9 %, 4 (batch 64) gained 6 %, a 512-token chunk 12 %.
   int64_t group_rows_per_expert = 4;
   cudaStream_t mix_side = nullptr;  // the mHC mixes (hc_mix_fork); null: they run on `stream`
   cudaEvent_t mix_ev_fork = nullptr, ev_mix = nullptr;
