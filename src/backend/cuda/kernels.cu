@@ -16,6 +16,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/topk_plan.h"
+#include "core/class_tree.h"
 #include "core/detmath.h"
 #include "core/fp4_dp4a.h"
 
@@ -919,40 +920,6 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
     }
 }
 
-// The GEMV's lane sums and warp tree for sums computed by one thread (k_fp8_gemm, k_fp4_mma_rows):
-// the K-blocks of lane class l (kb ≡ l mod 32) are added in order into acc, the classes visited in
-// 5-bit bit-reversed order (0, 16, 8, 24, …), and each finished class pushed onto a binary-counter
-// stack of 5 levels, which adds the pairs warp_sum's xor tree adds, the earlier one first:
-// ((a₀ + a₁₆) + (a₈ + a₂₄)) + … . After class 31, acc holds the N totals.
-template <int N>
-struct ClassTree {
-  float acc[N], st[5][N];
-  __device__ ClassTree() {
-#pragma unroll
-    for (int e = 0; e < N; ++e) acc[e] = 0.0f;
-  }
-  __device__ void push(int i) {
-    bool carry = true;
-#pragma unroll
-    for (int lev = 0; lev < 5; ++lev) {
-      if (carry) {
-        if ((i >> lev) & 1) {
-#pragma unroll
-          for (int e = 0; e < N; ++e) acc[e] = st[lev][e] + acc[e];
-        } else {
-#pragma unroll
-          for (int e = 0; e < N; ++e) st[lev][e] = acc[e];
-          carry = false;
-        }
-      }
-    }
-    if (i < 31) {  // class 31 leaves the total in acc
-#pragma unroll
-      for (int e = 0; e < N; ++e) acc[e] = 0.0f;
-    }
-  }
-};
-
 // ---- FP8 linears of many rows: a tiled GEMM with the GEMV's bits --------------------------------
 // k_fp8_gemv reads each weight once per R ≤ 4 rows, so a 512-row prefill chunk reads every dense
 // weight 128 times and is bound by instruction issue at ~7 TFLOP/s. This kernel stages a K-block of
@@ -1035,25 +1002,14 @@ __global__ void __launch_bounds__(256) k_fp8_gemm(const uint8_t* __restrict__ W,
     if (tid < T) ssa[b][tid] = g.s;
     else if (tid < T + T / 32) ssw[b][tid - T] = g.s;
   };
-  // The K-blocks in visiting order: class i (lane l = brev5(i)), rounds q: kb = l + 32q < nb.
-  struct Cursor {
-    int i = 0, q = 0;  // class 0 (lane 0) always has K-block 0
-  };
-  auto lane_of = [](int i) { return int(__brev(unsigned(i)) >> 27); };
-  auto next_class = [&](int i) {  // the first class after i that has a K-block (32: none)
-    do ++i;
-    while (i < 32 && lane_of(i) >= nb);
-    return i;
-  };
-  auto advance = [&](Cursor c) {
-    if (lane_of(c.i) + 32 * (c.q + 1) < nb) return Cursor{c.i, c.q + 1};
-    return Cursor{next_class(c.i), 0};
-  };
-  auto kb_of = [&](Cursor c) { return lane_of(c.i) + 32 * c.q; };
-  ClassTree<16> tree;
+  // The K-blocks in the visiting order of core/class_tree.h, the sums through its ClassTree.
+  using det::ClassCursor;
+  auto advance = [&](ClassCursor c) { return det::class_advance(c, nb); };
+  auto kb_of = [](ClassCursor c) { return det::class_kb(c); };
+  det::ClassTree<16> tree;
   float(&acc)[16] = tree.acc;
   Regs ga, gb;
-  Cursor cur, la = cur;  // la: the K-block whose loads are issued next
+  ClassCursor cur, la = cur;  // la: the K-block whose loads are issued next
   load(ga, kb_of(la));
   store(0, ga);
   if (nb > 1) la = advance(la), load(ga, kb_of(la));
@@ -1063,7 +1019,7 @@ __global__ void __launch_bounds__(256) k_fp8_gemm(const uint8_t* __restrict__ W,
   // then reload `mine` with t+3.
   auto step = [&](int t, Regs& mine) {
     const int b = t & 1;
-    const Cursor nx = advance(cur);
+    const ClassCursor nx = advance(cur);
     const bool more = t + 1 < nb;
     float part[16];
 #pragma unroll
@@ -1458,12 +1414,7 @@ __global__ void __launch_bounds__(32 * kMmaRowWarps) k_fp4_mma_rows(
     sa[i] = __ldg(xs + int64_t(order[first + min(rr, cnt - 1)] / x_div) * xs_stride + i % nb);
   }
   for (int i = tid; i < O * nb; i += blockDim.x) swc[i] = __ldg(Se + clamp(ob + i / nb) * nb + i % nb);
-  if (tid == 0) {
-    int t = 0;
-    for (int i = 0; i < 32; ++i)
-      for (int kb = int(__brev(unsigned(i)) >> 27); kb < nb; kb += 32) kord[t] = int16_t(kb), kcls[t++] = int8_t(i);
-    for (t = 0; t < nb; ++t) kend[t] = int8_t(t + 1 == nb ? 32 : kcls[t + 1] != kcls[t] ? kcls[t + 1] : -1);
-  }
+  if (tid == 0) det::class_schedule(nb, kord, kcls, kend);
   __syncthreads();
   // This lane's A words (rows g and g+8, word q of each K-block) and B column g (det::fp4_pair_column).
   const uint8_t* wg = We + clamp(o0 + g) * row_bytes + 4 * q;
@@ -1494,7 +1445,7 @@ __global__ void __launch_bounds__(32 * kMmaRowWarps) k_fp4_mma_rows(
   };
   // Lane (g, q)'s sums: output row ol = 16·warp + g + 8·(q / 2), input rows 2p + q mod 2.
   const int ol = 16 * warp + g + 8 * (q / 2);
-  ClassTree<NP> tree;
+  det::ClassTree<NP> tree;
   float(&acc)[NP] = tree.acc;
   auto compute = [&](const Batch& bt, int t0) {
 #pragma unroll
