@@ -956,7 +956,7 @@ struct ClassTree {
 // ---- FP8 linears of many rows: a tiled GEMM with the GEMV's bits --------------------------------
 // k_fp8_gemv reads each weight once per R ≤ 4 rows, so a 512-row prefill chunk reads every dense
 // weight 128 times and is bound by instruction issue at ~7 TFLOP/s. This kernel stages a K-block of
-// kGemmO weight rows (decoded once) and of kGemmR input rows in shared memory and each thread computes a
+// TO weight rows (decoded once) and of TR input rows in shared memory and each thread computes a
 // 4 × 4 tile of (output, row) sums from there. The bits are the GEMV's: every (output, row) sum is
 // computed with the same operations in the same order —
 //   block part  p = x₀w₀ + x₁w₁ + … + x₃₁w₃₁ in element order (fp8_kb_mac: fmaf when the inputs are
@@ -965,19 +965,20 @@ struct ClassTree {
 //   warp tree   warp_sum's xor tree over l: ((a₀ + a₁₆) + (a₈ + a₂₄)) + … .
 // So the K-blocks are visited class by class, l in 5-bit bit-reversed order (0, 16, 8, 24, 4, …),
 // and each finished class sum is pushed onto a binary-counter stack (one slot per tree level), which
-// adds the pairs the tree adds, in its order. Grid: (outputs / kGemmO, rows / kGemmR, groups or pair)
-// as k_fp8_gemv's; 256 threads, thread t: outputs 4·(t mod 32).., rows 4·(t / 32)...
-// The tile: 128 outputs × 32 rows, a thread 4 × 4 of them; a warp's 32 threads share their 4 rows, so
-// each k step's input load is one broadcast and only the weights spread over the banks (the 64 × 64
-// tile of the first version, 16 threads a row group, measured shared-memory bound: docs/perf.md v14).
-constexpr int kGemmO = 128, kGemmR = 32;
-template <bool kExact>
+// adds the pairs the tree adds, in its order. Grid: (outputs / TO, rows / TR, groups or pair) as
+// k_fp8_gemv's; 256 threads, thread t: outputs 4·(t mod TO/4).., rows 4·(t / (TO/4))...
+// The tile, TO outputs × TR rows (TO · TR = 4096, a thread 4 × 4 of them): 64 × 64 (the first
+// version, measured shared-memory bound: docs/perf.md v14) or 128 × 32 (DSUF_FP8_GEMM_TILE=128x32),
+// where a warp's 32 threads share their 4 rows, so that each k step's input load is one broadcast and
+// only the weights spread over the banks.
+template <bool kExact, int TO, int TR>
 __global__ void __launch_bounds__(256) k_fp8_gemm(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws,
                                                    int64_t out, int64_t K, const float* __restrict__ x,
                                                    int64_t x_stride, int64_t x_group, const float* __restrict__ xs,
                                                    int64_t xs_stride, int rows, float* __restrict__ y,
                                                    int64_t y_stride, bool r, Fp8Pair pair) {
-  constexpr int TO = kGemmO, TR = kGemmR, XU = TR * 8 / 256;  // XU: input float4 a thread
+  static_assert(TO * TR == 4096 && TR * 8 % 256 == 0, "256 threads of 4 × 4 sums");
+  constexpr int XU = TR * 8 / 256;  // input float4 a thread
   const int nb = int(K / 32);
   const int g = blockIdx.z;
   if (!pair.W) {
@@ -2803,6 +2804,7 @@ void launch_fp8_opw(const Fp8Call& c) {
     default: return launch_fp8<1, R, kExact>(c);
   }
 }
+bool env_picks(const char* name, const std::string& dflt, const std::string& alt);
 // DSUF_FP8_GEMM_ROWS: rows from which an FP8 linear runs as the tiled k_fp8_gemm (0: never).
 int64_t fp8_gemm_rows() {
   static const int64_t v = [] {
@@ -2815,9 +2817,14 @@ template <bool kExact>
 void launch_fp8_rows(const Fp8Call& c) {
   if (fp8_gemm_rows() > 0 && c.rows >= fp8_gemm_rows()) {
     const int64_t out = std::max(c.out, c.pair.out);
-    k_fp8_gemm<kExact><<<dim3(blocks_for(out, kGemmO), blocks_for(c.rows, kGemmR), c.groups), 256, 0, c.s>>>(
-        c.W, c.Ws, c.out, c.K, c.in.x, c.in.stride, c.in.group_stride, c.in.scale, c.in.scale_stride, int(c.rows),
-        c.y, c.y_stride, c.r, c.pair);
+    static const bool wide = env_picks("DSUF_FP8_GEMM_TILE", "64x64", "128x32");
+    auto launch = [&](auto k, int to, int tr) {
+      k<<<dim3(blocks_for(out, to), blocks_for(c.rows, tr), c.groups), 256, 0, c.s>>>(
+          c.W, c.Ws, c.out, c.K, c.in.x, c.in.stride, c.in.group_stride, c.in.scale, c.in.scale_stride,
+          int(c.rows), c.y, c.y_stride, c.r, c.pair);
+    };
+    if (wide) launch(k_fp8_gemm<kExact, 128, 32>, 128, 32);
+    else launch(k_fp8_gemm<kExact, 64, 64>, 64, 64);
     DSUF_CUDA(cudaGetLastError());
     return;
   }
