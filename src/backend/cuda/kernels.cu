@@ -923,7 +923,7 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
 // ---- FP8 linears of many rows: a tiled GEMM with the GEMV's bits --------------------------------
 // k_fp8_gemv reads each weight once per R ≤ 4 rows, so a 512-row prefill chunk reads every dense
 // weight 128 times and is bound by instruction issue at ~7 TFLOP/s. This kernel stages a K-block of
-// 64 weight rows (decoded once) and of 64 input rows in shared memory and each thread computes a
+// TO weight rows (decoded once) and of TR input rows in shared memory and each thread computes a
 // 4 × 4 tile of (output, row) sums from there. The bits are the GEMV's: every (output, row) sum is
 // computed with the same operations in the same order —
 //   block part  p = x₀w₀ + x₁w₁ + … + x₃₁w₃₁ in element order (fp8_kb_mac: fmaf when the inputs are
@@ -932,16 +932,20 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
 //   warp tree   warp_sum's xor tree over l: ((a₀ + a₁₆) + (a₈ + a₂₄)) + … .
 // So the K-blocks are visited class by class, l in 5-bit bit-reversed order (0, 16, 8, 24, 4, …),
 // and each finished class sum is pushed onto a binary-counter stack (one slot per tree level), which
-// adds the pairs the tree adds, in its order. Grid: (outputs / 64, rows / 64, groups or pair) as
-// k_fp8_gemv's; 256 threads, thread t: outputs 4·(t mod 16).., rows 4·(t / 16)...
-constexpr int kGemmTile = 64;
-template <bool kExact>
+// adds the pairs the tree adds, in its order. Grid: (outputs / TO, rows / TR, groups or pair) as
+// k_fp8_gemv's; 256 threads, thread t: outputs 4·(t mod TO/4).., rows 4·(t / (TO/4))...
+// The tile, TO outputs × TR rows (TO · TR = 4096, a thread 4 × 4 of them): 64 × 64 (the first
+// version, measured shared-memory bound: docs/perf.md v14) or 128 × 32 (DSUF_FP8_GEMM_TILE=128x32),
+// where a warp's 32 threads share their 4 rows, so that each k step's input load is one broadcast and
+// only the weights spread over the banks.
+template <bool kExact, int TO, int TR>
 __global__ void __launch_bounds__(256) k_fp8_gemm(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws,
                                                    int64_t out, int64_t K, const float* __restrict__ x,
                                                    int64_t x_stride, int64_t x_group, const float* __restrict__ xs,
                                                    int64_t xs_stride, int rows, float* __restrict__ y,
                                                    int64_t y_stride, bool r, Fp8Pair pair) {
-  constexpr int T = kGemmTile, P = T + 4;  // P: padded smem rows
+  static_assert(TO * TR == 4096 && TR * 8 % 256 == 0, "256 threads of 4 × 4 sums");
+  constexpr int XU = TR * 8 / 256;  // input float4 a thread
   const int nb = int(K / 32);
   const int g = blockIdx.z;
   if (!pair.W) {
@@ -950,39 +954,39 @@ __global__ void __launch_bounds__(256) k_fp8_gemm(const uint8_t* __restrict__ W,
   } else if (g == 1) {
     W = pair.W, Ws = pair.Ws, out = pair.out, y = pair.y, y_stride = pair.y_stride;
   }
-  const int64_t o_base = int64_t(blockIdx.x) * T;
+  const int64_t o_base = int64_t(blockIdx.x) * TO;
   if (o_base >= out) return;
-  const int row0 = blockIdx.y * T, nr = min(T, rows - row0);
+  const int row0 = blockIdx.y * TR, nr = min(TR, rows - row0);
   x += int64_t(row0) * x_stride;
   if (kExact) xs += int64_t(row0) * xs_stride;
-  __shared__ __align__(16) float wsm[2][32][P];  // [stage][element k][output]: decoded weights
-  __shared__ __align__(16) float xsm[2][32][P];  // [stage][element k][row]
-  __shared__ float ssa[2][T], ssw[2][T / 32];    // input scales per row, weight scales per 32 outputs
-  const int tid = threadIdx.x, to = tid % 16, tr = tid / 16;
-  // Loader roles: threads 0..127 16 weight bytes (output tid/2, half tid%2); every thread 2 float4 of
-  // inputs (row idx/8, float4 idx%8); threads 0..63 a row's scale, 64..65 a weight-scale group's.
+  __shared__ __align__(16) float wsm[2][32][TO + 4];  // [stage][element k][output]: decoded weights
+  __shared__ __align__(16) float xsm[2][32][TR + 4];  // [stage][element k][row]
+  __shared__ float ssa[2][TR], ssw[2][TO / 32];       // input scales per row, weight scales per 32 outputs
+  const int tid = threadIdx.x, to = tid % (TO / 4), tr = tid / (TO / 4);
+  // Loader roles: every thread 16 weight bytes (output tid/2, half tid%2) and XU float4 of inputs
+  // (row idx/8, float4 idx%8); threads 0..TR-1 a row's scale, the next TO/32 a weight-scale group's.
   // Two register sets, so that a K-block's loads are issued two K-blocks before it is staged.
   struct Regs {
     uint4 w;
-    float4 x[2];
+    float4 x[XU];
     float s;
   };
   auto load = [&](Regs& g, int kb) {
-    if (tid < 2 * T) {
+    if (tid < 2 * TO) {
       const int64_t o = min(o_base + tid / 2, out - 1);
       g.w = __ldg(reinterpret_cast<const uint4*>(W + o * K + int64_t(kb) * 32 + 16 * (tid % 2)));
     }
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
+    for (int u = 0; u < XU; ++u) {
       const int idx = tid + 256 * u, rr = idx / 8, j = idx % 8;
       g.x[u] = rr < nr ? __ldg(reinterpret_cast<const float4*>(x + rr * x_stride) + xpos4(kb, j))
                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    if (tid < T) g.s = kExact && tid < nr ? __ldg(xs + tid * xs_stride + kb) : 1.0f;
-    else if (tid < T + T / 32) g.s = e8m0(__ldg(Ws + (min(o_base + 32 * (tid - T), out - 1) / 32) * nb + kb));
+    if (tid < TR) g.s = kExact && tid < nr ? __ldg(xs + tid * xs_stride + kb) : 1.0f;
+    else if (tid < TR + TO / 32) g.s = e8m0(__ldg(Ws + (min(o_base + 32 * (tid - TR), out - 1) / 32) * nb + kb));
   };
   auto store = [&](int b, const Regs& g) {
-    if (tid < 2 * T) {
+    if (tid < 2 * TO) {
       const int o = tid / 2, k0 = 16 * (tid % 2);
       const uint32_t wd[4] = {g.w.x, g.w.y, g.w.z, g.w.w};
 #pragma unroll
@@ -994,13 +998,13 @@ __global__ void __launch_bounds__(256) k_fp8_gemm(const uint8_t* __restrict__ W,
       }
     }
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
+    for (int u = 0; u < XU; ++u) {
       const int idx = tid + 256 * u, rr = idx / 8, j = idx % 8;
       xsm[b][4 * j][rr] = g.x[u].x, xsm[b][4 * j + 1][rr] = g.x[u].y;
       xsm[b][4 * j + 2][rr] = g.x[u].z, xsm[b][4 * j + 3][rr] = g.x[u].w;
     }
-    if (tid < T) ssa[b][tid] = g.s;
-    else if (tid < T + T / 32) ssw[b][tid - T] = g.s;
+    if (tid < TR) ssa[b][tid] = g.s;
+    else if (tid < TR + TO / 32) ssw[b][tid - TR] = g.s;
   };
   // The K-blocks in the visiting order of core/class_tree.h, the sums through its ClassTree.
   using det::ClassCursor;
@@ -2751,6 +2755,7 @@ void launch_fp8_opw(const Fp8Call& c) {
     default: return launch_fp8<1, R, kExact>(c);
   }
 }
+bool env_picks(const char* name, const std::string& dflt, const std::string& alt);
 // DSUF_FP8_GEMM_ROWS: rows from which an FP8 linear runs as the tiled k_fp8_gemm (0: never).
 int64_t fp8_gemm_rows() {
   static const int64_t v = [] {
@@ -2763,9 +2768,14 @@ template <bool kExact>
 void launch_fp8_rows(const Fp8Call& c) {
   if (fp8_gemm_rows() > 0 && c.rows >= fp8_gemm_rows()) {
     const int64_t out = std::max(c.out, c.pair.out);
-    k_fp8_gemm<kExact><<<dim3(blocks_for(out, kGemmTile), blocks_for(c.rows, kGemmTile), c.groups), 256, 0, c.s>>>(
-        c.W, c.Ws, c.out, c.K, c.in.x, c.in.stride, c.in.group_stride, c.in.scale, c.in.scale_stride, int(c.rows),
-        c.y, c.y_stride, c.r, c.pair);
+    static const bool wide = env_picks("DSUF_FP8_GEMM_TILE", "64x64", "128x32");
+    auto launch = [&](auto k, int to, int tr) {
+      k<<<dim3(blocks_for(out, to), blocks_for(c.rows, tr), c.groups), 256, 0, c.s>>>(
+          c.W, c.Ws, c.out, c.K, c.in.x, c.in.stride, c.in.group_stride, c.in.scale, c.in.scale_stride,
+          int(c.rows), c.y, c.y_stride, c.r, c.pair);
+    };
+    if (wide) launch(k_fp8_gemm<kExact, 128, 32>, 128, 32);
+    else launch(k_fp8_gemm<kExact, 64, 64>, 64, 64);
     DSUF_CUDA(cudaGetLastError());
     return;
   }
