@@ -1266,7 +1266,7 @@ __global__ void k_group_rows(const int32_t* __restrict__ ids, int rows, int E, i
 // was exact and slower: docs/perf.md v13.)
 constexpr int kMmaMaxRounds = 8;
 __device__ __forceinline__ void mma_s8u8(int32_t (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
+  asm(  // not volatile: no side effects, so the compiler may overlap independent MMAs
       "mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -1385,7 +1385,7 @@ __global__ void __launch_bounds__(32 * kMmaMaxRounds) k_fp4_mma(const uint8_t* c
 // stack. The scales of the group's rows and the block's weight rows are staged in shared memory.
 constexpr int kMmaRowWarps = 4;
 constexpr int kMmaRowMaxNb = 384;  // K up to 12288: the staging fits the default 48 KB
-size_t mma_rows_smem(int64_t nb) { return size_t(nb) * (kRowGroup * 4 + 16 * kMmaRowWarps + 4); }
+size_t mma_rows_smem(int64_t nb) { return size_t(nb) * kRowGroup * 4; }
 __global__ void __launch_bounds__(32 * kMmaRowWarps) k_fp4_mma_rows(
     const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* __restrict__ groups,
     const int32_t* __restrict__ n_groups, const int32_t* __restrict__ order, int64_t out, int64_t K,
@@ -1407,18 +1407,11 @@ __global__ void __launch_bounds__(32 * kMmaRowWarps) k_fp4_mma_rows(
   const uint8_t* We = W[e];
   const uint8_t* Se = Ws[e];
   auto clamp = [&](int64_t o) { return o < out ? o : out - 1; };  // a tail repeats the last row
-  extern __shared__ float msm[];
-  float* sa = msm;                                           // [R][nb] input scales
-  uint8_t* swc = reinterpret_cast<uint8_t*>(sa + R * nb);    // [O][nb] weight scale codes
-  int16_t* kord = reinterpret_cast<int16_t*>(swc + O * nb);  // [nb] visiting order
-  int8_t* kcls = reinterpret_cast<int8_t*>(kord + nb);       // [nb] class of step t
-  int8_t* kend = kcls + nb;                                  // [nb] −1, or the class the next step starts
+  extern __shared__ float sa[];  // [R][nb] input scales
   for (int i = tid; i < R * nb; i += blockDim.x) {
     const int rr = i / nb;
     sa[i] = __ldg(xs + int64_t(order[first + min(rr, cnt - 1)] / x_div) * xs_stride + i % nb);
   }
-  for (int i = tid; i < O * nb; i += blockDim.x) swc[i] = __ldg(Se + clamp(ob + i / nb) * nb + i % nb);
-  if (tid == 0) det::class_schedule(nb, kord, kcls, kend);
   __syncthreads();
   // This lane's A words (rows g and g+8, word q of each K-block) and B column g (det::fp4_pair_column).
   const uint8_t* wg = We + clamp(o0 + g) * row_bytes + 4 * q;
@@ -1429,15 +1422,25 @@ __global__ void __launch_bounds__(32 * kMmaRowWarps) k_fp4_mma_rows(
 #pragma unroll
   for (int p = 0; p < NP; ++p)
     bp[p] = xp + int64_t(order[first + min(2 * p + col.row, cnt - 1)] / x_div) * xp_stride + 8 * (q % 2);
+  // Lane (g, q)'s sums: output row ol = 16·warp + g + 8·(q / 2), input rows 2p + q mod 2.
+  const int ol = 16 * warp + g + 8 * (q / 2);
+  const uint8_t* sg = Se + clamp(ob + ol) * nb;  // its weight scale codes
+  // The K-blocks in core/class_tree.h's visiting order, a cursor for the loads and one for the sums
+  // (no schedule in shared memory, nothing staged but the input scales).
+  det::ClassCursor lc, cc;
   struct Batch {
     uint32_t wa[U], wb[U];
     uint2 b[U][NP];
+    uint32_t sw;  // the U weight scale codes, byte u
   };
   auto load = [&](Batch& bt, int t0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (t0 + u >= nb) break;
-      const int kb = kord[t0 + u];
+      const int kb = det::class_kb(lc);
+      lc = det::class_advance(lc, nb);
+      if (u == 0) bt.sw = 0;
+      bt.sw |= uint32_t(__ldg(sg + kb)) << (8 * u);
       bt.wa[u] = __ldg(reinterpret_cast<const uint32_t*>(wg + int64_t(kb) * 16));
       bt.wb[u] = __ldg(reinterpret_cast<const uint32_t*>(wg8 + int64_t(kb) * 16));
 #pragma unroll
@@ -1447,8 +1450,6 @@ __global__ void __launch_bounds__(32 * kMmaRowWarps) k_fp4_mma_rows(
                          : make_uint2(bconst, bconst);
     }
   };
-  // Lane (g, q)'s sums: output row ol = 16·warp + g + 8·(q / 2), input rows 2p + q mod 2.
-  const int ol = 16 * warp + g + 8 * (q / 2);
   det::ClassTree<NP> tree;
   float(&acc)[NP] = tree.acc;
   auto compute = [&](const Batch& bt, int t0) {
@@ -1456,10 +1457,10 @@ __global__ void __launch_bounds__(32 * kMmaRowWarps) k_fp4_mma_rows(
     for (int u = 0; u < U; ++u) {
       const int t = t0 + u;
       if (t >= nb) break;
-      const int kb = kord[t];
+      const int kb = det::class_kb(cc);
       uint32_t a[4];
       det::fp4_mma_a_signed(bt.wa[u], bt.wb[u], a);
-      const float sw = e8m0(swc[ol * nb + kb]);
+      const float sw = e8m0(uint8_t(bt.sw >> (8 * u)));
       uint32_t ones_g = 0, ones_g8 = 0;
 #pragma unroll
       for (int p = 0; p < NP; ++p) {
@@ -1479,8 +1480,13 @@ __global__ void __launch_bounds__(32 * kMmaRowWarps) k_fp4_mma_rows(
         const int32_t S = int32_t(keep + __shfl_xor_sync(0xffffffffu, send, 2));
         acc[p] += det::fp4_act_block_part(S) * (sa[(2 * p + q % 2) * nb + kb] * sw);
       }
-      if (kend[t] >= 0)
-        for (int i = kcls[t]; i < kend[t]; ++i) tree.push(i);
+      const det::ClassCursor nx = det::class_advance(cc, nb);
+      const bool more = t + 1 < nb;
+      if (nx.i != cc.i || !more) {  // class cc.i is complete: push it and the empty ones up to the next
+        tree.push(cc.i);
+        for (int i = cc.i + 1; i < (more ? nx.i : 32); ++i) tree.push(i);
+      }
+      cc = nx;
     }
   };
   Batch b0, b1;
