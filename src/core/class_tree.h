@@ -49,20 +49,6 @@ DSUF_HD ClassCursor class_advance(ClassCursor c, int nb) {
   return ClassCursor{next_class(c.i, nb), 0};
 }
 
-// The whole order laid out: kord[t] the t-th K-block, kcls[t] its class, kend[t] −1 while the class
-// goes on, else the class of step t+1 (32 after the last step): after step t, classes kcls[t] ..
-// kend[t]−1 are pushed (the finished one and the empty ones up to the next).
-template <typename Ord, typename Cls>
-DSUF_HD void class_schedule(int nb, Ord* kord, Cls* kcls, Cls* kend) {
-  ClassCursor c;
-  for (int t = 0; t < nb; ++t) {
-    const ClassCursor n = class_advance(c, nb);
-    kord[t] = Ord(class_kb(c)), kcls[t] = Cls(c.i);
-    kend[t] = Cls(t + 1 == nb ? 32 : n.i != c.i ? n.i : -1);
-    c = n;
-  }
-}
-
 // N independent sums: acc takes the current class's K-block parts (acc[e] += c, in order), push(i)
 // ends class i. After class 31 acc holds the totals.
 template <int N>

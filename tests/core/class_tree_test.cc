@@ -36,8 +36,8 @@ float warp_reference(const std::vector<float>& c) {
   return v[0];
 }
 
-// k_fp8_gemm's loop: a cursor over the visiting order, a push at each class end (and for the empty
-// classes up to the next).
+// The kernels' loop (k_fp8_gemm, k_fp4_mma_rows): a cursor over the visiting order, a push at each
+// class end (and for the empty classes up to the next).
 float cursor_path(const std::vector<float>& c) {
   const int nb = int(c.size());
   det::ClassTree<1> tree;
@@ -51,21 +51,6 @@ float cursor_path(const std::vector<float>& c) {
       for (int i = cur.i + 1; i < (more ? nx.i : 32); ++i) tree.push(i);
     }
     cur = nx;
-  }
-  return tree.acc[0];
-}
-
-// k_fp4_mma_rows's loop: the schedule laid out first, then pushes where it says.
-float schedule_path(const std::vector<float>& c) {
-  const int nb = int(c.size());
-  std::vector<int16_t> kord(static_cast<size_t>(nb));
-  std::vector<int8_t> kcls(static_cast<size_t>(nb)), kend(static_cast<size_t>(nb));
-  det::class_schedule(nb, kord.data(), kcls.data(), kend.data());
-  det::ClassTree<1> tree;
-  for (int t = 0; t < nb; ++t) {
-    tree.acc[0] += c[size_t(kord[size_t(t)])];
-    if (kend[size_t(t)] >= 0)
-      for (int i = kcls[size_t(t)]; i < kend[size_t(t)]; ++i) tree.push(i);
   }
   return tree.acc[0];
 }
@@ -85,22 +70,22 @@ TEST(ClassTree, EveryRowLengthEqualsTheWarpReduction) {
       const std::vector<float> c = parts(g, nb);
       const uint32_t want = bits(warp_reference(c));
       ASSERT_EQ(bits(cursor_path(c)), want) << "nb " << nb << ", set " << rep;
-      ASSERT_EQ(bits(schedule_path(c)), want) << "nb " << nb << ", set " << rep;
     }
 }
 
-TEST(ClassTree, ScheduleVisitsEveryBlockOnceAndEndsAtClass32) {
+TEST(ClassTree, CursorVisitsEveryBlockOnceInItsClass) {
   for (int nb : {1, 4, 31, 32, 33, 72, 160, 384}) {
-    std::vector<int16_t> kord(static_cast<size_t>(nb));
-    std::vector<int8_t> kcls(static_cast<size_t>(nb)), kend(static_cast<size_t>(nb));
-    det::class_schedule(nb, kord.data(), kcls.data(), kend.data());
     std::vector<int> seen(static_cast<size_t>(nb), 0);
+    det::ClassCursor c;
     for (int t = 0; t < nb; ++t) {
-      ++seen[size_t(kord[size_t(t)])];
-      EXPECT_EQ(det::class_lane(kcls[size_t(t)]), kord[size_t(t)] % 32) << "nb " << nb << ", step " << t;
+      const int kb = det::class_kb(c);
+      ASSERT_LT(kb, nb) << "nb " << nb << ", step " << t;
+      ++seen[size_t(kb)];
+      EXPECT_EQ(det::class_lane(c.i), kb % 32) << "nb " << nb << ", step " << t;
+      c = det::class_advance(c, nb);
     }
+    EXPECT_EQ(c.i, 32) << "nb " << nb << ": the cursor ends past the last class";
     for (int kb = 0; kb < nb; ++kb) EXPECT_EQ(seen[size_t(kb)], 1) << "nb " << nb << ", K-block " << kb;
-    EXPECT_EQ(kend[size_t(nb - 1)], 32);
   }
 }
 
