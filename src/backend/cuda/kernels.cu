@@ -1380,9 +1380,9 @@ __global__ void __launch_bounds__(32 * kMmaMaxRounds) k_fp4_mma(const uint8_t* c
 // exact block sum S: lane (g, q) row g + 8·(q / 2), input row 2p + q mod 2. The rest is
 // k_fp4_gemv's arithmetic on S — c = part(S)·(s_a·s_w), each lane's K-blocks kb ≡ l (mod 32) added in
 // order, then warp_sum's tree — done per (row, input row) as in k_fp8_gemm: the K-blocks visited
-// class by class in bit-reversed order (the order, the class of each step and where classes end are
-// laid out in shared memory by one thread), the finished class sums pushed onto a binary-counter
-// stack. The scales of the group's rows and the block's weight rows are staged in shared memory.
+// class by class in bit-reversed order (core/class_tree.h: one cursor for the loads, one for the
+// sums), the finished class sums pushed onto a binary-counter stack. Only the input scales of the
+// group's rows are staged in shared memory; the weight scale codes come with each batch of weights.
 constexpr int kMmaRowWarps = 4;
 constexpr int kMmaRowMaxNb = 384;  // K up to 12288: the staging fits the default 48 KB
 size_t mma_rows_smem(int64_t nb) { return size_t(nb) * kRowGroup * 4; }
@@ -1393,6 +1393,7 @@ __global__ void __launch_bounds__(32 * kMmaRowWarps) k_fp4_mma_rows(
     float* y, bool r, Fp4Pair pair) {
   constexpr int R = kRowGroup, NP = R / 2, O = 16 * kMmaRowWarps, U = 4;
   static_assert(R == 8, "four pairs of input rows");
+  static_assert(U <= 4, "a batch's weight scale codes are the bytes of one register");
   const int nb = int(K / 32);
   const int gi = blockIdx.y;
   if (blockIdx.z == 1) W = pair.W, Ws = pair.Ws, y = pair.y;
