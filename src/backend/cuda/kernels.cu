@@ -1507,11 +1507,29 @@ __global__ void __launch_bounds__(32 * kMmaRowWarps) k_fp4_mma_rows(
   }
 }
 
+// One chunk of 8 inputs against 8 BF16 weights, added to acc one product at a time.
+__device__ __forceinline__ float bf16_chunk(float acc, const uint4& wv, const float* xc) {
+  const float4 x0 = *reinterpret_cast<const float4*>(xc);
+  const float4 x1 = *reinterpret_cast<const float4*>(xc + 4);
+  acc += __uint_as_float(wv.x << 16) * x0.x;
+  acc += __uint_as_float(wv.x & 0xffff0000u) * x0.y;
+  acc += __uint_as_float(wv.y << 16) * x0.z;
+  acc += __uint_as_float(wv.y & 0xffff0000u) * x0.w;
+  acc += __uint_as_float(wv.z << 16) * x1.x;
+  acc += __uint_as_float(wv.z & 0xffff0000u) * x1.y;
+  acc += __uint_as_float(wv.w << 16) * x1.z;
+  acc += __uint_as_float(wv.w & 0xffff0000u) * x1.w;
+  return acc;
+}
+// Chunks a lane loads at once (all of them for K ≤ 8·32·kBf16Deep = 5120: the router, the compressors,
+// the indexer projections and the head at the real dimensions), so that a warp's row is one DRAM
+// round trip instead of one per 4 chunks; DSUF_BF16=loop keeps the 4-deep loop (measuring aid).
+constexpr int kBf16Deep = 20;
 // One warp per output; lane l takes 8-element chunks l, l+32, … (chunk_lane_sum<8>): one 16-byte
 // weight load and two float4 input loads per chunk when K and the strides allow, else scalars in
 // the same order.
 __global__ void k_bf16_linear(const uint16_t* __restrict__ W, int64_t out, int64_t K, const float* __restrict__ x,
-                              int64_t x_stride, float* __restrict__ y, int64_t y_stride, bool r) {
+                              int64_t x_stride, float* __restrict__ y, int64_t y_stride, bool r, bool deep) {
   const int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int row = blockIdx.y, lane = threadIdx.x % 32;
   if (o >= out) return;
@@ -1520,20 +1538,24 @@ __global__ void k_bf16_linear(const uint16_t* __restrict__ W, int64_t out, int64
   float acc = 0.0f;
   const bool vec = K % 8 == 0 && x_stride % 4 == 0 && (reinterpret_cast<uintptr_t>(W) & 15) == 0 &&
                    (reinterpret_cast<uintptr_t>(x) & 15) == 0;
-  if (vec) {
+  if (vec && deep && K <= 8 * 32 * kBf16Deep) {
+    uint4 wv[kBf16Deep];
+#pragma unroll
+    for (int i = 0; i < kBf16Deep; ++i) {
+      const int64_t c = lane + 32 * i;
+      if (c * 8 < K) wv[i] = __ldg(reinterpret_cast<const uint4*>(wr + c * 8));
+    }
+#pragma unroll
+    for (int i = 0; i < kBf16Deep; ++i) {
+      const int64_t c = lane + 32 * i;
+      if (c * 8 >= K) break;
+      acc = bf16_chunk(acc, wv[i], xr + c * 8);
+    }
+  } else if (vec) {
 #pragma unroll 4
     for (int64_t c = lane; c * 8 < K; c += 32) {
       const uint4 wv = __ldg(reinterpret_cast<const uint4*>(wr + c * 8));
-      const float4 x0 = *reinterpret_cast<const float4*>(xr + c * 8);
-      const float4 x1 = *reinterpret_cast<const float4*>(xr + c * 8 + 4);
-      acc += __uint_as_float(wv.x << 16) * x0.x;
-      acc += __uint_as_float(wv.x & 0xffff0000u) * x0.y;
-      acc += __uint_as_float(wv.y << 16) * x0.z;
-      acc += __uint_as_float(wv.y & 0xffff0000u) * x0.w;
-      acc += __uint_as_float(wv.z << 16) * x1.x;
-      acc += __uint_as_float(wv.z & 0xffff0000u) * x1.y;
-      acc += __uint_as_float(wv.w << 16) * x1.z;
-      acc += __uint_as_float(wv.w & 0xffff0000u) * x1.w;
+      acc = bf16_chunk(acc, wv, xr + c * 8);
     }
   } else {
     for (int64_t c = lane; c * 8 < K; c += 32)
@@ -2941,7 +2963,8 @@ void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const
 }
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows, float* y,
                  int64_t y_stride, bool r, cudaStream_t s) {
-  k_bf16_linear<<<dim3(blocks_for(out, 8), rows), 256, 0, s>>>(W, out, K, x, x_stride, y, y_stride, r);
+  static const bool deep = !env_picks("DSUF_BF16", "deep", "loop");
+  k_bf16_linear<<<dim3(blocks_for(out, 8), rows), 256, 0, s>>>(W, out, K, x, x_stride, y, y_stride, r, deep);
 }
 void rope(float* x, int64_t rows, int heads, int64_t dim, const float* cs, int half, float sign, bool r,
           cudaStream_t s) {
