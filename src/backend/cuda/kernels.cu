@@ -1165,6 +1165,18 @@ __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const
   }
 }
 
+// Group gi of RowGroups: its expert's weights and scale codes, its first slot in `order`, its rows.
+struct ExpertGroup {
+  const uint8_t* W;
+  const uint8_t* S;
+  int first, cnt;
+};
+__device__ __forceinline__ ExpertGroup expert_group(const uint8_t* const* W, const uint8_t* const* Ws,
+                                                    const int32_t* __restrict__ groups, int gi) {
+  const int e = groups[3 * gi], first = groups[3 * gi + 1], cnt = groups[3 * gi + 2];
+  return {W[e], Ws[e], first, cnt};
+}
+
 // Grouped FP4 for many rows (prefill chunks, large batches; fp4_linear_grouped with RowGroups):
 // grid.y = row groups of one expert (RowGroups: [expert, first, count ≤ R] into order), so that each
 // warp loads a K-block's weights once for up to R rows. Per row the arithmetic and order of
@@ -1187,9 +1199,7 @@ __global__ void __launch_bounds__(256) k_fp4_gemv_rows(const uint8_t* const* W, 
   if (o0 >= out) return;
   pdl_wait();  // the groups come from this step's router
   if (gi >= *n_groups) return;
-  const int e = groups[3 * gi], first = groups[3 * gi + 1], cnt = groups[3 * gi + 2];
-  const uint8_t* We = W[e];
-  const uint8_t* Se = Ws[e];
+  const auto [We, Se, first, cnt] = expert_group(W, Ws, groups, gi);
   int rows[R];
 #pragma unroll
   for (int rr = 0; rr < R; ++rr) rows[rr] = order[first + min(rr, cnt - 1)];
@@ -1404,9 +1414,7 @@ __global__ void __launch_bounds__(32 * kMmaRowWarps) k_fp4_mma_rows(
   if (ob >= out) return;
   pdl_wait();  // the groups come from this step's router
   if (gi >= *n_groups) return;
-  const int e = groups[3 * gi], first = groups[3 * gi + 1], cnt = groups[3 * gi + 2];
-  const uint8_t* We = W[e];
-  const uint8_t* Se = Ws[e];
+  const auto [We, Se, first, cnt] = expert_group(W, Ws, groups, gi);
   auto clamp = [&](int64_t o) { return o < out ? o : out - 1; };  // a tail repeats the last row
   extern __shared__ float sa[];  // [R][nb] input scales
   for (int i = tid; i < R * nb; i += blockDim.x) {

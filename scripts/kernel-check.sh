@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The exactness checks and A/B timings of the linears' kernel variants, in one device call (the
+# session-6 routine, docs/perf.md v14), with binaries already in build-gpu/bin (cuda_backend_tests,
+# engine_cuda_tests, cuda_tp_tests, bench_decode; carry them, not the whole folder: 64 MiB):
+#
+#   scripts/kernel-check.sh verify   cuda_backend_tests with the defaults and with every linear forced
+#                                    through the tiled kernels (DSUF_FP8_GEMM_ROWS=1, DSUF_MOE_GROUP_ROWS=1,
+#                                    DSUF_FP4_MMA_ROWS=0) side by side on two GPUs (one after the other
+#                                    on one), plus each extra setting in $EXTRA (e.g.
+#                                    EXTRA="DSUF_FP8_GEMM_TILE=128x32"), forced too; engine_cuda_tests;
+#                                    cuda_tp_tests forced (needs 2 GPUs for its TP=2 cases)
+#   scripts/kernel-check.sh time     prefill 2048 tokens and batches 1/16/64 at 8K, each $AB setting
+#                                    (space-separated NAME=a|b|... lists, default the FP8 tile and the
+#                                    grouped FP4 kernel) against its alternatives, interleaved
+#
+# Every result line says its settings. Logs go to $OUT (the device tool's folder) or /tmp.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+export DSUF_SOURCE_DIR=$PWD
+B=${DSUF_GPU_BUILD:-build-gpu}/bin
+L=${OUT:-/tmp/dsuf-kernel-check}
+mkdir -p "$L"
+if python3 -c "import nvidia.nccl" 2>/dev/null; then  # NCCL from PyTorch's wheel, multicast off
+  N=$(python3 -c "import nvidia.nccl;print(list(nvidia.nccl.__path__)[0])")
+  export DSUF_NCCL_LIB=$N/lib/libnccl.so.2 LD_LIBRARY_PATH=$N/lib:${LD_LIBRARY_PATH:-}
+fi
+export NCCL_NVLS_ENABLE=0
+FORCED="DSUF_FP8_GEMM_ROWS=1 DSUF_MOE_GROUP_ROWS=1 DSUF_FP4_MMA_ROWS=0"
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+summary() { grep -h "PASSED\|FAILED\|rc=" "$@"; }
+
+suite() {  # log name, GPU, settings...
+  local name=$1 gpu=$2
+  shift 2
+  env CUDA_VISIBLE_DEVICES="$gpu" "$@" timeout 300 "$B/cuda_backend_tests" > "$L/$name.txt" 2>&1
+  echo "$name ($*) rc=$?" >> "$L/$name.txt"
+}
+
+case "${1:-verify}" in
+verify)
+  runs=("default|" "forced|$FORCED")
+  for x in ${EXTRA:-}; do runs+=("forced_${x//[^A-Za-z0-9]/_}|$FORCED $x"); done
+  i=0
+  for run in "${runs[@]}"; do
+    name=${run%%|*}
+    # shellcheck disable=SC2086
+    suite "be_$name" $((i % (gpus > 1 ? 2 : 1))) ${run#*|} &
+    i=$((i + 1))
+    if [ "$gpus" -lt 2 ] || [ $((i % 2)) -eq 0 ]; then wait; fi
+  done
+  wait
+  summary "$L"/be_*.txt
+  CUDA_VISIBLE_DEVICES=0 timeout 150 "$B/engine_cuda_tests" > "$L/engine.txt" 2>&1
+  echo "engine rc=$?" >> "$L/engine.txt"
+  # shellcheck disable=SC2086
+  env $FORCED timeout 200 "$B/cuda_tp_tests" > "$L/tp.txt" 2>&1
+  echo "tp forced rc=$?" >> "$L/tp.txt"
+  summary "$L/engine.txt" "$L/tp.txt"
+  ;;
+time)
+  export CUDA_VISIBLE_DEVICES=0
+  bd() { timeout 150 "$B/bench_decode" --engram-vocab 100000 "$@" 2>&1 | grep -v '^model:\|^head:'; }
+  for spec in ${AB:-DSUF_FP8_GEMM_TILE=64x64|128x32 DSUF_FP4_ROWS=mma|dp4a}; do
+    var=${spec%%=*}
+    IFS='|' read -r -a vals <<< "${spec#*=}"
+    for rep in 1 2; do
+      for v in "${vals[@]}"; do
+        echo "== $var=$v (round $rep): prefill 2048"
+        (export "$var=$v"; bd --prefill 2048 | tail -1)
+      done
+    done
+  done
+  echo "== defaults: batches 1, 16, 64 at 8K"
+  bd --contexts 8192 --batches 1,16,64 --steps 20 --warmup 3 | tail -3
+  ;;
+*)
+  echo "usage: scripts/kernel-check.sh verify|time" >&2
+  exit 2
+  ;;
+esac
