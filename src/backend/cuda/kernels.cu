@@ -16,6 +16,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/topk_plan.h"
+#include "core/class_tree.h"
 #include "core/detmath.h"
 #include "core/fp4_dp4a.h"
 
@@ -919,44 +920,10 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
     }
 }
 
-// The GEMV's lane sums and warp tree for sums computed by one thread (k_fp8_gemm, k_fp4_mma_rows):
-// the K-blocks of lane class l (kb ≡ l mod 32) are added in order into acc, the classes visited in
-// 5-bit bit-reversed order (0, 16, 8, 24, …), and each finished class pushed onto a binary-counter
-// stack of 5 levels, which adds the pairs warp_sum's xor tree adds, the earlier one first:
-// ((a₀ + a₁₆) + (a₈ + a₂₄)) + … . After class 31, acc holds the N totals.
-template <int N>
-struct ClassTree {
-  float acc[N], st[5][N];
-  __device__ ClassTree() {
-#pragma unroll
-    for (int e = 0; e < N; ++e) acc[e] = 0.0f;
-  }
-  __device__ void push(int i) {
-    bool carry = true;
-#pragma unroll
-    for (int lev = 0; lev < 5; ++lev) {
-      if (carry) {
-        if ((i >> lev) & 1) {
-#pragma unroll
-          for (int e = 0; e < N; ++e) acc[e] = st[lev][e] + acc[e];
-        } else {
-#pragma unroll
-          for (int e = 0; e < N; ++e) st[lev][e] = acc[e];
-          carry = false;
-        }
-      }
-    }
-    if (i < 31) {  // class 31 leaves the total in acc
-#pragma unroll
-      for (int e = 0; e < N; ++e) acc[e] = 0.0f;
-    }
-  }
-};
-
 // ---- FP8 linears of many rows: a tiled GEMM with the GEMV's bits --------------------------------
 // k_fp8_gemv reads each weight once per R ≤ 4 rows, so a 512-row prefill chunk reads every dense
 // weight 128 times and is bound by instruction issue at ~7 TFLOP/s. This kernel stages a K-block of
-// 64 weight rows (decoded once) and of 64 input rows in shared memory and each thread computes a
+// TO weight rows (decoded once) and of TR input rows in shared memory and each thread computes a
 // 4 × 4 tile of (output, row) sums from there. The bits are the GEMV's: every (output, row) sum is
 // computed with the same operations in the same order —
 //   block part  p = x₀w₀ + x₁w₁ + … + x₃₁w₃₁ in element order (fp8_kb_mac: fmaf when the inputs are
@@ -965,16 +932,20 @@ struct ClassTree {
 //   warp tree   warp_sum's xor tree over l: ((a₀ + a₁₆) + (a₈ + a₂₄)) + … .
 // So the K-blocks are visited class by class, l in 5-bit bit-reversed order (0, 16, 8, 24, 4, …),
 // and each finished class sum is pushed onto a binary-counter stack (one slot per tree level), which
-// adds the pairs the tree adds, in its order. Grid: (outputs / 64, rows / 64, groups or pair) as
-// k_fp8_gemv's; 256 threads, thread t: outputs 4·(t mod 16).., rows 4·(t / 16)...
-constexpr int kGemmTile = 64;
-template <bool kExact>
+// adds the pairs the tree adds, in its order. Grid: (outputs / TO, rows / TR, groups or pair) as
+// k_fp8_gemv's; 256 threads, thread t: outputs 4·(t mod TO/4).., rows 4·(t / (TO/4))...
+// The tile, TO outputs × TR rows (TO · TR = 4096, a thread 4 × 4 of them): 64 × 64 (the first
+// version, measured shared-memory bound: docs/perf.md v14) or 128 × 32 (DSUF_FP8_GEMM_TILE=128x32),
+// where a warp's 32 threads share their 4 rows, so that each k step's input load is one broadcast and
+// only the weights spread over the banks.
+template <bool kExact, int TO, int TR>
 __global__ void __launch_bounds__(256) k_fp8_gemm(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws,
                                                    int64_t out, int64_t K, const float* __restrict__ x,
                                                    int64_t x_stride, int64_t x_group, const float* __restrict__ xs,
                                                    int64_t xs_stride, int rows, float* __restrict__ y,
                                                    int64_t y_stride, bool r, Fp8Pair pair) {
-  constexpr int T = kGemmTile, P = T + 4;  // P: padded smem rows
+  static_assert(TO * TR == 4096 && TR * 8 % 256 == 0, "256 threads of 4 × 4 sums");
+  constexpr int XU = TR * 8 / 256;  // input float4 a thread
   const int nb = int(K / 32);
   const int g = blockIdx.z;
   if (!pair.W) {
@@ -983,39 +954,39 @@ __global__ void __launch_bounds__(256) k_fp8_gemm(const uint8_t* __restrict__ W,
   } else if (g == 1) {
     W = pair.W, Ws = pair.Ws, out = pair.out, y = pair.y, y_stride = pair.y_stride;
   }
-  const int64_t o_base = int64_t(blockIdx.x) * T;
+  const int64_t o_base = int64_t(blockIdx.x) * TO;
   if (o_base >= out) return;
-  const int row0 = blockIdx.y * T, nr = min(T, rows - row0);
+  const int row0 = blockIdx.y * TR, nr = min(TR, rows - row0);
   x += int64_t(row0) * x_stride;
   if (kExact) xs += int64_t(row0) * xs_stride;
-  __shared__ __align__(16) float wsm[2][32][P];  // [stage][element k][output]: decoded weights
-  __shared__ __align__(16) float xsm[2][32][P];  // [stage][element k][row]
-  __shared__ float ssa[2][T], ssw[2][T / 32];    // input scales per row, weight scales per 32 outputs
-  const int tid = threadIdx.x, to = tid % 16, tr = tid / 16;
-  // Loader roles: threads 0..127 16 weight bytes (output tid/2, half tid%2); every thread 2 float4 of
-  // inputs (row idx/8, float4 idx%8); threads 0..63 a row's scale, 64..65 a weight-scale group's.
+  __shared__ __align__(16) float wsm[2][32][TO + 4];  // [stage][element k][output]: decoded weights
+  __shared__ __align__(16) float xsm[2][32][TR + 4];  // [stage][element k][row]
+  __shared__ float ssa[2][TR], ssw[2][TO / 32];       // input scales per row, weight scales per 32 outputs
+  const int tid = threadIdx.x, to = tid % (TO / 4), tr = tid / (TO / 4);
+  // Loader roles: every thread 16 weight bytes (output tid/2, half tid%2) and XU float4 of inputs
+  // (row idx/8, float4 idx%8); threads 0..TR-1 a row's scale, the next TO/32 a weight-scale group's.
   // Two register sets, so that a K-block's loads are issued two K-blocks before it is staged.
   struct Regs {
     uint4 w;
-    float4 x[2];
+    float4 x[XU];
     float s;
   };
   auto load = [&](Regs& g, int kb) {
-    if (tid < 2 * T) {
+    if (tid < 2 * TO) {
       const int64_t o = min(o_base + tid / 2, out - 1);
       g.w = __ldg(reinterpret_cast<const uint4*>(W + o * K + int64_t(kb) * 32 + 16 * (tid % 2)));
     }
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
+    for (int u = 0; u < XU; ++u) {
       const int idx = tid + 256 * u, rr = idx / 8, j = idx % 8;
       g.x[u] = rr < nr ? __ldg(reinterpret_cast<const float4*>(x + rr * x_stride) + xpos4(kb, j))
                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    if (tid < T) g.s = kExact && tid < nr ? __ldg(xs + tid * xs_stride + kb) : 1.0f;
-    else if (tid < T + T / 32) g.s = e8m0(__ldg(Ws + (min(o_base + 32 * (tid - T), out - 1) / 32) * nb + kb));
+    if (tid < TR) g.s = kExact && tid < nr ? __ldg(xs + tid * xs_stride + kb) : 1.0f;
+    else if (tid < TR + TO / 32) g.s = e8m0(__ldg(Ws + (min(o_base + 32 * (tid - TR), out - 1) / 32) * nb + kb));
   };
   auto store = [&](int b, const Regs& g) {
-    if (tid < 2 * T) {
+    if (tid < 2 * TO) {
       const int o = tid / 2, k0 = 16 * (tid % 2);
       const uint32_t wd[4] = {g.w.x, g.w.y, g.w.z, g.w.w};
 #pragma unroll
@@ -1027,33 +998,22 @@ __global__ void __launch_bounds__(256) k_fp8_gemm(const uint8_t* __restrict__ W,
       }
     }
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
+    for (int u = 0; u < XU; ++u) {
       const int idx = tid + 256 * u, rr = idx / 8, j = idx % 8;
       xsm[b][4 * j][rr] = g.x[u].x, xsm[b][4 * j + 1][rr] = g.x[u].y;
       xsm[b][4 * j + 2][rr] = g.x[u].z, xsm[b][4 * j + 3][rr] = g.x[u].w;
     }
-    if (tid < T) ssa[b][tid] = g.s;
-    else if (tid < T + T / 32) ssw[b][tid - T] = g.s;
+    if (tid < TR) ssa[b][tid] = g.s;
+    else if (tid < TR + TO / 32) ssw[b][tid - TR] = g.s;
   };
-  // The K-blocks in visiting order: class i (lane l = brev5(i)), rounds q: kb = l + 32q < nb.
-  struct Cursor {
-    int i = 0, q = 0;  // class 0 (lane 0) always has K-block 0
-  };
-  auto lane_of = [](int i) { return int(__brev(unsigned(i)) >> 27); };
-  auto next_class = [&](int i) {  // the first class after i that has a K-block (32: none)
-    do ++i;
-    while (i < 32 && lane_of(i) >= nb);
-    return i;
-  };
-  auto advance = [&](Cursor c) {
-    if (lane_of(c.i) + 32 * (c.q + 1) < nb) return Cursor{c.i, c.q + 1};
-    return Cursor{next_class(c.i), 0};
-  };
-  auto kb_of = [&](Cursor c) { return lane_of(c.i) + 32 * c.q; };
-  ClassTree<16> tree;
+  // The K-blocks in the visiting order of core/class_tree.h, the sums through its ClassTree.
+  using det::ClassCursor;
+  auto advance = [&](ClassCursor c) { return det::class_advance(c, nb); };
+  auto kb_of = [](ClassCursor c) { return det::class_kb(c); };
+  det::ClassTree<16> tree;
   float(&acc)[16] = tree.acc;
   Regs ga, gb;
-  Cursor cur, la = cur;  // la: the K-block whose loads are issued next
+  ClassCursor cur, la = cur;  // la: the K-block whose loads are issued next
   load(ga, kb_of(la));
   store(0, ga);
   if (nb > 1) la = advance(la), load(ga, kb_of(la));
@@ -1063,7 +1023,7 @@ __global__ void __launch_bounds__(256) k_fp8_gemm(const uint8_t* __restrict__ W,
   // then reload `mine` with t+3.
   auto step = [&](int t, Regs& mine) {
     const int b = t & 1;
-    const Cursor nx = advance(cur);
+    const ClassCursor nx = advance(cur);
     const bool more = t + 1 < nb;
     float part[16];
 #pragma unroll
@@ -1316,7 +1276,7 @@ __global__ void k_group_rows(const int32_t* __restrict__ ids, int rows, int E, i
 // was exact and slower: docs/perf.md v13.)
 constexpr int kMmaMaxRounds = 8;
 __device__ __forceinline__ void mma_s8u8(int32_t (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
+  asm(  // not volatile: no side effects, so the compiler may overlap independent MMAs
       "mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -1430,12 +1390,12 @@ __global__ void __launch_bounds__(32 * kMmaMaxRounds) k_fp4_mma(const uint8_t* c
 // exact block sum S: lane (g, q) row g + 8·(q / 2), input row 2p + q mod 2. The rest is
 // k_fp4_gemv's arithmetic on S — c = part(S)·(s_a·s_w), each lane's K-blocks kb ≡ l (mod 32) added in
 // order, then warp_sum's tree — done per (row, input row) as in k_fp8_gemm: the K-blocks visited
-// class by class in bit-reversed order (the order, the class of each step and where classes end are
-// laid out in shared memory by one thread), the finished class sums pushed onto a binary-counter
-// stack. The scales of the group's rows and the block's weight rows are staged in shared memory.
+// class by class in bit-reversed order (core/class_tree.h: one cursor for the loads, one for the
+// sums), the finished class sums pushed onto a binary-counter stack. Only the input scales of the
+// group's rows are staged in shared memory; the weight scale codes come with each batch of weights.
 constexpr int kMmaRowWarps = 4;
 constexpr int kMmaRowMaxNb = 384;  // K up to 12288: the staging fits the default 48 KB
-size_t mma_rows_smem(int64_t nb) { return size_t(nb) * (kRowGroup * 4 + 16 * kMmaRowWarps + 4); }
+size_t mma_rows_smem(int64_t nb) { return size_t(nb) * kRowGroup * 4; }
 __global__ void __launch_bounds__(32 * kMmaRowWarps) k_fp4_mma_rows(
     const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* __restrict__ groups,
     const int32_t* __restrict__ n_groups, const int32_t* __restrict__ order, int64_t out, int64_t K,
@@ -1443,6 +1403,7 @@ __global__ void __launch_bounds__(32 * kMmaRowWarps) k_fp4_mma_rows(
     float* y, bool r, Fp4Pair pair) {
   constexpr int R = kRowGroup, NP = R / 2, O = 16 * kMmaRowWarps, U = 4;
   static_assert(R == 8, "four pairs of input rows");
+  static_assert(U <= 4, "a batch's weight scale codes are the bytes of one register");
   const int nb = int(K / 32);
   const int gi = blockIdx.y;
   if (blockIdx.z == 1) W = pair.W, Ws = pair.Ws, y = pair.y;
@@ -1455,22 +1416,10 @@ __global__ void __launch_bounds__(32 * kMmaRowWarps) k_fp4_mma_rows(
   if (gi >= *n_groups) return;
   const auto [We, Se, first, cnt] = expert_group(W, Ws, groups, gi);
   auto clamp = [&](int64_t o) { return o < out ? o : out - 1; };  // a tail repeats the last row
-  extern __shared__ float msm[];
-  float* sa = msm;                                           // [R][nb] input scales
-  uint8_t* swc = reinterpret_cast<uint8_t*>(sa + R * nb);    // [O][nb] weight scale codes
-  int16_t* kord = reinterpret_cast<int16_t*>(swc + O * nb);  // [nb] visiting order
-  int8_t* kcls = reinterpret_cast<int8_t*>(kord + nb);       // [nb] class of step t
-  int8_t* kend = kcls + nb;                                  // [nb] −1, or the class the next step starts
+  extern __shared__ float sa[];  // [R][nb] input scales
   for (int i = tid; i < R * nb; i += blockDim.x) {
     const int rr = i / nb;
     sa[i] = __ldg(xs + int64_t(order[first + min(rr, cnt - 1)] / x_div) * xs_stride + i % nb);
-  }
-  for (int i = tid; i < O * nb; i += blockDim.x) swc[i] = __ldg(Se + clamp(ob + i / nb) * nb + i % nb);
-  if (tid == 0) {
-    int t = 0;
-    for (int i = 0; i < 32; ++i)
-      for (int kb = int(__brev(unsigned(i)) >> 27); kb < nb; kb += 32) kord[t] = int16_t(kb), kcls[t++] = int8_t(i);
-    for (t = 0; t < nb; ++t) kend[t] = int8_t(t + 1 == nb ? 32 : kcls[t + 1] != kcls[t] ? kcls[t + 1] : -1);
   }
   __syncthreads();
   // This lane's A words (rows g and g+8, word q of each K-block) and B column g (det::fp4_pair_column).
@@ -1482,15 +1431,25 @@ __global__ void __launch_bounds__(32 * kMmaRowWarps) k_fp4_mma_rows(
 #pragma unroll
   for (int p = 0; p < NP; ++p)
     bp[p] = xp + int64_t(order[first + min(2 * p + col.row, cnt - 1)] / x_div) * xp_stride + 8 * (q % 2);
+  // Lane (g, q)'s sums: output row ol = 16·warp + g + 8·(q / 2), input rows 2p + q mod 2.
+  const int ol = 16 * warp + g + 8 * (q / 2);
+  const uint8_t* sg = Se + clamp(ob + ol) * nb;  // its weight scale codes
+  // The K-blocks in core/class_tree.h's visiting order, a cursor for the loads and one for the sums
+  // (no schedule in shared memory, nothing staged but the input scales).
+  det::ClassCursor lc, cc;
   struct Batch {
     uint32_t wa[U], wb[U];
     uint2 b[U][NP];
+    uint32_t sw;  // the U weight scale codes, byte u
   };
   auto load = [&](Batch& bt, int t0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (t0 + u >= nb) break;
-      const int kb = kord[t0 + u];
+      const int kb = det::class_kb(lc);
+      lc = det::class_advance(lc, nb);
+      if (u == 0) bt.sw = 0;
+      bt.sw |= uint32_t(__ldg(sg + kb)) << (8 * u);
       bt.wa[u] = __ldg(reinterpret_cast<const uint32_t*>(wg + int64_t(kb) * 16));
       bt.wb[u] = __ldg(reinterpret_cast<const uint32_t*>(wg8 + int64_t(kb) * 16));
 #pragma unroll
@@ -1500,19 +1459,17 @@ __global__ void __launch_bounds__(32 * kMmaRowWarps) k_fp4_mma_rows(
                          : make_uint2(bconst, bconst);
     }
   };
-  // Lane (g, q)'s sums: output row ol = 16·warp + g + 8·(q / 2), input rows 2p + q mod 2.
-  const int ol = 16 * warp + g + 8 * (q / 2);
-  ClassTree<NP> tree;
+  det::ClassTree<NP> tree;
   float(&acc)[NP] = tree.acc;
   auto compute = [&](const Batch& bt, int t0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int t = t0 + u;
       if (t >= nb) break;
-      const int kb = kord[t];
+      const int kb = det::class_kb(cc);
       uint32_t a[4];
       det::fp4_mma_a_signed(bt.wa[u], bt.wb[u], a);
-      const float sw = e8m0(swc[ol * nb + kb]);
+      const float sw = e8m0(uint8_t(bt.sw >> (8 * u)));
       uint32_t ones_g = 0, ones_g8 = 0;
 #pragma unroll
       for (int p = 0; p < NP; ++p) {
@@ -1532,8 +1489,13 @@ __global__ void __launch_bounds__(32 * kMmaRowWarps) k_fp4_mma_rows(
         const int32_t S = int32_t(keep + __shfl_xor_sync(0xffffffffu, send, 2));
         acc[p] += det::fp4_act_block_part(S) * (sa[(2 * p + q % 2) * nb + kb] * sw);
       }
-      if (kend[t] >= 0)
-        for (int i = kcls[t]; i < kend[t]; ++i) tree.push(i);
+      const det::ClassCursor nx = det::class_advance(cc, nb);
+      const bool more = t + 1 < nb;
+      if (nx.i != cc.i || !more) {  // class cc.i is complete: push it and the empty ones up to the next
+        tree.push(cc.i);
+        for (int i = cc.i + 1; i < (more ? nx.i : 32); ++i) tree.push(i);
+      }
+      cc = nx;
     }
   };
   Batch b0, b1;
@@ -1553,11 +1515,29 @@ __global__ void __launch_bounds__(32 * kMmaRowWarps) k_fp4_mma_rows(
   }
 }
 
+// One chunk of 8 inputs against 8 BF16 weights, added to acc one product at a time.
+__device__ __forceinline__ float bf16_chunk(float acc, const uint4& wv, const float* xc) {
+  const float4 x0 = *reinterpret_cast<const float4*>(xc);
+  const float4 x1 = *reinterpret_cast<const float4*>(xc + 4);
+  acc += __uint_as_float(wv.x << 16) * x0.x;
+  acc += __uint_as_float(wv.x & 0xffff0000u) * x0.y;
+  acc += __uint_as_float(wv.y << 16) * x0.z;
+  acc += __uint_as_float(wv.y & 0xffff0000u) * x0.w;
+  acc += __uint_as_float(wv.z << 16) * x1.x;
+  acc += __uint_as_float(wv.z & 0xffff0000u) * x1.y;
+  acc += __uint_as_float(wv.w << 16) * x1.z;
+  acc += __uint_as_float(wv.w & 0xffff0000u) * x1.w;
+  return acc;
+}
+// Chunks a lane loads at once (all of them for K ≤ 8·32·kBf16Deep = 5120: the router, the compressors,
+// the indexer projections and the head at the real dimensions), so that a warp's row is one DRAM
+// round trip instead of one per 4 chunks; DSUF_BF16=loop keeps the 4-deep loop (measuring aid).
+constexpr int kBf16Deep = 20;
 // One warp per output; lane l takes 8-element chunks l, l+32, … (chunk_lane_sum<8>): one 16-byte
 // weight load and two float4 input loads per chunk when K and the strides allow, else scalars in
 // the same order.
 __global__ void k_bf16_linear(const uint16_t* __restrict__ W, int64_t out, int64_t K, const float* __restrict__ x,
-                              int64_t x_stride, float* __restrict__ y, int64_t y_stride, bool r) {
+                              int64_t x_stride, float* __restrict__ y, int64_t y_stride, bool r, bool deep) {
   const int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int row = blockIdx.y, lane = threadIdx.x % 32;
   if (o >= out) return;
@@ -1566,20 +1546,24 @@ __global__ void k_bf16_linear(const uint16_t* __restrict__ W, int64_t out, int64
   float acc = 0.0f;
   const bool vec = K % 8 == 0 && x_stride % 4 == 0 && (reinterpret_cast<uintptr_t>(W) & 15) == 0 &&
                    (reinterpret_cast<uintptr_t>(x) & 15) == 0;
-  if (vec) {
+  if (vec && deep && K <= 8 * 32 * kBf16Deep) {
+    uint4 wv[kBf16Deep];
+#pragma unroll
+    for (int i = 0; i < kBf16Deep; ++i) {
+      const int64_t c = lane + 32 * i;
+      if (c * 8 < K) wv[i] = __ldg(reinterpret_cast<const uint4*>(wr + c * 8));
+    }
+#pragma unroll
+    for (int i = 0; i < kBf16Deep; ++i) {
+      const int64_t c = lane + 32 * i;
+      if (c * 8 >= K) break;
+      acc = bf16_chunk(acc, wv[i], xr + c * 8);
+    }
+  } else if (vec) {
 #pragma unroll 4
     for (int64_t c = lane; c * 8 < K; c += 32) {
       const uint4 wv = __ldg(reinterpret_cast<const uint4*>(wr + c * 8));
-      const float4 x0 = *reinterpret_cast<const float4*>(xr + c * 8);
-      const float4 x1 = *reinterpret_cast<const float4*>(xr + c * 8 + 4);
-      acc += __uint_as_float(wv.x << 16) * x0.x;
-      acc += __uint_as_float(wv.x & 0xffff0000u) * x0.y;
-      acc += __uint_as_float(wv.y << 16) * x0.z;
-      acc += __uint_as_float(wv.y & 0xffff0000u) * x0.w;
-      acc += __uint_as_float(wv.z << 16) * x1.x;
-      acc += __uint_as_float(wv.z & 0xffff0000u) * x1.y;
-      acc += __uint_as_float(wv.w << 16) * x1.z;
-      acc += __uint_as_float(wv.w & 0xffff0000u) * x1.w;
+      acc = bf16_chunk(acc, wv, xr + c * 8);
     }
   } else {
     for (int64_t c = lane; c * 8 < K; c += 32)
@@ -2808,6 +2792,7 @@ void launch_fp8_opw(const Fp8Call& c) {
     default: return launch_fp8<1, R, kExact>(c);
   }
 }
+bool env_picks(const char* name, const std::string& dflt, const std::string& alt);
 // DSUF_FP8_GEMM_ROWS: rows from which an FP8 linear runs as the tiled k_fp8_gemm (0: never).
 int64_t fp8_gemm_rows() {
   static const int64_t v = [] {
@@ -2820,9 +2805,14 @@ template <bool kExact>
 void launch_fp8_rows(const Fp8Call& c) {
   if (fp8_gemm_rows() > 0 && c.rows >= fp8_gemm_rows()) {
     const int64_t out = std::max(c.out, c.pair.out);
-    k_fp8_gemm<kExact><<<dim3(blocks_for(out, kGemmTile), blocks_for(c.rows, kGemmTile), c.groups), 256, 0, c.s>>>(
-        c.W, c.Ws, c.out, c.K, c.in.x, c.in.stride, c.in.group_stride, c.in.scale, c.in.scale_stride, int(c.rows),
-        c.y, c.y_stride, c.r, c.pair);
+    static const bool wide = env_picks("DSUF_FP8_GEMM_TILE", "64x64", "128x32");
+    auto launch = [&](auto k, int to, int tr) {
+      k<<<dim3(blocks_for(out, to), blocks_for(c.rows, tr), c.groups), 256, 0, c.s>>>(
+          c.W, c.Ws, c.out, c.K, c.in.x, c.in.stride, c.in.group_stride, c.in.scale, c.in.scale_stride,
+          int(c.rows), c.y, c.y_stride, c.r, c.pair);
+    };
+    if (wide) launch(k_fp8_gemm<kExact, 128, 32>, 128, 32);
+    else launch(k_fp8_gemm<kExact, 64, 64>, 64, 64);
     DSUF_CUDA(cudaGetLastError());
     return;
   }
@@ -2981,7 +2971,8 @@ void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const
 }
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows, float* y,
                  int64_t y_stride, bool r, cudaStream_t s) {
-  k_bf16_linear<<<dim3(blocks_for(out, 8), rows), 256, 0, s>>>(W, out, K, x, x_stride, y, y_stride, r);
+  static const bool deep = !env_picks("DSUF_BF16", "deep", "loop");
+  k_bf16_linear<<<dim3(blocks_for(out, 8), rows), 256, 0, s>>>(W, out, K, x, x_stride, y, y_stride, r, deep);
 }
 void rope(float* x, int64_t rows, int heads, int64_t dim, const float* cs, int half, float sign, bool r,
           cudaStream_t s) {
