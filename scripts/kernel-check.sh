@@ -7,7 +7,7 @@
 #                                    through the tiled kernels (DSUF_FP8_GEMM_ROWS=1, DSUF_MOE_GROUP_ROWS=1,
 #                                    DSUF_FP4_MMA_ROWS=0) side by side on two GPUs (one after the other
 #                                    on one), plus each extra setting in $EXTRA (e.g.
-#                                    EXTRA="DSUF_FP8_GEMM_TILE=128x32"), forced too; engine_cuda_tests;
+#                                    EXTRA="DSUF_FP8_GEMM_TILE=64x64"), forced too; engine_cuda_tests;
 #                                    cuda_tp_tests forced (needs 2 GPUs for its TP=2 cases)
 #   scripts/kernel-check.sh time     prefill 2048 tokens and batches 1/16/64 at 8K, each $AB setting
 #                                    (space-separated NAME=a|b|... lists, default the FP8 tile and the
@@ -60,7 +60,7 @@ verify)
 time)
   export CUDA_VISIBLE_DEVICES=0
   bd() { timeout 150 "$B/bench_decode" --engram-vocab 100000 "$@" 2>&1 | grep -v '^model:\|^head:'; }
-  for spec in ${AB:-DSUF_FP8_GEMM_TILE=64x64|128x32 DSUF_FP4_ROWS=mma|dp4a}; do
+  for spec in ${AB:-DSUF_FP8_GEMM_TILE=128x32|64x64 DSUF_FP4_ROWS=mma|dp4a}; do
     var=${spec%%=*}
     IFS='|' read -r -a vals <<< "${spec#*=}"
     for rep in 1 2; do

@@ -934,10 +934,10 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
 // and each finished class sum is pushed onto a binary-counter stack (one slot per tree level), which
 // adds the pairs the tree adds, in its order. Grid: (outputs / TO, rows / TR, groups or pair) as
 // k_fp8_gemv's; 256 threads, thread t: outputs 4·(t mod TO/4).., rows 4·(t / (TO/4))...
-// The tile, TO outputs × TR rows (TO · TR = 4096, a thread 4 × 4 of them): 64 × 64 (the first
-// version, measured shared-memory bound: docs/perf.md v14) or 128 × 32 (DSUF_FP8_GEMM_TILE=128x32),
+// The tile, TO outputs × TR rows (TO · TR = 4096, a thread 4 × 4 of them): 128 × 32 (the default),
 // where a warp's 32 threads share their 4 rows, so that each k step's input load is one broadcast and
-// only the weights spread over the banks.
+// only the weights spread over the banks, or 64 × 64 (DSUF_FP8_GEMM_TILE=64x64, the first version,
+// measured shared-memory bound; 2 % slower on a 2,048-token prefill: docs/perf.md v15).
 template <bool kExact, int TO, int TR>
 __global__ void __launch_bounds__(256) k_fp8_gemm(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws,
                                                    int64_t out, int64_t K, const float* __restrict__ x,
@@ -2805,14 +2805,14 @@ template <bool kExact>
 void launch_fp8_rows(const Fp8Call& c) {
   if (fp8_gemm_rows() > 0 && c.rows >= fp8_gemm_rows()) {
     const int64_t out = std::max(c.out, c.pair.out);
-    static const bool wide = env_picks("DSUF_FP8_GEMM_TILE", "64x64", "128x32");
+    static const bool square = env_picks("DSUF_FP8_GEMM_TILE", "128x32", "64x64");
     auto launch = [&](auto k, int to, int tr) {
       k<<<dim3(blocks_for(out, to), blocks_for(c.rows, tr), c.groups), 256, 0, c.s>>>(
           c.W, c.Ws, c.out, c.K, c.in.x, c.in.stride, c.in.group_stride, c.in.scale, c.in.scale_stride,
           int(c.rows), c.y, c.y_stride, c.r, c.pair);
     };
-    if (wide) launch(k_fp8_gemm<kExact, 128, 32>, 128, 32);
-    else launch(k_fp8_gemm<kExact, 64, 64>, 64, 64);
+    if (square) launch(k_fp8_gemm<kExact, 64, 64>, 64, 64);
+    else launch(k_fp8_gemm<kExact, 128, 32>, 128, 32);
     DSUF_CUDA(cudaGetLastError());
     return;
   }
