@@ -22,6 +22,9 @@
 // hold even the smallest batch; --plan prints the plan and stops (no GPU needed: free memory is then
 // unknown and nothing is refused, unless --free-gib G says how much each GPU has). Setup progress
 // (Engram tables, each rank's weights, in seconds) goes to stderr.
+// --timeline PREFIX: after each batch's timed steps, 3 more steps under CUPTI (bench/kernel_timeline.h):
+// every kernel's and copy's GPU timestamps, the middle step's span split into the kernels' shares and
+// the gaps in which nothing runs (table), all records to PREFIX-<context>-<batch>.csv.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -36,6 +39,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cuda/check.h"
+#include "kernel_timeline.h"
 #include "backend/cuda/cuda_backend.h"
 #include "core/error.h"
 #include "core/parse.h"
@@ -190,6 +194,7 @@ int main(int argc, char** argv) {
     std::vector<int64_t> contexts = {8192, 131072, 1048576 - 64}, batches = {1, 4, 16, 64};
     std::vector<int64_t> prefill;  // --prefill N,...: time a prefill of N tokens instead of decode steps
     int chunk = 0;                 // --chunk: prefill chunk rows (default 512; decode steps use 64)
+    std::string timeline;          // --timeline PREFIX: CUPTI timeline of 3 steps per batch
     for (int i = 1; i < argc; ++i) {
       std::string a = argv[i];
       auto v = [&] { return i + 1 < argc ? std::string(argv[++i]) : (dsuf::fail(a, " needs a value"), std::string()); };
@@ -208,8 +213,11 @@ int main(int argc, char** argv) {
       else if (a == "--free-gib") free_gib = std::stod(v());
       else if (a == "--prefill") prefill = dsuf::parse_int_list(v(), "--prefill", 1, int64_t(1) << 20);
       else if (a == "--chunk") chunk = std::stoi(v());
+      else if (a == "--timeline") timeline = v();
       else dsuf::fail("unknown argument ", a);
     }
+    if (!timeline.empty() && !dsuf::bench::TimelineCapture::available())
+      dsuf::fail("--timeline: this build has no CUPTI");
     if (!prefill.empty()) contexts = prefill, batches = {1};  // the plan and the pools for one sequence
     const int max_chunk = chunk > 0 ? chunk : prefill.empty() ? 64 : 512;
     if (gpus.empty()) gpus = {device};
@@ -350,15 +358,20 @@ int main(int argc, char** argv) {
         std::vector<int32_t> tok(B), sampled(B);
         std::vector<std::vector<float>> logits(B);
         std::vector<double> wall, gpu;
-        for (int s = 0; s < steps + warmup; ++s) {
+        // Step s's items: fresh tokens (varied routing), token id (s·a + b·c + off) mod 120000 + 3.
+        auto step_items = [&](int s, int64_t a, int64_t c, int64_t off) {
           std::vector<dsuf::ForwardItem> items;
           for (int64_t b = 0; b < B; ++b) {
-            tok[b] = int32_t((s * 7919 + b * 104729) % 120000) + 3;  // fresh tokens: varied routing
+            tok[b] = int32_t((s * a + b * c + off) % 120000) + 3;
             items.push_back({.state = &seqs[b], .tokens = {&tok[b], 1}, .want = dsuf::ForwardItem::Logits::kLast,
                              .logits = sample ? nullptr : &logits[b],
                              .sampling = {.temperature = 0.7f, .top_p = 0.9f, .top_k = 0, .seed = uint64_t(b)},
                              .draw = uint64_t(s), .token = sample ? &sampled[b] : nullptr});
           }
+          return items;
+        };
+        for (int s = 0; s < steps + warmup; ++s) {
+          std::vector<dsuf::ForwardItem> items = step_items(s, 7919, 104729, 0);
           auto t0 = std::chrono::steady_clock::now();
           be.forward(items);
           const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -374,20 +387,32 @@ int main(int argc, char** argv) {
                     static_cast<long long>(B), wms, gms, by.device() / 1e9, bound_ms, 100.0 * bound_ms / gms,
                     B / (wms * 1e-3), by.engram_host / 1e6);
         std::fflush(stdout);
+        if (!timeline.empty()) {
+          // Three more steps (the graph replayed as above) under CUPTI; the middle one's summary.
+          dsuf::bench::TimelineCapture cap;
+          std::vector<uint64_t> begins;
+          cap.start();
+          for (int s = 0; s < 3; ++s) {
+            std::vector<dsuf::ForwardItem> items = step_items(steps + warmup + s, 7919, 104729, 0);
+            begins.push_back(dsuf::bench::TimelineCapture::now());
+            be.forward(items);
+          }
+          const auto tsteps = dsuf::bench::split_steps(cap.stop(), begins);
+          const std::string path = timeline + "-" + std::to_string(ctx) + "-" + std::to_string(B) + ".csv";
+          dsuf::bench::write_csv(path, tsteps);
+          std::printf("    timeline of %zu steps (CUPTI, graph replays; records in %s), the middle one:\n",
+                      tsteps.size(), path.c_str());
+          if (!tsteps.empty())
+            dsuf::bench::print_summary(stdout, dsuf::bench::summarize(tsteps[tsteps.size() / 2]), 30);
+          std::fflush(stdout);
+        }
         if (components) {
           // The same step without a graph, CUDA events between its parts; median of 5 per part.
           be.set_component_timing(true);
           std::map<std::string, std::vector<double>> per;
           double total = 0;
           for (int s = 0; s < 5; ++s) {
-            std::vector<dsuf::ForwardItem> items;
-            for (int64_t b = 0; b < B; ++b) {
-              tok[b] = int32_t((s * 104723 + b * 7919 + 55) % 120000) + 3;
-              items.push_back({.state = &seqs[b], .tokens = {&tok[b], 1}, .want = dsuf::ForwardItem::Logits::kLast,
-                               .logits = sample ? nullptr : &logits[b],
-                               .sampling = {.temperature = 0.7f, .top_p = 0.9f, .top_k = 0, .seed = uint64_t(b)},
-                               .draw = uint64_t(s), .token = sample ? &sampled[b] : nullptr});
-            }
+            std::vector<dsuf::ForwardItem> items = step_items(s, 104723, 7919, 55);
             be.forward(items);
             for (const auto& [name, ms] : be.component_ms()) per[name].push_back(ms);
           }
