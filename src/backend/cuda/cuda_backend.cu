@@ -5,6 +5,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <functional>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -323,7 +324,10 @@ struct CudaBackend::Impl {
   void moe(int l, int n, const uint8_t* image, const cuda::LinearInput& xin, const float* expand_mix);
   // mHC mixes on a second stream (off the critical path: a site's mix is read only by its expansion,
   // after its attention/MoE, and by the next site's collapse); DSUF_HC_FORK=0 keeps them on `stream`.
-  void hc_mix_fork(const float* fn, const float* base, const float* scale, int n, float* out);
+  // `also`, when set, is enqueued on the mix's stream after the mix (work that nothing reads before
+  // the join).
+  void hc_mix_fork(const float* fn, const float* base, const float* scale, int n, float* out,
+                   const std::function<void(cudaStream_t)>& also = {});
   void hc_mix_join();
 };
 
@@ -1025,16 +1029,19 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, xin, n, ws.tmp, qr, r, stream,
                    {.W = d.wkv.w, .Ws = d.wkv.s, .out = hd, .y = ws.kvw, .y_stride = hd});
   const cuda::InputSink qsink{ws.xq[1], ws.xs[1], aq};  // the normalized q latent, laid out for wq_b
-  cuda::rmsnorm2({ws.tmp, qr, d.q_norm, ws.q_lat, qsink}, {ws.kvw, hd, d.kv_norm, ws.kvw}, n, eps, r, stream);
-  const cuda::LinearInput qin = cuda::sink_input(qsink, qr);
-  // The compressor and the indexer (on the side stream) need only xn and q_lat; the KV rope and
-  // the query projection go on beside them.
-  // RoPE is fused into the kernels that read its outputs (the same arithmetic, one launch fewer each):
-  // the window KV's into its fake-quant, the queries' into the logits kernel's query staging (ws.q
-  // stays unrotated: nothing else reads it), the output's inverse into wo_a's input layout.
-  fork();
+  // kv_norm also applies the window KV's rope and FP8 fake quantization (the same arithmetic as rope()
+  // then fp8_fake_quant(), one launch fewer); nothing reads ws.kvw before the attention.
   const cuda::FusedRope kv_rope{.cs = cs, .half = half, .heads = 1, .dim = hd, .sign = 1.0f, .r = r};
-  cuda::fp8_fake_quant(ws.kvw, n * hd, r, stream, kv_rope);
+  cuda::rmsnorm2({ws.tmp, qr, d.q_norm, ws.q_lat, qsink},
+                 {.x = ws.kvw, .dim = hd, .w = d.kv_norm, .y = ws.kvw, .fake_quant = true, .fq_rope = kv_rope}, n, eps,
+                 r, stream);
+  const cuda::LinearInput qin = cuda::sink_input(qsink, qr);
+  // The compressor and the indexer (on the side stream) need only xn and q_lat; the query
+  // projection goes on beside them.
+  // RoPE is fused into the kernels around it (the same arithmetic, one launch fewer each): the window
+  // KV's into kv_norm's, the queries' into the logits kernel's query staging (ws.q stays unrotated:
+  // nothing else reads it), the output's inverse into the P·V kernel's layout of wo_a's input.
+  fork();
   cuda::fp8_linear(d.wq_b.w, d.wq_b.s, Hr * hd, qr, qin, n, ws.q, Hr * hd, r, stream);
 
   const int slot = layout.source_slot[l];
@@ -1043,23 +1050,25 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   indexer_branch(l, st, qin, branch());
   join();
   mark(kAttention);
+  const int64_t gin = (H / G) * hd;  // wo_a's inputs a group
   cuda::AttentionArgs aa{.q = ws.q, .kv_chunk = ws.kvw, .meta = st.meta, .seqs = st.seqtab, .layer = l,
                          .src = ratio > 0 ? slot : -1, .sel = ratio > 0 ? ws.sel : nullptr,
                          .sel_stride = t.index_topk, .sink = d.sink + h0, .out = ws.o, .keys = ws.keys, .att = ws.att,
                          .kmax = W + t.index_topk, .rows = n, .H = Hr, .W = W, .hd = hd, .r = r,
-                         .q_rope = {.cs = cs, .half = half, .heads = Hr, .dim = hd, .sign = 1.0f, .r = r}};
-  cuda::attention(aa, stream);
-  // ws.o is left unrotated: only wo_a's input (rotated back on the way) reads it.
-  const int64_t gin = (H / G) * hd;
-  const cuda::FusedRope o_rope{.cs = cs, .half = half, .heads = Hr, .dim = hd, .sign = -1.0f, .r = r};
-  const cuda::LinearInput oin = cuda::linear_input(ws.o, Hr * hd, n, gin, opt.numerics.wo_a_act_quant && aq,
-                                                   ws.xq[0], ws.xs[0], stream, Gr, o_rope);
+                         .q_rope = {.cs = cs, .half = half, .heads = Hr, .dim = hd, .sign = 1.0f, .r = r},
+                         // The output goes straight into wo_a's input layout, rotated back on the way
+                         // (linear_input's arithmetic, in the P·V kernel: one launch fewer).
+                         .o_sink = {.xq = ws.xq[0], .xs = ws.xs[0], .quantize = opt.numerics.wo_a_act_quant && aq},
+                         .o_group = gin,
+                         .o_rope = {.cs = cs, .half = half, .heads = Hr, .dim = hd, .sign = -1.0f, .r = r}};
+  const cuda::LinearInput oin = cuda::attention(aa, stream);
   cuda::fp8_linear_groups(d.wo_a.w, d.wo_a.s, Gr, ol, gin, oin, n, ws.zg + g0 * ol, G * ol, r, stream);
   cuda::gather_cols(comm, zg_split, ws.zg, n, G * ol, tp_send, tp_recv, stream);
   const cuda::LinearInput zin = cuda::linear_input(ws.zg, G * ol, n, G * ol, aq, ws.xq[1], ws.xs[1], stream);
   cuda::fp8_linear(d.wo_b.w, d.wo_b.s, Dr, G * ol, zin, n, out + d0, D, r, stream);
   cuda::gather_cols(comm, hidden_split, out, n, D, tp_send, tp_recv, stream);
-  cuda::pack_window(ws.kvw, n, st.meta, st.seqtab, l, hd, W, stream);
+  // The window ring's copy of this step's KV (ws.kvw) is enqueued with the FFN site's mix, off the
+  // critical path (enqueue_step).
 }
 
 void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::LinearInput& xin,
@@ -1130,7 +1139,8 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
   cuda::moe_sum_expand(ws.ye, K, ws.ys, n, t.hc_mult, D, expand_mix, cuda::hc_mix_stride(t.hc_mult), ws.X, r, stream);
 }
 
-void CudaBackend::Impl::hc_mix_fork(const float* fn, const float* base, const float* scale, int n, float* out) {
+void CudaBackend::Impl::hc_mix_fork(const float* fn, const float* base, const float* scale, int n, float* out,
+                                    const std::function<void(cudaStream_t)>& also) {
   const TextConfig& t = cfg.text;
   cudaStream_t s = stream;
   if (mix_side) {  // the mix waits for everything before it on `stream` (the streams it reads)
@@ -1141,6 +1151,7 @@ void CudaBackend::Impl::hc_mix_fork(const float* fn, const float* base, const fl
   }
   cuda::hc_mix(fn, base, scale, ws.X, n, t.hc_mult, t.hidden_size, float(t.rms_norm_eps), t.hc_sinkhorn_iters,
                float(t.hc_eps), out, ws.mix_part, ws.mix_count, s);
+  if (also) also(s);
   if (mix_side) {
     DSUF_CUDA(cudaEventRecord(ev_mix, mix_side));
     mix_pending = true;
@@ -1179,14 +1190,17 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
       cuda::fp8_linear(d.e_wkv.w, d.e_wkv.s, d.e_wkv.out, d.e_wkv.in, ein, n, ws.ekv, (hc + 1) * D, r, stream);
       cuda::engram_gate(ws.X, ws.ekv, d.e_q, d.e_k, st.dead, n, hc, D, eps, r, stream);
     }
-    // Attention site: its mix on the mix stream; the collapse uses the previous site's pre.
+    // Attention site: the collapse (with the previous site's pre) first, then the site's mix on the
+    // mix stream: launched the other way round, the mix's blocks held the multiprocessors the
+    // collapse's cluster waited for (12.5 against 6.5 µs, docs/perf.md v15). This collapse does not
+    // write the streams, so the mix reads the same values either way.
     mark(kMhc);
-    hc_mix_fork(d.hca_fn, d.hca_base, d.hca_scale, n, ws.mix_a);
     // Both collapses also lay their rows out for the site's first linears (xq[0], no linear_input).
     const cuda::InputSink xsink{ws.xq[0], ws.xs[0], opt.numerics.act_quant};
     const cuda::LinearInput xin = cuda::sink_input(xsink, D);
     cuda::collapse_norm(pre, pre_stride, nullptr, 0, nullptr, ws.X, n, hc, D, d.attn_norm, eps, ws.xn, r, stream,
                         xsink);
+    hc_mix_fork(d.hca_fn, d.hca_base, d.hca_scale, n, ws.mix_a);
     attention(l, st, xin, ws.y);
     // FFN site: the attention site's expansion, then the collapse with its pre, in one kernel.
     mark(kMhc);
@@ -1194,7 +1208,11 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
     // This one also writes the byte planes the routed experts' FP4 linears read (xp[0]).
     const cuda::InputSink fsink{ws.xq[0], ws.xs[0], opt.numerics.act_quant, ws.xp[0]};
     cuda::collapse_norm(ws.mix_a, ms, ws.mix_a, ms, ws.y, ws.X, n, hc, D, d.ffn_norm, eps, ws.xn, r, stream, fsink);
-    hc_mix_fork(d.hcf_fn, d.hcf_base, d.hcf_scale, n, ws.mix_f);
+    // With the mix: this step's KV rows into the window ring (read by the next steps' attention; the
+    // next writer of ws.kvw, the next layer's wkv, comes after the join).
+    hc_mix_fork(d.hcf_fn, d.hcf_base, d.hcf_scale, n, ws.mix_f, [&](cudaStream_t s) {
+      cuda::pack_window(ws.kvw, n, st.meta, st.seqtab, l, t.head_dim, t.sliding_window, s);
+    });
     mark(kMoe);
     moe(l, n, st.image, cuda::sink_input(fsink, D), ws.mix_f);  // ends with the FFN site's expansion
     // pre of the FFN site feeds the next attention site's collapse.

@@ -606,20 +606,23 @@ __global__ void __launch_bounds__(256) k_rmsnorm(RmsJob a, RmsJob b, float eps, 
   for (int64_t j = threadIdx.x + 256 * kRmsRegs; j < dim; j += 256) ss += xr[j] * xr[j];
   ss = block_sum(ss);
   const float rinv = 1.0f / sqrtf(ss / float(dim) + eps);
-  // With a sink (dim % 32 == 0), warp w's elements 256p + 32w + lane are K-block 8p + w.
+  // With a sink or fake_quant (dim % 32 == 0), warp w's elements 256p + 32w + lane are K-block 8p + w,
+  // so k_fp8_fake_quant's warp (rope by a shuffle, the block's scale by a warp max) runs as it is.
   const int lane = threadIdx.x % 32, wb = threadIdx.x / 32;
-#pragma unroll
-  for (int p = 0; p < kRmsRegs; ++p)
-    if (threadIdx.x + 256 * p < dim) {
-      const float v = rb(wv[p] * (xv[p] * rinv), r);
-      yr[threadIdx.x + 256 * p] = v;
-      if (jb.sink.xq) emit_input(jb.sink, dim, blockIdx.x, 8 * p + wb, lane, v);
+  auto store = [&](int64_t j, float v) {
+    if (jb.fake_quant) {
+      if (jb.fq_rope.cs) v = rope_lane(v, rope_pair(jb.fq_rope, blockIdx.x, j % jb.fq_rope.dim), lane, jb.fq_rope.r);
+      const float s = fp8_block_scale(v);
+      v = rb(e4m3_val(fp8_code(v, s)) * s, r);
     }
-  for (int64_t j = threadIdx.x + 256 * kRmsRegs; j < dim; j += 256) {
-    const float v = rb((jb.w ? bf16_load(jb.w, j) : 1.0f) * (xr[j] * rinv), r);
     yr[j] = v;
     if (jb.sink.xq) emit_input(jb.sink, dim, blockIdx.x, int(j / 32), lane, v);
-  }
+  };
+#pragma unroll
+  for (int p = 0; p < kRmsRegs; ++p)
+    if (threadIdx.x + 256 * p < dim) store(threadIdx.x + 256 * p, rb(wv[p] * (xv[p] * rinv), r));
+  for (int64_t j = threadIdx.x + 256 * kRmsRegs; j < dim; j += 256)
+    store(j, rb((jb.w ? bf16_load(jb.w, j) : 1.0f) * (xr[j] * rinv), r));
 }
 
 // Lays out rows × groups × K inputs (stride x_stride) for the linears, with the reference's per-32
@@ -1835,6 +1838,21 @@ __global__ void __launch_bounds__(kPvThreads) k_attention_pv(AttentionArgs a, in
     }
   }
   const int64_t d = d0 + lane;
+  if (a.o_sink.xq) {  // wo_a's input, as k_linear_input lays it out (whole warps: attention() checks)
+    const int64_t K = a.o_group, kp = interleaved_k(K), nb = K / 32, groups = a.H * hd / K;
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int h = 2 * warp + u;
+      float v = rb((u ? acc_b : acc_a) / den_s[h], a.r);
+      const int64_t col = int64_t(h0 + h) * hd + d;
+      if (a.o_rope.cs) v = rope_lane(v, rope_pair(a.o_rope, i, col % a.o_rope.dim), lane, a.o_rope.r);
+      const int64_t g = col / K;
+      const int kb = int((col % K) / 32);
+      emit_input(v, a.o_sink.quantize, a.o_sink.xq + (int64_t(i) * groups + g) * kp,
+                 a.o_sink.quantize ? a.o_sink.xs + (int64_t(i) * groups + g) * nb + kb : nullptr, kb, lane);
+    }
+    return;
+  }
   if (d < hd) {
     float* o = a.out + (int64_t(i) * a.H + h0) * hd + d;
     if (2 * warp < nh) o[2 * warp * hd] = rb(acc_a / den_s[2 * warp], a.r);
@@ -2737,8 +2755,20 @@ void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float
   const RmsJob j{x, dim, w, y};
   if (rows > 0) k_rmsnorm<<<dim3(unsigned(rows), 1), 256, 0, s>>>(j, j, eps, r);
 }
+namespace {
+void check_fused_rope(const FusedRope& f, const char* what) {
+  DSUF_CHECK(!f.cs || (f.dim % 32 == 0 && f.half > 0 && 2 * f.half <= f.dim && f.heads >= 1), what,
+             ": a fused rope needs dim % 32 == 0 and 0 < 2·half ≤ dim (dim ", f.dim, ", half ", f.half, ")");
+}
+}  // namespace
 void rmsnorm2(const RmsJob& a, const RmsJob& b, int64_t rows, float eps, bool r, cudaStream_t s) {
-  DSUF_CHECK((!a.sink.xq || a.dim % 32 == 0) && (!b.sink.xq || b.dim % 32 == 0), "rmsnorm2: an input sink needs dim % 32 == 0");
+  for (const RmsJob* j : {&a, &b}) {
+    DSUF_CHECK((!j->sink.xq && !j->fake_quant) || j->dim % 32 == 0,
+               "rmsnorm2: an input sink or fake quantization needs dim % 32 == 0 (dim ", j->dim, ")");
+    check_fused_rope(j->fq_rope, "rmsnorm2");
+    DSUF_CHECK(!j->fq_rope.cs || (j->fake_quant && j->fq_rope.heads == 1 && j->fq_rope.dim == j->dim),
+               "rmsnorm2: a fused rope goes with fake_quant, one head of dim values");
+  }
   if (rows > 0) k_rmsnorm<<<dim3(unsigned(rows), 2), 256, 0, s>>>(a, b, eps, r);
 }
 namespace {
@@ -2770,6 +2800,21 @@ int gemv_mode() {
     if (m == "pipe") return int(kRegsPipe);
     if (m == "deep") return int(kDeep);
     fail("DSUF_GEMV=", m, ": expected regs, pipe or deep");
+  }();
+  return mode;
+}
+// The FP4 linears' mode: DSUF_FP4_GEMV=pipe|regs|deep, pipe by default (in the step, the routed
+// experts' w1/w3 took 41.9 µs a launch with pipe against 45.9 with regs, while every FP8 linear was
+// fastest with regs: docs/perf.md v15); DSUF_GEMV still sets both when DSUF_FP4_GEMV is not set.
+int fp4_gemv_mode() {
+  static const int mode = [] {
+    const char* v = std::getenv("DSUF_FP4_GEMV");
+    if (!v) return std::getenv("DSUF_GEMV") ? gemv_mode() : int(kRegsPipe);
+    const std::string m = v;
+    if (m == "regs") return int(kRegs);
+    if (m == "pipe") return int(kRegsPipe);
+    if (m == "deep") return int(kDeep);
+    fail("DSUF_FP4_GEMV=", m, ": expected pipe, regs or deep");
   }();
   return mode;
 }
@@ -2836,7 +2881,7 @@ struct Fp4Call {
 };
 template <int OPW, bool kExact>
 void launch_fp4(const Fp4Call& c) {
-  const int mode = gemv_mode();
+  const int mode = fp4_gemv_mode();
   auto k = mode == kDeep        ? k_fp4_gemv<OPW, kExact, kDeep>
            : mode == kRegsPipe ? k_fp4_gemv<OPW, kExact, kRegsPipe>
                                : k_fp4_gemv<OPW, kExact, kRegs>;
@@ -2890,12 +2935,6 @@ void launch_fp4_opw(const Fp4Call& c) {
 }
 }  // namespace
 
-namespace {
-void check_fused_rope(const FusedRope& f, const char* what) {
-  DSUF_CHECK(!f.cs || (f.dim % 32 == 0 && f.half > 0 && 2 * f.half <= f.dim && f.heads >= 1), what,
-             ": a fused rope needs dim % 32 == 0 and 0 < 2·half ≤ dim (dim ", f.dim, ", half ", f.half, ")");
-}
-}  // namespace
 LinearInput linear_input(const float* x, int64_t x_stride, int64_t rows, int64_t K, bool quantize, float* xq,
                          float* xs, cudaStream_t s, int groups, const FusedRope& rope) {
   DSUF_CHECK(K % 32 == 0 && groups >= 1, "linear_input: K = ", K, ", groups = ", groups);
@@ -2998,10 +3037,24 @@ bool pv_tiles() {
   static const bool tiles = env_picks("DSUF_PV", "cp", "tiles");
   return tiles;
 }
-void attention(const AttentionArgs& a, cudaStream_t s) {
+LinearInput attention(const AttentionArgs& a, cudaStream_t s) {
   const FusedRope& qr = a.q_rope;
   DSUF_CHECK(!qr.cs || (qr.dim == a.hd && qr.heads == a.H && qr.half > 0 && 2 * qr.half <= qr.dim),
              "attention: the queries' rope must cover H = ", a.H, " heads of ", a.hd, " dims");
+  const int64_t ho = int64_t(a.H) * a.hd;
+  DSUF_CHECK(!a.o_sink.xq || (a.o_group > 0 && a.o_group % 32 == 0 && ho % a.o_group == 0),
+             "attention: output groups of ", a.o_group, " values for ", ho, " outputs a row");
+  // k_attention_pv lays out the output itself when its warps hold whole 32-blocks of it.
+  const bool emit = a.o_sink.xq && !pv_tiles() && a.hd % kPvDims == 0 && a.H % kPvHeads == 0;
+  auto layout = [&] {
+    if (!a.o_sink.xq) return LinearInput{};
+    if (!emit)
+      return linear_input(a.out, ho, a.rows, a.o_group, a.o_sink.quantize, a.o_sink.xq, a.o_sink.xs, s,
+                          int(ho / a.o_group), a.o_rope);
+    const int64_t kp = interleaved_k(a.o_group), groups = ho / a.o_group;
+    return LinearInput{a.o_sink.xq, groups * kp, kp, a.o_sink.quantize ? a.o_sink.xs : nullptr,
+                       groups * (a.o_group / 32)};
+  };
   k_gather_keys<<<dim3(a.rows, a.W + (a.sel ? a.sel_stride : 0)), 128, 0, s>>>(a);
   const size_t qk_smem = sizeof(float) * kAttHeadsQK * a.hd;
   set_smem(k_attention_logits, qk_smem);
@@ -3014,13 +3067,16 @@ void attention(const AttentionArgs& a, cudaStream_t s) {
     if (smem + sizeof(float) * kPvTileRows * kPvDims + 1024 > 48 * 1024)
       DSUF_CUDA(cudaFuncSetAttribute(k_attention_pv_tiles, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     k_attention_pv_tiles<<<pv_grid, kPvTileThreads, smem, s>>>(a);
-    return;
+    return layout();
   }
   const int kp = (a.kmax + 3) & ~3, tile = std::min(kp, kPvMaxTile);
   const size_t pv_smem = sizeof(float) * (size_t(kPvHeads) * kp + size_t(tile) * kPvDims);
   DSUF_CHECK(pv_smem <= 200 * 1024, "attention: ", a.kmax, " keys a row need too much shared memory");
   set_smem(k_attention_pv, pv_smem);
-  k_attention_pv<<<pv_grid, kPvThreads, pv_smem, s>>>(a, tile);
+  AttentionArgs pa = a;
+  if (!emit) pa.o_sink = {};
+  k_attention_pv<<<pv_grid, kPvThreads, pv_smem, s>>>(pa, tile);
+  return layout();
 }
 void compress_emit(const CompressArgs& a, cudaStream_t s) {
   if (a.n_jobs <= 0) return;

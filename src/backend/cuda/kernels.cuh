@@ -28,6 +28,18 @@ constexpr int hc_mix_stride(int hc) { return 2 * hc + hc * hc; }
 int64_t hc_mix_part_floats(int rows, int hc);
 void hc_collapse(const float* pre, int pre_stride, const float* X, int n, int hc, int64_t D, float* u, bool r,
                  cudaStream_t s);
+// rope()'s rotation done by another kernel on the way, with rope()'s arithmetic and rounding: rows of
+// `heads` head vectors of `dim` values (dim % 32 == 0), the last 2·half of each rotated by the row's
+// cos/sin in cs (row-major [rows][half][cos,sin]) with sign·sin, rounded as rope() with r. Off when
+// cs is null.
+struct FusedRope {
+  const float* cs = nullptr;
+  int half = 0;
+  int heads = 1;
+  int64_t dim = 0;
+  float sign = 1.0f;
+  bool r = false;
+};
 // Where a producer (collapse_norm, rmsnorm2, swiglu) also writes its output rows laid out for the linears, as
 // linear_input would (one group): the floats xq, the scales xs when quantize. Off when xq is null.
 // With xp set (and quantize) also the byte planes of 512·(E4M3 value) that the FP4 linears read
@@ -55,6 +67,10 @@ struct RmsJob {
   const uint16_t* w;
   float* y;
   InputSink sink = {};  // dim % 32 == 0
+  // fake_quant (dim % 32 == 0): the normalized values then go through fp8_fake_quant(y, rows·dim, r,
+  // s, fq_rope) before they are stored, in the same kernel (the window KV: kv_norm, rope, FP8).
+  bool fake_quant = false;
+  FusedRope fq_rope = {};
 };
 void rmsnorm2(const RmsJob& a, const RmsJob& b, int64_t rows, float eps, bool r, cudaStream_t s);
 // The input rows of the FP8/FP4 linears, laid out by linear_input: per row `stride` floats, per group
@@ -75,18 +91,6 @@ struct LinearInput {
 __host__ __device__ constexpr int64_t interleaved_k(int64_t K) { return (K / 32 + 31) / 32 * 1024; }
 // Bytes of one row of K inputs as byte planes: 3·32 bytes a K-block, K/32 rounded up to 32.
 __host__ __device__ constexpr int64_t interleaved_planes(int64_t K) { return 3 * interleaved_k(K); }
-// rope()'s rotation done by another kernel on the way, with rope()'s arithmetic and rounding: rows of
-// `heads` head vectors of `dim` values (dim % 32 == 0), the last 2·half of each rotated by the row's
-// cos/sin in cs (row-major [rows][half][cos,sin]) with sign·sin, rounded as rope() with r. Off when
-// cs is null.
-struct FusedRope {
-  const float* cs = nullptr;
-  int half = 0;
-  int heads = 1;
-  int64_t dim = 0;
-  float sign = 1.0f;
-  bool r = false;
-};
 // Lays out rows × groups × K inputs of x (row stride x_stride) into xq [rows][groups·interleaved_k(K)]
 // for the linears, quantized (scales into xs [rows][groups·K/32]) when quantize: once, for every
 // linear that reads them. With rope.cs set, each row's values (head vectors of rope.dim from the row's
@@ -202,10 +206,17 @@ struct AttentionArgs {
   int64_t hd;
   bool r;
   FusedRope q_rope = {};  // set: the logits kernel rotates the queries it stages (q itself stays as it is)
+  // Set (o_sink.xq): the output is laid out as the next linear's input instead of written to out,
+  // exactly as linear_input(out, H·hd, rows, o_group, o_sink.quantize, o_sink.xq, o_sink.xs, s,
+  // H·hd / o_group, o_rope) would (wo_a's input: its groups of o_group values, the inverse rope).
+  InputSink o_sink = {};
+  int64_t o_group = 0;
+  FusedRope o_rope = {};
 };
 // Gathers the keys, then the logits, then softmax and P·V: k_attention_pv, or k_attention_pv_tiles with
-// DSUF_PV=tiles (read once; both equal the reference).
-void attention(const AttentionArgs& a, cudaStream_t s);
+// DSUF_PV=tiles (read once; both equal the reference). With o_sink set, returns the layout it wrote
+// (k_attention_pv writes it itself; otherwise a linear_input launch follows), else {}.
+LinearInput attention(const AttentionArgs& a, cudaStream_t s);
 
 struct CompressArgs {
   const float* ag;        // [rows][2·hd] this step's a‖g (FP32)
