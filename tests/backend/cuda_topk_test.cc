@@ -147,6 +147,60 @@ TEST(CudaTopK, MultiBlockEqualsCpu) {
   EXPECT_EQ(bad, 0) << "seed " << seed;
 }
 
+// top_k_mask (the candidate blocks' selection as a mask, no sort) against the mask of the CPU
+// reference's selection: one block a row (no scratch), and the multi-block fallback.
+TEST(CudaTopK, MaskEqualsSelection) {
+  std::mt19937_64 rng(std::random_device{}());
+  const uint64_t seed = rng();
+  rng.seed(seed);
+  std::printf("[topk mask] seed %llu\n", (unsigned long long)seed);
+  int bad = 0;
+  struct Case {
+    std::vector<int64_t> counts;
+    int k, block;
+    bool multi;
+  };
+  // 8K context: 256 block scores of 8, k = 2048 (all taken); 1M: 32,750 blocks; random shapes with
+  // ties, -inf runs and fewer eligible than k.
+  for (const Case& c : {Case{{256, 255, 3, 0}, 2048, 8, false}, Case{{32750, 20000, 700}, 2048, 8, false},
+                        Case{{32750, 20000, 700}, 2048, 8, true}, Case{{5000, 4096, 64, 1}, 61, 4, false},
+                        Case{{60000, 9000}, 64, 16, true}}) {
+    const int rows = int(c.counts.size());
+    const int64_t stride = *std::max_element(c.counts.begin(), c.counts.end()) + 3, mstride = stride + 5;
+    std::vector<float> host(size_t(stride) * rows, -7.0f);
+    std::vector<uint8_t> want(size_t(mstride) * rows, 0);
+    for (int i = 0; i < rows; ++i) {
+      const std::vector<float> row = make_row(rng, c.counts[i], int(rng() % 9), c.k);
+      std::copy(row.begin(), row.end(), host.begin() + int64_t(i) * stride);
+      for (int32_t j : top_k(row, c.k)) want[size_t(i * mstride + j)] = 1;
+    }
+    Buf<float> x(host.size());
+    DSUF_CUDA(cudaMemcpy(x.p, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+    std::vector<cuda::RowMeta> meta(static_cast<size_t>(rows));
+    for (int i = 0; i < rows; ++i) meta[i] = {.pos = c.counts[i] * c.block - 1, .seq = 0, .write = 0};
+    Buf<cuda::RowMeta> dmeta(meta.size());
+    DSUF_CUDA(cudaMemcpy(dmeta.p, meta.data(), meta.size() * sizeof(cuda::RowMeta), cudaMemcpyHostToDevice));
+    const int64_t slots = int64_t(rows) * topk::kMaxGroups * topk::slot_stride(c.k);
+    Buf<float> cv{size_t(slots)};
+    Buf<int32_t> ci{size_t(slots)}, sel{size_t(rows) * c.k};
+    Buf<uint8_t> mask(want.size());
+    DSUF_CUDA(cudaMemset(mask.p, 0xab, want.size()));  // stale bytes: the mask must be rewritten whole
+    cuda::TopkScratch ts{};
+    if (c.multi)
+      ts = {.val = cv.p, .idx = ci.p, .slots = slots,
+            .max_count = *std::max_element(c.counts.begin(), c.counts.end()), .min_chunk = 256};
+    cuda::top_k_mask(x.p, stride, rows, dmeta.p, 1, c.block, c.k, sel.p, mask.p, mstride, nullptr, ts);
+    DSUF_CUDA(cudaGetLastError());
+    std::vector<uint8_t> got(want.size());
+    DSUF_CUDA(cudaMemcpy(got.data(), mask.p, got.size(), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < rows; ++i)
+      if (!std::equal(want.begin() + i * mstride, want.begin() + (i + 1) * mstride, got.begin() + i * mstride) &&
+          ++bad <= 8)
+        ADD_FAILURE() << "row " << i << " count " << c.counts[i] << " k " << c.k << (c.multi ? " multi" : " single");
+  }
+  EXPECT_EQ(bad, 0) << "seed " << seed;
+}
+
 TEST(CudaTopK, Timing) {
   // Not a pass/fail check: µs per top-k launch, single-block vs multi-block, at the 1M-context
   // sizes: k = 512 of 1,048,000 (ratio 1; also candidate-constrained: −inf outside 2048 blocks of
@@ -159,7 +213,8 @@ TEST(CudaTopK, Timing) {
   };
   for (const T c : {T{1048000, 512, 0, 4, "normal"}, T{1048000, 512, 0, 7, "constrained"},
                     T{1048000, 512, 0, 0, "8 values"}, T{524000, 512, 0, 4, "normal"},
-                    T{131000, 2048, 8, 4, "block scores"}}) {
+                    T{131000, 2048, 8, 4, "block scores"}, T{2048, 512, 0, 4, "8K, ratio 4"},
+                    T{256, 2048, 8, 4, "8K blocks"}}) {
     for (const int rows : {1, 4}) {
       std::vector<float> host(size_t(c.count) * rows);
       for (int r = 0; r < rows; ++r) {

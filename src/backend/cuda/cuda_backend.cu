@@ -158,6 +158,10 @@ struct CudaBackend::Impl {
   cudaStream_t mix_side = nullptr;  // the mHC mixes (hc_mix_fork); null: they run on `stream`
   cudaEvent_t mix_ev_fork = nullptr, ev_mix = nullptr;
   bool mix_pending = false;  // a mix on `mix_side` that `stream` has not waited for yet
+  // DSUF_MIX_FORK=late: a site's mix is launched after the site's first linear (wq_a+wkv; the router
+  // and route) instead of right after its collapse, so it overlaps other kernels (docs/perf.md v15).
+  bool mix_late = false;
+  std::function<void()> mix_deferred;  // the site's mix, when late and not launched yet
   std::vector<DevMem> owned;
   std::vector<void*> pinned;
   size_t weight_bytes = 0;
@@ -329,6 +333,9 @@ struct CudaBackend::Impl {
   void hc_mix_fork(const float* fn, const float* base, const float* scale, int n, float* out,
                    const std::function<void(cudaStream_t)>& also = {});
   void hc_mix_join();
+  // Launches the site's mix now (early), or keeps it for run_deferred_mix (late).
+  void fork_mix(std::function<void()> launch);
+  void run_deferred_mix();
 };
 
 bool cuda_available() {
@@ -497,6 +504,11 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   DSUF_CUDA(cudaEventCreateWithFlags(&ev_fork, cudaEventDisableTiming));
   DSUF_CUDA(cudaEventCreateWithFlags(&ev_join, cudaEventDisableTiming));
   if (const char* v = std::getenv("DSUF_OVERLAP")) overlap = std::string(v) != "0";
+  if (const char* v = std::getenv("DSUF_MIX_FORK")) {
+    const std::string m = v;
+    DSUF_CHECK(m == "early" || m == "late", "DSUF_MIX_FORK=", m, ": expected early or late");
+    mix_late = m == "late";
+  }
   if (const char* f = std::getenv("DSUF_HC_FORK"); !f || std::string(f) != "0") {
     DSUF_CUDA(cudaStreamCreate(&mix_side));
     DSUF_CUDA(cudaEventCreateWithFlags(&mix_ev_fork, cudaEventDisableTiming));
@@ -999,9 +1011,9 @@ void CudaBackend::Impl::indexer_branch(int l, const Step& st, const cuda::Linear
                                    bscore_stride, stream);
       cuda::TopkScratch ts = topk_scratch;
       ts.max_count = (st.max_entries / ratio + t.candidate_block_size - 1) / t.candidate_block_size;
-      cuda::top_k(ws.bscores, bscore_stride, n, st.meta, ratio, t.candidate_block_size, t.candidate_topk_blocks,
-                  ws.cand, t.candidate_topk_blocks, stream, ts);
-      cuda::mask_from_selection(ws.cand, t.candidate_topk_blocks, n, ws.cand_mask, mask_stride, stream);
+      // Only the set of candidate blocks matters (the mask), not its order: no sort.
+      cuda::top_k_mask(ws.bscores, bscore_stride, n, st.meta, ratio, t.candidate_block_size, t.candidate_topk_blocks,
+                       ws.cand, ws.cand_mask, mask_stride, stream, ts);
     }
     cuda::TopkScratch ts = topk_scratch;
     ts.max_count = st.max_entries / ratio;
@@ -1028,6 +1040,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   // wq_a and wkv in one launch (same input), then q_norm and kv_norm in one (kv normalized in place).
   cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, xin, n, ws.tmp, qr, r, stream,
                    {.W = d.wkv.w, .Ws = d.wkv.s, .out = hd, .y = ws.kvw, .y_stride = hd});
+  run_deferred_mix();  // DSUF_MIX_FORK=late: the site's mix beside what follows
   const cuda::InputSink qsink{ws.xq[1], ws.xs[1], aq};  // the normalized q latent, laid out for wq_b
   // kv_norm also applies the window KV's rope and FP8 fake quantization (the same arithmetic as rope()
   // then fp8_fake_quant(), one launch fewer); nothing reads ws.kvw before the attention.
@@ -1082,6 +1095,7 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
   cuda::bf16_linear(d.gate, E, D, ws.xn, D, n, ws.router, E, false, stream);
   cuda::route(ws.router, n, E, K, d.bias, d.bias_vl, image, float(t.gate_temp), float(t.routed_scaling_factor),
               ws.ids, ws.rw, stream);
+  run_deferred_mix();  // DSUF_MIX_FORK=late
   // The shared expert on the side stream, beside the routed experts (its own input buffer xq[2]).
   if (part.owns_shared(l)) {
     fork();
@@ -1157,7 +1171,19 @@ void CudaBackend::Impl::hc_mix_fork(const float* fn, const float* base, const fl
     mix_pending = true;
   }
 }
+void CudaBackend::Impl::fork_mix(std::function<void()> launch) {
+  DSUF_CHECK(!mix_deferred, "fork_mix: the previous site's mix was not launched");
+  if (mix_late) mix_deferred = std::move(launch);
+  else launch();
+}
+void CudaBackend::Impl::run_deferred_mix() {
+  if (!mix_deferred) return;
+  std::function<void()> launch = std::move(mix_deferred);
+  mix_deferred = nullptr;
+  launch();
+}
 void CudaBackend::Impl::hc_mix_join() {
+  run_deferred_mix();
   if (!mix_pending) return;
   DSUF_CUDA(cudaStreamWaitEvent(stream, ev_mix, 0));
   mix_pending = false;
@@ -1200,7 +1226,7 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
     const cuda::LinearInput xin = cuda::sink_input(xsink, D);
     cuda::collapse_norm(pre, pre_stride, nullptr, 0, nullptr, ws.X, n, hc, D, d.attn_norm, eps, ws.xn, r, stream,
                         xsink);
-    hc_mix_fork(d.hca_fn, d.hca_base, d.hca_scale, n, ws.mix_a);
+    fork_mix([&] { hc_mix_fork(d.hca_fn, d.hca_base, d.hca_scale, n, ws.mix_a); });
     attention(l, st, xin, ws.y);
     // FFN site: the attention site's expansion, then the collapse with its pre, in one kernel.
     mark(kMhc);
@@ -1210,8 +1236,10 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
     cuda::collapse_norm(ws.mix_a, ms, ws.mix_a, ms, ws.y, ws.X, n, hc, D, d.ffn_norm, eps, ws.xn, r, stream, fsink);
     // With the mix: this step's KV rows into the window ring (read by the next steps' attention; the
     // next writer of ws.kvw, the next layer's wkv, comes after the join).
-    hc_mix_fork(d.hcf_fn, d.hcf_base, d.hcf_scale, n, ws.mix_f, [&](cudaStream_t s) {
-      cuda::pack_window(ws.kvw, n, st.meta, st.seqtab, l, t.head_dim, t.sliding_window, s);
+    fork_mix([&] {
+      hc_mix_fork(d.hcf_fn, d.hcf_base, d.hcf_scale, n, ws.mix_f, [&](cudaStream_t s) {
+        cuda::pack_window(ws.kvw, n, st.meta, st.seqtab, l, t.head_dim, t.sliding_window, s);
+      });
     });
     mark(kMoe);
     moe(l, n, st.image, cuda::sink_input(fsink, D), ws.mix_f);  // ends with the FFN site's expansion

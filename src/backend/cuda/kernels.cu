@@ -2434,6 +2434,17 @@ __global__ void k_top_k_merge(const float* x, int64_t stride, const RowMeta* met
   sort_picks_write(picks, want, out + int64_t(i) * out_stride, out_stride);
 }
 
+// top_k_mask's one-block form: k_top_k's selection, each pick marked in the row's mask (zeroed first).
+__global__ void k_top_k_mask(const float* x, int64_t stride, const RowMeta* meta, int ratio, int block, int k,
+                             uint8_t* mask, int64_t mask_stride) {
+  const int i = blockIdx.x;
+  uint8_t* m = mask + int64_t(i) * mask_stride;
+  for (int64_t b = threadIdx.x; b < mask_stride; b += blockDim.x) m[b] = 0;
+  __syncthreads();  // block_select_256 synchronizes again before its first pick
+  const int64_t count = top_k_count(meta, i, ratio, block);
+  block_select_256(x + int64_t(i) * stride, count, k, [&](int, int64_t j, uint32_t, float) { m[j] = 1; });
+}
+
 __global__ void k_mask_from_selection(const int32_t* sel, int sel_stride, uint8_t* mask, int64_t mask_stride) {
   const int i = blockIdx.x;
   for (int64_t b = threadIdx.x; b < mask_stride; b += blockDim.x) mask[int64_t(i) * mask_stride + b] = 0;
@@ -3123,6 +3134,17 @@ void top_k(const float* x, int64_t stride, int rows, const RowMeta* meta, int ra
 }
 void mask_from_selection(const int32_t* sel, int sel_stride, int n, uint8_t* mask, int64_t mask_stride, cudaStream_t s) {
   k_mask_from_selection<<<n, 128, 0, s>>>(sel, sel_stride, mask, mask_stride);
+}
+void top_k_mask(const float* x, int64_t stride, int rows, const RowMeta* meta, int ratio, int block, int k,
+                int32_t* sel, uint8_t* mask, int64_t mask_stride, cudaStream_t s, const TopkScratch& scratch) {
+  if (rows <= 0) return;
+  const int g = scratch.val ? topk::launch_groups(scratch.max_count, rows, k, scratch.min_chunk, scratch.slots) : 1;
+  if (g < 2) {
+    k_top_k_mask<<<rows, 256, 0, s>>>(x, stride, meta, ratio, block, k, mask, mask_stride);
+    return;
+  }
+  top_k(x, stride, rows, meta, ratio, block, k, sel, k, s, scratch);
+  mask_from_selection(sel, k, rows, mask, mask_stride, s);
 }
 void gather_rows(const float* X, const float* pre, const int32_t* rows, int n, int hc, int64_t D, float* Xo,
                  float* preo, cudaStream_t s) {

@@ -281,6 +281,11 @@ void top_k(const float* x, int64_t stride, int rows, const RowMeta* meta, int ra
            int out_stride, cudaStream_t s, const TopkScratch& scratch = {});
 void mask_from_selection(const int32_t* sel, int sel_stride, int n, uint8_t* mask, int64_t mask_stride,
                          cudaStream_t s);
+// mask_from_selection of top_k's selection, without its order: mask[row][j] = 1 for the selected j,
+// 0 elsewhere in [0, mask_stride). One kernel a row, no sort, when top_k would use one block a row;
+// otherwise top_k into sel (out_stride k) and mask_from_selection.
+void top_k_mask(const float* x, int64_t stride, int rows, const RowMeta* meta, int ratio, int block, int k,
+                int32_t* sel, uint8_t* mask, int64_t mask_stride, cudaStream_t s, const TopkScratch& scratch = {});
 
 // Gathers rows of X and pre (for the head).
 void gather_rows(const float* X, const float* pre, const int32_t* rows, int n, int hc, int64_t D, float* Xo,
