@@ -12,6 +12,10 @@
 #   scripts/kernel-check.sh time     prefill 2048 tokens and batches 1/16/64 at 8K, each $AB setting
 #                                    (space-separated NAME=a|b|... lists, default the FP8 tile and the
 #                                    grouped FP4 kernel) against its alternatives, interleaved
+##   scripts/kernel-check.sh decode   batch 1 at 8K, each $AB setting (default: the decode step's
+#                                    launch-saving knobs) against its alternatives, three rounds
+#                                    interleaved, then the defaults' timeline (bench_decode --timeline,
+#                                    CSV to the log folder)
 #
 # Every result line says its settings. Logs go to $OUT (the device tool's folder) or /tmp.
 set -uo pipefail
@@ -73,8 +77,24 @@ time)
   echo "== defaults: batches 1, 16, 64 at 8K"
   bd --contexts 8192 --batches 1,16,64 --steps 20 --warmup 3 | tail -3
   ;;
+decode)
+  export CUDA_VISIBLE_DEVICES=0
+  bd() { timeout 150 "$B/bench_decode" --engram-vocab 100000 --contexts 8192 --batches 1 "$@" 2>&1 | grep -v '^model:\|^head:'; }
+  for spec in ${AB:-DSUF_ROUTER=fused|split DSUF_EXPAND=fused|split DSUF_PV=cp|tiles}; do
+    var=${spec%%=*}
+    IFS='|' read -r -a vals <<< "${spec#*=}"
+    for rep in 1 2 3; do
+      for v in "${vals[@]}"; do
+        echo "== $var=$v (round $rep): batch 1 at 8K"
+        (export "$var=$v"; bd --steps 30 --warmup 3 | tail -1)
+      done
+    done
+  done
+  echo "== defaults: timeline"
+  bd --steps 10 --warmup 3 --timeline "$L/timeline" | tail -36
+  ;;
 *)
-  echo "usage: scripts/kernel-check.sh verify|time" >&2
+  echo "usage: scripts/kernel-check.sh verify|time|decode" >&2
   exit 2
   ;;
 esac
