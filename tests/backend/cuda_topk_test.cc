@@ -116,11 +116,16 @@ int check_launch(std::mt19937_64& rng, const std::vector<int64_t>& counts, int64
   return bad;
 }
 
+// A fresh seed for a test's random rows, printed so that a failure can be replayed.
+uint64_t fresh_seed(const char* tag) {
+  const uint64_t seed = std::mt19937_64(std::random_device{}())();
+  std::printf("%s seed %llu\n", tag, (unsigned long long)seed);
+  return seed;
+}
+
 TEST(CudaTopK, MultiBlockEqualsCpu) {
-  std::mt19937_64 rng(std::random_device{}());
-  const uint64_t seed = rng();
-  rng.seed(seed);
-  std::printf("[topk] seed %llu\n", (unsigned long long)seed);
+  const uint64_t seed = fresh_seed("[topk]");
+  std::mt19937_64 rng(seed);
   int bad = 0;
   // The real sizes at 1M context: rows of 1,048,000 (ratio 1) and 524,000 (ratio 2) entries, k =
   // 512, with shorter rows in the same launch; stride ≡ 1 mod 4 (rows after the first unaligned,
@@ -150,10 +155,8 @@ TEST(CudaTopK, MultiBlockEqualsCpu) {
 // top_k_mask (the candidate blocks' selection as a mask, no sort) against the mask of the CPU
 // reference's selection: one block a row (no scratch), and the multi-block fallback.
 TEST(CudaTopK, MaskEqualsSelection) {
-  std::mt19937_64 rng(std::random_device{}());
-  const uint64_t seed = rng();
-  rng.seed(seed);
-  std::printf("[topk mask] seed %llu\n", (unsigned long long)seed);
+  const uint64_t seed = fresh_seed("[topk mask]");
+  std::mt19937_64 rng(seed);
   int bad = 0;
   struct Case {
     std::vector<int64_t> counts;
