@@ -7,7 +7,9 @@
 #                                    through the tiled kernels (DSUF_FP8_GEMM_ROWS=1, DSUF_MOE_GROUP_ROWS=1,
 #                                    DSUF_FP4_MMA_ROWS=0) side by side on two GPUs (one after the other
 #                                    on one), plus each extra setting in $EXTRA (e.g.
-#                                    EXTRA="DSUF_FP8_GEMM_TILE=64x64"), forced too; engine_cuda_tests;
+#                                    EXTRA="DSUF_FP8_GEMM_TILE=64x64"), forced too, and each setting in
+#                                    $PLAIN with the defaults otherwise (the decode path's knobs, which
+#                                    the forced tiled kernels would bypass); engine_cuda_tests;
 #                                    cuda_tp_tests forced (needs 2 GPUs for its TP=2 cases)
 #   scripts/kernel-check.sh time     prefill 2048 tokens and batches 1/16/64 at 8K, each $AB setting
 #                                    (space-separated NAME=a|b|... lists, default the FP8 tile and the
@@ -44,6 +46,7 @@ case "${1:-verify}" in
 verify)
   runs=("default|" "forced|$FORCED")
   for x in ${EXTRA:-}; do runs+=("forced_${x//[^A-Za-z0-9]/_}|$FORCED $x"); done
+  for x in ${PLAIN:-}; do runs+=("plain_${x//[^A-Za-z0-9]/_}|$x"); done
   i=0
   for run in "${runs[@]}"; do
     name=${run%%|*}
