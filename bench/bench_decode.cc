@@ -24,7 +24,8 @@
 // (Engram tables, each rank's weights, in seconds) goes to stderr.
 // --timeline PREFIX: after each batch's timed steps, 3 more steps under CUPTI (bench/kernel_timeline.h):
 // every kernel's and copy's GPU timestamps, the middle step's span split into the kernels' shares and
-// the gaps in which nothing runs (table), all records to PREFIX-<context>-<batch>.csv.
+// the gaps in which nothing runs (table), the middle layer's chain of kernels (start, duration,
+// stream), all records to PREFIX-<context>-<batch>.csv.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -402,8 +403,15 @@ int main(int argc, char** argv) {
           dsuf::bench::write_csv(path, tsteps);
           std::printf("    timeline of %zu steps (CUPTI, graph replays; records in %s), the middle one:\n",
                       tsteps.size(), path.c_str());
-          if (!tsteps.empty())
-            dsuf::bench::print_summary(stdout, dsuf::bench::summarize(tsteps[tsteps.size() / 2]), 30);
+          if (!tsteps.empty()) {
+            const auto& mid = tsteps[tsteps.size() / 2];
+            dsuf::bench::print_summary(stdout, dsuf::bench::summarize(mid), 30);
+            // One layer's chain: from its attention site's collapse to the next layer's (two
+            // collapses a layer; the middle layer).
+            const int layer = cfg.text.num_hidden_layers / 2;
+            std::printf("    layer %d, in the middle step, from its attention site's collapse:\n", layer);
+            dsuf::bench::print_chain(stdout, mid, "k_collapse_norm", 2 * layer, 2);
+          }
           std::fflush(stdout);
         }
         if (components) {

@@ -135,6 +135,27 @@ void print_summary(std::FILE* f, const TimelineSummary& s, int top) {
                  s.span_us > 0 ? 100.0 * (rest.share_us + rest.gap_us) / s.span_us : 0.0);
 }
 
+void print_chain(std::FILE* f, const std::vector<TimelineRecord>& step, const std::string& marker, int first,
+                 int count) {
+  std::vector<const TimelineRecord*> sorted;
+  for (const TimelineRecord& r : step) sorted.push_back(&r);
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [](const TimelineRecord* a, const TimelineRecord* b) { return a->start < b->start; });
+  std::vector<size_t> at;  // indices of the markers
+  for (size_t i = 0; i < sorted.size(); ++i)
+    if (sorted[i]->name.rfind(marker, 0) == 0) at.push_back(i);
+  if (first < 0 || count <= 0 || at.size() < size_t(first) + 1) return;
+  const size_t lo = at[size_t(first)];
+  const size_t hi = size_t(first + count) < at.size() ? at[size_t(first + count)] : sorted.size();
+  const uint64_t t0 = sorted[lo]->start;
+  std::fprintf(f, "    %10s %9s %7s  %s\n", "start µs", "µs", "stream", "kernel");
+  for (size_t i = lo; i < hi; ++i) {
+    const TimelineRecord& r = *sorted[i];
+    std::fprintf(f, "    %10.1f %9.1f %7u  %s\n", double(r.start - t0) / 1e3, double(r.end - r.start) / 1e3, r.stream,
+                 r.name.c_str());
+  }
+}
+
 void write_csv(const std::string& path, const std::vector<std::vector<TimelineRecord>>& steps) {
   std::ofstream o(path);
   DSUF_CHECK(bool(o), "timeline: cannot write ", path);

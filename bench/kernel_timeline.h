@@ -52,6 +52,12 @@ TimelineSummary summarize(const std::vector<TimelineRecord>& step);
 // The summary as a table (the `top` largest entries, the rest as one line) and the records as CSV
 // (name, stream, start and end in µs from the step's first start).
 void print_summary(std::FILE* f, const TimelineSummary& s, int top);
+// The records of a step from the `first`-th record whose name starts with `marker` (counting from 0,
+// in start order) up to, not including, the (first + count)-th: start offset from that first
+// record, duration, stream, name, one line each (a layer's chain of kernels, e.g. marker
+// "k_collapse_norm", two occurrences a layer). Prints nothing when the step has too few markers.
+void print_chain(std::FILE* f, const std::vector<TimelineRecord>& step, const std::string& marker, int first,
+                 int count);
 void write_csv(const std::string& path, const std::vector<std::vector<TimelineRecord>>& steps);
 
 // CUPTI capture of kernels, copies and memsets between start() and stop(). available() is false

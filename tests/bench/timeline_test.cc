@@ -93,6 +93,28 @@ TEST(Timeline, ZeroLengthAndNestedRecords) {
   EXPECT_THROW(summarize({rec("bad", 10, 5)}), std::exception);
 }
 
+TEST(Timeline, PrintsAChainBetweenMarkers) {
+  const std::vector<TimelineRecord> step = {rec("k_b", 5'000, 6'000),    rec("k_mark<4>", 1'000, 2'000),
+                                            rec("k_c", 8'000, 9'500, 3), rec("k_mark<4>", 7'000, 7'500),
+                                            rec("k_d", 10'000, 11'000),  rec("k_mark<4>", 12'000, 12'100)};
+  char buf[2048] = {};
+  std::FILE* f = fmemopen(buf, sizeof buf, "w");
+  ASSERT_NE(f, nullptr);
+  print_chain(f, step, "k_mark", 1, 1);  // from the second marker up to the third
+  std::fclose(f);
+  const std::string out = buf;
+  EXPECT_NE(out.find("       0.0       0.5       7  k_mark<4>"), std::string::npos) << out;
+  EXPECT_NE(out.find("       1.0       1.5       3  k_c"), std::string::npos) << out;
+  EXPECT_NE(out.find("       3.0       1.0       7  k_d"), std::string::npos) << out;
+  EXPECT_EQ(out.find("k_b"), std::string::npos) << out;
+  EXPECT_EQ(out.find("12.1"), std::string::npos) << out;  // the third marker is not printed
+  char none[256] = {};
+  f = fmemopen(none, sizeof none, "w");
+  print_chain(f, step, "k_mark", 5, 1);  // too few markers: nothing
+  std::fclose(f);
+  EXPECT_STREQ(none, "");
+}
+
 TEST(Timeline, PrintsAndWritesTheRecords) {
   const std::vector<std::vector<TimelineRecord>> steps = {{rec("k<1>", 1'000, 3'000), rec("m \"q\"", 3'500, 4'000)}};
   const TimelineSummary s = summarize(steps[0]);
