@@ -83,7 +83,7 @@ time)
 decode)
   export CUDA_VISIBLE_DEVICES=0
   bd() { timeout 150 "$B/bench_decode" --engram-vocab 100000 --contexts 8192 --batches 1 "$@" 2>&1 | grep -v '^model:\|^head:'; }
-  for spec in ${AB:-DSUF_GEMV_STREAM=off|fp8|fp4|all DSUF_ROUTER=fused|split DSUF_EXPAND=fused|split DSUF_PV=cp|tiles DSUF_ATT_SPLIT=40|20|10}; do
+  for spec in ${AB:-DSUF_GEMV_STREAM=off|fp8|fp4|all DSUF_ROUTER=fused|split DSUF_EXPAND=fused|split DSUF_PV=cp|tiles DSUF_ATT_SPLIT=40|20|10 DSUF_FP4_OPW=4|2}; do
     var=${spec%%=*}
     IFS='|' read -r -a vals <<< "${spec#*=}"
     for rep in 1 2 3; do
