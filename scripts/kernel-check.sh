@@ -15,9 +15,10 @@
 #                                    (space-separated NAME=a|b|... lists, default the FP8 tile and the
 #                                    grouped FP4 kernel) against its alternatives, interleaved
 ##   scripts/kernel-check.sh decode   batch 1 at 8K, each $AB setting (default: the decode step's
-#                                    launch-saving knobs) against its alternatives, three rounds
-#                                    interleaved, then the defaults' timeline (bench_decode --timeline,
-#                                    CSV to the log folder)
+#                                    knobs) against its alternatives, $ROUNDS (3) rounds interleaved,
+#                                    then the defaults' timeline (bench_decode --timeline, CSV to the
+#                                    log folder). ~12 s a run: the default list (15 values × 3 rounds)
+#                                    needs ~9 minutes, so split $AB over two device calls
 #
 # Every result line says its settings. Logs go to $OUT (the device tool's folder) or /tmp.
 set -uo pipefail
@@ -86,7 +87,7 @@ decode)
   for spec in ${AB:-DSUF_GEMV_STREAM=off|fp8|fp4|all DSUF_ROUTER=fused|split DSUF_EXPAND=fused|split DSUF_PV=cp|tiles DSUF_ATT_SPLIT=40|20|10 DSUF_FP4_OPW=4|2}; do
     var=${spec%%=*}
     IFS='|' read -r -a vals <<< "${spec#*=}"
-    for rep in 1 2 3; do
+    for rep in $(seq "${ROUNDS:-3}"); do
       for v in "${vals[@]}"; do
         echo "== $var=$v (round $rep): batch 1 at 8K"
         (export "$var=$v"; bd --steps 30 --warmup 3 | tail -1)
