@@ -5,12 +5,12 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
-#include <functional>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 
 #include "backend/cuda/check.h"
