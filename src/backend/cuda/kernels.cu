@@ -169,6 +169,12 @@ __device__ __forceinline__ float fp8_block_scale(float v) {
   return pow2_ceil(fmaxf(warp_max(fabsf(v)), 1e-4f) / 448.0f);
 }
 __device__ __forceinline__ uint8_t fp8_code(float v, float s) { return e4m3_code(fminf(fmaxf(v / s, -448.0f), 448.0f)); }
+// A value through the reference's per-32 FP8 fake quantization (E4M3 code at the block's scale, back
+// to FP32, rounded as r). The whole warp must call it (the scale is a warp max).
+__device__ __forceinline__ float fp8_fake_quant_lane(float v, bool r) {
+  const float s = fp8_block_scale(v);
+  return rb(e4m3_val(fp8_code(v, s)) * s, r);
+}
 
 constexpr float kXStage = 0x1p64f;  // quantized inputs stored as x·2^64
 
@@ -612,8 +618,7 @@ __global__ void __launch_bounds__(256) k_rmsnorm(RmsJob a, RmsJob b, float eps, 
   auto store = [&](int64_t j, float v) {
     if (jb.fake_quant) {
       if (jb.fq_rope.cs) v = rope_lane(v, rope_pair(jb.fq_rope, blockIdx.x, j % jb.fq_rope.dim), lane, jb.fq_rope.r);
-      const float s = fp8_block_scale(v);
-      v = rb(e4m3_val(fp8_code(v, s)) * s, r);
+      v = fp8_fake_quant_lane(v, r);
     }
     yr[j] = v;
     if (jb.sink.xq) emit_input(jb.sink, dim, blockIdx.x, int(j / 32), lane, v);
@@ -1600,8 +1605,7 @@ __global__ void k_fp8_fake_quant(float* x, int64_t blocks, bool r, FusedRope rop
   const int64_t e = b * 32 + lane;
   float v = x[e];
   if (rope.cs) v = rope_lane(v, rope_pair(rope, e / (rope.heads * rope.dim), e % rope.dim), lane, rope.r);
-  const float s = fp8_block_scale(v);
-  x[e] = rb(e4m3_val(fp8_code(v, s)) * s, r);
+  x[e] = fp8_fake_quant_lane(v, r);
 }
 
 __device__ __forceinline__ uint8_t* ring_of(const SeqMeta& sq, int layer, int W, int64_t hd) {
