@@ -1390,6 +1390,174 @@ __global__ void __launch_bounds__(32 * kMmaMaxRounds) k_fp4_mma(const uint8_t* c
   }
 }
 
+// The quantized FP4 linear by integer MMAs with the weights staged through shared memory
+// (DSUF_FP4=imma; opt-in until measured): a block of kImmaWarps warps, a warp per 16 output rows
+// over the whole K. Each warp streams its rows through a ring of kImmaStages stages in shared
+// memory by cp.async (a stage: 2 K-blocks × 16 rows × 16 bytes, one 16-byte copy a lane, 7 stages
+// in flight) and reads a stage back with one ldmatrix.x4, which hands lane (g, q) word q of rows g
+// and g+8 of both K-blocks — the A fragment layout of k_fp4_mma (det::fp4_mma_a). The block stages
+// the input row's byte planes once (plane 2 as hi + 4, a fourth plane of ones), so B is one 8-byte
+// shared load. The stage's two K-blocks share one accumulator: the first K-block's planes in B's
+// columns 0-3 and the second's in columns 4-7 (each MMA pair sees zeros in the other half), so the
+// quad's lanes q = 0, 1 hold the first K-block's column sums and q = 2, 3 the second's, and one
+// shuffle gives each lane one exact block sum S (det::fp4_mma_isum's algebra): lane (g, q) row
+// g + 8·(q mod 2), K-block 2·stage + q / 2. Then k_fp4_gemv's arithmetic on S, c = part(S)·(s_a·s_w),
+// added in order into the lane's class accumulator — lane parity h = q / 2 holds the classes
+// kb ≡ 2s + h (mod 32), s = 0..15, so the K loop is unrolled by 32 K-blocks — and warp_sum's xor
+// tree over the 32 classes done in registers (the 16 + 8 + 4 + 2 levels inside a lane, the last
+// across lanes q and q ^ 2): the same operations in the same order as lane l adding K-blocks
+// l, l+32, … and warp_sum, so the same bits.
+constexpr int kImmaMaxNb = 256;
+__device__ uint32_t kImmaTables[4] = {0x06040200u, 0x18100C08u, 0xFDFEFF00u, 0xF4F8FAFCu};  // det::Fp4Tables
+size_t imma_smem(int64_t nb, int stages, int warps) {
+  return size_t(warps) * stages * 512 + size_t(nb) * (128 + 4) + size_t(warps) * 16 * nb;
+}
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void cp_async16_to(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async4_to(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+template <int kImmaStages, int kImmaWarps>
+__global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(const uint8_t* const* W, const uint8_t* const* Ws,
+                                                                 const int32_t* ids, int64_t out, int64_t K,
+                                                                 const float* __restrict__ xs, int64_t xs_stride,
+                                                                 const uint8_t* __restrict__ xp, int64_t xp_stride,
+                                                                 int x_div, float* y, bool r, Fp4Pair pair) {
+  extern __shared__ __align__(16) uint8_t imma_sm[];
+  const int nb = int(K / 32), nst = (nb + 1) / 2;  // K-blocks; stages of two
+  const int row = blockIdx.y;
+  if (blockIdx.z == 1) W = pair.W, Ws = pair.Ws, y = pair.y;
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const int64_t o0 = (int64_t(blockIdx.x) * kImmaWarps + w) * 16;
+  const int64_t row_bytes = K / 2;
+  uint8_t* sB = imma_sm + kImmaWarps * kImmaStages * 512;  // [kb][plane lo, mid, hi + 4, ones][32 bytes]
+  float* ssa = reinterpret_cast<float*>(sB + nb * 128);    // [kb]: the input scales
+  uint8_t* codes = reinterpret_cast<uint8_t*>(ssa + nb) + w * 16 * nb;  // [row][kb]: the weight scale codes
+  pdl_trigger();
+  pdl_wait();  // the expert ids come from this step's router
+  const int e = ids ? ids[row] : 0;
+  const uint8_t* We = W[e];
+  const uint8_t* Se = Ws[e];
+  xs += int64_t(row / x_div) * xs_stride, xp += int64_t(row / x_div) * xp_stride;
+  const bool active = o0 < out;  // warp-uniform; an idle warp still stages inputs and meets the barrier
+  auto clamp = [&](int64_t o) { return o < out ? o : out - 1; };  // a tail repeats the last row
+  // Copy role: row lane % 16, K-block 2·stage + lane / 16; the same offset is its ldmatrix address.
+  const uint8_t* wsrc = We + clamp(o0 + lane % 16) * row_bytes + (lane / 16) * 16;
+  const uint32_t slot0 = smem_u32(imma_sm + w * (kImmaStages * 512) + (lane / 16) * 256 + (lane % 16) * 16);
+  // This lane's copies: stages st < my_nst hold its K-block 2·st + lane / 16.
+  const int my_nst = active ? (nb + 1 - lane / 16) / 2 : 0;
+  auto issue = [&](int st, int slot) {  // every lane commits a group per stage, empty or not: the counts agree
+    if (st < my_nst) cp_async16_to(slot0 + slot * 512, wsrc + int64_t(st) * 32);
+    cp_async_commit();
+  };
+  // The input planes, scales and the 16 rows' scale codes: one group, before the ring's stages.
+  for (int i = threadIdx.x; i < nb * 6; i += blockDim.x)  // 16-byte piece j = i % 6: plane j / 2, half j % 2
+    cp_async16_to(smem_u32(sB + (i / 6) * 128 + (i % 6) * 16), xp + ppos16(i / 6, i % 6) * 16);
+  for (int i = threadIdx.x; i < nb * 2; i += blockDim.x)  // plane 3: ones
+    *reinterpret_cast<uint4*>(sB + (i / 2) * 128 + 96 + (i % 2) * 16) =
+        make_uint4(0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u);
+  for (int i = threadIdx.x; i < nb; i += blockDim.x) cp_async4_to(smem_u32(ssa + i), xs + i);
+  if (active) {
+    if ((reinterpret_cast<uintptr_t>(Se) & 3) == 0) {
+      const int n4 = nb / 4;
+      for (int i = lane; i < 16 * n4; i += 32) {
+        const int rr = i / n4, c4 = i % n4;
+        cp_async4_to(smem_u32(codes + rr * nb + 4 * c4), Se + clamp(o0 + rr) * nb + 4 * c4);
+      }
+    } else {
+      for (int i = lane; i < 16 * nb; i += 32) codes[i] = __ldg(Se + clamp(o0 + i / nb) * nb + i % nb);
+    }
+  }
+  cp_async_commit();
+#pragma unroll
+  for (int st = 0; st < kImmaStages - 1; ++st) issue(st, st);
+  cp_async_wait_group<kImmaStages - 1>();  // the first group
+  __syncthreads();
+  for (int i = threadIdx.x; i < nb * 2; i += blockDim.x) {  // plane 2 → hi + 4, in place
+    uint4* p = reinterpret_cast<uint4*>(sB + (i / 2) * 128 + 64 + (i % 2) * 16);
+    const uint4 v = *p;
+    *p = make_uint4(det::fp4_mma_hi4(v.x), det::fp4_mma_hi4(v.y), det::fp4_mma_hi4(v.z), det::fp4_mma_hi4(v.w));
+  }
+  __syncthreads();
+  if (!active) {
+    cp_async_wait_group<0>();
+    return;
+  }
+  const int h = q / 2, odd = q % 2, my_row = g + 8 * odd;
+  // t = lo + 2^8·mid (even q) or 2^16·(hi4 − 4·ones) (odd q), modulo 2^32 (det::fp4_mma_isum).
+  const uint32_t f0 = odd ? 65536u : 1u, f1 = odd ? uint32_t(-262144) : 256u;
+  const bool low_cols = g < 4;  // B column g: plane g mod 4 of the stage's K-block g / 4
+  // The permute tables as loaded values: as immediates the compiler rebuilt them before every prmt.
+  det::Fp4Tables tab;
+  tab.pos_lo = __ldg(kImmaTables + 0), tab.pos_hi = __ldg(kImmaTables + 1);
+  tab.neg_lo = __ldg(kImmaTables + 2), tab.neg_hi = __ldg(kImmaTables + 3);
+  float acc[16];
+#pragma unroll
+  for (int s = 0; s < 16; ++s) acc[s] = 0.0f;
+  // 16 stages = 32 K-blocks a chunk, so that lane parity h's class 2s + h is acc[s]; kTail: the last,
+  // partial chunk (its stages and K-blocks checked).
+  auto chunk = [&](int base, auto tail) {
+    constexpr bool kTail = decltype(tail)::value;
+    const uint8_t* bsrc = sB + (g / 4) * 128 + (g % 4) * 32 + q * 8 + base * 256;
+    const uint8_t* mycodes = codes + my_row * nb + 2 * base + h;
+    const float* mysa = ssa + 2 * base + h;
+#pragma unroll
+    for (int s = 0; s < 16; ++s) {
+      const int st = base + s;
+      if (kTail && st >= nst) break;
+      cp_async_wait_group<kImmaStages - 2>();  // this lane's copies of stage st have landed
+      __syncwarp();                              // and every lane's; stage st − 1's slot is read
+      issue(st + kImmaStages - 1, (s + kImmaStages - 1) % kImmaStages);
+      uint32_t wr[4];
+      ldmatrix_x4(wr, slot0 + (s % kImmaStages) * 512);  // base is a multiple of kImmaStages
+      const uint2 bv = *reinterpret_cast<const uint2*>(bsrc + s * 256);
+      const uint32_t b0 = low_cols ? bv.x : 0u, b1 = low_cols ? bv.y : 0u;
+      const uint32_t c0 = low_cols ? 0u : bv.x, c1 = low_cols ? 0u : bv.y;
+      det::Fp4MmaA a0, a1;
+      det::fp4_mma_a(wr[0], wr[1], a0, tab);
+      det::fp4_mma_a(wr[2], wr[3], a1, tab);
+      int32_t d[4] = {0, 0, 0, 0};
+      mma_s8u8(d, a0.pos, b0, b1);
+      mma_s8u8(d, a0.neg, b0, b1);
+      mma_s8u8(d, a1.pos, c0, c1);
+      mma_s8u8(d, a1.neg, c0, c1);
+      const uint32_t tg = uint32_t(d[0]) * f0 + uint32_t(d[1]) * f1;
+      const uint32_t tg8 = uint32_t(d[2]) * f0 + uint32_t(d[3]) * f1;
+      const int32_t S = int32_t((odd ? tg8 : tg) + __shfl_xor_sync(0xffffffffu, odd ? tg : tg8, 1));
+      // An odd nb's last stage has no second K-block: read in range, add nothing.
+      const int off = kTail && 2 * st + h >= nb ? 2 * s - 1 : 2 * s;
+      const float c = det::fp4_act_block_part(S) * (mysa[off] * e8m0(mycodes[off]));
+      if (!kTail || 2 * st + h < nb) acc[s] = acc[s] + c;
+    }
+  };
+  int base = 0;
+  for (; base + 16 <= nb / 2; base += 16) chunk(base, std::false_type{});
+  if (base < nst) chunk(base, std::true_type{});
+  // warp_sum's tree: level 16 pairs classes 2s + h and 2s + h + 16 (acc[s], acc[s + 8]), 8 and 4
+  // likewise inside the lane, 2 pairs s = 0 and 1, and 1 pairs the two parities (lanes q, q ^ 2).
+  float a8[8], b4[4];
+#pragma unroll
+  for (int s = 0; s < 8; ++s) a8[s] = acc[s] + acc[s + 8];
+#pragma unroll
+  for (int s = 0; s < 4; ++s) b4[s] = a8[s] + a8[s + 4];
+  const float dd = (b4[0] + b4[2]) + (b4[1] + b4[3]);
+  const float v = dd + __shfl_xor_sync(0xffffffffu, dd, 2);
+  if (h == 0 && o0 + my_row < out) y[int64_t(row) * out + o0 + my_row] = rb(v, r);
+}
+
 // Grouped FP4 experts by integer MMAs, for the prefill (DSUF_FP4_ROWS=mma, the default for grouped
 // rows with byte planes): a block of kMmaRowWarps warps takes 16 output rows a warp and one group of
 // up to 8 input rows of one expert. Per K-block a warp builds A from the 16 rows' weights once, as
@@ -2911,10 +3079,19 @@ bool env_picks(const char* name, const std::string& dflt, const std::string& alt
   if (m != dflt && m != alt) fail(name, "=", m, ": expected ", dflt, " or ", alt);
   return m == alt;
 }
-// DSUF_FP4=dp4a|mma picks the quantized FP4 linear's kernel (k_fp4_gemv, the default, or k_fp4_mma).
-bool fp4_mma() {
-  static const bool on = env_picks("DSUF_FP4", "dp4a", "mma");
-  return on;
+// DSUF_FP4=dp4a|mma|imma picks the quantized FP4 linear's kernel: k_fp4_gemv (the default), k_fp4_mma
+// or k_fp4_imma.
+enum Fp4Kernel { kFp4Dp4a = 0, kFp4Mma = 1, kFp4Imma = 2 };
+int fp4_kernel() {
+  static const int k = [] {
+    const char* v = std::getenv("DSUF_FP4");
+    const std::string m = v ? v : "dp4a";
+    if (m == "dp4a") return int(kFp4Dp4a);
+    if (m == "mma") return int(kFp4Mma);
+    if (m == "imma") return int(kFp4Imma);
+    fail("DSUF_FP4=", m, ": expected dp4a, mma or imma");
+  }();
+  return k;
 }
 // Whether the grouped FP4 linear of `rows` routed rows over `experts` runs as k_fp4_mma_rows (the
 // rest: k_fp4_gemv_rows): from DSUF_FP4_MMA_ROWS routed rows per expert on average (default 16; 0:
@@ -2930,8 +3107,32 @@ bool fp4_rows_mma(int64_t rows, int64_t experts) {
 }
 template <bool kExact>
 void launch_fp4_opw(const Fp4Call& c) {
-  const int64_t rounds = (c.K / 32 + 31) / 32;
-  if (kExact && fp4_mma() && c.in.planes && rounds <= kMmaMaxRounds) {
+  const int64_t rounds = (c.K / 32 + 31) / 32, nb = c.K / 32;
+  if (kExact && fp4_kernel() == kFp4Imma && c.in.planes && nb % 4 == 0 && nb <= kImmaMaxNb) {
+    // DSUF_IMMA=stages,warps: the ring's depth (stages of 2 K-blocks) and the warps a block.
+    using Kernel = decltype(&k_fp4_imma<16, 8>);
+    struct Shape {
+      Kernel k;
+      int stages, warps;
+    };
+    static const Shape shape = [] {
+      const char* v = std::getenv("DSUF_IMMA");
+      const std::string m = v ? v : "8,8";
+      Shape sh{};
+      if (m == "8,4") sh = {k_fp4_imma<8, 4>, 8, 4};
+      else if (m == "16,4") sh = {k_fp4_imma<16, 4>, 16, 4};
+      else if (m == "8,8") sh = {k_fp4_imma<8, 8>, 8, 8};
+      else if (m == "16,8") sh = {k_fp4_imma<16, 8>, 16, 8};
+      else fail("DSUF_IMMA=", m, ": expected 8,4, 16,4, 8,8 or 16,8");
+      set_smem(sh.k, imma_smem(kImmaMaxNb, sh.stages, sh.warps));
+      return sh;
+    }();
+    launch_pdl(shape.k, dim3(blocks_for(c.out, 16 * shape.warps), int(c.rows), c.pair.W ? 2 : 1),
+               dim3(32 * shape.warps), imma_smem(nb, shape.stages, shape.warps), c.s, c.W, c.Ws, c.ids, c.out, c.K,
+               c.in.scale, c.in.scale_stride, c.in.planes, c.in.plane_stride, c.x_div, c.y, c.r, c.pair);
+    return;
+  }
+  if (kExact && fp4_kernel() == kFp4Mma && c.in.planes && rounds <= kMmaMaxRounds) {
     launch_pdl(k_fp4_mma, dim3(blocks_for(c.out, 16), int(c.rows), c.pair.W ? 2 : 1), dim3(32 * rounds), 0,
                c.s, c.W, c.Ws, c.ids, c.out, c.K, c.in.scale, c.in.scale_stride, c.in.planes, c.in.plane_stride,
                c.x_div, c.y, c.r, c.pair);
