@@ -1665,7 +1665,18 @@ __global__ void k_gather_keys(AttentionArgs a) {
 // softmax and P·V (below). Logit blocks: grid.z splits a row's keys, 40 ways at batch 1 (about two
 // keys a warp at 640 keys), fewer for more rows, since every block stages its heads' queries.
 constexpr int kAttHeadsQK = 8, kAttLoads = 16;
-int attention_key_split(int rows) { return std::max(4, 40 / std::max(1, rows)); }
+// DSUF_ATT_SPLIT=N sets the batch-1 split (a measuring aid: each logit is computed the same way
+// whichever warp takes its key; default 40). Every block stages its 8 heads' queries and scans the
+// row's selection, so fewer splits amortize that over more keys.
+int attention_key_split(int rows) {
+  static const int split1 = [] {
+    const char* v = std::getenv("DSUF_ATT_SPLIT");
+    const int n = v ? std::atoi(v) : 40;
+    DSUF_CHECK(n >= 1 && n <= 1024, "DSUF_ATT_SPLIT=", v ? v : "", ": expected 1..1024");
+    return n;
+  }();
+  return std::max(4, split1 / std::max(1, rows));
+}
 
 __device__ __forceinline__ int attention_keys(const AttentionArgs& a, int i, int* first_free) {
   // The row's keys: its window, then the selection up to its first -1 (found in parallel).
