@@ -1665,9 +1665,9 @@ __global__ void k_gather_keys(AttentionArgs a) {
 // softmax and P·V (below). Logit blocks: grid.z splits a row's keys, 40 ways at batch 1 (about two
 // keys a warp at 640 keys), fewer for more rows, since every block stages its heads' queries.
 constexpr int kAttHeadsQK = 8, kAttLoads = 16;
-// DSUF_ATT_SPLIT=N sets the batch-1 split (a measuring aid: each logit is computed the same way
-// whichever warp takes its key; default 40). Every block stages its 8 heads' queries and scans the
-// row's selection, so fewer splits amortize that over more keys.
+// DSUF_ATT_SPLIT=N sets the split at batch 1 and N / rows (at least 4) beyond (a measuring aid: each
+// logit is computed the same way whichever warp takes its key; default 40). Every block stages its
+// 8 heads' queries and scans the row's selection, so fewer splits amortize that over more keys.
 int attention_key_split(int rows) {
   static const int split1 = [] {
     const char* v = std::getenv("DSUF_ATT_SPLIT");
