@@ -1837,7 +1837,18 @@ __global__ void k_gather_keys(AttentionArgs a) {
 // softmax and P·V (below). Logit blocks: grid.z splits a row's keys, 40 ways at batch 1 (about two
 // keys a warp at 640 keys), fewer for more rows, since every block stages its heads' queries.
 constexpr int kAttHeadsQK = 8, kAttLoads = 16;
-int attention_key_split(int rows) { return std::max(4, 40 / std::max(1, rows)); }
+// DSUF_ATT_SPLIT=N sets the split at batch 1 and N / rows (at least 4) beyond (a measuring aid: each
+// logit is computed the same way whichever warp takes its key; default 40). Every block stages its
+// 8 heads' queries and scans the row's selection, so fewer splits amortize that over more keys.
+int attention_key_split(int rows) {
+  static const int split1 = [] {
+    const char* v = std::getenv("DSUF_ATT_SPLIT");
+    const int n = v ? std::atoi(v) : 40;
+    DSUF_CHECK(n >= 1 && n <= 1024, "DSUF_ATT_SPLIT=", v ? v : "", ": expected 1..1024");
+    return n;
+  }();
+  return std::max(4, split1 / std::max(1, rows));
+}
 
 __device__ __forceinline__ int attention_keys(const AttentionArgs& a, int i, int* first_free) {
   // The row's keys: its window, then the selection up to its first -1 (found in parallel).
@@ -1930,6 +1941,19 @@ __global__ void __launch_bounds__(256) k_attention_logits(AttentionArgs a) {
 // k_attention_pv_tiles below (DSUF_PV=tiles).
 constexpr int kPvHeads = 8, kPvDims = 32, kPvThreads = 128, kPvMaxTile = 640;
 
+// The attention output v of row i, head h (of the rank's H), dim d, held by lane `lane` of a warp
+// that holds 32 consecutive dims of the head, laid out as wo_a's input: k_linear_input's arithmetic
+// (the inverse rope, then the quantization) for its group of o_group values. Whole warps.
+__device__ __forceinline__ void emit_attention_out(const AttentionArgs& a, int i, int h, int64_t d, int lane, float v) {
+  const int64_t K = a.o_group, kp = interleaved_k(K), nb = K / 32, groups = a.H * a.hd / K;
+  const int64_t col = int64_t(h) * a.hd + d;
+  if (a.o_rope.cs) v = rope_lane(v, rope_pair(a.o_rope, i, col % a.o_rope.dim), lane, a.o_rope.r);
+  const int64_t g = col / K;
+  const int kb = int((col % K) / 32);
+  emit_input(v, a.o_sink.quantize, a.o_sink.xq + (int64_t(i) * groups + g) * kp,
+             a.o_sink.quantize ? a.o_sink.xs + (int64_t(i) * groups + g) * nb + kb : nullptr, kb, lane);
+}
+
 __global__ void __launch_bounds__(kPvThreads) k_attention_pv(AttentionArgs a, int tile) {
   extern __shared__ float4 pv_smem4[];
   const int kp = (a.kmax + 3) & ~3;
@@ -2011,18 +2035,9 @@ __global__ void __launch_bounds__(kPvThreads) k_attention_pv(AttentionArgs a, in
   }
   const int64_t d = d0 + lane;
   if (a.o_sink.xq) {  // wo_a's input, as k_linear_input lays it out (whole warps: attention() checks)
-    const int64_t K = a.o_group, kp = interleaved_k(K), nb = K / 32, groups = a.H * hd / K;
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int h = 2 * warp + u;
-      float v = rb((u ? acc_b : acc_a) / den_s[h], a.r);
-      const int64_t col = int64_t(h0 + h) * hd + d;
-      if (a.o_rope.cs) v = rope_lane(v, rope_pair(a.o_rope, i, col % a.o_rope.dim), lane, a.o_rope.r);
-      const int64_t g = col / K;
-      const int kb = int((col % K) / 32);
-      emit_input(v, a.o_sink.quantize, a.o_sink.xq + (int64_t(i) * groups + g) * kp,
-                 a.o_sink.quantize ? a.o_sink.xs + (int64_t(i) * groups + g) * nb + kb : nullptr, kb, lane);
-    }
+    for (int u = 0; u < 2; ++u)
+      emit_attention_out(a, i, h0 + 2 * warp + u, d, lane, rb((u ? acc_b : acc_a) / den_s[2 * warp + u], a.r));
     return;
   }
   if (d < hd) {
@@ -2124,6 +2139,10 @@ __global__ void __launch_bounds__(kPvTileThreads) k_attention_pv_tiles(Attention
     }
   }
   const int64_t d = d0 + dl;
+  if (a.o_sink.xq) {  // warp hl holds head hl's 32 dims (whole warps: attention() checks)
+    emit_attention_out(a, i, h0 + hl, d, dl, rb(acc / den_s[hl], a.r));
+    return;
+  }
   if (hl < nh && d < hd) a.out[(int64_t(i) * a.H + h0 + hl) * hd + d] = rb(acc / den_s[hl], a.r);
 }
 
@@ -3260,8 +3279,8 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s) {
   const int64_t ho = int64_t(a.H) * a.hd;
   DSUF_CHECK(!a.o_sink.xq || (a.o_group > 0 && a.o_group % 32 == 0 && ho % a.o_group == 0),
              "attention: output groups of ", a.o_group, " values for ", ho, " outputs a row");
-  // k_attention_pv lays out the output itself when its warps hold whole 32-blocks of it.
-  const bool emit = a.o_sink.xq && !pv_tiles() && a.hd % kPvDims == 0 && a.H % kPvHeads == 0;
+  // Both P·V kernels lay out the output themselves when their warps hold whole 32-blocks of it.
+  const bool emit = a.o_sink.xq && a.hd % kPvDims == 0 && a.H % kPvHeads == 0;
   auto layout = [&] {
     if (!a.o_sink.xq) return LinearInput{};
     if (!emit)
@@ -3282,7 +3301,9 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s) {
     // Above 48 KB in all (with the 8 KB key tile) the dynamic part needs the opt-in.
     if (smem + sizeof(float) * kPvTileRows * kPvDims + 1024 > 48 * 1024)
       DSUF_CUDA(cudaFuncSetAttribute(k_attention_pv_tiles, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    k_attention_pv_tiles<<<pv_grid, kPvTileThreads, smem, s>>>(a);
+    AttentionArgs pa = a;
+    if (!emit) pa.o_sink = {};
+    k_attention_pv_tiles<<<pv_grid, kPvTileThreads, smem, s>>>(pa);
     return layout();
   }
   const int kp = (a.kmax + 3) & ~3, tile = std::min(kp, kPvMaxTile);

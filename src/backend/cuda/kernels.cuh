@@ -215,7 +215,8 @@ struct AttentionArgs {
 };
 // Gathers the keys, then the logits, then softmax and P·V: k_attention_pv, or k_attention_pv_tiles with
 // DSUF_PV=tiles (read once; both equal the reference). With o_sink set, returns the layout it wrote
-// (k_attention_pv writes it itself; otherwise a linear_input launch follows), else {}.
+// (the P·V kernel writes it itself when hd % 32 == 0 and H % 8 == 0; otherwise a linear_input
+// launch follows), else {}.
 LinearInput attention(const AttentionArgs& a, cudaStream_t s);
 
 struct CompressArgs {
