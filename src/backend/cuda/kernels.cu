@@ -810,6 +810,21 @@ struct RemainderTasks {
   }
 };
 
+// Grid.z's slice of an FP8 linear launch: group g of a grouped linear (its weight and scale rows,
+// inputs, input scales and outputs), or, with pair.W set, the pair's second linear at z = 1.
+__device__ __forceinline__ void fp8_slice(const uint8_t* __restrict__& W, const uint8_t* __restrict__& Ws,
+                                          int64_t& out, int64_t K, const float* __restrict__& x, int64_t x_group,
+                                          const float* __restrict__& xs, float* __restrict__& y, int64_t& y_stride,
+                                          const Fp8Pair& pair) {
+  const int nb = int(K / 32), g = blockIdx.z;
+  if (!pair.W) {
+    W += int64_t(g) * out * K, Ws += int64_t(g) * (out / 32) * nb, x += int64_t(g) * x_group, xs += int64_t(g) * nb;
+    y += int64_t(g) * out;
+  } else if (g == 1) {
+    W = pair.W, Ws = pair.Ws, out = pair.out, y = pair.y, y_stride = pair.y_stride;
+  }
+}
+
 // Block of 8 warps; warp w takes outputs o0..o0+OPW-1 and the block's R rows (grid.y: row groups).
 // grid.z: independent groups (the grouped o-projection): group g uses weight rows g·out.., inputs
 // g·K.. of each row (at x_group in the interleaved row, scales g·K/32..) and outputs g·out.. ; or,
@@ -821,13 +836,7 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
                                                    int64_t xs_stride, int rows, float* __restrict__ y,
                                                    int64_t y_stride, bool r, Fp8Pair pair) {
   const int nb = int(K / 32);
-  const int g = blockIdx.z;
-  if (!pair.W) {
-    W += int64_t(g) * out * K, Ws += int64_t(g) * (out / 32) * nb, x += int64_t(g) * x_group, xs += int64_t(g) * nb;
-    y += int64_t(g) * out;
-  } else if (g == 1) {
-    W = pair.W, Ws = pair.Ws, out = pair.out, y = pair.y, y_stride = pair.y_stride;
-  }
+  fp8_slice(W, Ws, out, K, x, x_group, xs, y, y_stride, pair);
   const int row0 = blockIdx.y * R, nr = min(R, rows - row0);
   x += int64_t(row0) * x_stride, xs += int64_t(row0) * xs_stride;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -955,13 +964,7 @@ __global__ void __launch_bounds__(256) k_fp8_gemm(const uint8_t* __restrict__ W,
   static_assert(TO * TR == 4096 && TR * 8 % 256 == 0, "256 threads of 4 × 4 sums");
   constexpr int XU = TR * 8 / 256;  // input float4 a thread
   const int nb = int(K / 32);
-  const int g = blockIdx.z;
-  if (!pair.W) {
-    W += int64_t(g) * out * K, Ws += int64_t(g) * (out / 32) * nb, x += int64_t(g) * x_group, xs += int64_t(g) * nb;
-    y += int64_t(g) * out;
-  } else if (g == 1) {
-    W = pair.W, Ws = pair.Ws, out = pair.out, y = pair.y, y_stride = pair.y_stride;
-  }
+  fp8_slice(W, Ws, out, K, x, x_group, xs, y, y_stride, pair);
   const int64_t o_base = int64_t(blockIdx.x) * TO;
   if (o_base >= out) return;
   const int row0 = blockIdx.y * TR, nr = min(TR, rows - row0);
