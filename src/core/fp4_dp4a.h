@@ -169,4 +169,32 @@ DSUF_HD int32_t fp4_mma_isum(uint32_t s_lo, uint32_t s_mid, uint32_t s_hi4, uint
   return int32_t(s_lo + (s_mid << 8) + ((s_hi4 - 4u * s_one) << 16));
 }
 
+// ---- k_fp4_imma: a stage of two K-blocks in one accumulator --------------------------------------
+// B's columns 0-3 hold the first K-block's lo, mid, hi + 4 and ones, columns 4-7 the second's (each
+// block's MMAs see zeros in the other half), so lane (g, q) of D holds K-block q / 2's columns
+// 2·(q mod 2) and 2·(q mod 2) + 1 for rows g (registers 0, 1) and g + 8 (registers 2, 3). Its term of
+// fp4_mma_isum, modulo 2^32: lo + 2^8·mid for even q, 2^16·(hi4 − 4·ones) for odd q, as d0·f0 + d1·f1.
+struct Fp4ImmaFactors {
+  uint32_t f0, f1;
+};
+DSUF_HD Fp4ImmaFactors fp4_imma_factors(int odd_q) {
+  return {odd_q ? 65536u : 1u, odd_q ? uint32_t(-262144) : 256u};
+}
+DSUF_HD uint32_t fp4_imma_term(uint32_t d0, uint32_t d1, Fp4ImmaFactors f) { return d0 * f.f0 + d1 * f.f1; }
+// The block sum lane (g, q) ends with — row g + 8·(q mod 2), K-block q / 2 — from its own terms t_g
+// (row g) and t_g8 (row g + 8) and `partner`, the value lane q ^ 1 sent: fp4_imma_send.
+DSUF_HD uint32_t fp4_imma_send(uint32_t t_g, uint32_t t_g8, int odd_q) { return odd_q ? t_g : t_g8; }
+DSUF_HD int32_t fp4_imma_isum(uint32_t t_g, uint32_t t_g8, int odd_q, uint32_t partner) {
+  return int32_t((odd_q ? t_g8 : t_g) + partner);
+}
+// warp_sum's xor tree (offsets 16, 8, 4, 2, 1) over 32 class sums, of which one lane holds the 16 of
+// one parity h (acc[s]: class 2s + h): levels 16, 8, 4 and 2 stay inside the lane; this is its value
+// before level 1, which adds the other parity's (lane q ^ 2 in k_fp4_imma).
+DSUF_HD float fp4_imma_tree(const float (&acc)[16]) {
+  float a8[8], b4[4];
+  for (int s = 0; s < 8; ++s) a8[s] = acc[s] + acc[s + 8];
+  for (int s = 0; s < 4; ++s) b4[s] = a8[s] + a8[s + 4];
+  return (b4[0] + b4[2]) + (b4[1] + b4[3]);
+}
+
 }  // namespace dsuf::det

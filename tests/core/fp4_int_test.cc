@@ -2,7 +2,8 @@
 // int64/double reference, and the CUDA backend's byte-permute/dp4a form of it (core/fp4_dp4a.h, run
 // here with prmt and dp4a emulated as the PTX ISA defines them) against the block function, and its
 // integer-MMA form (16 rows a block, mma.m16n8k32 s8×u8 emulated from the 32 lanes' registers in the
-// PTX fragment layout).
+// PTX fragment layout), including k_fp4_imma's pairing of two blocks in one accumulator and its
+// register form of warp_sum's tree.
 #include "core/detmath.h"
 #include "core/fp4_dp4a.h"
 #include "core/numerics.h"
@@ -458,6 +459,115 @@ TEST(Fp4IntMma, BrokenVariantsFail) {
   // column the +4 stays in. Random E4M3 codes are negative half the time, so nearly every row fails.
   EXPECT_GT(bad_hi, rows * 9 / 10);
   EXPECT_GT(bad_ones, rows * 9 / 10);
+}
+
+// k_fp4_imma's stage: two K-blocks of 16 rows in one accumulator, the first block's planes in B's
+// columns 0-3 (lo, mid, hi + 4, ones) and the second's in 4-7, each block's MMAs against zeros in the
+// other half; lane (g, q) gets word q of rows g and g+8 of both blocks (ldmatrix.x4), then its terms
+// (det::fp4_imma_term), one exchange with lane q ^ 1 (det::fp4_imma_send) and its S
+// (det::fp4_imma_isum): row g + 8·(q mod 2) of block q / 2. `split` off: both blocks' planes in all
+// eight columns, the broken variant the test must catch.
+std::vector<int32_t> imma_stage_isums(const uint8_t (&a)[2][32], const uint8_t (&w)[2][16][16], bool split = true) {
+  uint8_t planes[2][4][32];
+  for (int kb = 0; kb < 2; ++kb)
+    for (int k = 0; k < 32; ++k) {
+      const int32_t X = det::e4m3_x512(e4m3_to_float(a[kb][k]));
+      for (int p = 0; p < 3; ++p) planes[kb][p][k] = det::x512_plane(X, p);
+      planes[kb][3][k] = 1;
+    }
+  uint32_t pos[2][32][4], neg[2][32][4], b[2][32][2];
+  for (int L = 0; L < 32; ++L) {
+    const int g = L / 4, q = L % 4;
+    for (int kb = 0; kb < 2; ++kb) {
+      uint32_t wg, wg8;
+      std::memcpy(&wg, w[kb][g] + 4 * q, 4);
+      std::memcpy(&wg8, w[kb][g + 8] + 4 * q, 4);
+      det::Fp4MmaA fa;
+      det::fp4_mma_a(wg, wg8, fa);
+      std::memcpy(pos[kb][L], fa.pos, 16);
+      std::memcpy(neg[kb][L], fa.neg, 16);
+    }
+    const int src = g / 4, plane = g % 4;  // column g
+    uint32_t v[2];
+    std::memcpy(v, planes[src][plane] + 8 * q, 8);
+    if (plane == 2) v[0] = det::fp4_mma_hi4(v[0]), v[1] = det::fp4_mma_hi4(v[1]);
+    for (int kb = 0; kb < 2; ++kb)
+      for (int r = 0; r < 2; ++r) b[kb][L][r] = (!split || src == kb) ? v[r] : 0u;
+  }
+  int32_t d[32][4] = {};
+  for (int kb = 0; kb < 2; ++kb) emulate_mma(pos[kb], b[kb], d), emulate_mma(neg[kb], b[kb], d);
+  uint32_t tg[32], tg8[32], send[32];
+  for (int L = 0; L < 32; ++L) {
+    const int odd = L % 2;
+    const det::Fp4ImmaFactors f = det::fp4_imma_factors(odd);
+    tg[L] = det::fp4_imma_term(uint32_t(d[L][0]), uint32_t(d[L][1]), f);
+    tg8[L] = det::fp4_imma_term(uint32_t(d[L][2]), uint32_t(d[L][3]), f);
+    send[L] = det::fp4_imma_send(tg[L], tg8[L], odd);
+  }
+  std::vector<int32_t> s(32);
+  for (int L = 0; L < 32; ++L) s[size_t(L)] = det::fp4_imma_isum(tg[L], tg8[L], L % 2, send[L ^ 1]);
+  return s;
+}
+
+TEST(Fp4IntMma, ImmaStageOfTwoBlocksEqualsTheBlockFunction) {
+  std::mt19937 g(2718);
+  const std::vector<Block> edges = edge_blocks();
+  int checked = 0, broken = 0;
+  for (int t = 0; t < 200; ++t) {
+    uint8_t a[2][32], w[2][16][16];
+    for (int kb = 0; kb < 2; ++kb) {
+      // Every fourth trial takes an edge block's activations (extreme codes, zeros, one sign).
+      const Block act = t % 4 == 3 ? edges[size_t(t / 4 + kb) % edges.size()] : random_block(g);
+      std::memcpy(a[kb], act.a, 32);
+      for (auto& row : w[kb])
+        for (auto& c : row) c = uint8_t(g());
+    }
+    const std::vector<int32_t> s = imma_stage_isums(a, w), bad = imma_stage_isums(a, w, false);
+    for (int L = 0; L < 32; ++L) {
+      const int row = L / 4 + 8 * (L % 2), kb = (L % 4) / 2;
+      Block blk;
+      std::memcpy(blk.a, a[kb], 32);
+      std::memcpy(blk.w, w[kb][row], 16);
+      const int32_t want = block_isum(blk);
+      EXPECT_EQ(s[size_t(L)], want) << "trial " << t << ", lane " << L;
+      broken += bad[size_t(L)] != want;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 200 * 32);
+  EXPECT_GT(broken, checked * 9 / 10);  // without the zero halves each sum takes the other block's too
+}
+
+// warp_sum (xor offsets 16, 8, 4, 2, 1, each lane adding its partner's value) over 32 class sums,
+// against k_fp4_imma's form: each parity's 16 classes through det::fp4_imma_tree, then the two added.
+TEST(Fp4IntMma, ImmaTreeIsWarpSumBitForBit) {
+  std::mt19937 g(1618);
+  std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> ex(-30, 30);
+  int differs_from_serial = 0;
+  for (int t = 0; t < 2000; ++t) {
+    float v[32];
+    for (float& x : v) x = std::ldexp(mant(g), ex(g));  // wide exponents: the order shows in the bits
+    if (t % 10 == 0) v[g() % 32] = 0.0f;
+    float w[32];
+    std::memcpy(w, v, sizeof(v));
+    for (int o = 16; o > 0; o >>= 1) {
+      float n[32];
+      for (int l = 0; l < 32; ++l) n[l] = w[l] + w[l ^ o];
+      std::memcpy(w, n, sizeof(w));
+    }
+    float acc[2][16];
+    for (int h = 0; h < 2; ++h)
+      for (int s = 0; s < 16; ++s) acc[h][s] = v[2 * s + h];
+    const float d0 = det::fp4_imma_tree(acc[0]), d1 = det::fp4_imma_tree(acc[1]);
+    const float lane0 = d0 + d1, lane2 = d1 + d0;  // k_fp4_imma's lanes q = 0 and 2
+    EXPECT_EQ(std::memcmp(&lane0, &w[0], 4), 0) << "trial " << t;
+    EXPECT_EQ(std::memcmp(&lane2, &w[0], 4), 0) << "trial " << t;
+    float serial = 0.0f;
+    for (float x : v) serial += x;
+    differs_from_serial += std::memcmp(&serial, &w[0], 4) != 0;
+  }
+  EXPECT_GT(differs_from_serial, 100);  // the order matters on these inputs, so the test can fail
 }
 
 }  // namespace

@@ -1500,8 +1500,7 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
     return;
   }
   const int h = q / 2, odd = q % 2, my_row = g + 8 * odd;
-  // t = lo + 2^8·mid (even q) or 2^16·(hi4 − 4·ones) (odd q), modulo 2^32 (det::fp4_mma_isum).
-  const uint32_t f0 = odd ? 65536u : 1u, f1 = odd ? uint32_t(-262144) : 256u;
+  const det::Fp4ImmaFactors f = det::fp4_imma_factors(odd);  // lane (g, q)'s term of each row's S
   const bool low_cols = g < 4;  // B column g: plane g mod 4 of the stage's K-block g / 4
   // The permute tables as loaded values: as immediates the compiler rebuilt them before every prmt.
   det::Fp4Tables tab;
@@ -1537,9 +1536,10 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
       mma_s8u8(d, a0.neg, b0, b1);
       mma_s8u8(d, a1.pos, c0, c1);
       mma_s8u8(d, a1.neg, c0, c1);
-      const uint32_t tg = uint32_t(d[0]) * f0 + uint32_t(d[1]) * f1;
-      const uint32_t tg8 = uint32_t(d[2]) * f0 + uint32_t(d[3]) * f1;
-      const int32_t S = int32_t((odd ? tg8 : tg) + __shfl_xor_sync(0xffffffffu, odd ? tg : tg8, 1));
+      const uint32_t tg = det::fp4_imma_term(uint32_t(d[0]), uint32_t(d[1]), f);
+      const uint32_t tg8 = det::fp4_imma_term(uint32_t(d[2]), uint32_t(d[3]), f);
+      const int32_t S =
+          det::fp4_imma_isum(tg, tg8, odd, __shfl_xor_sync(0xffffffffu, det::fp4_imma_send(tg, tg8, odd), 1));
       // An odd nb's last stage has no second K-block: read in range, add nothing.
       const int off = kTail && 2 * st + h >= nb ? 2 * s - 1 : 2 * s;
       const float c = det::fp4_act_block_part(S) * (mysa[off] * e8m0(mycodes[off]));
@@ -1549,14 +1549,8 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   int base = 0;
   for (; base + 16 <= nb / 2; base += 16) chunk(base, std::false_type{});
   if (base < nst) chunk(base, std::true_type{});
-  // warp_sum's tree: level 16 pairs classes 2s + h and 2s + h + 16 (acc[s], acc[s + 8]), 8 and 4
-  // likewise inside the lane, 2 pairs s = 0 and 1, and 1 pairs the two parities (lanes q, q ^ 2).
-  float a8[8], b4[4];
-#pragma unroll
-  for (int s = 0; s < 8; ++s) a8[s] = acc[s] + acc[s + 8];
-#pragma unroll
-  for (int s = 0; s < 4; ++s) b4[s] = a8[s] + a8[s + 4];
-  const float dd = (b4[0] + b4[2]) + (b4[1] + b4[3]);
+  // warp_sum's tree: levels 16 to 2 inside the lane (det::fp4_imma_tree), level 1 across the parities.
+  const float dd = det::fp4_imma_tree(acc);
   const float v = dd + __shfl_xor_sync(0xffffffffu, dd, 2);
   if (h == 0 && o0 + my_row < out) y[int64_t(row) * out + o0 + my_row] = rb(v, r);
 }
