@@ -538,6 +538,7 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   zg_split = cuda::col_split(part.group_cols()), hidden_split = cuda::col_split(part.hidden);
   vocab_split = cuda::col_split(part.vocab);
   if (part.world > 1 && part.width_experts()) ffn_split = cuda::col_split(part.ffn);
+  uint8_t* tile_scratch = nullptr;  // DSUF_FP4=tiled: one expert matrix, for the in-place re-layout
   for (const LayerPlan& lp : cfg.layers) {
     const std::string p = "layers." + std::to_string(lp.layer) + ".";
     DevLayer d{};
@@ -565,6 +566,18 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
       }
     }
     d.experts = {up_ptrs(ptr[0]), up_ptrs(ptr[1]), up_ptrs(ptr[2]), up_ptrs(ptr[3]), up_ptrs(ptr[4]), up_ptrs(ptr[5])};
+    if (cuda::fp4_tiled()) {  // w1, w3: [F, D/2]; w2: [D, F/2] (each distinct tensor once: stand-ins repeat)
+      DSUF_CHECK(!(part.world > 1 && part.width_experts()),
+                 "DSUF_FP4=tiled: experts split by width (docs/tp.md) are not tiled; leave DSUF_TP_EXPERTS at ep");
+      if (!tile_scratch) DSUF_CUDA(cudaMalloc(&tile_scratch, size_t(F * D / 2)));
+      for (int k : {0, 2, 4}) {
+        const int64_t out = k == 2 ? D : F, in = k == 2 ? F : D;
+        std::vector<const uint8_t*> once(ptr[k]);
+        std::sort(once.begin(), once.end());
+        once.erase(std::unique(once.begin(), once.end()), once.end());
+        for (const uint8_t* w : once) cuda::fp4_tile_in_place(const_cast<uint8_t*>(w), out, in, tile_scratch, nullptr);
+      }
+    }
     d.sw1 = fp8(p + "ffn.shared_experts.w1", F, D), d.sw2 = fp8(p + "ffn.shared_experts.w2", D, F);
     d.sw3 = fp8(p + "ffn.shared_experts.w3", F, D);
     if (lp.engram_slot >= 0) {
@@ -574,6 +587,10 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
       d.e_q = u16(p + "engram.q_weight"), d.e_k = u16(p + "engram.k_weight");
     }
     layers.push_back(d);
+  }
+  if (tile_scratch) {
+    DSUF_CUDA(cudaDeviceSynchronize());
+    DSUF_CUDA(cudaFree(tile_scratch));
   }
   // RoPE frequencies: the same FP32 values the CPU reference computes (model/rope.h).
   half = t.qk_rope_head_dim / 2;

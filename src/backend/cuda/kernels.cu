@@ -1412,8 +1412,8 @@ __global__ void __launch_bounds__(32 * kMmaMaxRounds) k_fp4_mma(const uint8_t* c
 // l, l+32, … and warp_sum, so the same bits.
 constexpr int kImmaMaxNb = 256;
 __device__ uint32_t kImmaTables[4] = {0x06040200u, 0x18100C08u, 0xFDFEFF00u, 0xF4F8FAFCu};  // det::Fp4Tables
-size_t imma_smem(int64_t nb, int stages, int warps) {
-  return size_t(warps) * stages * 512 + size_t(nb) * (128 + 4) + size_t(warps) * 16 * nb;
+size_t imma_smem(int64_t nb, int stages, int warps, bool tiled) {
+  return (tiled ? 0 : size_t(warps) * stages * 512) + size_t(nb) * (128 + 4) + size_t(warps) * 16 * nb;
 }
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
 __device__ __forceinline__ void cp_async16_to(uint32_t dst, const void* src) {
@@ -1433,7 +1433,10 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
                : "r"(addr)
                : "memory");
 }
-template <int kImmaStages, int kImmaWarps>
+// kTiled (DSUF_FP4=tiled, k_fp4_imma<…, true>): the weights in det::fp4_tiled_offset's layout (laid out
+// so at load, fp4_tile_in_place), so that a lane's stage is one 16-byte load of a contiguous 512-byte
+// warp load straight into registers — kImmaStages − 1 stages in flight, no ring, no ldmatrix.
+template <int kImmaStages, int kImmaWarps, bool kTiled>
 __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(const uint8_t* const* W, const uint8_t* const* Ws,
                                                                  const int32_t* ids, int64_t out, int64_t K,
                                                                  const float* __restrict__ xs, int64_t xs_stride,
@@ -1446,7 +1449,7 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const int64_t o0 = (int64_t(blockIdx.x) * kImmaWarps + w) * 16;
   const int64_t row_bytes = K / 2;
-  uint8_t* sB = imma_sm + kImmaWarps * kImmaStages * 512;  // [kb][plane lo, mid, hi + 4, ones][32 bytes]
+  uint8_t* sB = imma_sm + (kTiled ? 0 : kImmaWarps * kImmaStages * 512);  // [kb][lo, mid, hi + 4, ones][32 B]
   float* ssa = reinterpret_cast<float*>(sB + nb * 128);    // [kb]: the input scales
   uint8_t* codes = reinterpret_cast<uint8_t*>(ssa + nb) + w * 16 * nb;  // [row][kb]: the weight scale codes
   pdl_trigger();
@@ -1462,9 +1465,16 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   const uint32_t slot0 = smem_u32(imma_sm + w * (kImmaStages * 512) + (lane / 16) * 256 + (lane % 16) * 16);
   // This lane's copies: stages st < my_nst hold its K-block 2·st + lane / 16.
   const int my_nst = active ? (nb + 1 - lane / 16) / 2 : 0;
-  auto issue = [&](int st, int slot) {  // every lane commits a group per stage, empty or not: the counts agree
-    if (st < my_nst) cp_async16_to(slot0 + slot * 512, wsrc + int64_t(st) * 32);
-    cp_async_commit();
+  // Tiled: the warp's 16 rows are nst contiguous 512-byte stages; lane L's 16 bytes at L·16.
+  const uint4* wt = reinterpret_cast<const uint4*>(We + (active ? o0 / 16 : 0) * int64_t(nst) * 512) + lane;
+  uint4 buf[kImmaStages];
+  auto issue = [&](int st, int slot) {
+    if constexpr (kTiled) {
+      if (st < my_nst) buf[slot] = __ldg(wt + int64_t(st) * 32);
+    } else {  // every lane commits a group per stage, empty or not: the counts agree
+      if (st < my_nst) cp_async16_to(slot0 + slot * 512, wsrc + int64_t(st) * 32);
+      cp_async_commit();
+    }
   };
   // The input planes, scales and the 16 rows' scale codes: one group, before the ring's stages.
   for (int i = threadIdx.x; i < nb * 6; i += blockDim.x)  // 16-byte piece j = i % 6: plane j / 2, half j % 2
@@ -1487,7 +1497,8 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   cp_async_commit();
 #pragma unroll
   for (int st = 0; st < kImmaStages - 1; ++st) issue(st, st);
-  cp_async_wait_group<kImmaStages - 1>();  // the first group
+  if constexpr (kTiled) cp_async_wait_group<0>();  // the first group, the only one
+  else cp_async_wait_group<kImmaStages - 1>();
   __syncthreads();
   for (int i = threadIdx.x; i < nb * 2; i += blockDim.x) {  // plane 2 → hi + 4, in place
     uint4* p = reinterpret_cast<uint4*>(sB + (i / 2) * 128 + 64 + (i % 2) * 16);
@@ -1520,11 +1531,17 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
     for (int s = 0; s < 16; ++s) {
       const int st = base + s;
       if (kTail && st >= nst) break;
-      cp_async_wait_group<kImmaStages - 2>();  // this lane's copies of stage st have landed
-      __syncwarp();                              // and every lane's; stage st − 1's slot is read
-      issue(st + kImmaStages - 1, (s + kImmaStages - 1) % kImmaStages);
       uint32_t wr[4];
-      ldmatrix_x4(wr, slot0 + (s % kImmaStages) * 512);  // base is a multiple of kImmaStages
+      if constexpr (kTiled) {
+        const uint4 v = buf[s % kImmaStages];  // base is a multiple of kImmaStages
+        wr[0] = v.x, wr[1] = v.y, wr[2] = v.z, wr[3] = v.w;
+        issue(st + kImmaStages - 1, (s + kImmaStages - 1) % kImmaStages);
+      } else {
+        cp_async_wait_group<kImmaStages - 2>();  // this lane's copies of stage st have landed
+        __syncwarp();                              // and every lane's; stage st − 1's slot is read
+        issue(st + kImmaStages - 1, (s + kImmaStages - 1) % kImmaStages);
+        ldmatrix_x4(wr, slot0 + (s % kImmaStages) * 512);
+      }
       const uint2 bv = *reinterpret_cast<const uint2*>(bsrc + s * 256);
       const uint32_t b0 = low_cols ? bv.x : 0u, b1 = low_cols ? bv.y : 0u;
       const uint32_t c0 = low_cols ? 0u : bv.x, c1 = low_cols ? 0u : bv.y;
@@ -3095,9 +3112,9 @@ bool env_picks(const char* name, const std::string& dflt, const std::string& alt
   if (m != dflt && m != alt) fail(name, "=", m, ": expected ", dflt, " or ", alt);
   return m == alt;
 }
-// DSUF_FP4=dp4a|mma|imma picks the quantized FP4 linear's kernel: k_fp4_gemv (the default), k_fp4_mma
-// or k_fp4_imma.
-enum Fp4Kernel { kFp4Dp4a = 0, kFp4Mma = 1, kFp4Imma = 2 };
+// DSUF_FP4=dp4a|mma|imma|tiled picks the quantized FP4 linear's kernel: k_fp4_gemv (the default),
+// k_fp4_mma, k_fp4_imma, or k_fp4_imma over weights laid out in tiles at load (fp4_tiled()).
+enum Fp4Kernel { kFp4Dp4a = 0, kFp4Mma = 1, kFp4Imma = 2, kFp4Tiled = 3 };
 int fp4_kernel() {
   static const int k = [] {
     const char* v = std::getenv("DSUF_FP4");
@@ -3105,9 +3122,24 @@ int fp4_kernel() {
     if (m == "dp4a") return int(kFp4Dp4a);
     if (m == "mma") return int(kFp4Mma);
     if (m == "imma") return int(kFp4Imma);
-    fail("DSUF_FP4=", m, ": expected dp4a, mma or imma");
+    if (m == "tiled") return int(kFp4Tiled);
+    fail("DSUF_FP4=", m, ": expected dp4a, mma, imma or tiled");
   }();
   return k;
+}
+}  // namespace
+
+bool fp4_tiled() { return fp4_kernel() == kFp4Tiled; }
+
+namespace {
+// Row-major E2M1 bytes → det::fp4_tiled_offset's tiles, a 4-byte word a thread.
+__global__ void k_fp4_tile(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst, int64_t rows, int64_t nb) {
+  const int64_t words = rows * nb * 4, per_row = nb * 4;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < words; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / per_row, byte = 4 * (i % per_row);
+    *reinterpret_cast<uint32_t*>(dst + det::fp4_tiled_offset(row, byte, nb)) =
+        *reinterpret_cast<const uint32_t*>(src + row * (nb * 16) + byte);
+  }
 }
 // Whether the grouped FP4 linear of `rows` routed rows over `experts` runs as k_fp4_mma_rows (the
 // rest: k_fp4_gemv_rows): from DSUF_FP4_MMA_ROWS routed rows per expert on average (default 16; 0:
@@ -3126,7 +3158,7 @@ void launch_fp4_opw(const Fp4Call& c) {
   const int64_t rounds = (c.K / 32 + 31) / 32, nb = c.K / 32;
   if (kExact && fp4_kernel() == kFp4Imma && c.in.planes && nb % 4 == 0 && nb <= kImmaMaxNb) {
     // DSUF_IMMA=stages,warps: the ring's depth (stages of 2 K-blocks) and the warps a block.
-    using Kernel = decltype(&k_fp4_imma<16, 8>);
+    using Kernel = decltype(&k_fp4_imma<16, 8, false>);
     struct Shape {
       Kernel k;
       int stages, warps;
@@ -3135,16 +3167,16 @@ void launch_fp4_opw(const Fp4Call& c) {
       const char* v = std::getenv("DSUF_IMMA");
       const std::string m = v ? v : "8,8";
       Shape sh{};
-      if (m == "8,4") sh = {k_fp4_imma<8, 4>, 8, 4};
-      else if (m == "16,4") sh = {k_fp4_imma<16, 4>, 16, 4};
-      else if (m == "8,8") sh = {k_fp4_imma<8, 8>, 8, 8};
-      else if (m == "16,8") sh = {k_fp4_imma<16, 8>, 16, 8};
+      if (m == "8,4") sh = {k_fp4_imma<8, 4, false>, 8, 4};
+      else if (m == "16,4") sh = {k_fp4_imma<16, 4, false>, 16, 4};
+      else if (m == "8,8") sh = {k_fp4_imma<8, 8, false>, 8, 8};
+      else if (m == "16,8") sh = {k_fp4_imma<16, 8, false>, 16, 8};
       else fail("DSUF_IMMA=", m, ": expected 8,4, 16,4, 8,8 or 16,8");
-      set_smem(sh.k, imma_smem(kImmaMaxNb, sh.stages, sh.warps));
+      set_smem(sh.k, imma_smem(kImmaMaxNb, sh.stages, sh.warps, false));
       return sh;
     }();
     launch_pdl(shape.k, dim3(blocks_for(c.out, 16 * shape.warps), int(c.rows), c.pair.W ? 2 : 1),
-               dim3(32 * shape.warps), imma_smem(nb, shape.stages, shape.warps), c.s, c.W, c.Ws, c.ids, c.out, c.K,
+               dim3(32 * shape.warps), imma_smem(nb, shape.stages, shape.warps, false), c.s, c.W, c.Ws, c.ids, c.out, c.K,
                c.in.scale, c.in.scale_stride, c.in.planes, c.in.plane_stride, c.x_div, c.y, c.r, c.pair);
     return;
   }
@@ -3223,6 +3255,30 @@ void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const
   DSUF_CHECK(!in.scale || (in.planes && in.plane_stride >= interleaved_planes(K)),
              "fp4_linear: quantized inputs without their byte planes (InputSink::xp)");
   if (rows <= 0) return;
+  if (fp4_tiled() && det::fp4_tileable(out, K)) {  // the weights are tiles: every row through k_fp4_imma<…, true>
+    DSUF_CHECK(in.scale && in.planes, "DSUF_FP4=tiled: the FP4 linears need quantized inputs with byte planes");
+    // DSUF_TILED=ahead,warps: the stages in flight + 1 and the warps a block.
+    using Kernel = decltype(&k_fp4_imma<8, 8, true>);
+    struct Shape {
+      Kernel k;
+      int stages, warps;
+    };
+    static const Shape shape = [] {
+      const char* v = std::getenv("DSUF_TILED");
+      const std::string m = v ? v : "8,8";
+      Shape sh{};
+      if (m == "4,8") sh = {k_fp4_imma<4, 8, true>, 4, 8};
+      else if (m == "8,8") sh = {k_fp4_imma<8, 8, true>, 8, 8};
+      else if (m == "8,4") sh = {k_fp4_imma<8, 4, true>, 8, 4};
+      else fail("DSUF_TILED=", m, ": expected 4,8, 8,8 or 8,4");
+      set_smem(sh.k, imma_smem(kImmaMaxNb, sh.stages, sh.warps, true));
+      return sh;
+    }();
+    launch_pdl(shape.k, dim3(blocks_for(out, 16 * shape.warps), int(rows), pair.W ? 2 : 1), dim3(32 * shape.warps),
+               imma_smem(K / 32, shape.stages, shape.warps, true), s, W, Ws, ids, out, K, in.scale,
+               in.scale_stride, in.planes, in.plane_stride, x_div, y, r, pair);
+    return;
+  }
   if (groups && in.scale && fp4_rows_mma(groups->rows, groups->experts) && K / 32 <= kMmaRowMaxNb) {
     launch_pdl(k_fp4_mma_rows, dim3(blocks_for(out, 16 * kMmaRowWarps), int(groups->max_groups), pair.W ? 2 : 1),
                dim3(32 * kMmaRowWarps), mma_rows_smem(K / 32), s, W, Ws, groups->groups, groups->n_groups,
@@ -3239,6 +3295,13 @@ void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const
   const Fp4Call c{W, Ws, ids, out, K, in, x_div, rows, y, r, s, pair};
   if (in.scale) return launch_fp4_opw<true>(c);
   launch_fp4_opw<false>(c);
+}
+void fp4_tile_in_place(uint8_t* W, int64_t out, int64_t K, uint8_t* scratch, cudaStream_t s) {
+  if (!det::fp4_tileable(out, K)) return;
+  const int64_t bytes = out * K / 2;
+  k_fp4_tile<<<int(std::min<int64_t>(blocks_for(bytes / 4, 256), 4096)), 256, 0, s>>>(W, scratch, out, K / 32);
+  DSUF_CUDA(cudaGetLastError());
+  DSUF_CUDA(cudaMemcpyAsync(W, scratch, size_t(bytes), cudaMemcpyDeviceToDevice, s));
 }
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows, float* y,
                  int64_t y_stride, bool r, cudaStream_t s) {

@@ -143,6 +143,13 @@ void group_rows(const int32_t* ids, int64_t rows, int experts, RowGroups& g, cud
 void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out,
                         int64_t K, const LinearInput& in, int x_div, int64_t rows, float* y, bool r, cudaStream_t s,
                         const Fp4Pair& pair = {}, const RowGroups* groups = nullptr);
+// DSUF_FP4=tiled: the routed experts' E2M1 weights are laid out at load as k_fp4_imma<…, true>'s tiles
+// (core/fp4_dp4a.h, det::fp4_tiled_offset) and every FP4 linear whose shape allows it
+// (det::fp4_tileable) reads them so, prefill rows included (one row at a time: a measuring mode).
+bool fp4_tiled();
+// Rewrites one row-major E2M1 matrix [out, K/2] as tiles when det::fp4_tileable(out, K) (else leaves
+// it), through `scratch` (out·K/2 bytes), on stream s.
+void fp4_tile_in_place(uint8_t* W, int64_t out, int64_t K, uint8_t* scratch, cudaStream_t s);
 // FP32 product with a BF16 weight; y = W·x (optionally BF16-rounded).
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows,
                  float* y, int64_t y_stride, bool r, cudaStream_t s);
