@@ -4,7 +4,9 @@
 // 5120 × 1152 bytes), read by kernels that do nothing but load and fold the bytes, with the
 // launch shapes the GEMVs use and with simpler ones. L2 is flushed before every timed launch (the
 // step never finds its weights in L2). Each line: median µs over the repetitions, TB/s, and the
-// ratio to a contiguous read of the same byte count measured in the same run.
+// ratio to a contiguous read of the same byte count measured in the same run. Last, what launch
+// boundaries cost: the experts' gate+up and down bytes read by one launch, by the step's two, and
+// by eighteen, back to back and as a CUDA graph.
 //
 //   stream_probe [--experts 96] [--reps 30] [--seed 7]
 #include <cuda_runtime.h>
@@ -247,6 +249,43 @@ int main(int argc, char** argv) {
        chunks(k_chunks<4>, d_dn_reg, 6, dn_mat, 32 << 10, 0), ref_dn);
   line("6 regions, 32 KB chunks, 8 loads in flight", dn_total,
        chunks(k_chunks<8>, d_dn_reg, 6, dn_mat, 32 << 10, 0), ref_dn);
+  // Launch boundaries: the routed experts' 106 MB (gate+up, then down) as one launch, as the step's
+  // two launches, and as 18 launches of one matrix each; back to back on one stream, and as a graph.
+  std::vector<const uint8_t*> all_reg(gu_reg);
+  all_reg.insert(all_reg.end(), dn_reg.begin(), dn_reg.end());
+  auto* d_all_reg = static_cast<const uint8_t* const*>(upload(all_reg));
+  const int64_t ch = 32 << 10, per = gu_mat / ch;
+  const Chunks c_all{d_all_reg, gu_mat, ch, 18}, c_gu{d_gu_reg, gu_mat, ch, 12}, c_dn{d_dn_reg, dn_mat, ch, 6};
+  std::vector<Chunks> c_one;
+  for (int i = 0; i < 18; ++i) c_one.push_back(Chunks{d_all_reg + i, gu_mat, ch, 1});
+  auto seq_two = [&](cudaStream_t st) {
+    k_chunks<4><<<12 * per, 256, 0, st>>>(c_gu, 12 * per, sink);
+    k_chunks<4><<<6 * per, 256, 0, st>>>(c_dn, 6 * per, sink);
+  };
+  auto seq_18 = [&](cudaStream_t st) {
+    for (const Chunks& c : c_one) k_chunks<4><<<per, 256, 0, st>>>(c, per, sink);
+  };
+  auto graph_of = [&](auto seq) {
+    cudaStream_t st;
+    check(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
+    cudaGraph_t gr;
+    cudaGraphExec_t ex;
+    check(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "capture");
+    seq(st);
+    check(cudaStreamEndCapture(st, &gr), "capture end");
+    check(cudaGraphInstantiate(&ex, gr, 0), "instantiate");
+    cudaStreamDestroy(st);
+    return ex;
+  };
+  const cudaGraphExec_t g_two = graph_of(seq_two), g_18 = graph_of(seq_18);
+  const int64_t all_total = gu_total + dn_total;
+  const double one = median_us(reps, flush, flush_bytes, sink, [&] { k_chunks<4><<<18 * per, 256>>>(c_all, 18 * per, sink); });
+  std::printf("gate+up and down: %.1f MB (18 matrices)\n", all_total / 1e6);
+  line("one launch, 32 KB chunks (the reference)", all_total, one, one);
+  line("two launches (gate+up, down), back to back", all_total, median_us(reps, flush, flush_bytes, sink, [&] { seq_two(0); }), one);
+  line("two launches, one graph", all_total, median_us(reps, flush, flush_bytes, sink, [&] { check(cudaGraphLaunch(g_two, 0), "graph"); }), one);
+  line("18 launches (a matrix each), back to back", all_total, median_us(reps, flush, flush_bytes, sink, [&] { seq_18(0); }), one);
+  line("18 launches, one graph", all_total, median_us(reps, flush, flush_bytes, sink, [&] { check(cudaGraphLaunch(g_18, 0), "graph"); }), one);
   // The big-copy figure bench_decode's bound uses, for scale.
   const double big = median_us(reps, flush, flush_bytes, sink, [&] {
     const Chunks c{d_flat, 12 * gu_mat, 64 << 10, 1};
