@@ -8,6 +8,7 @@
 #include <utility>
 #include <string>
 #include <cstdlib>
+#include <initializer_list>
 #include <cmath>
 #include <type_traits>
 
@@ -3007,16 +3008,22 @@ struct Fp8Call {
   cudaStream_t s;
   Fp8Pair pair;
 };
+// The position of environment variable `name`'s value in `values` (the first when it is unset); any
+// other value fails, naming the choices.
+int env_choice(const char* name, std::initializer_list<const char*> values) {
+  const char* v = std::getenv(name);
+  const std::string m = v ? v : *values.begin();
+  std::string list;
+  int i = 0;
+  for (const char* c : values) {
+    if (m == c) return i;
+    list += (i++ ? ", " : "") + std::string(c);
+  }
+  fail(name, "=", m, ": expected ", list);
+}
 // DSUF_GEMV=regs|pipe|deep picks how the FP8/FP4 linears fetch weights (see GemvMode); regs by default.
 int gemv_mode() {
-  static const int mode = [] {
-    const char* v = std::getenv("DSUF_GEMV");
-    const std::string m = v ? v : "regs";
-    if (m == "regs") return int(kRegs);
-    if (m == "pipe") return int(kRegsPipe);
-    if (m == "deep") return int(kDeep);
-    fail("DSUF_GEMV=", m, ": expected regs, pipe or deep");
-  }();
+  static const int mode = env_choice("DSUF_GEMV", {"regs", "pipe", "deep"});  // kRegs, kRegsPipe, kDeep
   return mode;
 }
 // The FP4 linears' mode: DSUF_FP4_GEMV=pipe|regs|deep, pipe by default (in the step, the routed
@@ -3024,13 +3031,9 @@ int gemv_mode() {
 // fastest with regs: docs/perf.md v15); DSUF_GEMV still sets both when DSUF_FP4_GEMV is not set.
 int fp4_gemv_mode() {
   static const int mode = [] {
-    const char* v = std::getenv("DSUF_FP4_GEMV");
-    if (!v) return std::getenv("DSUF_GEMV") ? gemv_mode() : int(kRegsPipe);
-    const std::string m = v;
-    if (m == "regs") return int(kRegs);
-    if (m == "pipe") return int(kRegsPipe);
-    if (m == "deep") return int(kDeep);
-    fail("DSUF_FP4_GEMV=", m, ": expected pipe, regs or deep");
+    if (!std::getenv("DSUF_FP4_GEMV") && std::getenv("DSUF_GEMV")) return gemv_mode();
+    constexpr int modes[] = {kRegsPipe, kRegs, kDeep};
+    return modes[env_choice("DSUF_FP4_GEMV", {"pipe", "regs", "deep"})];
   }();
   return mode;
 }
@@ -3116,15 +3119,7 @@ bool env_picks(const char* name, const std::string& dflt, const std::string& alt
 // k_fp4_mma, k_fp4_imma, or k_fp4_imma over weights laid out in tiles at load (fp4_tiled()).
 enum Fp4Kernel { kFp4Dp4a = 0, kFp4Mma = 1, kFp4Imma = 2, kFp4Tiled = 3 };
 int fp4_kernel() {
-  static const int k = [] {
-    const char* v = std::getenv("DSUF_FP4");
-    const std::string m = v ? v : "dp4a";
-    if (m == "dp4a") return int(kFp4Dp4a);
-    if (m == "mma") return int(kFp4Mma);
-    if (m == "imma") return int(kFp4Imma);
-    if (m == "tiled") return int(kFp4Tiled);
-    fail("DSUF_FP4=", m, ": expected dp4a, mma, imma or tiled");
-  }();
+  static const int k = env_choice("DSUF_FP4", {"dp4a", "mma", "imma", "tiled"});  // in Fp4Kernel's order
   return k;
 }
 }  // namespace
@@ -3164,14 +3159,9 @@ void launch_fp4_opw(const Fp4Call& c) {
       int stages, warps;
     };
     static const Shape shape = [] {
-      const char* v = std::getenv("DSUF_IMMA");
-      const std::string m = v ? v : "8,8";
-      Shape sh{};
-      if (m == "8,4") sh = {k_fp4_imma<8, 4, false>, 8, 4};
-      else if (m == "16,4") sh = {k_fp4_imma<16, 4, false>, 16, 4};
-      else if (m == "8,8") sh = {k_fp4_imma<8, 8, false>, 8, 8};
-      else if (m == "16,8") sh = {k_fp4_imma<16, 8, false>, 16, 8};
-      else fail("DSUF_IMMA=", m, ": expected 8,4, 16,4, 8,8 or 16,8");
+      const Shape shapes[] = {{k_fp4_imma<8, 8, false>, 8, 8}, {k_fp4_imma<8, 4, false>, 8, 4},
+                              {k_fp4_imma<16, 4, false>, 16, 4}, {k_fp4_imma<16, 8, false>, 16, 8}};
+      const Shape sh = shapes[env_choice("DSUF_IMMA", {"8,8", "8,4", "16,4", "16,8"})];
       set_smem(sh.k, imma_smem(kImmaMaxNb, sh.stages, sh.warps, false));
       return sh;
     }();
@@ -3264,13 +3254,9 @@ void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const
       int stages, warps;
     };
     static const Shape shape = [] {
-      const char* v = std::getenv("DSUF_TILED");
-      const std::string m = v ? v : "8,8";
-      Shape sh{};
-      if (m == "4,8") sh = {k_fp4_imma<4, 8, true>, 4, 8};
-      else if (m == "8,8") sh = {k_fp4_imma<8, 8, true>, 8, 8};
-      else if (m == "8,4") sh = {k_fp4_imma<8, 4, true>, 8, 4};
-      else fail("DSUF_TILED=", m, ": expected 4,8, 8,8 or 8,4");
+      const Shape shapes[] = {{k_fp4_imma<8, 8, true>, 8, 8}, {k_fp4_imma<4, 8, true>, 4, 8},
+                              {k_fp4_imma<8, 4, true>, 8, 4}};
+      const Shape sh = shapes[env_choice("DSUF_TILED", {"8,8", "4,8", "8,4"})];
       set_smem(sh.k, imma_smem(kImmaMaxNb, sh.stages, sh.warps, true));
       return sh;
     }();
