@@ -2,6 +2,7 @@
 #include "backend/cuda/kernels.cuh"
 
 #include <algorithm>
+#include <array>
 #include <cfloat>
 #include <thread>
 #include <vector>
@@ -3148,28 +3149,35 @@ bool fp4_rows_mma(int64_t rows, int64_t experts) {
   }();
   return on && rows >= per_expert * experts;
 }
+// k_fp4_imma's launch: DSUF_IMMA=stages,warps (the ring's depth in stages of 2 K-blocks, the warps a
+// block) or, tiled, DSUF_TILED=stages,warps (stages − 1 in flight); the first value is the default.
+template <bool kTiled>
+void launch_imma(const Fp4Call& c) {
+  struct Shape {
+    decltype(&k_fp4_imma<8, 8, kTiled>) k;
+    int stages, warps;
+  };
+  static const Shape shape = [] {
+    Shape sh{};
+    if constexpr (kTiled)
+      sh = std::array<Shape, 3>{Shape{k_fp4_imma<8, 8, true>, 8, 8}, Shape{k_fp4_imma<4, 8, true>, 4, 8},
+                                Shape{k_fp4_imma<8, 4, true>, 8, 4}}[env_choice("DSUF_TILED", {"8,8", "4,8", "8,4"})];
+    else
+      sh = std::array<Shape, 4>{Shape{k_fp4_imma<8, 8, false>, 8, 8}, Shape{k_fp4_imma<8, 4, false>, 8, 4},
+                                Shape{k_fp4_imma<16, 4, false>, 16, 4},
+                                Shape{k_fp4_imma<16, 8, false>, 16, 8}}[env_choice("DSUF_IMMA", {"8,8", "8,4", "16,4", "16,8"})];
+    set_smem(sh.k, imma_smem(kImmaMaxNb, sh.stages, sh.warps, kTiled));
+    return sh;
+  }();
+  launch_pdl(shape.k, dim3(blocks_for(c.out, 16 * shape.warps), int(c.rows), c.pair.W ? 2 : 1),
+             dim3(32 * shape.warps), imma_smem(c.K / 32, shape.stages, shape.warps, kTiled), c.s, c.W, c.Ws, c.ids,
+             c.out, c.K, c.in.scale, c.in.scale_stride, c.in.planes, c.in.plane_stride, c.x_div, c.y, c.r, c.pair);
+}
 template <bool kExact>
 void launch_fp4_opw(const Fp4Call& c) {
   const int64_t rounds = (c.K / 32 + 31) / 32, nb = c.K / 32;
-  if (kExact && fp4_kernel() == kFp4Imma && c.in.planes && nb % 4 == 0 && nb <= kImmaMaxNb) {
-    // DSUF_IMMA=stages,warps: the ring's depth (stages of 2 K-blocks) and the warps a block.
-    using Kernel = decltype(&k_fp4_imma<16, 8, false>);
-    struct Shape {
-      Kernel k;
-      int stages, warps;
-    };
-    static const Shape shape = [] {
-      const Shape shapes[] = {{k_fp4_imma<8, 8, false>, 8, 8}, {k_fp4_imma<8, 4, false>, 8, 4},
-                              {k_fp4_imma<16, 4, false>, 16, 4}, {k_fp4_imma<16, 8, false>, 16, 8}};
-      const Shape sh = shapes[env_choice("DSUF_IMMA", {"8,8", "8,4", "16,4", "16,8"})];
-      set_smem(sh.k, imma_smem(kImmaMaxNb, sh.stages, sh.warps, false));
-      return sh;
-    }();
-    launch_pdl(shape.k, dim3(blocks_for(c.out, 16 * shape.warps), int(c.rows), c.pair.W ? 2 : 1),
-               dim3(32 * shape.warps), imma_smem(nb, shape.stages, shape.warps, false), c.s, c.W, c.Ws, c.ids, c.out, c.K,
-               c.in.scale, c.in.scale_stride, c.in.planes, c.in.plane_stride, c.x_div, c.y, c.r, c.pair);
-    return;
-  }
+  if (kExact && fp4_kernel() == kFp4Imma && c.in.planes && nb % 4 == 0 && nb <= kImmaMaxNb)
+    return launch_imma<false>(c);
   if (kExact && fp4_kernel() == kFp4Mma && c.in.planes && rounds <= kMmaMaxRounds) {
     launch_pdl(k_fp4_mma, dim3(blocks_for(c.out, 16), int(c.rows), c.pair.W ? 2 : 1), dim3(32 * rounds), 0,
                c.s, c.W, c.Ws, c.ids, c.out, c.K, c.in.scale, c.in.scale_stride, c.in.planes, c.in.plane_stride,
@@ -3247,22 +3255,7 @@ void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const
   if (rows <= 0) return;
   if (fp4_tiled() && det::fp4_tileable(out, K)) {  // the weights are tiles: every row through k_fp4_imma<…, true>
     DSUF_CHECK(in.scale && in.planes, "DSUF_FP4=tiled: the FP4 linears need quantized inputs with byte planes");
-    // DSUF_TILED=ahead,warps: the stages in flight + 1 and the warps a block.
-    using Kernel = decltype(&k_fp4_imma<8, 8, true>);
-    struct Shape {
-      Kernel k;
-      int stages, warps;
-    };
-    static const Shape shape = [] {
-      const Shape shapes[] = {{k_fp4_imma<8, 8, true>, 8, 8}, {k_fp4_imma<4, 8, true>, 4, 8},
-                              {k_fp4_imma<8, 4, true>, 8, 4}};
-      const Shape sh = shapes[env_choice("DSUF_TILED", {"8,8", "4,8", "8,4"})];
-      set_smem(sh.k, imma_smem(kImmaMaxNb, sh.stages, sh.warps, true));
-      return sh;
-    }();
-    launch_pdl(shape.k, dim3(blocks_for(out, 16 * shape.warps), int(rows), pair.W ? 2 : 1), dim3(32 * shape.warps),
-               imma_smem(K / 32, shape.stages, shape.warps, true), s, W, Ws, ids, out, K, in.scale,
-               in.scale_stride, in.planes, in.plane_stride, x_div, y, r, pair);
+    launch_imma<true>(Fp4Call{W, Ws, ids, out, K, in, x_div, rows, y, r, s, pair});
     return;
   }
   if (groups && in.scale && fp4_rows_mma(groups->rows, groups->experts) && K / 32 <= kMmaRowMaxNb) {
