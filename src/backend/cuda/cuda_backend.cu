@@ -569,6 +569,7 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
     if (cuda::fp4_tiled()) {  // w1, w3: [F, D/2]; w2: [D, F/2] (each distinct tensor once: stand-ins repeat)
       DSUF_CHECK(!(part.world > 1 && part.width_experts()),
                  "DSUF_FP4=tiled: experts split by width (docs/tp.md) are not tiled; leave DSUF_TP_EXPERTS at ep");
+      DSUF_CHECK(opt.numerics.act_quant, "DSUF_FP4=tiled: needs quantized activations (the MMA form's byte planes)");
       if (!tile_scratch) DSUF_CUDA(cudaMalloc(&tile_scratch, size_t(F * D / 2)));
       for (int k : {0, 2, 4}) {
         const int64_t out = k == 2 ? D : F, in = k == 2 ? F : D;

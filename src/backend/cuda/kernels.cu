@@ -1444,6 +1444,7 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
                                                                  const float* __restrict__ xs, int64_t xs_stride,
                                                                  const uint8_t* __restrict__ xp, int64_t xp_stride,
                                                                  int x_div, float* y, bool r, Fp4Pair pair) {
+  static_assert(16 % kImmaStages == 0, "a chunk's 16 stages start on slot 0 of the ring");
   extern __shared__ __align__(16) uint8_t imma_sm[];
   const int nb = int(K / 32), nst = (nb + 1) / 2;  // K-blocks; stages of two
   const int row = blockIdx.y;
@@ -3169,9 +3170,18 @@ void launch_imma(const Fp4Call& c) {
     set_smem(sh.k, imma_smem(kImmaMaxNb, sh.stages, sh.warps, kTiled));
     return sh;
   }();
-  launch_pdl(shape.k, dim3(blocks_for(c.out, 16 * shape.warps), int(c.rows), c.pair.W ? 2 : 1),
-             dim3(32 * shape.warps), imma_smem(c.K / 32, shape.stages, shape.warps, kTiled), c.s, c.W, c.Ws, c.ids,
-             c.out, c.K, c.in.scale, c.in.scale_stride, c.in.planes, c.in.plane_stride, c.x_div, c.y, c.r, c.pair);
+  // grid.y holds at most 65535 rows: a long prefill chunk (rows = tokens × top-k) goes in slices of
+  // whole input rows (a multiple of x_div), each with its ids, outputs and inputs offset.
+  const int64_t slice = 65535 / c.x_div * c.x_div;
+  for (int64_t b = 0; b < c.rows; b += slice) {
+    const int64_t n = std::min(slice, c.rows - b), xr = b / c.x_div;
+    Fp4Pair pair = c.pair;
+    if (pair.y) pair.y += b * c.out;
+    launch_pdl(shape.k, dim3(blocks_for(c.out, 16 * shape.warps), int(n), c.pair.W ? 2 : 1),
+               dim3(32 * shape.warps), imma_smem(c.K / 32, shape.stages, shape.warps, kTiled), c.s, c.W, c.Ws,
+               c.ids ? c.ids + b : nullptr, c.out, c.K, c.in.scale + xr * c.in.scale_stride, c.in.scale_stride,
+               c.in.planes + xr * c.in.plane_stride, c.in.plane_stride, c.x_div, c.y + b * c.out, c.r, pair);
+  }
 }
 template <bool kExact>
 void launch_fp4_opw(const Fp4Call& c) {
