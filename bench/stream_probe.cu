@@ -4,8 +4,8 @@
 // 5120 × 1152 bytes), read by kernels that do nothing but load and fold the bytes, with the
 // launch shapes the GEMVs use and with simpler ones. L2 is flushed before every timed launch (the
 // step never finds its weights in L2). Each line: median µs over the repetitions, TB/s, and the
-// ratio to a contiguous read of the same byte count measured in the same run. Last, what launch
-// boundaries cost: the experts' gate+up and down bytes read by one launch, by the step's two, and
+// ratio to a contiguous read of the same byte count measured in the same run. Then what one launch
+// reaches at the sizes of the step's linears (2–71 MB), and what launch boundaries cost: the experts' gate+up and down bytes read by one launch, by the step's two, and
 // by eighteen, back to back and as a CUDA graph.
 //
 //   stream_probe [--experts 96] [--reps 30] [--seed 7]
@@ -249,12 +249,28 @@ int main(int argc, char** argv) {
        chunks(k_chunks<4>, d_dn_reg, 6, dn_mat, 32 << 10, 0), ref_dn);
   line("6 regions, 32 KB chunks, 8 loads in flight", dn_total,
        chunks(k_chunks<8>, d_dn_reg, 6, dn_mat, 32 << 10, 0), ref_dn);
+  const int64_t ch = 32 << 10;
+  // What one launch of a given size reaches (each linear's own denominator): contiguous reads of the
+  // sizes of the step's weight-streaming launches, 32 KB a block.
+  std::printf("one contiguous launch of the size of a step's linear (32 KB a block, 4 loads in flight; %% of the\n"
+              "71 MB launch's rate)\n");
+  const int64_t sizes[] = {64, 200, 400, 800, 1280, 2160};  // blocks: 2.1, 6.6, 13, 26, 42, 71 MB
+  double t[6];
+  for (int i = 0; i < 6; ++i) {
+    const Chunks c{d_flat, sizes[i] * ch, ch, 1};
+    t[i] = median_us(reps, flush, flush_bytes, sink, [&] { k_chunks<4><<<sizes[i], 256>>>(c, sizes[i], sink); });
+  }
+  for (int i = 0; i < 6; ++i) {
+    char what[64];
+    std::snprintf(what, sizeof(what), "%.1f MB", sizes[i] * ch / 1e6);
+    line(what, sizes[i] * ch, t[i], t[5] * double(sizes[i]) / double(sizes[5]));  // rate ratio
+  }
   // Launch boundaries: the routed experts' 106 MB (gate+up, then down) as one launch, as the step's
   // two launches, and as 18 launches of one matrix each; back to back on one stream, and as a graph.
   std::vector<const uint8_t*> all_reg(gu_reg);
   all_reg.insert(all_reg.end(), dn_reg.begin(), dn_reg.end());
   auto* d_all_reg = static_cast<const uint8_t* const*>(upload(all_reg));
-  const int64_t ch = 32 << 10, per = gu_mat / ch;
+  const int64_t per = gu_mat / ch;
   const Chunks c_all{d_all_reg, gu_mat, ch, 18}, c_gu{d_gu_reg, gu_mat, ch, 12}, c_dn{d_dn_reg, dn_mat, ch, 6};
   std::vector<Chunks> c_one;
   for (int i = 0; i < 18; ++i) c_one.push_back(Chunks{d_all_reg + i, gu_mat, ch, 1});
