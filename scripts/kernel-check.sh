@@ -20,6 +20,10 @@
 #                                    then the defaults' timeline (bench_decode --timeline, CSV to the
 #                                    log folder). ~3.5 s a run (10 values × 3 rounds: ~2 minutes; the shapes: DSUF_FP4=tiled AB="DSUF_TILED=8,8|4,8|8,4")
 #
+#   scripts/kernel-check.sh probe    bench/stream_probe: plain reads of the experts' bytes, one launch at
+#                                    each linear's size, launch boundaries (~20 s)
+#   scripts/kernel-check.sh pair A B two bench_decode binaries, batch 1 at 8K, $ROUNDS rounds interleaved
+#
 # Every result line says its settings. Logs go to $OUT (the device tool's folder) or /tmp.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -97,8 +101,23 @@ decode)
   echo "== defaults: timeline"
   bd --steps 10 --warmup 3 --timeline "$L/timeline" | tail -36
   ;;
+pair)
+  # Two bench_decode binaries (e.g. main's and a branch's) at batch 1 and 8K, $ROUNDS rounds
+  # interleaved: scripts/kernel-check.sh pair A/bench_decode B/bench_decode
+  export CUDA_VISIBLE_DEVICES=0
+  for rep in $(seq "${ROUNDS:-3}"); do
+    for bin in "${2:?two binaries}" "${3:?two binaries}"; do
+      echo "== $bin (round $rep): batch 1 at 8K"
+      timeout 150 "$bin" --engram-vocab 100000 --contexts 8192 --batches 1 --steps 30 --warmup 3 2>&1 | tail -1
+    done
+  done
+  ;;
+probe)
+  # What a plain read of the step's bytes achieves (bench/stream_probe), the per-kernel denominator.
+  CUDA_VISIBLE_DEVICES=0 timeout 200 "$B/stream_probe" --experts 96 --reps 30 2>&1 | tee "$L/probe.txt"
+  ;;
 *)
-  echo "usage: scripts/kernel-check.sh verify|time|decode" >&2
+  echo "usage: scripts/kernel-check.sh verify|time|decode|probe|pair A B" >&2
   exit 2
   ;;
 esac
