@@ -599,6 +599,17 @@ TEST(Fp4Tiled, LayoutIsTheLanesFragments) {
         std::memcpy(&want[3], w.data() + rg8 * row_bytes + (2 * st + 1) * 16 + 4 * q, 4);
         for (int i = 0; i < 4; ++i) ASSERT_EQ(got[i], want[i]) << "tile " << t << "," << st << " lane " << L;
       }
+  // k_fp4_mma_rows<true>: K-block kb's words of rows g and g + 8 as one 8-byte load at 8·(kb mod 2).
+  for (int64_t t = 0; t < rows / 16; ++t)
+    for (int64_t kb = 0; kb < nb; ++kb)
+      for (int L = 0; L < 32; ++L) {
+        uint32_t got[2], want[2];
+        std::memcpy(got, tiled.data() + (t * (nb / 2) + kb / 2) * 512 + L * 16 + (kb % 2) * 8, 8);
+        std::memcpy(&want[0], w.data() + (16 * t + L / 4) * row_bytes + kb * 16 + 4 * (L % 4), 4);
+        std::memcpy(&want[1], w.data() + (16 * t + L / 4 + 8) * row_bytes + kb * 16 + 4 * (L % 4), 4);
+        ASSERT_EQ(got[0], want[0]);
+        ASSERT_EQ(got[1], want[1]);
+      }
   EXPECT_TRUE(det::fp4_tileable(2304, 5120) && det::fp4_tileable(5120, 2304));
   EXPECT_FALSE(det::fp4_tileable(2300, 5120) || det::fp4_tileable(2304, 5120 + 64) || det::fp4_tileable(16, 32 * 260));
 }

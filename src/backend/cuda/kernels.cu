@@ -1589,6 +1589,9 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
 constexpr int kMmaRowWarps = 4;
 constexpr int kMmaRowMaxNb = 384;  // K up to 12288: the staging fits the default 48 KB
 size_t mma_rows_smem(int64_t nb) { return size_t(nb) * kRowGroup * 4; }
+// kTiled (DSUF_FP4=tiled): the weights as det::fp4_tiled_offset's tiles; a K-block's two words (rows
+// g and g+8, word q) are then one 8-byte load at lane (g, q)'s 16 bytes of the tile, offset 8·(kb mod 2).
+template <bool kTiled>
 __global__ void __launch_bounds__(32 * kMmaRowWarps) k_fp4_mma_rows(
     const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* __restrict__ groups,
     const int32_t* __restrict__ n_groups, const int32_t* __restrict__ order, int64_t out, int64_t K,
@@ -1618,6 +1621,8 @@ __global__ void __launch_bounds__(32 * kMmaRowWarps) k_fp4_mma_rows(
   // This lane's A words (rows g and g+8, word q of each K-block) and B column g (det::fp4_pair_column).
   const uint8_t* wg = We + clamp(o0 + g) * row_bytes + 4 * q;
   const uint8_t* wg8 = We + clamp(o0 + g + 8) * row_bytes + 4 * q;
+  // Tiled (out a multiple of 16): this warp's tile row (the last one for a warp past the end).
+  const uint8_t* wt = We + (min(o0, out - 16) / 16) * int64_t(nb / 2) * 512 + lane * 16;
   const det::Fp4PairColumn col = det::fp4_pair_column(g);
   const uint32_t bconst = g == 5 ? 0x01010101u : 0u;
   const uint8_t* bp[NP];
@@ -1643,8 +1648,13 @@ __global__ void __launch_bounds__(32 * kMmaRowWarps) k_fp4_mma_rows(
       lc = det::class_advance(lc, nb);
       if (u == 0) bt.sw = 0;
       bt.sw |= uint32_t(__ldg(sg + kb)) << (8 * u);
-      bt.wa[u] = __ldg(reinterpret_cast<const uint32_t*>(wg + int64_t(kb) * 16));
-      bt.wb[u] = __ldg(reinterpret_cast<const uint32_t*>(wg8 + int64_t(kb) * 16));
+      if constexpr (kTiled) {
+        const uint2 v = __ldg(reinterpret_cast<const uint2*>(wt + int64_t(kb / 2) * 512 + (kb % 2) * 8));
+        bt.wa[u] = v.x, bt.wb[u] = v.y;
+      } else {
+        bt.wa[u] = __ldg(reinterpret_cast<const uint32_t*>(wg + int64_t(kb) * 16));
+        bt.wb[u] = __ldg(reinterpret_cast<const uint32_t*>(wg8 + int64_t(kb) * 16));
+      }
 #pragma unroll
       for (int p = 0; p < NP; ++p)
         bt.b[u][p] = col.plane >= 0
@@ -3263,13 +3273,21 @@ void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const
   DSUF_CHECK(!in.scale || (in.planes && in.plane_stride >= interleaved_planes(K)),
              "fp4_linear: quantized inputs without their byte planes (InputSink::xp)");
   if (rows <= 0) return;
-  if (fp4_tiled() && det::fp4_tileable(out, K)) {  // the weights are tiles: every row through k_fp4_imma<…, true>
+  if (fp4_tiled() && det::fp4_tileable(out, K)) {  // the weights are tiles: grouped rows through
+    // k_fp4_mma_rows<true> (whatever the rows per expert), the rest through k_fp4_imma<…, true>
     DSUF_CHECK(in.scale && in.planes, "DSUF_FP4=tiled: the FP4 linears need quantized inputs with byte planes");
+    if (groups && K / 32 <= kMmaRowMaxNb) {
+      launch_pdl(k_fp4_mma_rows<true>, dim3(blocks_for(out, 16 * kMmaRowWarps), int(groups->max_groups),
+                                            pair.W ? 2 : 1),
+                 dim3(32 * kMmaRowWarps), mma_rows_smem(K / 32), s, W, Ws, groups->groups, groups->n_groups,
+                 groups->order, out, K, in.scale, in.scale_stride, in.planes, in.plane_stride, x_div, y, r, pair);
+      return;
+    }
     launch_imma<true>(Fp4Call{W, Ws, ids, out, K, in, x_div, rows, y, r, s, pair});
     return;
   }
   if (groups && in.scale && fp4_rows_mma(groups->rows, groups->experts) && K / 32 <= kMmaRowMaxNb) {
-    launch_pdl(k_fp4_mma_rows, dim3(blocks_for(out, 16 * kMmaRowWarps), int(groups->max_groups), pair.W ? 2 : 1),
+    launch_pdl(k_fp4_mma_rows<false>, dim3(blocks_for(out, 16 * kMmaRowWarps), int(groups->max_groups), pair.W ? 2 : 1),
                dim3(32 * kMmaRowWarps), mma_rows_smem(K / 32), s, W, Ws, groups->groups, groups->n_groups,
                groups->order, out, K, in.scale, in.scale_stride, in.planes, in.plane_stride, x_div, y, r, pair);
     return;
