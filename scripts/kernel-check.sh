@@ -10,7 +10,7 @@
 #                                    EXTRA="DSUF_FP8_GEMM_TILE=64x64"), forced too, and each setting in
 #                                    $PLAIN with the defaults otherwise (the decode path's knobs, which
 #                                    the forced tiled kernels would bypass; unset: the opt-in decode
-#                                    kernels, DSUF_FP4=imma|tiled and DSUF_PV=tiles); engine_cuda_tests;
+#                                    kernels, DSUF_FP4=imma|tiled|mma and DSUF_PV=tiles); engine_cuda_tests;
 #                                    cuda_tp_tests forced (needs 2 GPUs for its TP=2 cases)
 #   scripts/kernel-check.sh time     prefill 2048 tokens and batches 1/16/64 at 8K, each $AB setting
 #                                    (space-separated NAME=a|b|... lists, default the FP8 tile and the
@@ -51,7 +51,7 @@ case "${1:-verify}" in
 verify)
   runs=("default|" "forced|$FORCED")
   for x in ${EXTRA:-}; do runs+=("forced_${x//[^A-Za-z0-9]/_}|$FORCED $x"); done
-  for x in ${PLAIN-DSUF_FP4=imma DSUF_FP4=tiled DSUF_PV=tiles}; do runs+=("plain_${x//[^A-Za-z0-9]/_}|$x"); done
+  for x in ${PLAIN-DSUF_FP4=imma DSUF_FP4=tiled DSUF_FP4=mma DSUF_PV=tiles}; do runs+=("plain_${x//[^A-Za-z0-9]/_}|$x"); done
   i=0
   for run in "${runs[@]}"; do
     name=${run%%|*}

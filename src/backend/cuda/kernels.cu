@@ -1082,6 +1082,19 @@ __global__ void __launch_bounds__(256) k_fp8_gemm(const uint8_t* __restrict__ W,
     }
 }
 
+// Row `row`'s expert weights and scale codes; the ids come from this step's router, so it waits
+// for the previous kernel (programmatic dependent launch) first.
+struct RoutedExpert {
+  const uint8_t* W;
+  const uint8_t* S;
+};
+__device__ __forceinline__ RoutedExpert routed_expert(const uint8_t* const* W, const uint8_t* const* Ws,
+                                                      const int32_t* ids, int row) {
+  pdl_wait();
+  const int e = ids ? ids[row] : 0;
+  return {W[e], Ws[e]};
+}
+
 // Grouped FP4 (experts): grid.y = rows; row i uses expert ids[i] and input row i / x_div; grid.z = 2
 // for a pair (pair: the second weights and outputs). Each packed byte holds two inputs' weights, low
 // nibble first; they are added one after the other.
@@ -1099,10 +1112,7 @@ __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const
   const int64_t row_bytes = K / 2;
   pdl_trigger();
   if (o0 >= out) return;
-  pdl_wait();  // the expert ids come from this step's router
-  const int e = ids ? ids[row] : 0;
-  const uint8_t* We = W[e];
-  const uint8_t* Se = Ws[e];
+  const auto [We, Se] = routed_expert(W, Ws, ids, row);
   x += int64_t(row / x_div) * x_stride, xs += int64_t(row / x_div) * xs_stride;
   if (kExact) xp += int64_t(row / x_div) * xp_stride;
   auto clamp = [&](int o) { return o0 + o < out ? o0 + o : out - 1; };
@@ -1309,10 +1319,7 @@ __global__ void __launch_bounds__(32 * kMmaMaxRounds) k_fp4_mma(const uint8_t* c
   const int64_t row_bytes = K / 2;
   __shared__ int32_t sS[kMmaMaxRounds][16][33];  // [round][row][kb mod 32]: S, then c (padded: no conflicts)
   pdl_trigger();
-  pdl_wait();  // the expert ids come from this step's router
-  const int e = ids ? ids[row] : 0;
-  const uint8_t* We = W[e];
-  const uint8_t* Se = Ws[e];
+  const auto [We, Se] = routed_expert(W, Ws, ids, row);
   xs += int64_t(row / x_div) * xs_stride, xp += int64_t(row / x_div) * xp_stride;
   auto clamp = [&](int64_t o) { return o < out ? o : out - 1; };  // a tail repeats the last row
   const int kb0 = 32 * w, kn = min(32, nb - kb0);
@@ -1456,10 +1463,7 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   float* ssa = reinterpret_cast<float*>(sB + nb * 128);    // [kb]: the input scales
   uint8_t* codes = reinterpret_cast<uint8_t*>(ssa + nb) + w * 16 * nb;  // [row][kb]: the weight scale codes
   pdl_trigger();
-  pdl_wait();  // the expert ids come from this step's router
-  const int e = ids ? ids[row] : 0;
-  const uint8_t* We = W[e];
-  const uint8_t* Se = Ws[e];
+  const auto [We, Se] = routed_expert(W, Ws, ids, row);
   xs += int64_t(row / x_div) * xs_stride, xp += int64_t(row / x_div) * xp_stride;
   const bool active = o0 < out;  // warp-uniform; an idle warp still stages inputs and meets the barrier
   auto clamp = [&](int64_t o) { return o < out ? o : out - 1; };  // a tail repeats the last row
