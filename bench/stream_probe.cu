@@ -6,7 +6,8 @@
 // step never finds its weights in L2). Each line: median µs over the repetitions, TB/s, and the
 // ratio to a contiguous read of the same byte count measured in the same run. Then what one launch
 // reaches at the sizes of the step's linears (2–71 MB), and what launch boundaries cost: the experts' gate+up and down bytes read by one launch, by the step's two, and
-// by eighteen, back to back and as a CUDA graph.
+// by eighteen, back to back and as a CUDA graph, and by one persistent launch with a grid barrier
+// between them.
 //
 //   stream_probe [--experts 96] [--reps 30] [--seed 7]
 #include <cuda_runtime.h>
@@ -97,6 +98,40 @@ __global__ void __launch_bounds__(256) k_chunks(Chunks c, int64_t n_chunks, uint
       for (int u = 0; u < U; ++u) acc += fold(v[u]);
     }
   }
+  if (acc == 0x9e3779b9u) sink[0] = acc;
+}
+
+// A persistent grid (every block resident) reading a's chunks, then — after a grid-wide barrier, as
+// a layer kernel whose second linear needs the first one's outputs — b's: what a launch boundary
+// costs when it becomes a barrier. The barrier counts arrivals on `counter` and never resets it:
+// launch n's blocks wait for the count to reach (n + 1)·gridDim.x.
+__global__ void __launch_bounds__(256) k_two_phase(Chunks a, int64_t na, Chunks b, int64_t nbk, unsigned* counter,
+                                                   uint32_t* sink) {
+  uint32_t acc = 0;
+  auto phase = [&](const Chunks& c, int64_t n) {
+    const int64_t per_region = c.region_bytes / c.chunk_bytes;
+    for (int64_t k = blockIdx.x; k < n; k += gridDim.x) {
+      const uint4* p = reinterpret_cast<const uint4*>(c.region[k / per_region] + (k % per_region) * c.chunk_bytes);
+      const int m = int(c.chunk_bytes / 16);
+      for (int i0 = threadIdx.x; i0 < m; i0 += 256 * 4) {
+        uint4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) v[u] = i0 + 256 * u < m ? __ldg(p + i0 + 256 * u) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) acc += fold(v[u]);
+      }
+    }
+  };
+  phase(a, na);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    const unsigned ticket = atomicAdd(counter, 1u), target = (ticket / gridDim.x + 1) * gridDim.x;
+    while (atomicAdd(counter, 0u) < target) {
+    }
+  }
+  __syncthreads();
+  phase(b, nbk);
   if (acc == 0x9e3779b9u) sink[0] = acc;
 }
 
@@ -302,6 +337,15 @@ int main(int argc, char** argv) {
   line("two launches, one graph", all_total, median_us(reps, flush, flush_bytes, sink, [&] { check(cudaGraphLaunch(g_two, 0), "graph"); }), one);
   line("18 launches (a matrix each), back to back", all_total, median_us(reps, flush, flush_bytes, sink, [&] { seq_18(0); }), one);
   line("18 launches, one graph", all_total, median_us(reps, flush, flush_bytes, sink, [&] { check(cudaGraphLaunch(g_18, 0), "graph"); }), one);
+  int resident = 0;
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, k_two_phase, 256, 0), "occupancy");
+  unsigned* counter = nullptr;
+  check(cudaMalloc(&counter, sizeof(unsigned)), "malloc counter");
+  check(cudaMemset(counter, 0, sizeof(unsigned)), "memset counter");
+  const int pgrid = resident * sms;
+  line("one persistent launch, a grid barrier between gate+up and down", all_total,
+       median_us(reps, flush, flush_bytes, sink, [&] { k_two_phase<<<pgrid, 256>>>(c_gu, 12 * per, c_dn, 6 * per, counter, sink); }),
+       one);
   // The big-copy figure bench_decode's bound uses, for scale.
   const double big = median_us(reps, flush, flush_bytes, sink, [&] {
     const Chunks c{d_flat, 12 * gu_mat, 64 << 10, 1};
