@@ -25,4 +25,20 @@ std::vector<int64_t> parse_int_list(const std::string& s, const std::string& wha
   return out;
 }
 
+int env_choice(const char* name, std::initializer_list<const char*> values) {
+  const char* v = std::getenv(name);
+  const std::string m = v ? v : *values.begin();
+  std::string list;
+  int i = 0;
+  for (const char* c : values) {
+    if (m == c) return i;
+    list += (i++ ? ", " : "") + std::string(c);
+  }
+  fail(name, "=", m, ": expected ", list);
+}
+
+bool env_picks(const char* name, const std::string& dflt, const std::string& alt) {
+  return env_choice(name, {dflt.c_str(), alt.c_str()}) == 1;
+}
+
 }  // namespace dsuf

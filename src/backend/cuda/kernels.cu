@@ -1,5 +1,6 @@
 // Straightforward kernels mirroring the CPU reference; see kernels.cuh for the contract.
 #include "backend/cuda/kernels.cuh"
+#include "core/parse.h"
 
 #include <algorithm>
 #include <array>
@@ -9,7 +10,6 @@
 #include <utility>
 #include <string>
 #include <cstdlib>
-#include <initializer_list>
 #include <cmath>
 #include <type_traits>
 
@@ -3024,19 +3024,6 @@ struct Fp8Call {
   cudaStream_t s;
   Fp8Pair pair;
 };
-// The position of environment variable `name`'s value in `values` (the first when it is unset); any
-// other value fails, naming the choices.
-int env_choice(const char* name, std::initializer_list<const char*> values) {
-  const char* v = std::getenv(name);
-  const std::string m = v ? v : *values.begin();
-  std::string list;
-  int i = 0;
-  for (const char* c : values) {
-    if (m == c) return i;
-    list += (i++ ? ", " : "") + std::string(c);
-  }
-  fail(name, "=", m, ": expected ", list);
-}
 // DSUF_GEMV=regs|pipe|deep picks how the FP8/FP4 linears fetch weights (see GemvMode); regs by default.
 int gemv_mode() {
   static const int mode = env_choice("DSUF_GEMV", {"regs", "pipe", "deep"});  // kRegs, kRegsPipe, kDeep
@@ -3072,7 +3059,6 @@ void launch_fp8_opw(const Fp8Call& c) {
     default: return launch_fp8<1, R, kExact>(c);
   }
 }
-bool env_picks(const char* name, const std::string& dflt, const std::string& alt);
 // DSUF_FP8_GEMM_ROWS: rows from which an FP8 linear runs as the tiled k_fp8_gemm (0: never).
 int64_t fp8_gemm_rows() {
   static const int64_t v = [] {
@@ -3123,13 +3109,6 @@ void launch_fp4(const Fp4Call& c) {
   launch_pdl(k, dim3(blocks_for(c.out, 8 * OPW), int(c.rows), c.pair.W ? 2 : 1), dim3(256), 0, c.s, c.W, c.Ws,
              c.ids, c.out, c.K, c.in.x, c.in.stride, c.in.scale, c.in.scale_stride, c.in.planes, c.in.plane_stride,
              c.x_div, c.y, c.r, c.pair);
-}
-// Whether environment variable `name` picks `alt` over the default `dflt`, the only other value.
-bool env_picks(const char* name, const std::string& dflt, const std::string& alt) {
-  const char* v = std::getenv(name);
-  const std::string m = v ? v : dflt;
-  if (m != dflt && m != alt) fail(name, "=", m, ": expected ", dflt, " or ", alt);
-  return m == alt;
 }
 // DSUF_FP4=dp4a|mma|imma|tiled picks the quantized FP4 linear's kernel: k_fp4_gemv (the default),
 // k_fp4_mma, k_fp4_imma, or k_fp4_imma over weights laid out in tiles at load (fp4_tiled()).
