@@ -5,7 +5,8 @@
 // launch shapes the GEMVs use and with simpler ones. L2 is flushed before every timed launch (the
 // step never finds its weights in L2). Each line: median µs over the repetitions, TB/s, and the
 // ratio to a contiguous read of the same byte count measured in the same run. Then what one launch
-// reaches at the sizes of the step's linears (2–71 MB), and what launch boundaries cost: the experts' gate+up and down bytes read by one launch, by the step's two, and
+// reaches at the sizes of the step's linears (2–71 MB), the two 42 MB FP8 linears read in
+// k_fp8_gemv's shape, and what launch boundaries cost: the experts' gate+up and down bytes read by one launch, by the step's two, and
 // by eighteen, back to back and as a CUDA graph, and by one persistent launch with a grid barrier
 // between them.
 //
@@ -49,29 +50,34 @@ struct Regions {
   const int32_t* ids;          // the chosen experts
   int64_t rows, row_bytes;
 };
-template <int OPW, int U>
+template <int OPW, int U, int KB = 16>
 __global__ void __launch_bounds__(256) k_rows(Regions r, uint32_t* sink) {
+  // KB bytes a K-block and lane: 16 for E2M1 (k_fp4_gemv), 32 for E4M3 (k_fp8_gemv: two loads).
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t o0 = (int64_t(blockIdx.x) * 8 + warp) * OPW;
   if (o0 >= r.rows) return;
   const uint8_t* m = r.base[blockIdx.z * 1024 + r.ids[blockIdx.y]];
-  const int nb = int(r.row_bytes / 16);
+  const int nb = int(r.row_bytes / KB);
   uint32_t acc = 0;
   for (int kb0 = lane; kb0 < nb; kb0 += 32 * U) {
-    uint4 v[U][OPW];
+    uint4 v[U][OPW][KB / 16];
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int o = 0; o < OPW; ++o) {
         const int kb = kb0 + 32 * u;
         const int64_t row = o0 + o < r.rows ? o0 + o : r.rows - 1;
-        v[u][o] = kb < nb ? __ldg(reinterpret_cast<const uint4*>(m + row * r.row_bytes) + kb)
-                          : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int h = 0; h < KB / 16; ++h)
+          v[u][o][h] = kb < nb ? __ldg(reinterpret_cast<const uint4*>(m + row * r.row_bytes + int64_t(kb) * KB) + h)
+                               : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
-      for (int o = 0; o < OPW; ++o) acc += fold(v[u][o]);
+      for (int o = 0; o < OPW; ++o)
+#pragma unroll
+        for (int h = 0; h < KB / 16; ++h) acc += fold(v[u][o][h]);
   }
   if (acc == 0x9e3779b9u) sink[0] = acc;  // keeps the loads; practically never taken
 }
@@ -300,6 +306,22 @@ int main(int argc, char** argv) {
     std::snprintf(what, sizeof(what), "%.1f MB", sizes[i] * ch / 1e6);
     line(what, sizes[i] * ch, t[i], t[5] * double(sizes[i]) / double(sizes[5]));  // rate ratio
   }
+  // The FP8 GEMVs' shapes (k_fp8_gemv: a warp OPW rows, lane l the 32-byte K-blocks l, l+32, …) on
+  // the two 42 MB linears, against the contiguous 42 MB launch above.
+  std::printf("42 MB FP8 linears in k_fp8_gemv's shape (%% of the contiguous 41.9 MB launch)\n");
+  const std::vector<const uint8_t*> flat_tab{flat};
+  const std::vector<int32_t> zero_id{0};
+  auto* d_flat_tab = static_cast<const uint8_t* const*>(upload(flat_tab));
+  auto* d_zero = static_cast<const int32_t*>(upload(zero_id));
+  auto fp8_rows = [&](auto kernel, int opw, int64_t nrows, int64_t row_bytes) {
+    const Regions r{d_flat_tab, d_zero, nrows, row_bytes};
+    const dim3 grid(unsigned((nrows + 8 * opw - 1) / (8 * opw)), 1, 1);
+    return median_us(reps, flush, flush_bytes, sink, [&] { kernel<<<grid, 256>>>(r, sink); });
+  };
+  line("wq_b: 32768 rows x 1280 B, 4 rows a warp", sizes[4] * ch, fp8_rows(k_rows<4, 1, 32>, 4, 32768, 1280), t[4]);
+  line("wo_b: 5120 rows x 8192 B, 2 rows a warp, 1 round in flight", sizes[4] * ch,
+       fp8_rows(k_rows<2, 1, 32>, 2, 5120, 8192), t[4]);
+  line("wo_b, 2 rows a warp, 4 rounds in flight", sizes[4] * ch, fp8_rows(k_rows<2, 4, 32>, 2, 5120, 8192), t[4]);
   // Launch boundaries: the routed experts' 106 MB (gate+up, then down) as one launch, as the step's
   // two launches, and as 18 launches of one matrix each; back to back on one stream, and as a graph.
   std::vector<const uint8_t*> all_reg(gu_reg);
