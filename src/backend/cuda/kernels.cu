@@ -3110,16 +3110,20 @@ void launch_fp4(const Fp4Call& c) {
              c.ids, c.out, c.K, c.in.x, c.in.stride, c.in.scale, c.in.scale_stride, c.in.planes, c.in.plane_stride,
              c.x_div, c.y, c.r, c.pair);
 }
-// DSUF_FP4=dp4a|mma|imma|tiled picks the quantized FP4 linear's kernel: k_fp4_gemv (the default),
-// k_fp4_mma, k_fp4_imma, or k_fp4_imma over weights laid out in tiles at load (fp4_tiled()).
-enum Fp4Kernel { kFp4Dp4a = 0, kFp4Mma = 1, kFp4Imma = 2, kFp4Tiled = 3 };
+// DSUF_FP4=tiled|dp4a|mma|imma picks the quantized FP4 linear's kernel: k_fp4_imma over weights laid
+// out in tiles at load (the default, where the model allows it: fp4_tiled_wanted()), k_fp4_gemv (the
+// row-major layout's default), k_fp4_mma or k_fp4_imma.
+enum Fp4Kernel { kFp4Tiled = 0, kFp4Dp4a = 1, kFp4Mma = 2, kFp4Imma = 3 };
 int fp4_kernel() {
-  static const int k = env_choice("DSUF_FP4", {"dp4a", "mma", "imma", "tiled"});  // in Fp4Kernel's order
+  static const int k = env_choice("DSUF_FP4", {"tiled", "dp4a", "mma", "imma"});  // in Fp4Kernel's order
   return k;
 }
 }  // namespace
 
-bool fp4_tiled() { return fp4_kernel() == kFp4Tiled; }
+Fp4TiledWish fp4_tiled_wanted() {
+  if (fp4_kernel() != kFp4Tiled) return Fp4TiledWish::kNo;
+  return std::getenv("DSUF_FP4") ? Fp4TiledWish::kRequired : Fp4TiledWish::kWhereAllowed;
+}
 
 namespace {
 // Row-major E2M1 bytes → det::fp4_tiled_offset's tiles, a 4-byte word a thread.
@@ -3154,15 +3158,17 @@ void launch_imma(const Fp4Call& c) {
   static const Shape shape = [] {
     Shape sh{};
     if constexpr (kTiled)
-      sh = std::array<Shape, 3>{Shape{k_fp4_imma<8, 8, true>, 8, 8}, Shape{k_fp4_imma<4, 8, true>, 4, 8},
-                                Shape{k_fp4_imma<8, 4, true>, 8, 4}}[env_choice("DSUF_TILED", {"8,8", "4,8", "8,4"})];
+      sh = std::array<Shape, 4>{Shape{k_fp4_imma<4, 16, true>, 4, 16}, Shape{k_fp4_imma<4, 8, true>, 4, 8},
+                                Shape{k_fp4_imma<2, 16, true>, 2, 16},
+                                Shape{k_fp4_imma<8, 8, true>, 8, 8}}[env_choice("DSUF_TILED", {"4,16", "4,8", "2,16", "8,8"})];
     else
       sh = std::array<Shape, 4>{Shape{k_fp4_imma<8, 8, false>, 8, 8}, Shape{k_fp4_imma<8, 4, false>, 8, 4},
                                 Shape{k_fp4_imma<16, 4, false>, 16, 4},
                                 Shape{k_fp4_imma<16, 8, false>, 16, 8}}[env_choice("DSUF_IMMA", {"8,8", "8,4", "16,4", "16,8"})];
-    set_smem(sh.k, imma_smem(kImmaMaxNb, sh.stages, sh.warps, kTiled));
     return sh;
   }();
+  // Every call, not once: the attribute is per device, and tensor-parallel ranks launch on several.
+  set_smem(shape.k, imma_smem(kImmaMaxNb, shape.stages, shape.warps, kTiled));
   // grid.y holds at most 65535 rows: a long prefill chunk (rows = tokens × top-k) goes in slices of
   // whole input rows (a multiple of x_div), each with its ids, outputs and inputs offset.
   const int64_t slice = 65535 / c.x_div * c.x_div;
@@ -3250,15 +3256,15 @@ void group_rows(const int32_t* ids, int64_t rows, int experts, RowGroups& g, cud
 }
 void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
                         const LinearInput& in, int x_div, int64_t rows, float* y, bool r, cudaStream_t s,
-                        const Fp4Pair& pair, const RowGroups* groups) {
+                        const Fp4Pair& pair, const RowGroups* groups, bool tiled) {
   DSUF_CHECK(K % 32 == 0 && in.group_stride == interleaved_k(K), "fp4_linear: K = ", K, ", input laid out for ",
              in.group_stride);
   DSUF_CHECK(!in.scale || (in.planes && in.plane_stride >= interleaved_planes(K)),
              "fp4_linear: quantized inputs without their byte planes (InputSink::xp)");
   if (rows <= 0) return;
-  if (fp4_tiled() && det::fp4_tileable(out, K)) {  // the weights are tiles: grouped rows through
+  if (tiled && det::fp4_tileable(out, K)) {  // the weights are tiles: grouped rows through
     // k_fp4_mma_rows<true> (whatever the rows per expert), the rest through k_fp4_imma<…, true>
-    DSUF_CHECK(in.scale && in.planes, "DSUF_FP4=tiled: the FP4 linears need quantized inputs with byte planes");
+    DSUF_CHECK(in.scale && in.planes, "fp4_linear (tiled weights): needs quantized inputs with byte planes");
     if (groups && K / 32 <= kMmaRowMaxNb) {
       launch_pdl(k_fp4_mma_rows<true>, dim3(blocks_for(out, 16 * kMmaRowWarps), int(groups->max_groups),
                                             pair.W ? 2 : 1),
