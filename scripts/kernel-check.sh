@@ -10,7 +10,8 @@
 #                                    EXTRA="DSUF_FP8_GEMM_TILE=64x64"), forced too, and each setting in
 #                                    $PLAIN with the defaults otherwise (the decode path's knobs, which
 #                                    the forced tiled kernels would bypass; unset: the opt-in decode
-#                                    kernels, DSUF_FP4=imma and DSUF_PV=tiles); engine_cuda_tests;
+#                                    kernels and the row-major experts' kernel: DSUF_FP4=dp4a|imma|mma
+#                                    and DSUF_PV=tiles); engine_cuda_tests;
 #                                    cuda_tp_tests forced (needs 2 GPUs for its TP=2 cases)
 #   scripts/kernel-check.sh time     prefill 2048 tokens and batches 1/16/64 at 8K, each $AB setting
 #                                    (space-separated NAME=a|b|... lists, default the FP8 tile and the
@@ -18,7 +19,7 @@
 ##   scripts/kernel-check.sh decode   batch 1 at 8K, each $AB setting (default: the decode step's
 #                                    knobs) against its alternatives, $ROUNDS (3) rounds interleaved,
 #                                    then the defaults' timeline (bench_decode --timeline, CSV to the
-#                                    log folder). ~3.5 s a run (9 values × 3 rounds: ~2 minutes)
+#                                    log folder). ~3.5 s a run (10 values × 3 rounds: ~2 minutes; the shapes: DSUF_FP4=tiled AB="DSUF_TILED=8,8|4,8|8,4")
 #
 #   scripts/kernel-check.sh probe    bench/stream_probe: plain reads of the experts' bytes, one launch at
 #                                    each linear's size, launch boundaries (~20 s)
@@ -51,7 +52,7 @@ case "${1:-verify}" in
 verify)
   runs=("default|" "forced|$FORCED")
   for x in ${EXTRA:-}; do runs+=("forced_${x//[^A-Za-z0-9]/_}|$FORCED $x"); done
-  for x in ${PLAIN-DSUF_FP4=imma DSUF_PV=tiles}; do runs+=("plain_${x//[^A-Za-z0-9]/_}|$x"); done
+  for x in ${PLAIN-DSUF_FP4=dp4a DSUF_FP4=imma DSUF_FP4=mma DSUF_PV=tiles}; do runs+=("plain_${x//[^A-Za-z0-9]/_}|$x"); done
   i=0
   for run in "${runs[@]}"; do
     name=${run%%|*}
@@ -71,7 +72,7 @@ verify)
   ;;
 time)
   export CUDA_VISIBLE_DEVICES=0
-  bd() { timeout 150 "$B/bench_decode" --engram-vocab 100000 "$@" 2>&1 | grep -v '^model:\|^head:'; }
+  bd() { timeout 150 "$B/bench_decode" --engram-vocab 100000 "$@" 2>&1 | grep -v '^model:\|^head:\|^routed experts'; }
   for spec in ${AB:-DSUF_FP8_GEMM_TILE=128x32|64x64 DSUF_FP4_ROWS=mma|dp4a}; do
     var=${spec%%=*}
     IFS='|' read -r -a vals <<< "${spec#*=}"
@@ -87,8 +88,8 @@ time)
   ;;
 decode)
   export CUDA_VISIBLE_DEVICES=0
-  bd() { timeout 150 "$B/bench_decode" --engram-vocab 100000 --contexts 8192 --batches 1 "$@" 2>&1 | grep -v '^model:\|^head:'; }
-  for spec in ${AB:-DSUF_FP4=dp4a|imma DSUF_PV=cp|tiles DSUF_ATT_SPLIT=40|20|10 DSUF_FP4_OPW=4|2}; do
+  bd() { timeout 150 "$B/bench_decode" --engram-vocab 100000 --contexts 8192 --batches 1 "$@" 2>&1 | grep -v '^model:\|^head:\|^routed experts'; }
+  for spec in ${AB:-DSUF_FP4=tiled|dp4a DSUF_TILED=4,16|4,8 DSUF_PV=cp|tiles DSUF_ATT_SPLIT=40|20|10}; do
     var=${spec%%=*}
     IFS='|' read -r -a vals <<< "${spec#*=}"
     for rep in $(seq "${ROUNDS:-3}"); do

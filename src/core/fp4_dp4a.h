@@ -197,4 +197,23 @@ DSUF_HD float fp4_imma_tree(const float (&acc)[16]) {
   return (b4[0] + b4[2]) + (b4[1] + b4[3]);
 }
 
+// ---- k_fp4_imma<…, true>'s weight layout (DSUF_FP4=tiled) -------------------------------------------
+// An E2M1 matrix of `rows` rows (a multiple of 16) and nb K-blocks (even) as tiles of 16 rows × 2
+// K-blocks, 512 bytes each, tile (t, st) at (t·nb/2 + st)·512, so that a warp's 16 rows stream as one
+// contiguous run; inside a tile, lane L = 4g + q's 16 bytes hold word q (bytes 4q..4q+3) of row g and
+// row g + 8 of K-block 2st, then of K-block 2st + 1 — the registers ldmatrix.x4 hands k_fp4_imma's
+// lane, so one 16-byte load a lane replaces the shared-memory ring. The offset of byte `byte` of row
+// `row` in the checkpoint's row-major layout:
+DSUF_HD int64_t fp4_tiled_offset(int64_t row, int64_t byte, int64_t nb) {
+  const int64_t t = row / 16, r = row % 16, kb = byte / 16, q = (byte % 16) / 4;
+  const int64_t reg = r / 8 + 2 * (kb % 2);
+  return (t * (nb / 2) + kb / 2) * 512 + (4 * (r % 8) + q) * 16 + reg * 4 + byte % 4;
+}
+// Whether a linear of `out` rows and K inputs can take the tiled layout (and k_fp4_imma<…, true>):
+// whole tiles, the scale codes in 4-byte pieces (nb % 4), and at most 256 K-blocks of staged inputs.
+DSUF_HD bool fp4_tileable(int64_t out, int64_t K) {
+  const int64_t nb = K / 32;
+  return out > 0 && out % 16 == 0 && K % 32 == 0 && nb % 4 == 0 && nb <= 256;
+}
+
 }  // namespace dsuf::det

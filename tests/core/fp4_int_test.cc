@@ -570,5 +570,122 @@ TEST(Fp4IntMma, ImmaTreeIsWarpSumBitForBit) {
   EXPECT_GT(differs_from_serial, 100);  // the order matters on these inputs, so the test can fail
 }
 
+// The tiled layout: a bijection of the matrix's bytes, and lane L's 16 bytes of tile (t, st) are the
+// four words ldmatrix.x4 gives k_fp4_imma's lane (word q of rows g, g + 8 of K-blocks 2st, 2st + 1).
+TEST(Fp4Tiled, LayoutIsTheLanesFragments) {
+  std::mt19937 g(99);
+  const int64_t rows = 48, nb = 12, row_bytes = nb * 16;
+  std::vector<uint8_t> w(size_t(rows * row_bytes)), tiled(w.size(), 0), seen(w.size(), 0);
+  for (auto& c : w) c = uint8_t(g());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < row_bytes; ++b) {
+      const int64_t off = det::fp4_tiled_offset(r, b, nb);
+      ASSERT_GE(off, 0);
+      ASSERT_LT(off, int64_t(w.size()));
+      seen[size_t(off)]++;
+      tiled[size_t(off)] = w[size_t(r * row_bytes + b)];
+    }
+  for (uint8_t c : seen) ASSERT_EQ(c, 1);
+  for (int64_t t = 0; t < rows / 16; ++t)
+    for (int64_t st = 0; st < nb / 2; ++st)
+      for (int L = 0; L < 32; ++L) {
+        const int gg = L / 4, q = L % 4;
+        uint32_t got[4], want[4];
+        std::memcpy(got, tiled.data() + (t * (nb / 2) + st) * 512 + L * 16, 16);
+        const int64_t rg = 16 * t + gg, rg8 = rg + 8;
+        std::memcpy(&want[0], w.data() + rg * row_bytes + (2 * st) * 16 + 4 * q, 4);
+        std::memcpy(&want[1], w.data() + rg8 * row_bytes + (2 * st) * 16 + 4 * q, 4);
+        std::memcpy(&want[2], w.data() + rg * row_bytes + (2 * st + 1) * 16 + 4 * q, 4);
+        std::memcpy(&want[3], w.data() + rg8 * row_bytes + (2 * st + 1) * 16 + 4 * q, 4);
+        for (int i = 0; i < 4; ++i) ASSERT_EQ(got[i], want[i]) << "tile " << t << "," << st << " lane " << L;
+      }
+  // k_fp4_mma_rows<true>: K-block kb's words of rows g and g + 8 as one 8-byte load at 8·(kb mod 2).
+  for (int64_t t = 0; t < rows / 16; ++t)
+    for (int64_t kb = 0; kb < nb; ++kb)
+      for (int L = 0; L < 32; ++L) {
+        uint32_t got[2], want[2];
+        std::memcpy(got, tiled.data() + (t * (nb / 2) + kb / 2) * 512 + L * 16 + (kb % 2) * 8, 8);
+        std::memcpy(&want[0], w.data() + (16 * t + L / 4) * row_bytes + kb * 16 + 4 * (L % 4), 4);
+        std::memcpy(&want[1], w.data() + (16 * t + L / 4 + 8) * row_bytes + kb * 16 + 4 * (L % 4), 4);
+        ASSERT_EQ(got[0], want[0]);
+        ASSERT_EQ(got[1], want[1]);
+      }
+  EXPECT_TRUE(det::fp4_tileable(2304, 5120) && det::fp4_tileable(5120, 2304));
+  EXPECT_FALSE(det::fp4_tileable(2300, 5120) || det::fp4_tileable(2304, 5120 + 64) || det::fp4_tileable(16, 32 * 260));
+}
+
+// k_fp4_imma_tiled's whole arithmetic for one warp's 16 rows, emulated lane by lane from the tiled
+// bytes (the MMAs as the PTX ISA lays out their fragments): every row's output bit for bit equal to
+// the CPU reference's (det::lane_sum over the blocks' part(S)·(s_a·s_w), as cpu_backend's fp4_linear).
+TEST(Fp4Tiled, WarpEqualsTheReferenceRowSums) {
+  std::mt19937 g(4711);
+  for (int64_t nb : {8, 72, 160}) {
+    const int64_t row_bytes = nb * 16;
+    std::vector<uint8_t> w(size_t(16 * row_bytes)), tiled(w.size()), codes(size_t(16 * nb)), a(size_t(nb * 32));
+    for (auto& c : w) c = uint8_t(g());
+    for (auto& c : codes) c = uint8_t(110 + g() % 30);
+    for (auto& c : a) c = random_e4m3(g);
+    std::vector<float> sa(static_cast<size_t>(nb));
+    for (auto& s : sa) s = std::ldexp(1.0f, int(g() % 20) - 10);
+    for (int64_t r = 0; r < 16; ++r)
+      for (int64_t b = 0; b < row_bytes; ++b) tiled[size_t(det::fp4_tiled_offset(r, b, nb))] = w[size_t(r * row_bytes + b)];
+    // Reference: the CPU backend's sum for each row.
+    std::vector<int32_t> X(static_cast<size_t>(nb * 32));
+    for (size_t k = 0; k < X.size(); ++k) X[k] = det::e4m3_x512(e4m3_to_float(a[k]));
+    float want[16];
+    for (int r = 0; r < 16; ++r)
+      want[r] = det::lane_sum(nb, [&](int64_t kb) {
+        const float part = det::fp4_act_block_part(det::fp4_act_block_isum(X.data() + kb * 32, w.data() + r * row_bytes + kb * 16));
+        return part * (sa[size_t(kb)] * std::ldexp(1.0f, int(codes[size_t(r * nb + kb)]) - 127));
+      });
+    // The kernel, lane by lane.
+    float acc[32][16] = {};
+    for (int64_t st = 0; st < nb / 2; ++st) {
+      uint32_t pos[2][32][4], neg[2][32][4], b[2][32][2];
+      for (int L = 0; L < 32; ++L) {
+        uint32_t wr[4];
+        std::memcpy(wr, tiled.data() + st * 512 + L * 16, 16);
+        det::Fp4MmaA f0, f1;
+        det::fp4_mma_a(wr[0], wr[1], f0), det::fp4_mma_a(wr[2], wr[3], f1);
+        std::memcpy(pos[0][L], f0.pos, 16), std::memcpy(neg[0][L], f0.neg, 16);
+        std::memcpy(pos[1][L], f1.pos, 16), std::memcpy(neg[1][L], f1.neg, 16);
+        const int gg = L / 4, q = L % 4, kb = int(2 * st + gg / 4), plane = gg % 4;
+        uint8_t bytes[8];
+        for (int i = 0; i < 8; ++i)
+          bytes[i] = plane == 3 ? 1 : det::x512_plane(X[size_t(kb * 32 + 8 * q + i)], plane);
+        uint32_t v[2];
+        std::memcpy(v, bytes, 8);
+        if (plane == 2) v[0] = det::fp4_mma_hi4(v[0]), v[1] = det::fp4_mma_hi4(v[1]);
+        for (int h = 0; h < 2; ++h)
+          for (int r = 0; r < 2; ++r) b[h][L][r] = (gg / 4 == h) ? v[r] : 0u;
+      }
+      int32_t d[32][4] = {};
+      for (int h = 0; h < 2; ++h) emulate_mma(pos[h], b[h], d), emulate_mma(neg[h], b[h], d);
+      uint32_t tg[32], tg8[32], send[32];
+      for (int L = 0; L < 32; ++L) {
+        const det::Fp4ImmaFactors f = det::fp4_imma_factors(L % 2);
+        tg[L] = det::fp4_imma_term(uint32_t(d[L][0]), uint32_t(d[L][1]), f);
+        tg8[L] = det::fp4_imma_term(uint32_t(d[L][2]), uint32_t(d[L][3]), f);
+        send[L] = det::fp4_imma_send(tg[L], tg8[L], L % 2);
+      }
+      for (int L = 0; L < 32; ++L) {
+        const int h = (L % 4) / 2, row = L / 4 + 8 * (L % 2);
+        const int64_t kb = 2 * st + h;
+        const int32_t S = det::fp4_imma_isum(tg[L], tg8[L], L % 2, send[L ^ 1]);
+        const float sw = std::ldexp(1.0f, int(codes[size_t(row * nb + kb)]) - 127);
+        const float c = det::fp4_act_block_part(S) * (sa[size_t(kb)] * sw);
+        acc[L][(st % 16)] = acc[L][(st % 16)] + c;  // class 2·(st mod 16) + h
+      }
+    }
+    for (int L = 0; L < 32; ++L) {
+      if ((L % 4) / 2 != 0) continue;  // lanes q = 0, 1 write rows g and g + 8
+      const float mine = det::fp4_imma_tree(acc[L]), other = det::fp4_imma_tree(acc[L ^ 2]);
+      const float got = mine + other;
+      const int row = L / 4 + 8 * (L % 2);
+      EXPECT_EQ(std::memcmp(&got, &want[row], 4), 0) << "nb " << nb << ", row " << row << ": " << got << " vs " << want[row];
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dsuf

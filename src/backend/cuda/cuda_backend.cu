@@ -130,6 +130,7 @@ struct CudaBackend::Impl {
   float *tp_send = nullptr, *tp_recv = nullptr;
   int64_t tp_send_floats = 0;
   cuda::ColSplit zg_split, hidden_split, vocab_split, ffn_split;  // columns each rank computes of the gathered products
+  bool experts_tiled = false;  // the routed experts' E2M1 weights as tiles (cuda::fp4_tiled_wanted)
   std::unique_ptr<EngramHasher> hasher;
   cudaStream_t stream = nullptr;
   // A second stream for the independent branches of a layer (the compressor and indexer beside the
@@ -538,6 +539,18 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   zg_split = cuda::col_split(part.group_cols()), hidden_split = cuda::col_split(part.hidden);
   vocab_split = cuda::col_split(part.vocab);
   if (part.world > 1 && part.width_experts()) ffn_split = cuda::col_split(part.ffn);
+  // The experts' layout: tiles by default (k_fp4_imma<…, true>), row-major where the model needs it —
+  // experts split by width (the tiles hold 16 whole rows) or unquantized activations (no byte planes).
+  // Tensor-parallel ranks keep row-major unless DSUF_FP4=tiled asks: their tiled run is not yet
+  // checked on the GPU since the fix of its launch (docs/perf.md v17).
+  const bool tileable = !(part.world > 1 && part.width_experts()) && opt.numerics.act_quant;
+  const cuda::Fp4TiledWish wish = cuda::fp4_tiled_wanted();
+  DSUF_CHECK(tileable || wish != cuda::Fp4TiledWish::kRequired,
+             "DSUF_FP4=tiled: the experts are split by width (docs/tp.md; set DSUF_TP_EXPERTS=ep) or the "
+             "activations are not quantized; unset DSUF_FP4 to let the model pick its layout");
+  experts_tiled = tileable && (wish == cuda::Fp4TiledWish::kRequired ||
+                               (wish == cuda::Fp4TiledWish::kWhereAllowed && part.world == 1));
+  uint8_t* tile_scratch = nullptr;  // one expert matrix, for the in-place re-layout
   for (const LayerPlan& lp : cfg.layers) {
     const std::string p = "layers." + std::to_string(lp.layer) + ".";
     DevLayer d{};
@@ -565,6 +578,16 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
       }
     }
     d.experts = {up_ptrs(ptr[0]), up_ptrs(ptr[1]), up_ptrs(ptr[2]), up_ptrs(ptr[3]), up_ptrs(ptr[4]), up_ptrs(ptr[5])};
+    if (experts_tiled) {  // w1, w3: [F, D/2]; w2: [D, F/2] (each distinct tensor once: stand-ins repeat)
+      if (!tile_scratch) DSUF_CUDA(cudaMalloc(&tile_scratch, size_t(F * D / 2)));
+      for (int k : {0, 2, 4}) {
+        const int64_t out = k == 2 ? D : F, in = k == 2 ? F : D;
+        std::vector<const uint8_t*> once(ptr[k]);
+        std::sort(once.begin(), once.end());
+        once.erase(std::unique(once.begin(), once.end()), once.end());
+        for (const uint8_t* w : once) cuda::fp4_tile_in_place(const_cast<uint8_t*>(w), out, in, tile_scratch, nullptr);
+      }
+    }
     d.sw1 = fp8(p + "ffn.shared_experts.w1", F, D), d.sw2 = fp8(p + "ffn.shared_experts.w2", D, F);
     d.sw3 = fp8(p + "ffn.shared_experts.w3", F, D);
     if (lp.engram_slot >= 0) {
@@ -574,6 +597,10 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
       d.e_q = u16(p + "engram.q_weight"), d.e_k = u16(p + "engram.k_weight");
     }
     layers.push_back(d);
+  }
+  if (tile_scratch) {
+    DSUF_CUDA(cudaDeviceSynchronize());
+    DSUF_CUDA(cudaFree(tile_scratch));
   }
   // RoPE frequencies: the same FP32 values the CPU reference computes (model/rope.h).
   half = t.qk_rope_head_dim / 2;
@@ -1140,10 +1167,10 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
     cuda::gather_expert_rows(comm, ws.ye, nullptr, rows, D, tp_recv, ws.ys, n, part.shared_owner(l), stream);
   } else {
     cuda::fp4_linear_grouped(d.experts.w1, d.experts.s1, ws.ids, F, D, xin, K, rows, ws.h1, r, stream,
-                             {.W = d.experts.w3, .Ws = d.experts.s3, .y = ws.h3}, grouped);
+                             {.W = d.experts.w3, .Ws = d.experts.s3, .y = ws.h3}, grouped, experts_tiled);
     cuda::swiglu(ws.h1, ws.h3, rows, F, ws.rw, limit, true, r, stream, hsink);
     cuda::fp4_linear_grouped(d.experts.w2, d.experts.s2, ws.ids, D, F, hin, 1, rows, ws.ye, r, stream, {},
-                             grouped);
+                             grouped, experts_tiled);
     // Tensor parallel: the rows of ye whose expert another rank owns were computed with a stand-in
     // expert and are replaced by the owner's; the shared expert runs whole on its layer's owner.
     if (part.owns_shared(l)) join();

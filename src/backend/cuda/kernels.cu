@@ -3,6 +3,7 @@
 #include "core/parse.h"
 
 #include <algorithm>
+#include <array>
 #include <cfloat>
 #include <thread>
 #include <vector>
@@ -1081,6 +1082,19 @@ __global__ void __launch_bounds__(256) k_fp8_gemm(const uint8_t* __restrict__ W,
     }
 }
 
+// Row `row`'s expert weights and scale codes; the ids come from this step's router, so it waits
+// for the previous kernel (programmatic dependent launch) first.
+struct RoutedExpert {
+  const uint8_t* W;
+  const uint8_t* S;
+};
+__device__ __forceinline__ RoutedExpert routed_expert(const uint8_t* const* W, const uint8_t* const* Ws,
+                                                      const int32_t* ids, int row) {
+  pdl_wait();
+  const int e = ids ? ids[row] : 0;
+  return {W[e], Ws[e]};
+}
+
 // Grouped FP4 (experts): grid.y = rows; row i uses expert ids[i] and input row i / x_div; grid.z = 2
 // for a pair (pair: the second weights and outputs). Each packed byte holds two inputs' weights, low
 // nibble first; they are added one after the other.
@@ -1098,10 +1112,7 @@ __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const
   const int64_t row_bytes = K / 2;
   pdl_trigger();
   if (o0 >= out) return;
-  pdl_wait();  // the expert ids come from this step's router
-  const int e = ids ? ids[row] : 0;
-  const uint8_t* We = W[e];
-  const uint8_t* Se = Ws[e];
+  const auto [We, Se] = routed_expert(W, Ws, ids, row);
   x += int64_t(row / x_div) * x_stride, xs += int64_t(row / x_div) * xs_stride;
   if (kExact) xp += int64_t(row / x_div) * xp_stride;
   auto clamp = [&](int o) { return o0 + o < out ? o0 + o : out - 1; };
@@ -1308,10 +1319,7 @@ __global__ void __launch_bounds__(32 * kMmaMaxRounds) k_fp4_mma(const uint8_t* c
   const int64_t row_bytes = K / 2;
   __shared__ int32_t sS[kMmaMaxRounds][16][33];  // [round][row][kb mod 32]: S, then c (padded: no conflicts)
   pdl_trigger();
-  pdl_wait();  // the expert ids come from this step's router
-  const int e = ids ? ids[row] : 0;
-  const uint8_t* We = W[e];
-  const uint8_t* Se = Ws[e];
+  const auto [We, Se] = routed_expert(W, Ws, ids, row);
   xs += int64_t(row / x_div) * xs_stride, xp += int64_t(row / x_div) * xp_stride;
   auto clamp = [&](int64_t o) { return o < out ? o : out - 1; };  // a tail repeats the last row
   const int kb0 = 32 * w, kn = min(32, nb - kb0);
@@ -1413,8 +1421,8 @@ __global__ void __launch_bounds__(32 * kMmaMaxRounds) k_fp4_mma(const uint8_t* c
 // l, l+32, … and warp_sum, so the same bits.
 constexpr int kImmaMaxNb = 256;
 __device__ uint32_t kImmaTables[4] = {0x06040200u, 0x18100C08u, 0xFDFEFF00u, 0xF4F8FAFCu};  // det::Fp4Tables
-size_t imma_smem(int64_t nb, int stages, int warps) {
-  return size_t(warps) * stages * 512 + size_t(nb) * (128 + 4) + size_t(warps) * 16 * nb;
+size_t imma_smem(int64_t nb, int stages, int warps, bool tiled) {
+  return (tiled ? 0 : size_t(warps) * stages * 512) + size_t(nb) * (128 + 4) + size_t(warps) * 16 * nb;
 }
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
 __device__ __forceinline__ void cp_async16_to(uint32_t dst, const void* src) {
@@ -1434,12 +1442,16 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
                : "r"(addr)
                : "memory");
 }
-template <int kImmaStages, int kImmaWarps>
+// kTiled (DSUF_FP4=tiled, k_fp4_imma<…, true>): the weights in det::fp4_tiled_offset's layout (laid out
+// so at load, fp4_tile_in_place), so that a lane's stage is one 16-byte load of a contiguous 512-byte
+// warp load straight into registers — kImmaStages − 1 stages in flight, no ring, no ldmatrix.
+template <int kImmaStages, int kImmaWarps, bool kTiled>
 __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(const uint8_t* const* W, const uint8_t* const* Ws,
                                                                  const int32_t* ids, int64_t out, int64_t K,
                                                                  const float* __restrict__ xs, int64_t xs_stride,
                                                                  const uint8_t* __restrict__ xp, int64_t xp_stride,
                                                                  int x_div, float* y, bool r, Fp4Pair pair) {
+  static_assert(16 % kImmaStages == 0, "a chunk's 16 stages start on slot 0 of the ring");
   extern __shared__ __align__(16) uint8_t imma_sm[];
   const int nb = int(K / 32), nst = (nb + 1) / 2;  // K-blocks; stages of two
   const int row = blockIdx.y;
@@ -1447,14 +1459,11 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const int64_t o0 = (int64_t(blockIdx.x) * kImmaWarps + w) * 16;
   const int64_t row_bytes = K / 2;
-  uint8_t* sB = imma_sm + kImmaWarps * kImmaStages * 512;  // [kb][plane lo, mid, hi + 4, ones][32 bytes]
+  uint8_t* sB = imma_sm + (kTiled ? 0 : kImmaWarps * kImmaStages * 512);  // [kb][lo, mid, hi + 4, ones][32 B]
   float* ssa = reinterpret_cast<float*>(sB + nb * 128);    // [kb]: the input scales
   uint8_t* codes = reinterpret_cast<uint8_t*>(ssa + nb) + w * 16 * nb;  // [row][kb]: the weight scale codes
   pdl_trigger();
-  pdl_wait();  // the expert ids come from this step's router
-  const int e = ids ? ids[row] : 0;
-  const uint8_t* We = W[e];
-  const uint8_t* Se = Ws[e];
+  const auto [We, Se] = routed_expert(W, Ws, ids, row);
   xs += int64_t(row / x_div) * xs_stride, xp += int64_t(row / x_div) * xp_stride;
   const bool active = o0 < out;  // warp-uniform; an idle warp still stages inputs and meets the barrier
   auto clamp = [&](int64_t o) { return o < out ? o : out - 1; };  // a tail repeats the last row
@@ -1463,9 +1472,16 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   const uint32_t slot0 = smem_u32(imma_sm + w * (kImmaStages * 512) + (lane / 16) * 256 + (lane % 16) * 16);
   // This lane's copies: stages st < my_nst hold its K-block 2·st + lane / 16.
   const int my_nst = active ? (nb + 1 - lane / 16) / 2 : 0;
-  auto issue = [&](int st, int slot) {  // every lane commits a group per stage, empty or not: the counts agree
-    if (st < my_nst) cp_async16_to(slot0 + slot * 512, wsrc + int64_t(st) * 32);
-    cp_async_commit();
+  // Tiled: the warp's 16 rows are nst contiguous 512-byte stages; lane L's 16 bytes at L·16.
+  const uint4* wt = reinterpret_cast<const uint4*>(We + (active ? o0 / 16 : 0) * int64_t(nst) * 512) + lane;
+  uint4 buf[kImmaStages];
+  auto issue = [&](int st, int slot) {
+    if constexpr (kTiled) {
+      if (st < my_nst) buf[slot] = __ldg(wt + int64_t(st) * 32);
+    } else {  // every lane commits a group per stage, empty or not: the counts agree
+      if (st < my_nst) cp_async16_to(slot0 + slot * 512, wsrc + int64_t(st) * 32);
+      cp_async_commit();
+    }
   };
   // The input planes, scales and the 16 rows' scale codes: one group, before the ring's stages.
   for (int i = threadIdx.x; i < nb * 6; i += blockDim.x)  // 16-byte piece j = i % 6: plane j / 2, half j % 2
@@ -1488,7 +1504,8 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   cp_async_commit();
 #pragma unroll
   for (int st = 0; st < kImmaStages - 1; ++st) issue(st, st);
-  cp_async_wait_group<kImmaStages - 1>();  // the first group
+  if constexpr (kTiled) cp_async_wait_group<0>();  // the first group, the only one
+  else cp_async_wait_group<kImmaStages - 1>();
   __syncthreads();
   for (int i = threadIdx.x; i < nb * 2; i += blockDim.x) {  // plane 2 → hi + 4, in place
     uint4* p = reinterpret_cast<uint4*>(sB + (i / 2) * 128 + 64 + (i % 2) * 16);
@@ -1521,11 +1538,17 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
     for (int s = 0; s < 16; ++s) {
       const int st = base + s;
       if (kTail && st >= nst) break;
-      cp_async_wait_group<kImmaStages - 2>();  // this lane's copies of stage st have landed
-      __syncwarp();                              // and every lane's; stage st − 1's slot is read
-      issue(st + kImmaStages - 1, (s + kImmaStages - 1) % kImmaStages);
       uint32_t wr[4];
-      ldmatrix_x4(wr, slot0 + (s % kImmaStages) * 512);  // base is a multiple of kImmaStages
+      if constexpr (kTiled) {
+        const uint4 v = buf[s % kImmaStages];  // base is a multiple of kImmaStages
+        wr[0] = v.x, wr[1] = v.y, wr[2] = v.z, wr[3] = v.w;
+        issue(st + kImmaStages - 1, (s + kImmaStages - 1) % kImmaStages);
+      } else {
+        cp_async_wait_group<kImmaStages - 2>();  // this lane's copies of stage st have landed
+        __syncwarp();                              // and every lane's; stage st − 1's slot is read
+        issue(st + kImmaStages - 1, (s + kImmaStages - 1) % kImmaStages);
+        ldmatrix_x4(wr, slot0 + (s % kImmaStages) * 512);
+      }
       const uint2 bv = *reinterpret_cast<const uint2*>(bsrc + s * 256);
       const uint32_t b0 = low_cols ? bv.x : 0u, b1 = low_cols ? bv.y : 0u;
       const uint32_t c0 = low_cols ? 0u : bv.x, c1 = low_cols ? 0u : bv.y;
@@ -1570,6 +1593,9 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
 constexpr int kMmaRowWarps = 4;
 constexpr int kMmaRowMaxNb = 384;  // K up to 12288: the staging fits the default 48 KB
 size_t mma_rows_smem(int64_t nb) { return size_t(nb) * kRowGroup * 4; }
+// kTiled (DSUF_FP4=tiled): the weights as det::fp4_tiled_offset's tiles; a K-block's two words (rows
+// g and g+8, word q) are then one 8-byte load at lane (g, q)'s 16 bytes of the tile, offset 8·(kb mod 2).
+template <bool kTiled>
 __global__ void __launch_bounds__(32 * kMmaRowWarps) k_fp4_mma_rows(
     const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* __restrict__ groups,
     const int32_t* __restrict__ n_groups, const int32_t* __restrict__ order, int64_t out, int64_t K,
@@ -1599,6 +1625,8 @@ __global__ void __launch_bounds__(32 * kMmaRowWarps) k_fp4_mma_rows(
   // This lane's A words (rows g and g+8, word q of each K-block) and B column g (det::fp4_pair_column).
   const uint8_t* wg = We + clamp(o0 + g) * row_bytes + 4 * q;
   const uint8_t* wg8 = We + clamp(o0 + g + 8) * row_bytes + 4 * q;
+  // Tiled (out a multiple of 16): this warp's tile row (the last one for a warp past the end).
+  const uint8_t* wt = We + (min(o0, out - 16) / 16) * int64_t(nb / 2) * 512 + lane * 16;
   const det::Fp4PairColumn col = det::fp4_pair_column(g);
   const uint32_t bconst = g == 5 ? 0x01010101u : 0u;
   const uint8_t* bp[NP];
@@ -1624,8 +1652,13 @@ __global__ void __launch_bounds__(32 * kMmaRowWarps) k_fp4_mma_rows(
       lc = det::class_advance(lc, nb);
       if (u == 0) bt.sw = 0;
       bt.sw |= uint32_t(__ldg(sg + kb)) << (8 * u);
-      bt.wa[u] = __ldg(reinterpret_cast<const uint32_t*>(wg + int64_t(kb) * 16));
-      bt.wb[u] = __ldg(reinterpret_cast<const uint32_t*>(wg8 + int64_t(kb) * 16));
+      if constexpr (kTiled) {
+        const uint2 v = __ldg(reinterpret_cast<const uint2*>(wt + int64_t(kb / 2) * 512 + (kb % 2) * 8));
+        bt.wa[u] = v.x, bt.wb[u] = v.y;
+      } else {
+        bt.wa[u] = __ldg(reinterpret_cast<const uint32_t*>(wg + int64_t(kb) * 16));
+        bt.wb[u] = __ldg(reinterpret_cast<const uint32_t*>(wg8 + int64_t(kb) * 16));
+      }
 #pragma unroll
       for (int p = 0; p < NP; ++p)
         bt.b[u][p] = col.plane >= 0
@@ -3077,12 +3110,30 @@ void launch_fp4(const Fp4Call& c) {
              c.ids, c.out, c.K, c.in.x, c.in.stride, c.in.scale, c.in.scale_stride, c.in.planes, c.in.plane_stride,
              c.x_div, c.y, c.r, c.pair);
 }
-// DSUF_FP4=dp4a|mma|imma picks the quantized FP4 linear's kernel: k_fp4_gemv (the default), k_fp4_mma
-// or k_fp4_imma.
-enum Fp4Kernel { kFp4Dp4a = 0, kFp4Mma = 1, kFp4Imma = 2 };
+// DSUF_FP4=tiled|dp4a|mma|imma picks the quantized FP4 linear's kernel: k_fp4_imma over weights laid
+// out in tiles at load (the default, where the model allows it: fp4_tiled_wanted()), k_fp4_gemv (the
+// row-major layout's default), k_fp4_mma or k_fp4_imma.
+enum Fp4Kernel { kFp4Tiled = 0, kFp4Dp4a = 1, kFp4Mma = 2, kFp4Imma = 3 };
 int fp4_kernel() {
-  static const int k = env_choice("DSUF_FP4", {"dp4a", "mma", "imma"});  // in Fp4Kernel's order
+  static const int k = env_choice("DSUF_FP4", {"tiled", "dp4a", "mma", "imma"});  // in Fp4Kernel's order
   return k;
+}
+}  // namespace
+
+Fp4TiledWish fp4_tiled_wanted() {
+  if (fp4_kernel() != kFp4Tiled) return Fp4TiledWish::kNo;
+  return std::getenv("DSUF_FP4") ? Fp4TiledWish::kRequired : Fp4TiledWish::kWhereAllowed;
+}
+
+namespace {
+// Row-major E2M1 bytes → det::fp4_tiled_offset's tiles, a 4-byte word a thread.
+__global__ void k_fp4_tile(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst, int64_t rows, int64_t nb) {
+  const int64_t words = rows * nb * 4, per_row = nb * 4;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < words; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / per_row, byte = 4 * (i % per_row);
+    *reinterpret_cast<uint32_t*>(dst + det::fp4_tiled_offset(row, byte, nb)) =
+        *reinterpret_cast<const uint32_t*>(src + row * (nb * 16) + byte);
+  }
 }
 // Whether the grouped FP4 linear of `rows` routed rows over `experts` runs as k_fp4_mma_rows (the
 // rest: k_fp4_gemv_rows): from DSUF_FP4_MMA_ROWS routed rows per expert on average (default 16; 0:
@@ -3096,28 +3147,46 @@ bool fp4_rows_mma(int64_t rows, int64_t experts) {
   }();
   return on && rows >= per_expert * experts;
 }
+// k_fp4_imma's launch: DSUF_IMMA=stages,warps (the ring's depth in stages of 2 K-blocks, the warps a
+// block) or, tiled, DSUF_TILED=stages,warps (stages − 1 in flight); the first value is the default.
+template <bool kTiled>
+void launch_imma(const Fp4Call& c) {
+  struct Shape {
+    decltype(&k_fp4_imma<8, 8, kTiled>) k;
+    int stages, warps;
+  };
+  static const Shape shape = [] {
+    Shape sh{};
+    if constexpr (kTiled)
+      sh = std::array<Shape, 4>{Shape{k_fp4_imma<4, 16, true>, 4, 16}, Shape{k_fp4_imma<4, 8, true>, 4, 8},
+                                Shape{k_fp4_imma<2, 16, true>, 2, 16},
+                                Shape{k_fp4_imma<8, 8, true>, 8, 8}}[env_choice("DSUF_TILED", {"4,16", "4,8", "2,16", "8,8"})];
+    else
+      sh = std::array<Shape, 4>{Shape{k_fp4_imma<8, 8, false>, 8, 8}, Shape{k_fp4_imma<8, 4, false>, 8, 4},
+                                Shape{k_fp4_imma<16, 4, false>, 16, 4},
+                                Shape{k_fp4_imma<16, 8, false>, 16, 8}}[env_choice("DSUF_IMMA", {"8,8", "8,4", "16,4", "16,8"})];
+    return sh;
+  }();
+  // Every call, not once: the attribute is per device, and tensor-parallel ranks launch on several.
+  set_smem(shape.k, imma_smem(kImmaMaxNb, shape.stages, shape.warps, kTiled));
+  // grid.y holds at most 65535 rows: a long prefill chunk (rows = tokens × top-k) goes in slices of
+  // whole input rows (a multiple of x_div), each with its ids, outputs and inputs offset.
+  const int64_t slice = 65535 / c.x_div * c.x_div;
+  for (int64_t b = 0; b < c.rows; b += slice) {
+    const int64_t n = std::min(slice, c.rows - b), xr = b / c.x_div;
+    Fp4Pair pair = c.pair;
+    if (pair.y) pair.y += b * c.out;
+    launch_pdl(shape.k, dim3(blocks_for(c.out, 16 * shape.warps), int(n), c.pair.W ? 2 : 1),
+               dim3(32 * shape.warps), imma_smem(c.K / 32, shape.stages, shape.warps, kTiled), c.s, c.W, c.Ws,
+               c.ids ? c.ids + b : nullptr, c.out, c.K, c.in.scale + xr * c.in.scale_stride, c.in.scale_stride,
+               c.in.planes + xr * c.in.plane_stride, c.in.plane_stride, c.x_div, c.y + b * c.out, c.r, pair);
+  }
+}
 template <bool kExact>
 void launch_fp4_opw(const Fp4Call& c) {
   const int64_t rounds = (c.K / 32 + 31) / 32, nb = c.K / 32;
-  if (kExact && fp4_kernel() == kFp4Imma && c.in.planes && nb % 4 == 0 && nb <= kImmaMaxNb) {
-    // DSUF_IMMA=stages,warps: the ring's depth (stages of 2 K-blocks) and the warps a block.
-    using Kernel = decltype(&k_fp4_imma<16, 8>);
-    struct Shape {
-      Kernel k;
-      int stages, warps;
-    };
-    static const Shape shape = [] {
-      const Shape shapes[] = {{k_fp4_imma<8, 8>, 8, 8}, {k_fp4_imma<8, 4>, 8, 4}, {k_fp4_imma<16, 4>, 16, 4},
-                              {k_fp4_imma<16, 8>, 16, 8}};
-      const Shape sh = shapes[env_choice("DSUF_IMMA", {"8,8", "8,4", "16,4", "16,8"})];
-      set_smem(sh.k, imma_smem(kImmaMaxNb, sh.stages, sh.warps));
-      return sh;
-    }();
-    launch_pdl(shape.k, dim3(blocks_for(c.out, 16 * shape.warps), int(c.rows), c.pair.W ? 2 : 1),
-               dim3(32 * shape.warps), imma_smem(nb, shape.stages, shape.warps), c.s, c.W, c.Ws, c.ids, c.out, c.K,
-               c.in.scale, c.in.scale_stride, c.in.planes, c.in.plane_stride, c.x_div, c.y, c.r, c.pair);
-    return;
-  }
+  if (kExact && fp4_kernel() == kFp4Imma && c.in.planes && nb % 4 == 0 && nb <= kImmaMaxNb)
+    return launch_imma<false>(c);
   if (kExact && fp4_kernel() == kFp4Mma && c.in.planes && rounds <= kMmaMaxRounds) {
     launch_pdl(k_fp4_mma, dim3(blocks_for(c.out, 16), int(c.rows), c.pair.W ? 2 : 1), dim3(32 * rounds), 0,
                c.s, c.W, c.Ws, c.ids, c.out, c.K, c.in.scale, c.in.scale_stride, c.in.planes, c.in.plane_stride,
@@ -3187,14 +3256,27 @@ void group_rows(const int32_t* ids, int64_t rows, int experts, RowGroups& g, cud
 }
 void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
                         const LinearInput& in, int x_div, int64_t rows, float* y, bool r, cudaStream_t s,
-                        const Fp4Pair& pair, const RowGroups* groups) {
+                        const Fp4Pair& pair, const RowGroups* groups, bool tiled) {
   DSUF_CHECK(K % 32 == 0 && in.group_stride == interleaved_k(K), "fp4_linear: K = ", K, ", input laid out for ",
              in.group_stride);
   DSUF_CHECK(!in.scale || (in.planes && in.plane_stride >= interleaved_planes(K)),
              "fp4_linear: quantized inputs without their byte planes (InputSink::xp)");
   if (rows <= 0) return;
+  if (tiled && det::fp4_tileable(out, K)) {  // the weights are tiles: grouped rows through
+    // k_fp4_mma_rows<true> (whatever the rows per expert), the rest through k_fp4_imma<…, true>
+    DSUF_CHECK(in.scale && in.planes, "fp4_linear (tiled weights): needs quantized inputs with byte planes");
+    if (groups && K / 32 <= kMmaRowMaxNb) {
+      launch_pdl(k_fp4_mma_rows<true>, dim3(blocks_for(out, 16 * kMmaRowWarps), int(groups->max_groups),
+                                            pair.W ? 2 : 1),
+                 dim3(32 * kMmaRowWarps), mma_rows_smem(K / 32), s, W, Ws, groups->groups, groups->n_groups,
+                 groups->order, out, K, in.scale, in.scale_stride, in.planes, in.plane_stride, x_div, y, r, pair);
+      return;
+    }
+    launch_imma<true>(Fp4Call{W, Ws, ids, out, K, in, x_div, rows, y, r, s, pair});
+    return;
+  }
   if (groups && in.scale && fp4_rows_mma(groups->rows, groups->experts) && K / 32 <= kMmaRowMaxNb) {
-    launch_pdl(k_fp4_mma_rows, dim3(blocks_for(out, 16 * kMmaRowWarps), int(groups->max_groups), pair.W ? 2 : 1),
+    launch_pdl(k_fp4_mma_rows<false>, dim3(blocks_for(out, 16 * kMmaRowWarps), int(groups->max_groups), pair.W ? 2 : 1),
                dim3(32 * kMmaRowWarps), mma_rows_smem(K / 32), s, W, Ws, groups->groups, groups->n_groups,
                groups->order, out, K, in.scale, in.scale_stride, in.planes, in.plane_stride, x_div, y, r, pair);
     return;
@@ -3209,6 +3291,13 @@ void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const
   const Fp4Call c{W, Ws, ids, out, K, in, x_div, rows, y, r, s, pair};
   if (in.scale) return launch_fp4_opw<true>(c);
   launch_fp4_opw<false>(c);
+}
+void fp4_tile_in_place(uint8_t* W, int64_t out, int64_t K, uint8_t* scratch, cudaStream_t s) {
+  if (!det::fp4_tileable(out, K)) return;
+  const int64_t bytes = out * K / 2;
+  k_fp4_tile<<<int(std::min<int64_t>(blocks_for(bytes / 4, 256), 4096)), 256, 0, s>>>(W, scratch, out, K / 32);
+  DSUF_CUDA(cudaGetLastError());
+  DSUF_CUDA(cudaMemcpyAsync(W, scratch, size_t(bytes), cudaMemcpyDeviceToDevice, s));
 }
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows, float* y,
                  int64_t y_stride, bool r, cudaStream_t s) {

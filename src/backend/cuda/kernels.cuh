@@ -140,9 +140,20 @@ int64_t group_bound(int64_t rows, int experts);
 // Builds g from ids[0..rows) (experts 0..experts-1), one block; g's buffers hold rows, 3·rows and 1
 // int32.
 void group_rows(const int32_t* ids, int64_t rows, int experts, RowGroups& g, cudaStream_t s);
+// tiled: the experts' weights are laid out as fp4_tile_in_place leaves them (the matrices it tiles:
+// det::fp4_tileable), read by k_fp4_imma<…, true> (one row at a time) and k_fp4_mma_rows<true> (groups).
 void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out,
                         int64_t K, const LinearInput& in, int x_div, int64_t rows, float* y, bool r, cudaStream_t s,
-                        const Fp4Pair& pair = {}, const RowGroups* groups = nullptr);
+                        const Fp4Pair& pair = {}, const RowGroups* groups = nullptr, bool tiled = false);
+// Whether the routed experts' E2M1 weights are to be laid out at load as k_fp4_imma<…, true>'s tiles
+// (core/fp4_dp4a.h, det::fp4_tiled_offset): by default wherever the model allows it (quantized
+// activations, experts not split by width), DSUF_FP4=tiled requires it, any other DSUF_FP4 keeps
+// the checkpoint's row-major layout.
+enum class Fp4TiledWish { kNo, kWhereAllowed, kRequired };
+Fp4TiledWish fp4_tiled_wanted();
+// Rewrites one row-major E2M1 matrix [out, K/2] as tiles when det::fp4_tileable(out, K) (else leaves
+// it), through `scratch` (out·K/2 bytes), on stream s.
+void fp4_tile_in_place(uint8_t* W, int64_t out, int64_t K, uint8_t* scratch, cudaStream_t s);
 // FP32 product with a BF16 weight; y = W·x (optionally BF16-rounded).
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows,
                  float* y, int64_t y_stride, bool r, cudaStream_t s);
