@@ -37,7 +37,7 @@ if python3 -c "import nvidia.nccl" 2>/dev/null; then  # NCCL from PyTorch's whee
   export DSUF_NCCL_LIB=$N/lib/libnccl.so.2 LD_LIBRARY_PATH=$N/lib:${LD_LIBRARY_PATH:-}
 fi
 export NCCL_NVLS_ENABLE=0
-FORCED="DSUF_FP8_GEMM_ROWS=1 DSUF_MOE_GROUP_ROWS=1 DSUF_FP4_MMA_ROWS=0"
+FORCED="DSUF_FP8_GEMM_ROWS=1 DSUF_MOE_GROUP_ROWS=1 DSUF_FP4_MMA_ROWS=0 DSUF_TILED_MMA_ROWS=0"
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 summary() { grep -h "PASSED\|FAILED\|rc=" "$@"; }
 

@@ -1450,11 +1450,12 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
                                                                  const int32_t* ids, int64_t out, int64_t K,
                                                                  const float* __restrict__ xs, int64_t xs_stride,
                                                                  const uint8_t* __restrict__ xp, int64_t xp_stride,
-                                                                 int x_div, float* y, bool r, Fp4Pair pair) {
+                                                                 int x_div, float* y, bool r, Fp4Pair pair,
+                                                                 const int32_t* order) {
   static_assert(16 % kImmaStages == 0, "a chunk's 16 stages start on slot 0 of the ring");
   extern __shared__ __align__(16) uint8_t imma_sm[];
   const int nb = int(K / 32), nst = (nb + 1) / 2;  // K-blocks; stages of two
-  const int row = blockIdx.y;
+  int row = blockIdx.y;
   if (blockIdx.z == 1) W = pair.W, Ws = pair.Ws, y = pair.y;
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const int64_t o0 = (int64_t(blockIdx.x) * kImmaWarps + w) * 16;
@@ -1463,6 +1464,10 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   float* ssa = reinterpret_cast<float*>(sB + nb * 128);    // [kb]: the input scales
   uint8_t* codes = reinterpret_cast<uint8_t*>(ssa + nb) + w * 16 * nb;  // [row][kb]: the weight scale codes
   pdl_trigger();
+  if (order) {  // grid.y walks the routed rows in expert order (RowGroups::order, from this step's router)
+    pdl_wait();
+    row = order[row];
+  }
   const auto [We, Se] = routed_expert(W, Ws, ids, row);
   xs += int64_t(row / x_div) * xs_stride, xp += int64_t(row / x_div) * xp_stride;
   const bool active = o0 < out;  // warp-uniform; an idle warp still stages inputs and meets the barrier
@@ -3099,6 +3104,7 @@ struct Fp4Call {
   bool r;
   cudaStream_t s;
   Fp4Pair pair;
+  const int32_t* order = nullptr;  // k_fp4_imma only: grid.y row i is routed row order[i]
 };
 template <int OPW, bool kExact>
 void launch_fp4(const Fp4Call& c) {
@@ -3147,6 +3153,18 @@ bool fp4_rows_mma(int64_t rows, int64_t experts) {
   }();
   return on && rows >= per_expert * experts;
 }
+// Over tiled weights, whether grouped rows run as k_fp4_mma_rows<true> (else k_fp4_imma<…, true> a
+// row at a time, in expert order): from DSUF_TILED_MMA_ROWS routed rows per expert on average
+// (default 0: always, as measured in v17; 16 is the candidate). At 4 rows per expert (batch 64 at 96
+// experts) the grouped kernel, paying for 8 rows a group, made the step 10.7 % slower than
+// row-major weights (v17).
+bool tiled_rows_mma(int64_t rows, int64_t experts) {
+  static const int64_t per_expert = [] {
+    const char* v = std::getenv("DSUF_TILED_MMA_ROWS");
+    return v ? std::atoll(v) : int64_t(0);
+  }();
+  return rows >= per_expert * experts;
+}
 // k_fp4_imma's launch: DSUF_IMMA=stages,warps (the ring's depth in stages of 2 K-blocks, the warps a
 // block) or, tiled, DSUF_TILED=stages,warps (stages − 1 in flight); the first value is the default.
 template <bool kTiled>
@@ -3170,16 +3188,18 @@ void launch_imma(const Fp4Call& c) {
   // Every call, not once: the attribute is per device, and tensor-parallel ranks launch on several.
   set_smem(shape.k, imma_smem(kImmaMaxNb, shape.stages, shape.warps, kTiled));
   // grid.y holds at most 65535 rows: a long prefill chunk (rows = tokens × top-k) goes in slices of
-  // whole input rows (a multiple of x_div), each with its ids, outputs and inputs offset.
+  // whole input rows (a multiple of x_div), each with its ids, outputs and inputs offset — or, in
+  // expert order, its piece of the order (which names absolute rows).
   const int64_t slice = 65535 / c.x_div * c.x_div;
   for (int64_t b = 0; b < c.rows; b += slice) {
-    const int64_t n = std::min(slice, c.rows - b), xr = b / c.x_div;
+    const int64_t n = std::min(slice, c.rows - b), rb0 = c.order ? 0 : b, xr = rb0 / c.x_div;
     Fp4Pair pair = c.pair;
-    if (pair.y) pair.y += b * c.out;
+    if (pair.y) pair.y += rb0 * c.out;
     launch_pdl(shape.k, dim3(blocks_for(c.out, 16 * shape.warps), int(n), c.pair.W ? 2 : 1),
                dim3(32 * shape.warps), imma_smem(c.K / 32, shape.stages, shape.warps, kTiled), c.s, c.W, c.Ws,
-               c.ids ? c.ids + b : nullptr, c.out, c.K, c.in.scale + xr * c.in.scale_stride, c.in.scale_stride,
-               c.in.planes + xr * c.in.plane_stride, c.in.plane_stride, c.x_div, c.y + b * c.out, c.r, pair);
+               c.ids ? c.ids + rb0 : nullptr, c.out, c.K, c.in.scale + xr * c.in.scale_stride, c.in.scale_stride,
+               c.in.planes + xr * c.in.plane_stride, c.in.plane_stride, c.x_div, c.y + rb0 * c.out, c.r, pair,
+               c.order ? c.order + b : nullptr);
   }
 }
 template <bool kExact>
@@ -3262,17 +3282,18 @@ void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const
   DSUF_CHECK(!in.scale || (in.planes && in.plane_stride >= interleaved_planes(K)),
              "fp4_linear: quantized inputs without their byte planes (InputSink::xp)");
   if (rows <= 0) return;
-  if (tiled && det::fp4_tileable(out, K)) {  // the weights are tiles: grouped rows through
-    // k_fp4_mma_rows<true> (whatever the rows per expert), the rest through k_fp4_imma<…, true>
+  if (tiled && det::fp4_tileable(out, K)) {  // the weights are tiles: full groups through
+    // k_fp4_mma_rows<true>, the rest through k_fp4_imma<…, true>, a row at a time (grouped: in the
+    // groups' expert order, so that an expert's rows run together and share its weights in L2)
     DSUF_CHECK(in.scale && in.planes, "fp4_linear (tiled weights): needs quantized inputs with byte planes");
-    if (groups && K / 32 <= kMmaRowMaxNb) {
+    if (groups && K / 32 <= kMmaRowMaxNb && tiled_rows_mma(groups->rows, groups->experts)) {
       launch_pdl(k_fp4_mma_rows<true>, dim3(blocks_for(out, 16 * kMmaRowWarps), int(groups->max_groups),
                                             pair.W ? 2 : 1),
                  dim3(32 * kMmaRowWarps), mma_rows_smem(K / 32), s, W, Ws, groups->groups, groups->n_groups,
                  groups->order, out, K, in.scale, in.scale_stride, in.planes, in.plane_stride, x_div, y, r, pair);
       return;
     }
-    launch_imma<true>(Fp4Call{W, Ws, ids, out, K, in, x_div, rows, y, r, s, pair});
+    launch_imma<true>(Fp4Call{W, Ws, ids, out, K, in, x_div, rows, y, r, s, pair, groups ? groups->order : nullptr});
     return;
   }
   if (groups && in.scale && fp4_rows_mma(groups->rows, groups->experts) && K / 32 <= kMmaRowMaxNb) {
