@@ -12,7 +12,8 @@
 #                                    the forced tiled kernels would bypass; unset: the opt-in decode
 #                                    kernels and the row-major experts' kernel: DSUF_FP4=dp4a|imma|mma
 #                                    and DSUF_PV=tiles); engine_cuda_tests;
-#                                    cuda_tp_tests forced (needs 2 GPUs for its TP=2 cases)
+#                                    cuda_tp_tests forced, and with DSUF_FP4=tiled (needs 2 GPUs for its
+#                                    TP=2 cases)
 #   scripts/kernel-check.sh time     prefill 2048 tokens and batches 1/16/64 at 8K, each $AB setting
 #                                    (space-separated NAME=a|b|... lists, default the FP8 tile and the
 #                                    grouped FP4 kernel) against its alternatives, interleaved
@@ -68,7 +69,10 @@ verify)
   # shellcheck disable=SC2086
   env $FORCED timeout 200 "$B/cuda_tp_tests" > "$L/tp.txt" 2>&1
   echo "tp forced rc=$?" >> "$L/tp.txt"
-  summary "$L/engine.txt" "$L/tp.txt"
+  # The experts' tiles on TP ranks (opt-in there until this passes: docs/tp.md).
+  DSUF_FP4=tiled timeout 200 "$B/cuda_tp_tests" > "$L/tp_tiled.txt" 2>&1
+  echo "tp DSUF_FP4=tiled rc=$?" >> "$L/tp_tiled.txt"
+  summary "$L/engine.txt" "$L/tp.txt" "$L/tp_tiled.txt"
   ;;
 time)
   export CUDA_VISIBLE_DEVICES=0

@@ -18,6 +18,7 @@
 #include "backend/cuda/topk_plan.h"
 #include "backend/cuda/tp.h"
 #include "core/error.h"
+#include "core/parse.h"
 #include "model/engram.h"
 #include "model/inventory.h"
 #include "model/rope.h"
@@ -156,6 +157,11 @@ struct CudaBackend::Impl {
   // layer on average (DSUF_MOE_GROUP_ROWS; 0: never). Measured (docs/perf.md, v14, 96 experts):
   // 1 routed row per expert (batch 16) lost 9 %, 4 (batch 64) gained 6 %, a 512-token chunk 12 %.
   int64_t group_rows_per_expert = 4;
+  // DSUF_L2_PREFETCH=off|wo|shared|both: weights asked into L2 on the side stream while latency-bound
+  // kernels run (decode steps of up to kPrefetchRows rows): wo_a during the attention, the shared
+  // expert's w1 and w3 during the FFN site's collapse, mix and router. Off until measured.
+  bool prefetch_wo = false, prefetch_shared = false;
+  static constexpr int kPrefetchRows = 16;
   cudaStream_t mix_side = nullptr;  // the mHC mixes (hc_mix_fork); null: they run on `stream`
   cudaEvent_t mix_ev_fork = nullptr, ev_mix = nullptr;
   bool mix_pending = false;  // a mix on `mix_side` that `stream` has not waited for yet
@@ -505,6 +511,10 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   DSUF_CUDA(cudaEventCreateWithFlags(&ev_fork, cudaEventDisableTiming));
   DSUF_CUDA(cudaEventCreateWithFlags(&ev_join, cudaEventDisableTiming));
   if (const char* v = std::getenv("DSUF_OVERLAP")) overlap = std::string(v) != "0";
+  {
+    const int pf = env_choice("DSUF_L2_PREFETCH", {"off", "wo", "shared", "both"});
+    prefetch_wo = pf == 1 || pf == 3, prefetch_shared = pf == 2 || pf == 3;
+  }
   if (const char* v = std::getenv("DSUF_MIX_FORK")) {
     const std::string m = v;
     DSUF_CHECK(m == "early" || m == "late", "DSUF_MIX_FORK=", m, ": expected early or late");
@@ -1090,6 +1100,13 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   indexer_branch(l, st, qin, branch());
   join();
   mark(kAttention);
+  // wo_a's weights into L2 while the attention (latency-bound) runs: joined after wo_b, or with the
+  // shared expert in moe().
+  const bool wo_prefetched = prefetch_wo && n <= kPrefetchRows;
+  if (wo_prefetched) {
+    fork();
+    cuda::l2_prefetch(d.wo_a.w, d.wo_a.out * d.wo_a.in, branch());
+  }
   const int64_t gin = (H / G) * hd;  // wo_a's inputs a group
   cuda::AttentionArgs aa{.q = ws.q, .kv_chunk = ws.kvw, .meta = st.meta, .seqs = st.seqtab, .layer = l,
                          .src = ratio > 0 ? slot : -1, .sel = ratio > 0 ? ws.sel : nullptr,
@@ -1106,6 +1123,15 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   cuda::gather_cols(comm, zg_split, ws.zg, n, G * ol, tp_send, tp_recv, stream);
   const cuda::LinearInput zin = cuda::linear_input(ws.zg, G * ol, n, G * ol, aq, ws.xq[1], ws.xs[1], stream);
   cuda::fp8_linear(d.wo_b.w, d.wo_b.s, Dr, G * ol, zin, n, out + d0, D, r, stream);
+  // The shared expert's w1 and w3 into L2 while the FFN site's collapse, mix and router run; the
+  // side stream is joined with the shared expert in moe() (only its owner runs it).
+  if (prefetch_shared && n <= kPrefetchRows && part.owns_shared(l)) {
+    fork();
+    cuda::l2_prefetch(d.sw1.w, d.sw1.out * d.sw1.in, branch());
+    cuda::l2_prefetch(d.sw3.w, d.sw3.out * d.sw3.in, branch());
+  } else if (wo_prefetched) {
+    join();
+  }
   cuda::gather_cols(comm, hidden_split, out, n, D, tp_send, tp_recv, stream);
   // The window ring's copy of this step's KV (ws.kvw) is enqueued with the FFN site's mix, off the
   // critical path (enqueue_step).

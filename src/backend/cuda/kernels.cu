@@ -2916,8 +2916,25 @@ template <typename Kernel>
 void set_smem(Kernel k, size_t smem) {
   if (smem > 48 * 1024) DSUF_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
 }
+
+// L2 prefetch: thread i asks the SM's bulk-copy unit (TMA) to bring bytes [i·chunk, (i+1)·chunk) of p
+// into L2 and exits; nothing waits for the data (a hint: the reader is correct either way).
+__global__ void k_l2_prefetch(const uint8_t* p, int64_t bytes, int64_t chunk) {
+  const int64_t off = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * chunk;
+  if (off >= bytes) return;
+  const int64_t n = std::min(chunk, bytes - off) & ~int64_t(15);  // whole 16-byte units
+  if (n > 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(uint32_t(n)) : "memory");
+}
 }  // namespace
 
+void l2_prefetch(const void* p, int64_t bytes, cudaStream_t s) {
+  constexpr int64_t kChunk = 64 * 1024;
+  if (!p) return;
+  DSUF_CHECK((reinterpret_cast<uintptr_t>(p) & 15) == 0, "l2_prefetch: the range must start 16-byte aligned");
+  const int64_t threads = (bytes + kChunk - 1) / kChunk;
+  if (threads > 0)
+    k_l2_prefetch<<<int(blocks_for(threads, 128)), 128, 0, s>>>(static_cast<const uint8_t*>(p), bytes, kChunk);
+}
 void embed(const int32_t* tok, int n, const uint16_t* table, int64_t D, int hc, float* X, float* pre, cudaStream_t s) {
   k_embed<<<n, 256, 0, s>>>(tok, table, D, hc, X, pre);
 }
