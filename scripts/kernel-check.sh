@@ -25,6 +25,9 @@
 #   scripts/kernel-check.sh probe    bench/stream_probe: plain reads of the experts' bytes, one launch at
 #                                    each linear's size, launch boundaries (~20 s)
 #   scripts/kernel-check.sh pair A B two bench_decode binaries, batch 1 at 8K, $ROUNDS rounds interleaved
+#   scripts/kernel-check.sh small    Nsight Compute on the step's latency-bound kernels (attention,
+#                                    mHC, router, norms), a few launches each from the middle layers,
+#                                    at the step's clocks and caches (~1 minute)
 #
 # Every result line says its settings. Logs go to $OUT (the device tool's folder) or /tmp.
 set -uo pipefail
@@ -121,8 +124,20 @@ probe)
   # What a plain read of the step's bytes achieves (bench/stream_probe), the per-kernel denominator.
   CUDA_VISIBLE_DEVICES=0 timeout 200 "$B/stream_probe" --experts 96 --reps 30 2>&1 | tee "$L/probe.txt"
   ;;
+small)
+  # Why a 1 MB attention takes 30 µs: speed of light, launch, occupancy, warp states per kernel.
+  export CUDA_VISIBLE_DEVICES=0
+  DSUF_CUDA_GRAPHS=0 timeout 400 ncu --clock-control none --cache-control none --section SpeedOfLight \
+    --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats \
+    --section MemoryWorkloadAnalysis \
+    --kernel-name regex:'^k_(attention_pv|attention_logits|gather_keys|collapse_norm|hc_mix|route|rmsnorm|moe_sum_expand)' \
+    --launch-skip 60 --launch-count 16 "$B/bench_decode" --engram-vocab 100000 --contexts 8192 --batches 1 \
+    --steps 1 --warmup 0 --experts 16 > "$L/small.txt" 2>&1
+  echo "ncu rc=$?"
+  grep -E '^  k_|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Dynamic Shared|Grid Size|Block Size|Issued Warp|No Eligible|Stall' "$L/small.txt" | head -250
+  ;;
 *)
-  echo "usage: scripts/kernel-check.sh verify|time|decode|probe|pair A B" >&2
+  echo "usage: scripts/kernel-check.sh verify|time|decode|probe|pair A B|small" >&2
   exit 2
   ;;
 esac
