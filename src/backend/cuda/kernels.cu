@@ -3184,26 +3184,47 @@ bool tiled_rows_mma(int64_t rows, int64_t experts) {
 }
 // k_fp4_imma's launch: DSUF_IMMA=stages,warps (the ring's depth in stages of 2 K-blocks, the warps a
 // block) or, tiled, DSUF_TILED=stages,warps (stages − 1 in flight); the first value is the default.
+// DSUF_TILED=auto: per launch, the fewest warps a block (12 to 16, 4 stages) whose grid still fits
+// one block an SM, so that the busiest SM runs the fewest warps — at batch 1, w1/w3 take 14 warps in
+// 132 blocks (4,16: 108 blocks of 16, 24 SMs idle) and w2 15 in 132 (4,16: 120 of 16); a grid that
+// fits none (larger batches) runs 4,16.
 template <bool kTiled>
 void launch_imma(const Fp4Call& c) {
   struct Shape {
     decltype(&k_fp4_imma<8, 8, kTiled>) k;
     int stages, warps;
   };
+  static const int pick = kTiled ? env_choice("DSUF_TILED", {"4,16", "4,8", "2,16", "8,8", "auto"}) : 0;
   static const Shape shape = [] {
     Shape sh{};
     if constexpr (kTiled)
       sh = std::array<Shape, 4>{Shape{k_fp4_imma<4, 16, true>, 4, 16}, Shape{k_fp4_imma<4, 8, true>, 4, 8},
                                 Shape{k_fp4_imma<2, 16, true>, 2, 16},
-                                Shape{k_fp4_imma<8, 8, true>, 8, 8}}[env_choice("DSUF_TILED", {"4,16", "4,8", "2,16", "8,8"})];
+                                Shape{k_fp4_imma<8, 8, true>, 8, 8}}[pick == 4 ? 0 : pick];
     else
       sh = std::array<Shape, 4>{Shape{k_fp4_imma<8, 8, false>, 8, 8}, Shape{k_fp4_imma<8, 4, false>, 8, 4},
                                 Shape{k_fp4_imma<16, 4, false>, 16, 4},
                                 Shape{k_fp4_imma<16, 8, false>, 16, 8}}[env_choice("DSUF_IMMA", {"8,8", "8,4", "16,4", "16,8"})];
     return sh;
   }();
+  Shape sh = shape;
+  if constexpr (kTiled) {
+    if (pick == 4) {
+      static const std::array<Shape, 4> fits{Shape{k_fp4_imma<4, 12, true>, 4, 12}, Shape{k_fp4_imma<4, 13, true>, 4, 13},
+                                             Shape{k_fp4_imma<4, 14, true>, 4, 14}, Shape{k_fp4_imma<4, 15, true>, 4, 15}};
+      int dev = 0, sms = 0;
+      DSUF_CUDA(cudaGetDevice(&dev));
+      DSUF_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+      const int64_t columns = c.rows * (c.pair.W ? 2 : 1);  // grid.y × grid.z
+      for (const Shape& f : fits)
+        if (blocks_for(c.out, 16 * f.warps) * columns <= sms) {
+          sh = f;
+          break;
+        }
+    }
+  }
   // Every call, not once: the attribute is per device, and tensor-parallel ranks launch on several.
-  set_smem(shape.k, imma_smem(kImmaMaxNb, shape.stages, shape.warps, kTiled));
+  set_smem(sh.k, imma_smem(kImmaMaxNb, sh.stages, sh.warps, kTiled));
   // grid.y holds at most 65535 rows: a long prefill chunk (rows = tokens × top-k) goes in slices of
   // whole input rows (a multiple of x_div), each with its ids, outputs and inputs offset — or, in
   // expert order, its piece of the order (which names absolute rows).
@@ -3212,8 +3233,8 @@ void launch_imma(const Fp4Call& c) {
     const int64_t n = std::min(slice, c.rows - b), rb0 = c.order ? 0 : b, xr = rb0 / c.x_div;
     Fp4Pair pair = c.pair;
     if (pair.y) pair.y += rb0 * c.out;
-    launch_pdl(shape.k, dim3(blocks_for(c.out, 16 * shape.warps), int(n), c.pair.W ? 2 : 1),
-               dim3(32 * shape.warps), imma_smem(c.K / 32, shape.stages, shape.warps, kTiled), c.s, c.W, c.Ws,
+    launch_pdl(sh.k, dim3(blocks_for(c.out, 16 * sh.warps), int(n), c.pair.W ? 2 : 1), dim3(32 * sh.warps),
+               imma_smem(c.K / 32, sh.stages, sh.warps, kTiled), c.s, c.W, c.Ws,
                c.ids ? c.ids + rb0 : nullptr, c.out, c.K, c.in.scale + xr * c.in.scale_stride, c.in.scale_stride,
                c.in.planes + xr * c.in.plane_stride, c.in.plane_stride, c.x_div, c.y + rb0 * c.out, c.r, pair,
                c.order ? c.order + b : nullptr);
