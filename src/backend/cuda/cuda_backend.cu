@@ -161,6 +161,7 @@ struct CudaBackend::Impl {
   // kernels run (decode steps of up to kPrefetchRows rows): wo_a during the attention, the shared
   // expert's w1 and w3 during the FFN site's collapse, mix and router. Off until measured.
   bool prefetch_wo = false, prefetch_shared = false;
+  bool shared_early = false;  // DSUF_SHARED_FORK=early (moe())
   static constexpr int kPrefetchRows = 16;
   cudaStream_t mix_side = nullptr;  // the mHC mixes (hc_mix_fork); null: they run on `stream`
   cudaEvent_t mix_ev_fork = nullptr, ev_mix = nullptr;
@@ -515,6 +516,7 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
     const int pf = env_choice("DSUF_L2_PREFETCH", {"off", "wo", "shared", "both"});
     prefetch_wo = pf == 1 || pf == 3, prefetch_shared = pf == 2 || pf == 3;
   }
+  shared_early = env_picks("DSUF_SHARED_FORK", "late", "early");
   if (const char* v = std::getenv("DSUF_MIX_FORK")) {
     const std::string m = v;
     DSUF_CHECK(m == "early" || m == "late", "DSUF_MIX_FORK=", m, ": expected early or late");
@@ -1145,12 +1147,12 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
   const int E = t.n_routed_experts, K = t.num_experts_per_tok;
   const int64_t D = t.hidden_size, F = t.moe_intermediate_size;
   const float limit = float(t.swiglu_limit);
-  cuda::bf16_linear(d.gate, E, D, ws.xn, D, n, ws.router, E, false, stream);
-  cuda::route(ws.router, n, E, K, d.bias, d.bias_vl, image, float(t.gate_temp), float(t.routed_scaling_factor),
-              ws.ids, ws.rw, stream);
-  run_deferred_mix();  // DSUF_MIX_FORK=late
-  // The shared expert on the side stream, beside the routed experts (its own input buffer xq[2]).
-  if (part.owns_shared(l)) {
+  // The shared expert on the side stream, beside the routed experts (its own input buffer xq[2]):
+  // forked after the routing (DSUF_SHARED_FORK=late, the default) or before the router
+  // (DSUF_SHARED_FORK=early), so that its 35 MB stream while the router's latency-bound kernels run
+  // instead of beside the routed experts' (opt-in until measured).
+  auto shared_expert = [&] {
+    if (!part.owns_shared(l)) return;
     fork();
     cudaStream_t s2 = branch();
     cuda::fp8_linear(d.sw1.w, d.sw1.s, F, D, xin, n, ws.h1s, F, r, s2,
@@ -1159,7 +1161,13 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
     cuda::swiglu(ws.h1s, ws.h3s, n, F, nullptr, limit, opt.numerics.shared_expert_clamp, r, s2, hssink);
     const cuda::LinearInput hsin = cuda::sink_input(hssink, F);
     cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, hsin, n, ws.ys, D, r, s2);
-  }
+  };
+  if (shared_early) shared_expert();
+  cuda::bf16_linear(d.gate, E, D, ws.xn, D, n, ws.router, E, false, stream);
+  cuda::route(ws.router, n, E, K, d.bias, d.bias_vl, image, float(t.gate_temp), float(t.routed_scaling_factor),
+              ws.ids, ws.rw, stream);
+  run_deferred_mix();  // DSUF_MIX_FORK=late
+  if (!shared_early) shared_expert();
   const int64_t rows = int64_t(n) * K;
   const cuda::RowGroups* grouped = nullptr;
   if (group_rows_per_expert > 0 && rows >= group_rows_per_expert * E) {
