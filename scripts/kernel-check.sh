@@ -96,7 +96,7 @@ time)
 decode)
   export CUDA_VISIBLE_DEVICES=0
   bd() { timeout 150 "$B/bench_decode" --engram-vocab 100000 --contexts 8192 --batches 1 "$@" 2>&1 | grep -v '^model:\|^head:\|^routed experts'; }
-  for spec in ${AB:-DSUF_SHARED_FORK=late|early DSUF_L2_PREFETCH=off|wo|shared|both DSUF_TILED=4,16|auto|4,8 DSUF_FP4=tiled|dp4a}; do
+  for spec in ${AB:-DSUF_SHARED_FORK=late|early DSUF_L2_PREFETCH=off|wo|shared|both DSUF_TILED=4,16|auto|4,8 DSUF_PDL=0|1 DSUF_FP4=tiled|dp4a}; do
     var=${spec%%=*}
     IFS='|' read -r -a vals <<< "${spec#*=}"
     for rep in $(seq "${ROUNDS:-3}"); do
