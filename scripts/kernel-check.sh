@@ -20,7 +20,7 @@
 ##   scripts/kernel-check.sh decode   batch 1 at 8K, each $AB setting (default: the decode step's
 #                                    knobs) against its alternatives, $ROUNDS (3) rounds interleaved,
 #                                    then the defaults' timeline (bench_decode --timeline, CSV to the
-#                                    log folder). ~3.5 s a run (10 values × 3 rounds: ~2 minutes; the shapes: DSUF_FP4=tiled AB="DSUF_TILED=8,8|4,8|8,4")
+#                                    log folder). ~3.5 s a run (9 values × 3 rounds: ~2 minutes)
 #
 #   scripts/kernel-check.sh probe    bench/stream_probe: plain reads of the experts' bytes, one launch at
 #                                    each linear's size, launch boundaries (~20 s)
