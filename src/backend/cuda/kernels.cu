@@ -1895,12 +1895,23 @@ __device__ __forceinline__ int attention_keys(const AttentionArgs& a, int i, int
   if (threadIdx.x == 0) *first_free = a.sel ? a.sel_stride : 0;
   __syncthreads();
   if (a.sel) {
+    // Four entries a thread per round, their loads issued together: a loop that stopped at each
+    // entry's value made the rounds (4 for the P·V kernel's 128 threads at 512 entries) dependent
+    // round trips. Same result: the thread's smallest j with a −1.
+    constexpr int U = 4;
     int mine = a.sel_stride;
-    for (int j = threadIdx.x; j < a.sel_stride; j += blockDim.x)
-      if (a.sel[int64_t(i) * a.sel_stride + j] < 0) {
-        mine = j;
-        break;
+    const int32_t* sel = a.sel + int64_t(i) * a.sel_stride;
+    for (int j0 = threadIdx.x; j0 < a.sel_stride && mine == a.sel_stride; j0 += U * blockDim.x) {
+      int32_t v[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int j = j0 + u * int(blockDim.x);
+        v[u] = j < a.sel_stride ? __ldg(sel + j) : 0;
       }
+#pragma unroll
+      for (int u = U - 1; u >= 0; --u)  // the smallest j last: it wins
+        if (v[u] < 0) mine = j0 + u * int(blockDim.x);
+    }
     for (int o = 16; o > 0; o >>= 1) mine = min(mine, __shfl_xor_sync(0xffffffffu, mine, o));
     if (threadIdx.x % 32 == 0 && mine < a.sel_stride) atomicMin(first_free, mine);
   }
