@@ -3226,12 +3226,8 @@ void launch_imma(const Fp4Call& c) {
       int dev = 0, sms = 0;
       DSUF_CUDA(cudaGetDevice(&dev));
       DSUF_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-      const int64_t columns = c.rows * (c.pair.W ? 2 : 1);  // grid.y × grid.z
-      for (const Shape& f : fits)
-        if (blocks_for(c.out, 16 * f.warps) * columns <= sms) {
-          sh = f;
-          break;
-        }
+      const int w = det::imma_fit_warps(c.out, c.rows * (c.pair.W ? 2 : 1), sms, 12, 15);  // grid.y × grid.z
+      if (w) sh = fits[w - 12];
     }
   }
   // Every call, not once: the attribute is per device, and tensor-parallel ranks launch on several.
