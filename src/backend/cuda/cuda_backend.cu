@@ -18,6 +18,7 @@
 #include "backend/cuda/topk_plan.h"
 #include "backend/cuda/tp.h"
 #include "core/error.h"
+#include "core/parse.h"
 #include "model/engram.h"
 #include "model/inventory.h"
 #include "model/rope.h"
@@ -505,11 +506,7 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   DSUF_CUDA(cudaEventCreateWithFlags(&ev_fork, cudaEventDisableTiming));
   DSUF_CUDA(cudaEventCreateWithFlags(&ev_join, cudaEventDisableTiming));
   if (const char* v = std::getenv("DSUF_OVERLAP")) overlap = std::string(v) != "0";
-  if (const char* v = std::getenv("DSUF_MIX_FORK")) {
-    const std::string m = v;
-    DSUF_CHECK(m == "early" || m == "late", "DSUF_MIX_FORK=", m, ": expected early or late");
-    mix_late = m == "late";
-  }
+  mix_late = env_picks("DSUF_MIX_FORK", "early", "late");
   if (const char* f = std::getenv("DSUF_HC_FORK"); !f || std::string(f) != "0") {
     DSUF_CUDA(cudaStreamCreate(&mix_side));
     DSUF_CUDA(cudaEventCreateWithFlags(&mix_ev_fork, cudaEventDisableTiming));
