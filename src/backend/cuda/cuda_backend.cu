@@ -517,11 +517,7 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
     prefetch_wo = pf == 1 || pf == 3, prefetch_shared = pf == 2 || pf == 3;
   }
   shared_early = env_picks("DSUF_SHARED_FORK", "late", "early");
-  if (const char* v = std::getenv("DSUF_MIX_FORK")) {
-    const std::string m = v;
-    DSUF_CHECK(m == "early" || m == "late", "DSUF_MIX_FORK=", m, ": expected early or late");
-    mix_late = m == "late";
-  }
+  mix_late = env_picks("DSUF_MIX_FORK", "early", "late");
   if (const char* f = std::getenv("DSUF_HC_FORK"); !f || std::string(f) != "0") {
     DSUF_CUDA(cudaStreamCreate(&mix_side));
     DSUF_CUDA(cudaEventCreateWithFlags(&mix_ev_fork, cudaEventDisableTiming));
