@@ -12,7 +12,7 @@
 #                                    the forced tiled kernels would bypass; unset: the opt-in decode
 #                                    kernels and the row-major experts' kernel: DSUF_FP4=dp4a|imma|mma
 #                                    and DSUF_PV=tiles); engine_cuda_tests;
-#                                    cuda_tp_tests forced, and with DSUF_FP4=tiled (needs 2 GPUs for its
+#                                    cuda_tp_tests forced, and with DSUF_FP4=dp4a (needs 2 GPUs for its
 #                                    TP=2 cases)
 #   scripts/kernel-check.sh time     prefill 2048 tokens and batches 1/16/64 at 8K, each $AB setting
 #                                    (space-separated NAME=a|b|... lists, default the FP8 tile and the
@@ -72,10 +72,10 @@ verify)
   # shellcheck disable=SC2086
   env $FORCED timeout 200 "$B/cuda_tp_tests" > "$L/tp.txt" 2>&1
   echo "tp forced rc=$?" >> "$L/tp.txt"
-  # The experts' tiles on TP ranks (opt-in there until this passes: docs/tp.md).
-  DSUF_FP4=tiled timeout 200 "$B/cuda_tp_tests" > "$L/tp_tiled.txt" 2>&1
-  echo "tp DSUF_FP4=tiled rc=$?" >> "$L/tp_tiled.txt"
-  summary "$L/engine.txt" "$L/tp.txt" "$L/tp_tiled.txt"
+  # The experts' row-major layout on TP ranks (tiles are their default since v18).
+  DSUF_FP4=dp4a timeout 200 "$B/cuda_tp_tests" > "$L/tp_rowmajor.txt" 2>&1
+  echo "tp DSUF_FP4=dp4a rc=$?" >> "$L/tp_rowmajor.txt"
+  summary "$L/engine.txt" "$L/tp.txt" "$L/tp_rowmajor.txt"
   ;;
 time)
   export CUDA_VISIBLE_DEVICES=0
@@ -96,7 +96,7 @@ time)
 decode)
   export CUDA_VISIBLE_DEVICES=0
   bd() { timeout 150 "$B/bench_decode" --engram-vocab 100000 --contexts 8192 --batches 1 "$@" 2>&1 | grep -v '^model:\|^head:\|^routed experts'; }
-  for spec in ${AB:-DSUF_SHARED_FORK=late|early DSUF_L2_PREFETCH=off|wo|shared|both DSUF_TILED=4,16|auto|4,8 DSUF_PDL=0|1 DSUF_FP4=tiled|dp4a}; do
+  for spec in ${AB:-DSUF_PDL=1|0 DSUF_SHARED_FORK=early|late DSUF_TILED=4,16|4,8 DSUF_FP4=tiled|dp4a}; do
     var=${spec%%=*}
     IFS='|' read -r -a vals <<< "${spec#*=}"
     for rep in $(seq "${ROUNDS:-3}"); do

@@ -215,13 +215,5 @@ DSUF_HD bool fp4_tileable(int64_t out, int64_t K) {
   const int64_t nb = K / 32;
   return out > 0 && out % 16 == 0 && K % 32 == 0 && nb % 4 == 0 && nb <= 256;
 }
-// DSUF_TILED=auto's shape: the fewest warps a block W in [lo, hi] (a warp per 16 rows) whose grid —
-// ⌈out / 16W⌉ blocks in each of `columns` (routed rows × matrices) — fits `sms` blocks, one an SM, so
-// that the busiest SM runs the fewest warps; 0 when none fits.
-inline int imma_fit_warps(int64_t out, int64_t columns, int sms, int lo, int hi) {
-  for (int w = lo; w <= hi; ++w)
-    if ((out + 16 * w - 1) / (16 * w) * columns <= sms) return w;
-  return 0;
-}
 
 }  // namespace dsuf::det

@@ -687,21 +687,5 @@ TEST(Fp4Tiled, WarpEqualsTheReferenceRowSums) {
   }
 }
 
-// DSUF_TILED=auto's arithmetic as docs/perf.md states it for the H200's 132 SMs at batch 1: the
-// experts' w1/w3 (2 × 6 matrices of 2,304 rows) in 132 blocks of 14 warps, w2 (6 of 5,120 rows) in
-// 132 of 15; batch 16's 192 columns fit no shape (the default 4,16 runs).
-TEST(Fp4Tiled, AutoShapeFitsOneBlockAnSm) {
-  EXPECT_EQ(det::imma_fit_warps(2304, 12, 132, 12, 15), 14);
-  EXPECT_EQ(det::imma_fit_warps(5120, 6, 132, 12, 15), 15);
-  EXPECT_EQ(det::imma_fit_warps(2304, 192, 132, 12, 15), 0);
-  for (int64_t out : {256, 2304, 4096, 5120})
-    for (int64_t cols : {1, 6, 12, 24}) {
-      const int w = det::imma_fit_warps(out, cols, 132, 12, 15);
-      if (w == 0) continue;
-      EXPECT_LE((out + 16 * w - 1) / (16 * w) * cols, 132) << out << " " << cols;
-      if (w > 12) EXPECT_GT((out + 16 * (w - 1) - 1) / (16 * (w - 1)) * cols, 132) << out << " " << cols;
-    }
-}
-
 }  // namespace
 }  // namespace dsuf

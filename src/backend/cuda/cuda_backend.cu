@@ -157,12 +157,7 @@ struct CudaBackend::Impl {
   // layer on average (DSUF_MOE_GROUP_ROWS; 0: never). Measured (docs/perf.md, v14, 96 experts):
   // 1 routed row per expert (batch 16) lost 9 %, 4 (batch 64) gained 6 %, a 512-token chunk 12 %.
   int64_t group_rows_per_expert = 4;
-  // DSUF_L2_PREFETCH=off|wo|shared|both: weights asked into L2 on the side stream while latency-bound
-  // kernels run (decode steps of up to kPrefetchRows rows): wo_a during the attention, the shared
-  // expert's w1 and w3 during the FFN site's collapse, mix and router. Off until measured.
-  bool prefetch_wo = false, prefetch_shared = false;
-  bool shared_early = false;  // DSUF_SHARED_FORK=early (moe())
-  static constexpr int kPrefetchRows = 16;
+  bool shared_early = true;  // DSUF_SHARED_FORK=early|late (moe())
   cudaStream_t mix_side = nullptr;  // the mHC mixes (hc_mix_fork); null: they run on `stream`
   cudaEvent_t mix_ev_fork = nullptr, ev_mix = nullptr;
   bool mix_pending = false;  // a mix on `mix_side` that `stream` has not waited for yet
@@ -512,11 +507,7 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   DSUF_CUDA(cudaEventCreateWithFlags(&ev_fork, cudaEventDisableTiming));
   DSUF_CUDA(cudaEventCreateWithFlags(&ev_join, cudaEventDisableTiming));
   if (const char* v = std::getenv("DSUF_OVERLAP")) overlap = std::string(v) != "0";
-  {
-    const int pf = env_choice("DSUF_L2_PREFETCH", {"off", "wo", "shared", "both"});
-    prefetch_wo = pf == 1 || pf == 3, prefetch_shared = pf == 2 || pf == 3;
-  }
-  shared_early = env_picks("DSUF_SHARED_FORK", "late", "early");
+  shared_early = !env_picks("DSUF_SHARED_FORK", "early", "late");
   mix_late = env_picks("DSUF_MIX_FORK", "early", "late");
   if (const char* f = std::getenv("DSUF_HC_FORK"); !f || std::string(f) != "0") {
     DSUF_CUDA(cudaStreamCreate(&mix_side));
@@ -549,15 +540,12 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   if (part.world > 1 && part.width_experts()) ffn_split = cuda::col_split(part.ffn);
   // The experts' layout: tiles by default (k_fp4_imma<…, true>), row-major where the model needs it —
   // experts split by width (the tiles hold 16 whole rows) or unquantized activations (no byte planes).
-  // Tensor-parallel ranks keep row-major unless DSUF_FP4=tiled asks: their tiled run is not yet
-  // checked on the GPU since the fix of its launch (docs/perf.md v17).
   const bool tileable = !(part.world > 1 && part.width_experts()) && opt.numerics.act_quant;
   const cuda::Fp4TiledWish wish = cuda::fp4_tiled_wanted();
   DSUF_CHECK(tileable || wish != cuda::Fp4TiledWish::kRequired,
              "DSUF_FP4=tiled: the experts are split by width (docs/tp.md; set DSUF_TP_EXPERTS=ep) or the "
              "activations are not quantized; unset DSUF_FP4 to let the model pick its layout");
-  experts_tiled = tileable && (wish == cuda::Fp4TiledWish::kRequired ||
-                               (wish == cuda::Fp4TiledWish::kWhereAllowed && part.world == 1));
+  experts_tiled = tileable && wish != cuda::Fp4TiledWish::kNo;
   uint8_t* tile_scratch = nullptr;  // one expert matrix, for the in-place re-layout
   for (const LayerPlan& lp : cfg.layers) {
     const std::string p = "layers." + std::to_string(lp.layer) + ".";
@@ -1098,13 +1086,6 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   indexer_branch(l, st, qin, branch());
   join();
   mark(kAttention);
-  // wo_a's weights into L2 while the attention (latency-bound) runs: joined after wo_b, or with the
-  // shared expert in moe().
-  const bool wo_prefetched = prefetch_wo && n <= kPrefetchRows;
-  if (wo_prefetched) {
-    fork();
-    cuda::l2_prefetch(d.wo_a.w, d.wo_a.out * d.wo_a.in, branch());
-  }
   const int64_t gin = (H / G) * hd;  // wo_a's inputs a group
   cuda::AttentionArgs aa{.q = ws.q, .kv_chunk = ws.kvw, .meta = st.meta, .seqs = st.seqtab, .layer = l,
                          .src = ratio > 0 ? slot : -1, .sel = ratio > 0 ? ws.sel : nullptr,
@@ -1121,15 +1102,6 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   cuda::gather_cols(comm, zg_split, ws.zg, n, G * ol, tp_send, tp_recv, stream);
   const cuda::LinearInput zin = cuda::linear_input(ws.zg, G * ol, n, G * ol, aq, ws.xq[1], ws.xs[1], stream);
   cuda::fp8_linear(d.wo_b.w, d.wo_b.s, Dr, G * ol, zin, n, out + d0, D, r, stream);
-  // The shared expert's w1 and w3 into L2 while the FFN site's collapse, mix and router run; the
-  // side stream is joined with the shared expert in moe() (only its owner runs it).
-  if (prefetch_shared && n <= kPrefetchRows && part.owns_shared(l)) {
-    fork();
-    cuda::l2_prefetch(d.sw1.w, d.sw1.out * d.sw1.in, branch());
-    cuda::l2_prefetch(d.sw3.w, d.sw3.out * d.sw3.in, branch());
-  } else if (wo_prefetched) {
-    join();
-  }
   cuda::gather_cols(comm, hidden_split, out, n, D, tp_send, tp_recv, stream);
   // The window ring's copy of this step's KV (ws.kvw) is enqueued with the FFN site's mix, off the
   // critical path (enqueue_step).
@@ -1144,9 +1116,9 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
   const int64_t D = t.hidden_size, F = t.moe_intermediate_size;
   const float limit = float(t.swiglu_limit);
   // The shared expert on the side stream, beside the routed experts (its own input buffer xq[2]):
-  // forked after the routing (DSUF_SHARED_FORK=late, the default) or before the router
-  // (DSUF_SHARED_FORK=early), so that its 35 MB stream while the router's latency-bound kernels run
-  // instead of beside the routed experts' (opt-in until measured).
+  // forked before the router (DSUF_SHARED_FORK=early, the default), so that its 35 MB stream while
+  // the router's latency-bound kernels run, not only beside the routed experts' (v18: −0.28 ms at
+  // batch 1), or after the routing (DSUF_SHARED_FORK=late).
   auto shared_expert = [&] {
     if (!part.owns_shared(l)) return;
     fork();

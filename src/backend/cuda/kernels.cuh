@@ -154,10 +154,6 @@ Fp4TiledWish fp4_tiled_wanted();
 // Rewrites one row-major E2M1 matrix [out, K/2] as tiles when det::fp4_tileable(out, K) (else leaves
 // it), through `scratch` (out·K/2 bytes), on stream s.
 void fp4_tile_in_place(uint8_t* W, int64_t out, int64_t K, uint8_t* scratch, cudaStream_t s);
-// Hints L2 to fetch [p, p + bytes) (16-byte aligned) from memory, in 64 KB pieces through the SMs'
-// bulk-copy units, without waiting: the next reader of those bytes finds them in L2 if they are
-// still there. For weights whose GEMV comes after a latency-bound stretch (DSUF_L2_PREFETCH).
-void l2_prefetch(const void* p, int64_t bytes, cudaStream_t s);
 // FP32 product with a BF16 weight; y = W·x (optionally BF16-rounded).
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows,
                  float* y, int64_t y_stride, bool r, cudaStream_t s);
