@@ -302,8 +302,7 @@ int main(int argc, char** argv) {
                 experts, static_cast<long long>(engram_vocab));
     const char* fp4 = std::getenv("DSUF_FP4");
     std::printf("routed experts' FP4 kernel: %s\n",
-                fp4 ? fp4 : "tiles (k_fp4_imma over weights re-laid at load; tensor-parallel ranks: row-major"
-                            " k_fp4_gemv)");
+                fp4 ? fp4 : "tiles (k_fp4_imma over weights re-laid at load)");
     std::printf("head: %s\n", sample ? "tokens sampled on the device (T 0.7, top_p 0.9), no logits copied (--sample)"
                                      : "FP32 logits copied to the host (--sample: the engine's device sampling)");
     std::vector<dsuf::TpPartition> parts;

@@ -12,7 +12,8 @@
 #                                    the forced tiled kernels would bypass; unset: the opt-in decode
 #                                    kernels and the row-major experts' kernel: DSUF_FP4=dp4a|imma|mma
 #                                    and DSUF_PV=tiles); engine_cuda_tests;
-#                                    cuda_tp_tests forced (needs 2 GPUs for its TP=2 cases)
+#                                    cuda_tp_tests forced, and with DSUF_FP4=dp4a (needs 2 GPUs for its
+#                                    TP=2 cases)
 #   scripts/kernel-check.sh time     prefill 2048 tokens and batches 1/16/64 at 8K, each $AB setting
 #                                    (space-separated NAME=a|b|... lists, default the FP8 tile and the
 #                                    grouped FP4 kernel) against its alternatives, interleaved
@@ -40,7 +41,7 @@ if python3 -c "import nvidia.nccl" 2>/dev/null; then  # NCCL from PyTorch's whee
   export DSUF_NCCL_LIB=$N/lib/libnccl.so.2 LD_LIBRARY_PATH=$N/lib:${LD_LIBRARY_PATH:-}
 fi
 export NCCL_NVLS_ENABLE=0
-FORCED="DSUF_FP8_GEMM_ROWS=1 DSUF_MOE_GROUP_ROWS=1 DSUF_FP4_MMA_ROWS=0"
+FORCED="DSUF_FP8_GEMM_ROWS=1 DSUF_MOE_GROUP_ROWS=1 DSUF_FP4_MMA_ROWS=0 DSUF_TILED_MMA_ROWS=0"
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 summary() { grep -h "PASSED\|FAILED\|rc=" "$@"; }
 
@@ -71,7 +72,10 @@ verify)
   # shellcheck disable=SC2086
   env $FORCED timeout 200 "$B/cuda_tp_tests" > "$L/tp.txt" 2>&1
   echo "tp forced rc=$?" >> "$L/tp.txt"
-  summary "$L/engine.txt" "$L/tp.txt"
+  # The experts' row-major layout on TP ranks (tiles are their default since v18).
+  DSUF_FP4=dp4a timeout 200 "$B/cuda_tp_tests" > "$L/tp_rowmajor.txt" 2>&1
+  echo "tp DSUF_FP4=dp4a rc=$?" >> "$L/tp_rowmajor.txt"
+  summary "$L/engine.txt" "$L/tp.txt" "$L/tp_rowmajor.txt"
   ;;
 time)
   export CUDA_VISIBLE_DEVICES=0
@@ -92,7 +96,7 @@ time)
 decode)
   export CUDA_VISIBLE_DEVICES=0
   bd() { timeout 150 "$B/bench_decode" --engram-vocab 100000 --contexts 8192 --batches 1 "$@" 2>&1 | grep -v '^model:\|^head:\|^routed experts'; }
-  for spec in ${AB:-DSUF_FP4=tiled|dp4a DSUF_TILED=4,16|4,8 DSUF_PV=cp|tiles DSUF_ATT_SPLIT=40|20|10}; do
+  for spec in ${AB:-DSUF_PDL=1|0 DSUF_SHARED_FORK=early|late DSUF_TILED=4,16|4,8 DSUF_FP4=tiled|dp4a}; do
     var=${spec%%=*}
     IFS='|' read -r -a vals <<< "${spec#*=}"
     for rep in $(seq "${ROUNDS:-3}"); do

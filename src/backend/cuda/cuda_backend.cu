@@ -157,6 +157,7 @@ struct CudaBackend::Impl {
   // layer on average (DSUF_MOE_GROUP_ROWS; 0: never). Measured (docs/perf.md, v14, 96 experts):
   // 1 routed row per expert (batch 16) lost 9 %, 4 (batch 64) gained 6 %, a 512-token chunk 12 %.
   int64_t group_rows_per_expert = 4;
+  bool shared_early = true;  // DSUF_SHARED_FORK=early|late (moe())
   cudaStream_t mix_side = nullptr;  // the mHC mixes (hc_mix_fork); null: they run on `stream`
   cudaEvent_t mix_ev_fork = nullptr, ev_mix = nullptr;
   bool mix_pending = false;  // a mix on `mix_side` that `stream` has not waited for yet
@@ -506,6 +507,7 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   DSUF_CUDA(cudaEventCreateWithFlags(&ev_fork, cudaEventDisableTiming));
   DSUF_CUDA(cudaEventCreateWithFlags(&ev_join, cudaEventDisableTiming));
   if (const char* v = std::getenv("DSUF_OVERLAP")) overlap = std::string(v) != "0";
+  shared_early = !env_picks("DSUF_SHARED_FORK", "early", "late");
   mix_late = env_picks("DSUF_MIX_FORK", "early", "late");
   if (const char* f = std::getenv("DSUF_HC_FORK"); !f || std::string(f) != "0") {
     DSUF_CUDA(cudaStreamCreate(&mix_side));
@@ -538,15 +540,12 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   if (part.world > 1 && part.width_experts()) ffn_split = cuda::col_split(part.ffn);
   // The experts' layout: tiles by default (k_fp4_imma<…, true>), row-major where the model needs it —
   // experts split by width (the tiles hold 16 whole rows) or unquantized activations (no byte planes).
-  // Tensor-parallel ranks keep row-major unless DSUF_FP4=tiled asks: their tiled run is not yet
-  // checked on the GPU since the fix of its launch (docs/perf.md v17).
   const bool tileable = !(part.world > 1 && part.width_experts()) && opt.numerics.act_quant;
   const cuda::Fp4TiledWish wish = cuda::fp4_tiled_wanted();
   DSUF_CHECK(tileable || wish != cuda::Fp4TiledWish::kRequired,
              "DSUF_FP4=tiled: the experts are split by width (docs/tp.md; set DSUF_TP_EXPERTS=ep) or the "
              "activations are not quantized; unset DSUF_FP4 to let the model pick its layout");
-  experts_tiled = tileable && (wish == cuda::Fp4TiledWish::kRequired ||
-                               (wish == cuda::Fp4TiledWish::kWhereAllowed && part.world == 1));
+  experts_tiled = tileable && wish != cuda::Fp4TiledWish::kNo;
   uint8_t* tile_scratch = nullptr;  // one expert matrix, for the in-place re-layout
   for (const LayerPlan& lp : cfg.layers) {
     const std::string p = "layers." + std::to_string(lp.layer) + ".";
@@ -1116,12 +1115,12 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
   const int E = t.n_routed_experts, K = t.num_experts_per_tok;
   const int64_t D = t.hidden_size, F = t.moe_intermediate_size;
   const float limit = float(t.swiglu_limit);
-  cuda::bf16_linear(d.gate, E, D, ws.xn, D, n, ws.router, E, false, stream);
-  cuda::route(ws.router, n, E, K, d.bias, d.bias_vl, image, float(t.gate_temp), float(t.routed_scaling_factor),
-              ws.ids, ws.rw, stream);
-  run_deferred_mix();  // DSUF_MIX_FORK=late
-  // The shared expert on the side stream, beside the routed experts (its own input buffer xq[2]).
-  if (part.owns_shared(l)) {
+  // The shared expert on the side stream, beside the routed experts (its own input buffer xq[2]):
+  // forked before the router (DSUF_SHARED_FORK=early, the default), so that its 35 MB stream while
+  // the router's latency-bound kernels run, not only beside the routed experts' (v18: −0.28 ms at
+  // batch 1), or after the routing (DSUF_SHARED_FORK=late).
+  auto shared_expert = [&] {
+    if (!part.owns_shared(l)) return;
     fork();
     cudaStream_t s2 = branch();
     cuda::fp8_linear(d.sw1.w, d.sw1.s, F, D, xin, n, ws.h1s, F, r, s2,
@@ -1130,7 +1129,13 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
     cuda::swiglu(ws.h1s, ws.h3s, n, F, nullptr, limit, opt.numerics.shared_expert_clamp, r, s2, hssink);
     const cuda::LinearInput hsin = cuda::sink_input(hssink, F);
     cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, hsin, n, ws.ys, D, r, s2);
-  }
+  };
+  if (shared_early) shared_expert();
+  cuda::bf16_linear(d.gate, E, D, ws.xn, D, n, ws.router, E, false, stream);
+  cuda::route(ws.router, n, E, K, d.bias, d.bias_vl, image, float(t.gate_temp), float(t.routed_scaling_factor),
+              ws.ids, ws.rw, stream);
+  run_deferred_mix();  // DSUF_MIX_FORK=late
+  if (!shared_early) shared_expert();
   const int64_t rows = int64_t(n) * K;
   const cuda::RowGroups* grouped = nullptr;
   if (group_rows_per_expert > 0 && rows >= group_rows_per_expert * E) {

@@ -164,6 +164,13 @@ int blocks_for(int64_t n, int per) { return int((n + per - 1) / per); }
 // the launch has no such dependency.
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
+// The entry of a kernel whose every memory access depends on earlier kernels (activations, the step's
+// state): wait for them, then let the next kernel's blocks start, so that its launch overlaps this
+// kernel's run instead of following its last block (launch_step).
+__device__ __forceinline__ void pdl_entry() {
+  pdl_wait();
+  pdl_trigger();
+}
 
 // ---- quantization and linears ------------------------------------------------------------------
 // The per-32 quantizers run one warp per block, lane k on element k (the max is order-free).
@@ -244,6 +251,7 @@ __device__ __forceinline__ float rope_lane(float v, const RopePair& p, int lane,
 
 // ---- embedding and mHC -------------------------------------------------------------------------
 __global__ void k_embed(const int32_t* tok, const uint16_t* table, int64_t D, int hc, float* X, float* pre) {
+  pdl_entry();
   int i = blockIdx.x;
   const uint16_t* row = table + int64_t(tok[i]) * D;
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
@@ -380,6 +388,7 @@ __global__ void __launch_bounds__(256) k_hc_mix(const float* __restrict__ fn, co
                                                 const float* __restrict__ scale, int iters, float hc_eps,
                                                 float* __restrict__ out, float* __restrict__ part,
                                                 unsigned* __restrict__ count) {
+  pdl_entry();
   constexpr int M = (2 + HC) * HC, T = M + 1;
   extern __shared__ float sm[];
   __shared__ bool last;
@@ -452,6 +461,7 @@ __global__ void __launch_bounds__(256) k_hc_mix(const float* __restrict__ fn, co
 
 __global__ void k_hc_collapse(const float* __restrict__ pre, int pre_stride, const float* __restrict__ X, int hc,
                               int64_t D, float* __restrict__ u, bool r) {
+  pdl_entry();
   int i = blockIdx.y;
   int64_t d = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (d >= D) return;
@@ -479,6 +489,7 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
                                                        const float* __restrict__ y_in, float* __restrict__ X,
                                                        int64_t D, const uint16_t* __restrict__ w, float eps,
                                                        float* __restrict__ y, bool r, InputSink sink) {
+  pdl_entry();
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ float us[];  // [32·J]: u[32c + l + 256j] at 32j + l
@@ -596,6 +607,7 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
 // equal x (a thread rewrites only what it read).
 constexpr int kRmsRegs = 4;
 __global__ void __launch_bounds__(256) k_rmsnorm(RmsJob a, RmsJob b, float eps, bool r) {
+  pdl_entry();
   const RmsJob jb = blockIdx.y == 0 ? a : b;
   const int64_t dim = jb.dim;
   const float* xr = jb.x + int64_t(blockIdx.x) * dim;
@@ -639,6 +651,7 @@ __global__ void __launch_bounds__(256) k_rmsnorm(RmsJob a, RmsJob b, float eps, 
 // not written): the attention output's inverse rope, fused into wo_a's input.
 __global__ void k_linear_input(const float* __restrict__ x, int64_t x_stride, int64_t K, int groups, bool quantize,
                                float* __restrict__ xq, float* __restrict__ xs, FusedRope rope) {
+  pdl_entry();
   const int nb = int(K / 32), gb = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (gb >= groups * nb) return;  // whole warps
   const int g = gb / nb, kb = gb % nb;
@@ -1264,6 +1277,7 @@ __global__ void __launch_bounds__(256) k_fp4_gemv_rows(const uint8_t* const* W, 
 // The order within an expert is whatever the atomics give: each row is computed on its own.
 __global__ void k_group_rows(const int32_t* __restrict__ ids, int rows, int E, int R, int32_t* order,
                              int32_t* groups, int32_t* n_groups) {
+  pdl_entry();
   extern __shared__ int32_t gsm[];  // counts[E], then cursor[E]
   int32_t* counts = gsm;
   int32_t* cursor = gsm + E;
@@ -1450,11 +1464,12 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
                                                                  const int32_t* ids, int64_t out, int64_t K,
                                                                  const float* __restrict__ xs, int64_t xs_stride,
                                                                  const uint8_t* __restrict__ xp, int64_t xp_stride,
-                                                                 int x_div, float* y, bool r, Fp4Pair pair) {
+                                                                 int x_div, float* y, bool r, Fp4Pair pair,
+                                                                 const int32_t* order) {
   static_assert(16 % kImmaStages == 0, "a chunk's 16 stages start on slot 0 of the ring");
   extern __shared__ __align__(16) uint8_t imma_sm[];
   const int nb = int(K / 32), nst = (nb + 1) / 2;  // K-blocks; stages of two
-  const int row = blockIdx.y;
+  int row = blockIdx.y;
   if (blockIdx.z == 1) W = pair.W, Ws = pair.Ws, y = pair.y;
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const int64_t o0 = (int64_t(blockIdx.x) * kImmaWarps + w) * 16;
@@ -1463,6 +1478,10 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   float* ssa = reinterpret_cast<float*>(sB + nb * 128);    // [kb]: the input scales
   uint8_t* codes = reinterpret_cast<uint8_t*>(ssa + nb) + w * 16 * nb;  // [row][kb]: the weight scale codes
   pdl_trigger();
+  if (order) {  // grid.y walks the routed rows in expert order (RowGroups::order, from this step's router)
+    pdl_wait();
+    row = order[row];
+  }
   const auto [We, Se] = routed_expert(W, Ws, ids, row);
   xs += int64_t(row / x_div) * xs_stride, xp += int64_t(row / x_div) * xp_stride;
   const bool active = o0 < out;  // warp-uniform; an idle warp still stages inputs and meets the barrier
@@ -1745,6 +1764,7 @@ constexpr int kBf16Deep = 20;
 // the same order.
 __global__ void k_bf16_linear(const uint16_t* __restrict__ W, int64_t out, int64_t K, const float* __restrict__ x,
                               int64_t x_stride, float* __restrict__ y, int64_t y_stride, bool r, bool deep) {
+  pdl_entry();
   const int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int row = blockIdx.y, lane = threadIdx.x % 32;
   if (o >= out) return;
@@ -1783,6 +1803,7 @@ __global__ void k_bf16_linear(const uint16_t* __restrict__ W, int64_t out, int64
 // ---- RoPE and KV packing -----------------------------------------------------------------------
 __global__ void k_rope(float* x, int64_t rows, int heads, int64_t dim, const float* cs, int half, float sign,
                        bool r) {
+  pdl_entry();
   int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= rows * heads * half) return;
   const int i = int(t % half);
@@ -1798,6 +1819,7 @@ __global__ void k_rope(float* x, int64_t rows, int heads, int64_t dim, const flo
 // A warp per 32-block; with rope.cs set, k_rope's rotation first (the window KV: rope then fake-quant
 // in one launch, the quantizer seeing the rotated, rounded values as after k_rope).
 __global__ void k_fp8_fake_quant(float* x, int64_t blocks, bool r, FusedRope rope) {
+  pdl_entry();
   const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   if (b >= blocks) return;  // whole warps
   const int lane = threadIdx.x % 32;
@@ -1813,6 +1835,7 @@ __device__ __forceinline__ uint8_t* ring_of(const SeqMeta& sq, int layer, int W,
 
 __global__ void k_pack_window(const float* kv, int rows, const RowMeta* meta, const SeqMeta* seqs, int layer,
                               int64_t hd, int W) {
+  pdl_entry();
   const int64_t nb = hd / 32;
   const int64_t t = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;  // one warp per 32-block
   const int k = threadIdx.x % 32;
@@ -1839,6 +1862,7 @@ __device__ __forceinline__ float ckv_elem(const uint8_t* entry, int64_t hd, int6
 // heads: [rows][kmax][hd]. Window keys before the sequence's first row in this step come from its
 // ring (packed), later ones from this step's rows.
 __global__ void k_gather_keys(AttentionArgs a) {
+  pdl_entry();
   const int i = blockIdx.x, j = blockIdx.y;
   const RowMeta m = a.meta[i];
   const SeqMeta& sq = a.seqs[m.seq];
@@ -1890,12 +1914,23 @@ __device__ __forceinline__ int attention_keys(const AttentionArgs& a, int i, int
   if (threadIdx.x == 0) *first_free = a.sel ? a.sel_stride : 0;
   __syncthreads();
   if (a.sel) {
+    // Four entries a thread per round, their loads issued together: a loop that stopped at each
+    // entry's value made the rounds (4 for the P·V kernel's 128 threads at 512 entries) dependent
+    // round trips. Same result: the thread's smallest j with a −1.
+    constexpr int U = 4;
     int mine = a.sel_stride;
-    for (int j = threadIdx.x; j < a.sel_stride; j += blockDim.x)
-      if (a.sel[int64_t(i) * a.sel_stride + j] < 0) {
-        mine = j;
-        break;
+    const int32_t* sel = a.sel + int64_t(i) * a.sel_stride;
+    for (int j0 = threadIdx.x; j0 < a.sel_stride && mine == a.sel_stride; j0 += U * blockDim.x) {
+      int32_t v[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int j = j0 + u * int(blockDim.x);
+        v[u] = j < a.sel_stride ? __ldg(sel + j) : 0;
       }
+#pragma unroll
+      for (int u = U - 1; u >= 0; --u)  // the smallest j last: it wins
+        if (v[u] < 0) mine = j0 + u * int(blockDim.x);
+    }
     for (int o = 16; o > 0; o >>= 1) mine = min(mine, __shfl_xor_sync(0xffffffffu, mine, o));
     if (threadIdx.x % 32 == 0 && mine < a.sel_stride) atomicMin(first_free, mine);
   }
@@ -1904,6 +1939,7 @@ __device__ __forceinline__ int attention_keys(const AttentionArgs& a, int i, int
 }
 
 __global__ void __launch_bounds__(256) k_attention_logits(AttentionArgs a) {
+  pdl_entry();
   extern __shared__ float qs[];  // [kAttHeadsQK][hd]
   __shared__ int first_free;
   const int i = blockIdx.x, h0 = blockIdx.y * kAttHeadsQK;
@@ -1986,6 +2022,7 @@ __device__ __forceinline__ void emit_attention_out(const AttentionArgs& a, int i
 }
 
 __global__ void __launch_bounds__(kPvThreads) k_attention_pv(AttentionArgs a, int tile) {
+  pdl_entry();
   extern __shared__ float4 pv_smem4[];
   const int kp = (a.kmax + 3) & ~3;
   float* p = reinterpret_cast<float*>(pv_smem4);  // [kPvHeads][kp] logits, then exp(logit − max)
@@ -2105,6 +2142,7 @@ __device__ __forceinline__ float half_block_max(float v, float (*part)[4], int h
 }
 
 __global__ void __launch_bounds__(kPvTileThreads) k_attention_pv_tiles(AttentionArgs a) {
+  pdl_entry();
   extern __shared__ float4 pvt_smem4[];
   float* p = reinterpret_cast<float*>(pvt_smem4);  // [kPvHeads][kmax]: exp(logit − max)
   __shared__ __align__(16) float kt[kPvTileRows][kPvDims];  // written as float4: 16-byte aligned
@@ -2179,6 +2217,7 @@ __global__ void __launch_bounds__(kPvTileThreads) k_attention_pv_tiles(Attention
 
 // ---- compressor --------------------------------------------------------------------------------
 __global__ void k_compress_emit(CompressArgs a) {
+  pdl_entry();
   extern __shared__ float sm[];
   float* pooled = sm;             // [hd]
   float* latent = sm + a.hd;      // [hd]
@@ -2270,6 +2309,7 @@ __global__ void k_compress_emit(CompressArgs a) {
 }
 
 __global__ void k_update_pending(const float* ag, const PendingJob* jobs, const SeqMeta* seqs, int64_t hd) {
+  pdl_entry();
   // The kept tokens are the last `keep` of pending ++ the sequence's rows.
   const PendingJob job = jobs[blockIdx.y];
   const int64_t total = int64_t(job.keep) * 2 * hd;
@@ -2286,6 +2326,7 @@ __global__ void k_update_pending(const float* ag, const PendingJob* jobs, const 
 // ---- indexer -----------------------------------------------------------------------------------
 // Queries to FP4 codes: one warp per 32-block, the scale rule of fp4_pow2_scale.
 __global__ void k_index_q_quant(const float* x, int64_t blocks, int8_t* codes, float* scales) {
+  pdl_entry();
   const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   if (b >= blocks) return;
   const int lane = threadIdx.x % 32;
@@ -2319,6 +2360,7 @@ __device__ __forceinline__ uint32_t e2m1x2_4(uint32_t s) {
 }
 
 __global__ void __launch_bounds__(kIdxEntries) k_index_scores(IndexScoreArgs a) {
+  pdl_entry();
   extern __shared__ __align__(16) uint32_t ism[];
   const int IH = a.IH, i = blockIdx.y, t = threadIdx.x;
   const RowMeta m = a.meta[i];
@@ -2402,6 +2444,7 @@ __global__ void __launch_bounds__(kIdxEntries) k_index_scores(IndexScoreArgs a) 
 
 __global__ void k_candidate_block_scores(const float* scores, int64_t score_stride, const RowMeta* meta, int ratio,
                                          int block, float* bscores, int64_t b_stride) {
+  pdl_entry();
   const int i = blockIdx.y;
   const int64_t vis = (meta[i].pos + 1) / ratio;
   const int64_t nb = (vis + block - 1) / block;
@@ -2601,6 +2644,7 @@ __device__ __forceinline__ int64_t top_k_count(const RowMeta* meta, int i, int r
 // The single-block top-k: one block per row.
 __global__ void k_top_k(const float* x, int64_t stride, const RowMeta* meta, int ratio, int block, int k, int32_t* out,
                         int out_stride) {
+  pdl_entry();
   const int i = blockIdx.x;
   const int64_t count = top_k_count(meta, i, ratio, block);
   extern __shared__ uint64_t picks[];  // (key << 32) | ~index, sorted descending
@@ -2617,6 +2661,7 @@ __global__ void k_top_k(const float* x, int64_t stride, const RowMeta* meta, int
 __global__ void k_top_k_chunks(const float* x, int64_t stride, const RowMeta* meta, int ratio, int block, int k,
                                int g_launch, int64_t min_chunk, float* cand_val, int32_t* cand_idx,
                                int64_t cand_stride) {
+  pdl_entry();
   const int i = blockIdx.y, g = blockIdx.x;
   const int64_t count = top_k_count(meta, i, ratio, block);
   const topk::Chunks c = topk::chunks(count, k, g_launch, min_chunk);
@@ -2639,6 +2684,7 @@ __global__ void k_top_k_chunks(const float* x, int64_t stride, const RowMeta* me
 __global__ void k_top_k_merge(const float* x, int64_t stride, const RowMeta* meta, int ratio, int block, int k,
                               int g_launch, int64_t min_chunk, const float* cand_val, const int32_t* cand_idx,
                               int64_t cand_stride, int32_t* out, int out_stride) {
+  pdl_entry();
   const int i = blockIdx.x;
   const int64_t count = top_k_count(meta, i, ratio, block);
   const int G = topk::chunks(count, k, g_launch, min_chunk).G;
@@ -2659,6 +2705,7 @@ __global__ void k_top_k_merge(const float* x, int64_t stride, const RowMeta* met
 // top_k_mask's one-block form: k_top_k's selection, each pick marked in the row's mask (zeroed first).
 __global__ void k_top_k_mask(const float* x, int64_t stride, const RowMeta* meta, int ratio, int block, int k,
                              uint8_t* mask, int64_t mask_stride) {
+  pdl_entry();
   const int i = blockIdx.x;
   uint8_t* m = mask + int64_t(i) * mask_stride;
   for (int64_t b = threadIdx.x; b < mask_stride; b += blockDim.x) m[b] = 0;
@@ -2668,6 +2715,7 @@ __global__ void k_top_k_mask(const float* x, int64_t stride, const RowMeta* meta
 }
 
 __global__ void k_mask_from_selection(const int32_t* sel, int sel_stride, uint8_t* mask, int64_t mask_stride) {
+  pdl_entry();
   const int i = blockIdx.x;
   for (int64_t b = threadIdx.x; b < mask_stride; b += blockDim.x) mask[int64_t(i) * mask_stride + b] = 0;
   __syncthreads();
@@ -2683,6 +2731,7 @@ __global__ void k_mask_from_selection(const int32_t* sel, int sel_stride, uint8_
 // scan picks the same one for any non-NaN scores).
 __global__ void k_route(const float* logits, int E, int k, const float* bias, const float* bias_vl,
                         const uint8_t* image, float temp, float route_scale, int32_t* ids, float* w) {
+  pdl_entry();
   extern __shared__ float sv[];  // [E] score s, [E] s + bias, [E] taken flags
   __shared__ float picked[32];
   const int i = blockIdx.x, lane = threadIdx.x;
@@ -2723,6 +2772,7 @@ __global__ void k_route(const float* logits, int E, int k, const float* bias, co
 
 __global__ void k_swiglu(float* h1, const float* h3, int64_t rows, int64_t F, const float* weight, float limit,
                          bool clamp, bool r, InputSink sink) {
+  pdl_entry();
   int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= rows * F) return;  // with a sink, F % 32 == 0: whole warps return
   float g = h1[t], u = h3[t];
@@ -2741,6 +2791,7 @@ __global__ void k_swiglu(float* h1, const float* h3, int64_t rows, int64_t F, co
 template <int HC>
 __global__ void k_moe_sum_expand(const float* __restrict__ ye, int k, const float* __restrict__ ys, int n, int64_t D,
                                  const float* __restrict__ mix, int mix_stride, float* __restrict__ X, bool r) {
+  pdl_entry();
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= int64_t(n) * D) return;
   const int64_t i = t / D, d = t % D;
@@ -2763,6 +2814,7 @@ __global__ void k_moe_sum_expand(const float* __restrict__ ye, int k, const floa
 // ---- Engram ------------------------------------------------------------------------------------
 __global__ void k_engram_gather(const int64_t* row_ids, int rows, const uint8_t* table, const uint8_t* scales,
                                 int64_t ehd, float* emb) {
+  pdl_entry();
   const int i = blockIdx.x;
   for (int64_t t = threadIdx.x; t < rows * ehd; t += blockDim.x) {
     const int64_t r = t / ehd, d = t % ehd;
@@ -2773,6 +2825,7 @@ __global__ void k_engram_gather(const int64_t* row_ids, int rows, const uint8_t*
 
 __global__ void k_engram_gate(float* X, const float* kv, const uint16_t* qw, const uint16_t* kw, const uint8_t* dead,
                               int hc, int64_t D, float eps, bool r) {
+  pdl_entry();
   const int i = blockIdx.x, k = blockIdx.y;
   if (dead[i]) return;
   float* x = X + (int64_t(i) * hc + k) * D;
@@ -2795,12 +2848,14 @@ __global__ void k_engram_gate(float* X, const float* kv, const uint16_t* qw, con
 
 __global__ void k_gather_rows(const float* X, const float* pre, const int32_t* rows, int hc, int64_t D, float* Xo,
                               float* preo) {
+  pdl_entry();
   const int i = blockIdx.x, r = rows[i];
   for (int64_t t = threadIdx.x; t < hc * D; t += blockDim.x) Xo[int64_t(i) * hc * D + t] = X[int64_t(r) * hc * D + t];
   if (threadIdx.x < hc) preo[i * hc + threadIdx.x] = pre[r * hc + threadIdx.x];
 }
 
 __global__ void k_add_rows(float* y, const float* x, int64_t n) {
+  pdl_entry();
   int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t < n) y[t] += x[t];
 }
@@ -2888,33 +2943,44 @@ void fill_entries_synthetic(uint8_t* p, int64_t entries, int64_t entry_bytes, in
 }
 
 namespace {
-// Off by default: measured on the H200 (docs/perf.md, v6) the step was 1.4 ms slower with it on.
-bool pdl_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("DSUF_PDL");
-    return v && std::string(v) == "1";
-  }();
-  return on;
+// Programmatic dependent launch, DSUF_PDL=1|gemv|0: every kernel of the step (the default), only
+// the weight kernels (launch_pdl; v6 measured them 1.4 ms slower, v18 — loading their first stages
+// before pdl_wait — 0.32 ms faster: docs/perf.md), or none.
+enum PdlLevel { kPdlAll = 0, kPdlGemv = 1, kPdlOff = 2 };
+int pdl_level() {
+  static const int level = env_choice("DSUF_PDL", {"1", "gemv", "0"});  // in PdlLevel's order
+  return level;
 }
-// Launches k with programmatic stream serialization (see pdl_wait) when DSUF_PDL=1.
 template <typename... KArgs, typename... Args>
-void launch_pdl(void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+void launch_with_pdl(bool on, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                     Args&&... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = s;
   cudaLaunchAttribute at[1];
   at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   at[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = at, cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cfg.attrs = at, cfg.numAttrs = on ? 1 : 0;
   DSUF_CUDA(cudaLaunchKernelEx(&cfg, k, std::forward<Args>(args)...));
+}
+// A weight kernel (pdl_wait after its first weight loads): programmatic unless DSUF_PDL=0.
+template <typename... KArgs, typename... Args>
+void launch_pdl(void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+  launch_with_pdl(pdl_level() != kPdlOff, k, grid, block, smem, s, std::forward<Args>(args)...);
+}
+// Any other kernel of the step (pdl_entry() first): programmatic with DSUF_PDL=1, the default.
+template <typename... KArgs, typename... Args>
+void launch_step(void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+  launch_with_pdl(pdl_level() == kPdlAll, k, grid, block, smem, s, std::forward<Args>(args)...);
 }
 template <typename Kernel>
 void set_smem(Kernel k, size_t smem) {
   if (smem > 48 * 1024) DSUF_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
 }
+
 }  // namespace
 
 void embed(const int32_t* tok, int n, const uint16_t* table, int64_t D, int hc, float* X, float* pre, cudaStream_t s) {
-  k_embed<<<n, 256, 0, s>>>(tok, table, D, hc, X, pre);
+  launch_step(k_embed, dim3(n), dim3(256), 0, s, tok, table, D, hc, X, pre);
 }
 namespace {
 // hc (1..8, config.cc's range) as a compile-time constant: per-stream values live in registers.
@@ -2957,13 +3023,13 @@ void hc_mix(const float* fn, const float* base, const float* scale, const float*
   with_hc(hc, [&](auto H) {
     auto* k = k_hc_mix<decltype(H)::value>;
     set_smem(k, smem);
-    k<<<dim3(32 * groups, (n + R - 1) / R), 32 * G, smem, s>>>(fn, X, n, N, R, norm_eps, base, scale, iters, hc_eps,
-                                                                out, part, count);
+    launch_step(k, dim3(32 * groups, (n + R - 1) / R), dim3(32 * G), smem, s, fn, X, n, N, R, norm_eps, base, scale,
+                iters, hc_eps, out, part, count);
   });
 }
 void hc_collapse(const float* pre, int pre_stride, const float* X, int n, int hc, int64_t D, float* u, bool r,
                  cudaStream_t s) {
-  k_hc_collapse<<<dim3(blocks_for(D, 256), n), 256, 0, s>>>(pre, pre_stride, X, hc, D, u, r);
+  launch_step(k_hc_collapse, dim3(blocks_for(D, 256), n), dim3(256), 0, s, pre, pre_stride, X, hc, D, u, r);
 }
 void collapse_norm(const float* pre, int pre_stride, const float* emix, int emix_stride, const float* y_in, float* X,
                    int n, int hc, int64_t D, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s,
@@ -2977,16 +3043,18 @@ void collapse_norm(const float* pre, int pre_stride, const float* emix, int emix
     set_smem(k, smem);
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(kNormCluster, n), cfg.blockDim = dim3(256), cfg.dynamicSmemBytes = smem, cfg.stream = s;
-    cudaLaunchAttribute at[1];
+    cudaLaunchAttribute at[2];
     at[0].id = cudaLaunchAttributeClusterDimension;
     at[0].val.clusterDim.x = kNormCluster, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-    cfg.attrs = at, cfg.numAttrs = 1;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // launch_step's rule
+    at[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at, cfg.numAttrs = pdl_level() == kPdlAll ? 2 : 1;
     DSUF_CUDA(cudaLaunchKernelEx(&cfg, k, pre, pre_stride, emix, emix_stride, y_in, X, D, w, eps, y, r, sink));
   });
 }
 void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s) {
   const RmsJob j{x, dim, w, y};
-  if (rows > 0) k_rmsnorm<<<dim3(unsigned(rows), 1), 256, 0, s>>>(j, j, eps, r);
+  if (rows > 0) launch_step(k_rmsnorm, dim3(unsigned(rows), 1), dim3(256), 0, s, j, j, eps, r);
 }
 namespace {
 void check_fused_rope(const FusedRope& f, const char* what) {
@@ -3002,7 +3070,7 @@ void rmsnorm2(const RmsJob& a, const RmsJob& b, int64_t rows, float eps, bool r,
     DSUF_CHECK(!j->fq_rope.cs || (j->fake_quant && j->fq_rope.heads == 1 && j->fq_rope.dim == j->dim),
                "rmsnorm2: a fused rope goes with fake_quant, one head of dim values");
   }
-  if (rows > 0) k_rmsnorm<<<dim3(unsigned(rows), 2), 256, 0, s>>>(a, b, eps, r);
+  if (rows > 0) launch_step(k_rmsnorm, dim3(unsigned(rows), 2), dim3(256), 0, s, a, b, eps, r);
 }
 namespace {
 // Outputs per warp: more per warp (more weight bytes in flight per input read) while the grid still
@@ -3099,6 +3167,7 @@ struct Fp4Call {
   bool r;
   cudaStream_t s;
   Fp4Pair pair;
+  const int32_t* order = nullptr;  // k_fp4_imma only: grid.y row i is routed row order[i]
 };
 template <int OPW, bool kExact>
 void launch_fp4(const Fp4Call& c) {
@@ -3147,39 +3216,56 @@ bool fp4_rows_mma(int64_t rows, int64_t experts) {
   }();
   return on && rows >= per_expert * experts;
 }
+// Over tiled weights, whether grouped rows run as k_fp4_mma_rows<true> (else k_fp4_imma<…, true> a
+// row at a time, in expert order): from DSUF_TILED_MMA_ROWS routed rows per expert on average
+// (default 16; 0: always). At 4 rows per expert (batch 64 at 96 experts) the grouped kernel, paying
+// for 8 rows a group, made the step 10.7 % slower than row-major weights (v17); a row at a time in
+// expert order, 22 % faster than the grouped kernel (v18: 214 against 273 ms).
+bool tiled_rows_mma(int64_t rows, int64_t experts) {
+  static const int64_t per_expert = [] {
+    const char* v = std::getenv("DSUF_TILED_MMA_ROWS");
+    return v ? std::atoll(v) : int64_t(16);
+  }();
+  return rows >= per_expert * experts;
+}
 // k_fp4_imma's launch: DSUF_IMMA=stages,warps (the ring's depth in stages of 2 K-blocks, the warps a
 // block) or, tiled, DSUF_TILED=stages,warps (stages − 1 in flight); the first value is the default.
+// (v18 also tried per launch the fewest warps whose grid fits one block an SM: the same time as 4,16.)
 template <bool kTiled>
 void launch_imma(const Fp4Call& c) {
   struct Shape {
     decltype(&k_fp4_imma<8, 8, kTiled>) k;
     int stages, warps;
   };
+  static const int pick = kTiled ? env_choice("DSUF_TILED", {"4,16", "4,8", "2,16", "8,8"}) : 0;
   static const Shape shape = [] {
     Shape sh{};
     if constexpr (kTiled)
       sh = std::array<Shape, 4>{Shape{k_fp4_imma<4, 16, true>, 4, 16}, Shape{k_fp4_imma<4, 8, true>, 4, 8},
                                 Shape{k_fp4_imma<2, 16, true>, 2, 16},
-                                Shape{k_fp4_imma<8, 8, true>, 8, 8}}[env_choice("DSUF_TILED", {"4,16", "4,8", "2,16", "8,8"})];
+                                Shape{k_fp4_imma<8, 8, true>, 8, 8}}[pick];
     else
       sh = std::array<Shape, 4>{Shape{k_fp4_imma<8, 8, false>, 8, 8}, Shape{k_fp4_imma<8, 4, false>, 8, 4},
                                 Shape{k_fp4_imma<16, 4, false>, 16, 4},
                                 Shape{k_fp4_imma<16, 8, false>, 16, 8}}[env_choice("DSUF_IMMA", {"8,8", "8,4", "16,4", "16,8"})];
     return sh;
   }();
+  const Shape sh = shape;
   // Every call, not once: the attribute is per device, and tensor-parallel ranks launch on several.
-  set_smem(shape.k, imma_smem(kImmaMaxNb, shape.stages, shape.warps, kTiled));
+  set_smem(sh.k, imma_smem(kImmaMaxNb, sh.stages, sh.warps, kTiled));
   // grid.y holds at most 65535 rows: a long prefill chunk (rows = tokens × top-k) goes in slices of
-  // whole input rows (a multiple of x_div), each with its ids, outputs and inputs offset.
+  // whole input rows (a multiple of x_div), each with its ids, outputs and inputs offset — or, in
+  // expert order, its piece of the order (which names absolute rows).
   const int64_t slice = 65535 / c.x_div * c.x_div;
   for (int64_t b = 0; b < c.rows; b += slice) {
-    const int64_t n = std::min(slice, c.rows - b), xr = b / c.x_div;
+    const int64_t n = std::min(slice, c.rows - b), rb0 = c.order ? 0 : b, xr = rb0 / c.x_div;
     Fp4Pair pair = c.pair;
-    if (pair.y) pair.y += b * c.out;
-    launch_pdl(shape.k, dim3(blocks_for(c.out, 16 * shape.warps), int(n), c.pair.W ? 2 : 1),
-               dim3(32 * shape.warps), imma_smem(c.K / 32, shape.stages, shape.warps, kTiled), c.s, c.W, c.Ws,
-               c.ids ? c.ids + b : nullptr, c.out, c.K, c.in.scale + xr * c.in.scale_stride, c.in.scale_stride,
-               c.in.planes + xr * c.in.plane_stride, c.in.plane_stride, c.x_div, c.y + b * c.out, c.r, pair);
+    if (pair.y) pair.y += rb0 * c.out;
+    launch_pdl(sh.k, dim3(blocks_for(c.out, 16 * sh.warps), int(n), c.pair.W ? 2 : 1), dim3(32 * sh.warps),
+               imma_smem(c.K / 32, sh.stages, sh.warps, kTiled), c.s, c.W, c.Ws,
+               c.ids ? c.ids + rb0 : nullptr, c.out, c.K, c.in.scale + xr * c.in.scale_stride, c.in.scale_stride,
+               c.in.planes + xr * c.in.plane_stride, c.in.plane_stride, c.x_div, c.y + rb0 * c.out, c.r, pair,
+               c.order ? c.order + b : nullptr);
   }
 }
 template <bool kExact>
@@ -3212,7 +3298,7 @@ LinearInput linear_input(const float* x, int64_t x_stride, int64_t rows, int64_t
   check_fused_rope(rope, "linear_input");
   const int64_t nb = K / 32, kp = interleaved_k(K);
   if (rows > 0)
-    k_linear_input<<<dim3(blocks_for(groups * nb, 8), rows), 256, 0, s>>>(x, x_stride, K, groups, quantize, xq, xs,
+    launch_step(k_linear_input, dim3(blocks_for(groups * nb, 8), rows), dim3(256), 0, s, x, x_stride, K, groups, quantize, xq, xs,
                                                                           rope);
   return {xq, groups * kp, kp, quantize ? xs : nullptr, groups * nb};
 }
@@ -3250,7 +3336,7 @@ void group_rows(const int32_t* ids, int64_t rows, int experts, RowGroups& g, cud
   g.max_groups = group_bound(rows, experts);
   g.rows = rows, g.experts = experts;
   if (rows <= 0) return;
-  k_group_rows<<<1, 256, size_t(2) * experts * sizeof(int32_t), s>>>(ids, int(rows), experts, kRowGroup, g.order,
+  launch_step(k_group_rows, dim3(1), dim3(256), size_t(2) * experts * sizeof(int32_t), s, ids, int(rows), experts, kRowGroup, g.order,
                                                                         g.groups, g.n_groups);
   DSUF_CUDA(cudaGetLastError());
 }
@@ -3262,17 +3348,18 @@ void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const
   DSUF_CHECK(!in.scale || (in.planes && in.plane_stride >= interleaved_planes(K)),
              "fp4_linear: quantized inputs without their byte planes (InputSink::xp)");
   if (rows <= 0) return;
-  if (tiled && det::fp4_tileable(out, K)) {  // the weights are tiles: grouped rows through
-    // k_fp4_mma_rows<true> (whatever the rows per expert), the rest through k_fp4_imma<…, true>
+  if (tiled && det::fp4_tileable(out, K)) {  // the weights are tiles: full groups through
+    // k_fp4_mma_rows<true>, the rest through k_fp4_imma<…, true>, a row at a time (grouped: in the
+    // groups' expert order, so that an expert's rows run together and share its weights in L2)
     DSUF_CHECK(in.scale && in.planes, "fp4_linear (tiled weights): needs quantized inputs with byte planes");
-    if (groups && K / 32 <= kMmaRowMaxNb) {
+    if (groups && K / 32 <= kMmaRowMaxNb && tiled_rows_mma(groups->rows, groups->experts)) {
       launch_pdl(k_fp4_mma_rows<true>, dim3(blocks_for(out, 16 * kMmaRowWarps), int(groups->max_groups),
                                             pair.W ? 2 : 1),
                  dim3(32 * kMmaRowWarps), mma_rows_smem(K / 32), s, W, Ws, groups->groups, groups->n_groups,
                  groups->order, out, K, in.scale, in.scale_stride, in.planes, in.plane_stride, x_div, y, r, pair);
       return;
     }
-    launch_imma<true>(Fp4Call{W, Ws, ids, out, K, in, x_div, rows, y, r, s, pair});
+    launch_imma<true>(Fp4Call{W, Ws, ids, out, K, in, x_div, rows, y, r, s, pair, groups ? groups->order : nullptr});
     return;
   }
   if (groups && in.scale && fp4_rows_mma(groups->rows, groups->experts) && K / 32 <= kMmaRowMaxNb) {
@@ -3302,26 +3389,26 @@ void fp4_tile_in_place(uint8_t* W, int64_t out, int64_t K, uint8_t* scratch, cud
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows, float* y,
                  int64_t y_stride, bool r, cudaStream_t s) {
   static const bool deep = !env_picks("DSUF_BF16", "deep", "loop");
-  k_bf16_linear<<<dim3(blocks_for(out, 8), rows), 256, 0, s>>>(W, out, K, x, x_stride, y, y_stride, r, deep);
+  launch_step(k_bf16_linear, dim3(blocks_for(out, 8), rows), dim3(256), 0, s, W, out, K, x, x_stride, y, y_stride, r, deep);
 }
 void rope(float* x, int64_t rows, int heads, int64_t dim, const float* cs, int half, float sign, bool r,
           cudaStream_t s) {
   const int64_t n = rows * heads * half;
-  if (n) k_rope<<<blocks_for(n, 256), 256, 0, s>>>(x, rows, heads, dim, cs, half, sign, r);
+  if (n) launch_step(k_rope, dim3(blocks_for(n, 256)), dim3(256), 0, s, x, rows, heads, dim, cs, half, sign, r);
 }
 void fp8_fake_quant(float* x, int64_t n, bool r, cudaStream_t s, const FusedRope& rope) {
   check_fused_rope(rope, "fp8_fake_quant");
   DSUF_CHECK(!rope.cs || n % (rope.heads * rope.dim) == 0, "fp8_fake_quant: ", n, " values, rows of ",
              rope.heads * rope.dim);
-  if (n) k_fp8_fake_quant<<<blocks_for(n / 32, 8), 256, 0, s>>>(x, n / 32, r, rope);
+  if (n) launch_step(k_fp8_fake_quant, dim3(blocks_for(n / 32, 8)), dim3(256), 0, s, x, n / 32, r, rope);
 }
 void index_q_quant(const float* x, int64_t n, int8_t* codes, float* scales, cudaStream_t s) {
-  if (n) k_index_q_quant<<<blocks_for(n / 32, 8), 256, 0, s>>>(x, n / 32, codes, scales);
+  if (n) launch_step(k_index_q_quant, dim3(blocks_for(n / 32, 8)), dim3(256), 0, s, x, n / 32, codes, scales);
 }
 void pack_window(const float* kv, int rows, const RowMeta* meta, const SeqMeta* seqs, int layer, int64_t hd, int W,
                  cudaStream_t s) {
   const int64_t t = int64_t(rows) * (hd / 32);
-  if (t > 0) k_pack_window<<<blocks_for(t, 8), 256, 0, s>>>(kv, rows, meta, seqs, layer, hd, W);
+  if (t > 0) launch_step(k_pack_window, dim3(blocks_for(t, 8)), dim3(256), 0, s, kv, rows, meta, seqs, layer, hd, W);
 }
 // DSUF_PV=cp|tiles picks the softmax + P·V kernel (k_attention_pv, the default, or k_attention_pv_tiles).
 bool pv_tiles() {
@@ -3346,10 +3433,10 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s) {
     return LinearInput{a.o_sink.xq, groups * kp, kp, a.o_sink.quantize ? a.o_sink.xs : nullptr,
                        groups * (a.o_group / 32)};
   };
-  k_gather_keys<<<dim3(a.rows, a.W + (a.sel ? a.sel_stride : 0)), 128, 0, s>>>(a);
+  launch_step(k_gather_keys, dim3(a.rows, a.W + (a.sel ? a.sel_stride : 0)), dim3(128), 0, s, a);
   const size_t qk_smem = sizeof(float) * kAttHeadsQK * a.hd;
   set_smem(k_attention_logits, qk_smem);
-  k_attention_logits<<<dim3(a.rows, blocks_for(a.H, kAttHeadsQK), attention_key_split(a.rows)), 256, qk_smem, s>>>(a);
+  launch_step(k_attention_logits, dim3(a.rows, blocks_for(a.H, kAttHeadsQK), attention_key_split(a.rows)), dim3(256), qk_smem, s, a);
   const dim3 pv_grid(a.rows, blocks_for(a.H, kPvHeads), blocks_for(a.hd, kPvDims));
   if (pv_tiles()) {
     const size_t smem = sizeof(float) * size_t(kPvHeads) * a.kmax;
@@ -3359,7 +3446,7 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s) {
       DSUF_CUDA(cudaFuncSetAttribute(k_attention_pv_tiles, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     AttentionArgs pa = a;
     if (!emit) pa.o_sink = {};
-    k_attention_pv_tiles<<<pv_grid, kPvTileThreads, smem, s>>>(pa);
+    launch_step(k_attention_pv_tiles, dim3(pv_grid), dim3(kPvTileThreads), smem, s, pa);
     return layout();
   }
   const int kp = (a.kmax + 3) & ~3, tile = std::min(kp, kPvMaxTile);
@@ -3368,18 +3455,18 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s) {
   set_smem(k_attention_pv, pv_smem);
   AttentionArgs pa = a;
   if (!emit) pa.o_sink = {};
-  k_attention_pv<<<pv_grid, kPvThreads, pv_smem, s>>>(pa, tile);
+  launch_step(k_attention_pv, dim3(pv_grid), dim3(kPvThreads), pv_smem, s, pa, tile);
   return layout();
 }
 void compress_emit(const CompressArgs& a, cudaStream_t s) {
   if (a.n_jobs <= 0) return;
   const size_t smem = sizeof(float) * (2 * a.hd + a.ihd);
-  k_compress_emit<<<a.n_jobs, 256, smem, s>>>(a);
+  launch_step(k_compress_emit, dim3(a.n_jobs), dim3(256), smem, s, a);
 }
 void update_pending(const float* ag, const PendingJob* jobs, int n_jobs, const SeqMeta* seqs, int ratio, int64_t hd,
                     cudaStream_t s) {
   if (n_jobs > 0 && ratio > 1)
-    k_update_pending<<<dim3(blocks_for(int64_t(ratio) * 2 * hd, 256), n_jobs), 256, 0, s>>>(ag, jobs, seqs, hd);
+    launch_step(k_update_pending, dim3(blocks_for(int64_t(ratio) * 2 * hd, 256), n_jobs), dim3(256), 0, s, ag, jobs, seqs, hd);
 }
 void index_scores(const IndexScoreArgs& a, cudaStream_t s) {
   if (a.max_entries <= 0 || a.rows <= 0) return;
@@ -3390,11 +3477,11 @@ void index_scores(const IndexScoreArgs& a, cudaStream_t s) {
   set_smem(k_index_scores, smem);
   // About kIdxGridBlocks blocks in all (a few waves); a row's tiles beyond its blocks are strided.
   const int bx = int(std::min<int64_t>(blocks_for(a.max_entries, kIdxEntries), std::max(1, kIdxGridBlocks / a.rows)));
-  k_index_scores<<<dim3(bx, a.rows), kIdxEntries, smem, s>>>(a);
+  launch_step(k_index_scores, dim3(bx, a.rows), dim3(kIdxEntries), smem, s, a);
 }
 void candidate_block_scores(const float* scores, int64_t score_stride, int rows, const RowMeta* meta, int ratio,
                             int block, float* bscores, int64_t b_stride, cudaStream_t s) {
-  k_candidate_block_scores<<<dim3(blocks_for(b_stride, 128), rows), 128, 0, s>>>(scores, score_stride, meta, ratio,
+  launch_step(k_candidate_block_scores, dim3(blocks_for(b_stride, 128), rows), dim3(128), 0, s, scores, score_stride, meta, ratio,
                                                                                block, bscores, b_stride);
 }
 void top_k(const float* x, int64_t stride, int rows, const RowMeta* meta, int ratio, int block, int k, int32_t* out,
@@ -3405,24 +3492,24 @@ void top_k(const float* x, int64_t stride, int rows, const RowMeta* meta, int ra
   const size_t smem = sizeof(uint64_t) * npow;
   const int g = scratch.val ? topk::launch_groups(scratch.max_count, rows, k, scratch.min_chunk, scratch.slots) : 1;
   if (g < 2) {
-    k_top_k<<<rows, 256, smem, s>>>(x, stride, meta, ratio, block, k, out, out_stride);
+    launch_step(k_top_k, dim3(rows), dim3(256), smem, s, x, stride, meta, ratio, block, k, out, out_stride);
     return;
   }
   const int64_t cand_stride = int64_t(g) * topk::slot_stride(k);
-  k_top_k_chunks<<<dim3(g, rows), 256, 0, s>>>(x, stride, meta, ratio, block, k, g, scratch.min_chunk, scratch.val,
+  launch_step(k_top_k_chunks, dim3(g, rows), dim3(256), 0, s, x, stride, meta, ratio, block, k, g, scratch.min_chunk, scratch.val,
                                                scratch.idx, cand_stride);
-  k_top_k_merge<<<rows, 256, smem, s>>>(x, stride, meta, ratio, block, k, g, scratch.min_chunk, scratch.val, scratch.idx,
+  launch_step(k_top_k_merge, dim3(rows), dim3(256), smem, s, x, stride, meta, ratio, block, k, g, scratch.min_chunk, scratch.val, scratch.idx,
                                         cand_stride, out, out_stride);
 }
 void mask_from_selection(const int32_t* sel, int sel_stride, int n, uint8_t* mask, int64_t mask_stride, cudaStream_t s) {
-  k_mask_from_selection<<<n, 128, 0, s>>>(sel, sel_stride, mask, mask_stride);
+  launch_step(k_mask_from_selection, dim3(n), dim3(128), 0, s, sel, sel_stride, mask, mask_stride);
 }
 void top_k_mask(const float* x, int64_t stride, int rows, const RowMeta* meta, int ratio, int block, int k,
                 int32_t* sel, uint8_t* mask, int64_t mask_stride, cudaStream_t s, const TopkScratch& scratch) {
   if (rows <= 0) return;
   const int g = scratch.val ? topk::launch_groups(scratch.max_count, rows, k, scratch.min_chunk, scratch.slots) : 1;
   if (g < 2) {
-    k_top_k_mask<<<rows, 256, 0, s>>>(x, stride, meta, ratio, block, k, mask, mask_stride);
+    launch_step(k_top_k_mask, dim3(rows), dim3(256), 0, s, x, stride, meta, ratio, block, k, mask, mask_stride);
     return;
   }
   top_k(x, stride, rows, meta, ratio, block, k, sel, k, s, scratch);
@@ -3430,38 +3517,38 @@ void top_k_mask(const float* x, int64_t stride, int rows, const RowMeta* meta, i
 }
 void gather_rows(const float* X, const float* pre, const int32_t* rows, int n, int hc, int64_t D, float* Xo,
                  float* preo, cudaStream_t s) {
-  k_gather_rows<<<n, 256, 0, s>>>(X, pre, rows, hc, D, Xo, preo);
+  launch_step(k_gather_rows, dim3(n), dim3(256), 0, s, X, pre, rows, hc, D, Xo, preo);
 }
 void route(const float* logits, int n, int E, int k, const float* bias, const float* bias_vl, const uint8_t* image,
            float temp, float route_scale, int32_t* ids, float* w, cudaStream_t s) {
   DSUF_CHECK(k <= 32 && k <= E, "route: top-", k, " of ", E, " experts");
   const size_t smem = sizeof(float) * 3 * E;
   set_smem(k_route, smem);
-  if (n) k_route<<<n, 32, smem, s>>>(logits, E, k, bias, bias_vl, image, temp, route_scale, ids, w);
+  if (n) launch_step(k_route, dim3(n), dim3(32), smem, s, logits, E, k, bias, bias_vl, image, temp, route_scale, ids, w);
 }
 void swiglu(float* h1, const float* h3, int64_t rows, int64_t F, const float* weight, float limit, bool clamp, bool r,
             cudaStream_t s, const InputSink& sink) {
   DSUF_CHECK(!sink.xq || F % 32 == 0, "swiglu: F = ", F, " with an input sink");
-  k_swiglu<<<blocks_for(rows * F, 256), 256, 0, s>>>(h1, h3, rows, F, weight, limit, clamp, r, sink);
+  launch_step(k_swiglu, dim3(blocks_for(rows * F, 256)), dim3(256), 0, s, h1, h3, rows, F, weight, limit, clamp, r, sink);
 }
 void moe_sum_expand(const float* y_experts, int k, const float* y_shared, int n, int hc, int64_t D, const float* mix,
                     int mix_stride, float* X, bool r, cudaStream_t s) {
   if (n <= 0) return;
   with_hc(hc, [&](auto H) {
-    k_moe_sum_expand<decltype(H)::value><<<blocks_for(int64_t(n) * D, 256), 256, 0, s>>>(y_experts, k, y_shared, n, D,
+    launch_step((k_moe_sum_expand<decltype(H)::value>), dim3(blocks_for(int64_t(n) * D, 256)), dim3(256), 0, s, y_experts, k, y_shared, n, D,
                                                                                        mix, mix_stride, X, r);
   });
 }
 void engram_gather(const int64_t* row_ids, int n, int rows, const uint8_t* table, const uint8_t* scales, int64_t ehd,
                    float* emb, cudaStream_t s) {
-  k_engram_gather<<<n, 256, 0, s>>>(row_ids, rows, table, scales, ehd, emb);
+  launch_step(k_engram_gather, dim3(n), dim3(256), 0, s, row_ids, rows, table, scales, ehd, emb);
 }
 void engram_gate(float* X, const float* kv, const uint16_t* qw, const uint16_t* kw, const uint8_t* dead, int n, int hc,
                  int64_t D, float eps, bool r, cudaStream_t s) {
-  k_engram_gate<<<dim3(n, hc), 256, 0, s>>>(X, kv, qw, kw, dead, hc, D, eps, r);
+  launch_step(k_engram_gate, dim3(n, hc), dim3(256), 0, s, X, kv, qw, kw, dead, hc, D, eps, r);
 }
 void add_rows(float* y, const float* x, int64_t n, cudaStream_t s) {
-  k_add_rows<<<blocks_for(n, 256), 256, 0, s>>>(y, x, n);
+  launch_step(k_add_rows, dim3(blocks_for(n, 256)), dim3(256), 0, s, y, x, n);
 }
 
 }  // namespace dsuf::cuda
