@@ -1889,16 +1889,17 @@ __global__ void k_gather_keys(AttentionArgs a) {
 
 // Attention, in two kernels that keep the reference's arithmetic and spread it over the GPU:
 // logits (one warp per (key, 8 heads): the lane-strided dot of core/detmath.h for each head), then
-// softmax and P·V (below). Logit blocks: grid.z splits a row's keys, 40 ways at batch 1 (about two
-// keys a warp at 640 keys), fewer for more rows, since every block stages its heads' queries.
+// softmax and P·V (below). Logit blocks: grid.z splits a row's keys, 80 ways at batch 1 (a key a
+// warp at 640 keys), fewer for more rows, since every block stages its heads' queries.
 constexpr int kAttHeadsQK = 8, kAttLoads = 16;
 // DSUF_ATT_SPLIT=N sets the split at batch 1 and N / rows (at least 4) beyond (a measuring aid: each
-// logit is computed the same way whichever warp takes its key; default 40). Every block stages its
-// 8 heads' queries and scans the row's selection, so fewer splits amortize that over more keys.
+// logit is computed the same way whichever warp takes its key; default 80: v18 measured 0.08 ms a
+// step faster than 40, 20 0.3 ms slower). Every block stages its 8 heads' queries and scans the
+// row's selection, so fewer splits amortize that over more keys, more split the keys' latency.
 int attention_key_split(int rows) {
   static const int split1 = [] {
     const char* v = std::getenv("DSUF_ATT_SPLIT");
-    const int n = v ? std::atoi(v) : 40;
+    const int n = v ? std::atoi(v) : 80;
     DSUF_CHECK(n >= 1 && n <= 1024, "DSUF_ATT_SPLIT=", v ? v : "", ": expected 1..1024");
     return n;
   }();
@@ -1995,18 +1996,20 @@ __global__ void __launch_bounds__(256) k_attention_logits(AttentionArgs a) {
   }
 }
 
-// Softmax and P·V. A block takes 8 heads × 32 output dims of a row (128 threads): it copies the 8
-// heads' logits and its 32-dim slice of every key into shared memory with asynchronous copies (one
-// round trip), warp w turns heads 2w, 2w+1 into exp(logit − max) and their denominators, then thread
-// (w, lane) adds up dim lane of heads 2w and 2w+1 over the keys in order from zero, as the reference.
-// A denominator is the reference's 128-thread block_sum, computed by one warp: lane l keeps the four
-// partials t = l + 32c (c < 4) of that sum, the warp tree of each gives q_c, and the tree of q_0..q_3
-// padded with zeros is (q_0 + q_2) + (q_1 + q_3). The 16 blocks of a head group each redo the group's
-// softmax (8 × nk exponentials) rather than wait for one another. Rows longer than the key tile take
-// several tiles (not at V4.1's 640 keys). Measured under Nsight: 809 µs a step at 8K, against 711 µs
-// for a 256-thread variant that tiled the keys 64 rows at a time (docs/perf.md, v11): that one is
-// k_attention_pv_tiles below (DSUF_PV=tiles).
-constexpr int kPvHeads = 8, kPvDims = 32, kPvThreads = 128, kPvMaxTile = 640;
+// Softmax and P·V. A block takes 8 heads × 32 output dims of a row, HPW heads a warp (8 / HPW
+// warps): it copies the 8 heads' logits and its 32-dim slice of every key into shared memory with
+// asynchronous copies (one round trip), warp w turns its heads HPW·w … HPW·w + HPW − 1 into
+// exp(logit − max) and their denominators, then thread (w, lane) adds up dim lane of those heads
+// over the keys in order from zero, as the reference. A denominator is the reference's 128-thread
+// block_sum, computed by one warp: lane l keeps the four partials t = l + 32c (c < 4) of that sum,
+// the warp tree of each gives q_c, and the tree of q_0..q_3 padded with zeros is
+// (q_0 + q_2) + (q_1 + q_3). The 16 blocks of a head group each redo the group's softmax (8 × nk
+// exponentials) rather than wait for one another. Rows longer than the key tile take several tiles
+// (not at V4.1's 640 keys). HPW = 2 (128 threads, DSUF_PV=cp): 21.3 µs a launch at 8K under Nsight,
+// one warp a scheduler, each warp ~9,000 dependent instructions (docs/perf.md v18); HPW = 1 (256
+// threads, DSUF_PV=warps, the default) halves a warp's chain (one head's softmax and sums) for
+// 1.6× the instructions of a block: 0.06 ms a step faster (v18). k_attention_pv_tiles below (DSUF_PV=tiles) tiles the keys 64 rows at a time.
+constexpr int kPvHeads = 8, kPvDims = 32, kPvMaxTile = 640;
 
 // The attention output v of row i, head h (of the rank's H), dim d, held by lane `lane` of a warp
 // that holds 32 consecutive dims of the head, laid out as wo_a's input: k_linear_input's arithmetic
@@ -2021,8 +2024,10 @@ __device__ __forceinline__ void emit_attention_out(const AttentionArgs& a, int i
              a.o_sink.quantize ? a.o_sink.xs + (int64_t(i) * groups + g) * nb + kb : nullptr, kb, lane);
 }
 
-__global__ void __launch_bounds__(kPvThreads) k_attention_pv(AttentionArgs a, int tile) {
+template <int HPW>
+__global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionArgs a, int tile) {
   pdl_entry();
+  constexpr int kThreads = 32 * kPvHeads / HPW;
   extern __shared__ float4 pv_smem4[];
   const int kp = (a.kmax + 3) & ~3;
   float* p = reinterpret_cast<float*>(pv_smem4);  // [kPvHeads][kp] logits, then exp(logit − max)
@@ -2039,22 +2044,22 @@ __global__ void __launch_bounds__(kPvThreads) k_attention_pv(AttentionArgs a, in
   auto stage_keys = [&](int j0) {
     const int n = min(tile, nk - j0);
     if (vec) {
-      for (int t = threadIdx.x; t < n * (kPvDims / 4); t += kPvThreads)
+      for (int t = threadIdx.x; t < n * (kPvDims / 4); t += kThreads)
         cp_async16(kt + 4 * t, keys + int64_t(j0 + t / (kPvDims / 4)) * hd + 4 * (t % (kPvDims / 4)));
     } else {
-      for (int t = threadIdx.x; t < n * kPvDims; t += kPvThreads)
+      for (int t = threadIdx.x; t < n * kPvDims; t += kThreads)
         kt[t] = d0 + t % kPvDims < hd ? keys[int64_t(j0 + t / kPvDims) * hd + t % kPvDims] : 0.0f;
     }
   };
   for (int h = 0; h < nh; ++h)
-    for (int j = threadIdx.x; j < nk; j += kPvThreads)
+    for (int j = threadIdx.x; j < nk; j += kThreads)
       cp_async4(p + h * kp + j, a.att + (int64_t(i) * a.H + h0 + h) * a.kmax + j);
   stage_keys(0);
   cp_async_wait_all();
   __syncthreads();
 #pragma unroll
-  for (int u = 0; u < 2; ++u) {
-    const int h = 2 * warp + u;
+  for (int u = 0; u < HPW; ++u) {
+    const int h = HPW * warp + u;
     if (h >= nh) break;
     float* ph = p + h * kp;
     float mx = -INFINITY;
@@ -2073,9 +2078,10 @@ __global__ void __launch_bounds__(kPvThreads) k_attention_pv(AttentionArgs a, in
     if (lane == 0) den_s[h] = ((q[0] + q[2]) + (q[1] + q[3])) + det::fexp(a.sink[h0 + h] - mx);
   }
   __syncthreads();
-  const float* pa = p + 2 * warp * kp;
-  const float* pb = pa + kp;
-  float acc_a = 0.0f, acc_b = 0.0f;
+  const float* ph[HPW];
+  float acc[HPW];
+#pragma unroll
+  for (int u = 0; u < HPW; ++u) ph[u] = p + (HPW * warp + u) * kp, acc[u] = 0.0f;
   for (int j0 = 0; j0 < nk; j0 += tile) {
     if (j0 > 0) {
       __syncthreads();
@@ -2087,31 +2093,37 @@ __global__ void __launch_bounds__(kPvThreads) k_attention_pv(AttentionArgs a, in
     int jj = 0;
 #pragma unroll 2
     for (; jj + 4 <= n; jj += 4) {
-      const float4 wa = *reinterpret_cast<const float4*>(pa + j0 + jj);
-      const float4 wb = *reinterpret_cast<const float4*>(pb + j0 + jj);
+      float4 w[HPW];
+#pragma unroll
+      for (int u = 0; u < HPW; ++u) w[u] = *reinterpret_cast<const float4*>(ph[u] + j0 + jj);
       const float k0 = kt[(jj + 0) * kPvDims + lane], k1 = kt[(jj + 1) * kPvDims + lane];
       const float k2 = kt[(jj + 2) * kPvDims + lane], k3 = kt[(jj + 3) * kPvDims + lane];
-      acc_a += wa.x * k0, acc_b += wb.x * k0;
-      acc_a += wa.y * k1, acc_b += wb.y * k1;
-      acc_a += wa.z * k2, acc_b += wb.z * k2;
-      acc_a += wa.w * k3, acc_b += wb.w * k3;
+#pragma unroll
+      for (int u = 0; u < HPW; ++u) {
+        acc[u] += w[u].x * k0;
+        acc[u] += w[u].y * k1;
+        acc[u] += w[u].z * k2;
+        acc[u] += w[u].w * k3;
+      }
     }
     for (; jj < n; ++jj) {
       const float k = kt[jj * kPvDims + lane];
-      acc_a += pa[j0 + jj] * k, acc_b += pb[j0 + jj] * k;
+#pragma unroll
+      for (int u = 0; u < HPW; ++u) acc[u] += ph[u][j0 + jj] * k;
     }
   }
   const int64_t d = d0 + lane;
   if (a.o_sink.xq) {  // wo_a's input, as k_linear_input lays it out (whole warps: attention() checks)
 #pragma unroll
-    for (int u = 0; u < 2; ++u)
-      emit_attention_out(a, i, h0 + 2 * warp + u, d, lane, rb((u ? acc_b : acc_a) / den_s[2 * warp + u], a.r));
+    for (int u = 0; u < HPW; ++u)
+      emit_attention_out(a, i, h0 + HPW * warp + u, d, lane, rb(acc[u] / den_s[HPW * warp + u], a.r));
     return;
   }
   if (d < hd) {
     float* o = a.out + (int64_t(i) * a.H + h0) * hd + d;
-    if (2 * warp < nh) o[2 * warp * hd] = rb(acc_a / den_s[2 * warp], a.r);
-    if (2 * warp + 1 < nh) o[(2 * warp + 1) * hd] = rb(acc_b / den_s[2 * warp + 1], a.r);
+#pragma unroll
+    for (int u = 0; u < HPW; ++u)
+      if (HPW * warp + u < nh) o[(HPW * warp + u) * hd] = rb(acc[u] / den_s[HPW * warp + u], a.r);
   }
 }
 
@@ -3410,10 +3422,12 @@ void pack_window(const float* kv, int rows, const RowMeta* meta, const SeqMeta* 
   const int64_t t = int64_t(rows) * (hd / 32);
   if (t > 0) launch_step(k_pack_window, dim3(blocks_for(t, 8)), dim3(256), 0, s, kv, rows, meta, seqs, layer, hd, W);
 }
-// DSUF_PV=cp|tiles picks the softmax + P·V kernel (k_attention_pv, the default, or k_attention_pv_tiles).
-bool pv_tiles() {
-  static const bool tiles = env_picks("DSUF_PV", "cp", "tiles");
-  return tiles;
+// DSUF_PV=warps|cp|tiles picks the softmax + P·V kernel: k_attention_pv<1> (the default, a head a
+// warp: v18 measured 0.06 ms a step faster than two), k_attention_pv<2> or k_attention_pv_tiles.
+enum PvKernel { kPvOneHead = 0, kPvTwoHeads = 1, kPvTiles = 2 };
+int pv_kernel() {
+  static const int k = env_choice("DSUF_PV", {"warps", "cp", "tiles"});  // in PvKernel's order
+  return k;
 }
 LinearInput attention(const AttentionArgs& a, cudaStream_t s) {
   const FusedRope& qr = a.q_rope;
@@ -3438,7 +3452,7 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s) {
   set_smem(k_attention_logits, qk_smem);
   launch_step(k_attention_logits, dim3(a.rows, blocks_for(a.H, kAttHeadsQK), attention_key_split(a.rows)), dim3(256), qk_smem, s, a);
   const dim3 pv_grid(a.rows, blocks_for(a.H, kPvHeads), blocks_for(a.hd, kPvDims));
-  if (pv_tiles()) {
+  if (pv_kernel() == kPvTiles) {
     const size_t smem = sizeof(float) * size_t(kPvHeads) * a.kmax;
     DSUF_CHECK(smem <= 200 * 1024, "attention: ", a.kmax, " keys a row need too much shared memory");
     // Above 48 KB in all (with the 8 KB key tile) the dynamic part needs the opt-in.
@@ -3452,10 +3466,12 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s) {
   const int kp = (a.kmax + 3) & ~3, tile = std::min(kp, kPvMaxTile);
   const size_t pv_smem = sizeof(float) * (size_t(kPvHeads) * kp + size_t(tile) * kPvDims);
   DSUF_CHECK(pv_smem <= 200 * 1024, "attention: ", a.kmax, " keys a row need too much shared memory");
-  set_smem(k_attention_pv, pv_smem);
   AttentionArgs pa = a;
   if (!emit) pa.o_sink = {};
-  launch_step(k_attention_pv, dim3(pv_grid), dim3(kPvThreads), pv_smem, s, pa, tile);
+  const int hpw = pv_kernel() == kPvOneHead ? 1 : 2;
+  auto* k = hpw == 1 ? k_attention_pv<1> : k_attention_pv<2>;
+  set_smem(k, pv_smem);
+  launch_step(k, dim3(pv_grid), dim3(32 * kPvHeads / hpw), pv_smem, s, pa, tile);
   return layout();
 }
 void compress_emit(const CompressArgs& a, cudaStream_t s) {
