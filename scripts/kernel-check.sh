@@ -10,8 +10,8 @@
 #                                    EXTRA="DSUF_FP8_GEMM_TILE=64x64"), forced too, and each setting in
 #                                    $PLAIN with the defaults otherwise (the decode path's knobs, which
 #                                    the forced tiled kernels would bypass; unset: the opt-in decode
-#                                    kernels and the row-major experts' kernel: DSUF_FP4=dp4a|imma|mma
-#                                    and DSUF_PV=tiles); engine_cuda_tests;
+#                                    kernels and the row-major experts' kernel: DSUF_FP4=dp4a|imma|mma,
+#                                    DSUF_PV=tiles|cp, DSUF_PDL=0); engine_cuda_tests;
 #                                    cuda_tp_tests forced, and with DSUF_FP4=dp4a (needs 2 GPUs for its
 #                                    TP=2 cases)
 #   scripts/kernel-check.sh time     prefill 2048 tokens and batches 1/16/64 at 8K, each $AB setting
@@ -56,7 +56,7 @@ case "${1:-verify}" in
 verify)
   runs=("default|" "forced|$FORCED")
   for x in ${EXTRA:-}; do runs+=("forced_${x//[^A-Za-z0-9]/_}|$FORCED $x"); done
-  for x in ${PLAIN-DSUF_FP4=dp4a DSUF_FP4=imma DSUF_FP4=mma DSUF_PV=tiles}; do runs+=("plain_${x//[^A-Za-z0-9]/_}|$x"); done
+  for x in ${PLAIN-DSUF_FP4=dp4a DSUF_FP4=imma DSUF_FP4=mma DSUF_PV=tiles DSUF_PV=cp DSUF_PDL=0}; do runs+=("plain_${x//[^A-Za-z0-9]/_}|$x"); done
   i=0
   for run in "${runs[@]}"; do
     name=${run%%|*}
@@ -96,7 +96,7 @@ time)
 decode)
   export CUDA_VISIBLE_DEVICES=0
   bd() { timeout 150 "$B/bench_decode" --engram-vocab 100000 --contexts 8192 --batches 1 "$@" 2>&1 | grep -v '^model:\|^head:\|^routed experts'; }
-  for spec in ${AB:-DSUF_PDL=1|0 DSUF_SHARED_FORK=early|late DSUF_TILED=4,16|4,8 DSUF_FP4=tiled|dp4a}; do
+  for spec in ${AB:-DSUF_PDL=1|gemv DSUF_PV=warps|cp DSUF_ATT_SPLIT=80|40|160 DSUF_FP4=tiled|dp4a}; do
     var=${spec%%=*}
     IFS='|' read -r -a vals <<< "${spec#*=}"
     for rep in $(seq "${ROUNDS:-3}"); do

@@ -2008,7 +2008,8 @@ __global__ void __launch_bounds__(256) k_attention_logits(AttentionArgs a) {
 // (not at V4.1's 640 keys). HPW = 2 (128 threads, DSUF_PV=cp): 21.3 µs a launch at 8K under Nsight,
 // one warp a scheduler, each warp ~9,000 dependent instructions (docs/perf.md v18); HPW = 1 (256
 // threads, DSUF_PV=warps, the default) halves a warp's chain (one head's softmax and sums) for
-// 1.6× the instructions of a block: 0.06 ms a step faster (v18). k_attention_pv_tiles below (DSUF_PV=tiles) tiles the keys 64 rows at a time.
+// 1.6× the instructions of a block: 0.06 ms a step faster (v18). k_attention_pv_tiles below
+// (DSUF_PV=tiles) tiles the keys 64 rows at a time.
 constexpr int kPvHeads = 8, kPvDims = 32, kPvMaxTile = 640;
 
 // The attention output v of row i, head h (of the rank's H), dim d, held by lane `lane` of a warp
@@ -3310,8 +3311,8 @@ LinearInput linear_input(const float* x, int64_t x_stride, int64_t rows, int64_t
   check_fused_rope(rope, "linear_input");
   const int64_t nb = K / 32, kp = interleaved_k(K);
   if (rows > 0)
-    launch_step(k_linear_input, dim3(blocks_for(groups * nb, 8), rows), dim3(256), 0, s, x, x_stride, K, groups, quantize, xq, xs,
-                                                                          rope);
+    launch_step(k_linear_input, dim3(blocks_for(groups * nb, 8), rows), dim3(256), 0, s, x, x_stride, K, groups,
+                quantize, xq, xs, rope);
   return {xq, groups * kp, kp, quantize ? xs : nullptr, groups * nb};
 }
 LinearInput sink_input(const InputSink& sink, int64_t K) {
@@ -3348,8 +3349,8 @@ void group_rows(const int32_t* ids, int64_t rows, int experts, RowGroups& g, cud
   g.max_groups = group_bound(rows, experts);
   g.rows = rows, g.experts = experts;
   if (rows <= 0) return;
-  launch_step(k_group_rows, dim3(1), dim3(256), size_t(2) * experts * sizeof(int32_t), s, ids, int(rows), experts, kRowGroup, g.order,
-                                                                        g.groups, g.n_groups);
+  launch_step(k_group_rows, dim3(1), dim3(256), size_t(2) * experts * sizeof(int32_t), s, ids, int(rows), experts,
+              kRowGroup, g.order, g.groups, g.n_groups);
   DSUF_CUDA(cudaGetLastError());
 }
 void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
@@ -3401,7 +3402,8 @@ void fp4_tile_in_place(uint8_t* W, int64_t out, int64_t K, uint8_t* scratch, cud
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows, float* y,
                  int64_t y_stride, bool r, cudaStream_t s) {
   static const bool deep = !env_picks("DSUF_BF16", "deep", "loop");
-  launch_step(k_bf16_linear, dim3(blocks_for(out, 8), rows), dim3(256), 0, s, W, out, K, x, x_stride, y, y_stride, r, deep);
+  launch_step(k_bf16_linear, dim3(blocks_for(out, 8), rows), dim3(256), 0, s, W, out, K, x, x_stride, y, y_stride, r,
+              deep);
 }
 void rope(float* x, int64_t rows, int heads, int64_t dim, const float* cs, int half, float sign, bool r,
           cudaStream_t s) {
@@ -3450,7 +3452,8 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s) {
   launch_step(k_gather_keys, dim3(a.rows, a.W + (a.sel ? a.sel_stride : 0)), dim3(128), 0, s, a);
   const size_t qk_smem = sizeof(float) * kAttHeadsQK * a.hd;
   set_smem(k_attention_logits, qk_smem);
-  launch_step(k_attention_logits, dim3(a.rows, blocks_for(a.H, kAttHeadsQK), attention_key_split(a.rows)), dim3(256), qk_smem, s, a);
+  launch_step(k_attention_logits, dim3(a.rows, blocks_for(a.H, kAttHeadsQK), attention_key_split(a.rows)), dim3(256),
+              qk_smem, s, a);
   const dim3 pv_grid(a.rows, blocks_for(a.H, kPvHeads), blocks_for(a.hd, kPvDims));
   if (pv_kernel() == kPvTiles) {
     const size_t smem = sizeof(float) * size_t(kPvHeads) * a.kmax;
@@ -3482,7 +3485,8 @@ void compress_emit(const CompressArgs& a, cudaStream_t s) {
 void update_pending(const float* ag, const PendingJob* jobs, int n_jobs, const SeqMeta* seqs, int ratio, int64_t hd,
                     cudaStream_t s) {
   if (n_jobs > 0 && ratio > 1)
-    launch_step(k_update_pending, dim3(blocks_for(int64_t(ratio) * 2 * hd, 256), n_jobs), dim3(256), 0, s, ag, jobs, seqs, hd);
+    launch_step(k_update_pending, dim3(blocks_for(int64_t(ratio) * 2 * hd, 256), n_jobs), dim3(256), 0, s, ag, jobs,
+                seqs, hd);
 }
 void index_scores(const IndexScoreArgs& a, cudaStream_t s) {
   if (a.max_entries <= 0 || a.rows <= 0) return;
@@ -3497,8 +3501,8 @@ void index_scores(const IndexScoreArgs& a, cudaStream_t s) {
 }
 void candidate_block_scores(const float* scores, int64_t score_stride, int rows, const RowMeta* meta, int ratio,
                             int block, float* bscores, int64_t b_stride, cudaStream_t s) {
-  launch_step(k_candidate_block_scores, dim3(blocks_for(b_stride, 128), rows), dim3(128), 0, s, scores, score_stride, meta, ratio,
-                                                                               block, bscores, b_stride);
+  launch_step(k_candidate_block_scores, dim3(blocks_for(b_stride, 128), rows), dim3(128), 0, s, scores, score_stride,
+              meta, ratio, block, bscores, b_stride);
 }
 void top_k(const float* x, int64_t stride, int rows, const RowMeta* meta, int ratio, int block, int k, int32_t* out,
            int out_stride, cudaStream_t s, const TopkScratch& scratch) {
@@ -3512,10 +3516,10 @@ void top_k(const float* x, int64_t stride, int rows, const RowMeta* meta, int ra
     return;
   }
   const int64_t cand_stride = int64_t(g) * topk::slot_stride(k);
-  launch_step(k_top_k_chunks, dim3(g, rows), dim3(256), 0, s, x, stride, meta, ratio, block, k, g, scratch.min_chunk, scratch.val,
-                                               scratch.idx, cand_stride);
-  launch_step(k_top_k_merge, dim3(rows), dim3(256), smem, s, x, stride, meta, ratio, block, k, g, scratch.min_chunk, scratch.val, scratch.idx,
-                                        cand_stride, out, out_stride);
+  launch_step(k_top_k_chunks, dim3(g, rows), dim3(256), 0, s, x, stride, meta, ratio, block, k, g, scratch.min_chunk,
+              scratch.val, scratch.idx, cand_stride);
+  launch_step(k_top_k_merge, dim3(rows), dim3(256), smem, s, x, stride, meta, ratio, block, k, g, scratch.min_chunk,
+              scratch.val, scratch.idx, cand_stride, out, out_stride);
 }
 void mask_from_selection(const int32_t* sel, int sel_stride, int n, uint8_t* mask, int64_t mask_stride, cudaStream_t s) {
   launch_step(k_mask_from_selection, dim3(n), dim3(128), 0, s, sel, sel_stride, mask, mask_stride);
@@ -3540,19 +3544,21 @@ void route(const float* logits, int n, int E, int k, const float* bias, const fl
   DSUF_CHECK(k <= 32 && k <= E, "route: top-", k, " of ", E, " experts");
   const size_t smem = sizeof(float) * 3 * E;
   set_smem(k_route, smem);
-  if (n) launch_step(k_route, dim3(n), dim3(32), smem, s, logits, E, k, bias, bias_vl, image, temp, route_scale, ids, w);
+  if (n) launch_step(k_route, dim3(n), dim3(32), smem, s, logits, E, k, bias, bias_vl, image, temp, route_scale, ids,
+                     w);
 }
 void swiglu(float* h1, const float* h3, int64_t rows, int64_t F, const float* weight, float limit, bool clamp, bool r,
             cudaStream_t s, const InputSink& sink) {
   DSUF_CHECK(!sink.xq || F % 32 == 0, "swiglu: F = ", F, " with an input sink");
-  launch_step(k_swiglu, dim3(blocks_for(rows * F, 256)), dim3(256), 0, s, h1, h3, rows, F, weight, limit, clamp, r, sink);
+  launch_step(k_swiglu, dim3(blocks_for(rows * F, 256)), dim3(256), 0, s, h1, h3, rows, F, weight, limit, clamp, r,
+              sink);
 }
 void moe_sum_expand(const float* y_experts, int k, const float* y_shared, int n, int hc, int64_t D, const float* mix,
                     int mix_stride, float* X, bool r, cudaStream_t s) {
   if (n <= 0) return;
   with_hc(hc, [&](auto H) {
-    launch_step((k_moe_sum_expand<decltype(H)::value>), dim3(blocks_for(int64_t(n) * D, 256)), dim3(256), 0, s, y_experts, k, y_shared, n, D,
-                                                                                       mix, mix_stride, X, r);
+    launch_step((k_moe_sum_expand<decltype(H)::value>), dim3(blocks_for(int64_t(n) * D, 256)), dim3(256), 0, s,
+                y_experts, k, y_shared, n, D, mix, mix_stride, X, r);
   });
 }
 void engram_gather(const int64_t* row_ids, int n, int rows, const uint8_t* table, const uint8_t* scales, int64_t ehd,
