@@ -96,7 +96,7 @@ time)
 decode)
   export CUDA_VISIBLE_DEVICES=0
   bd() { timeout 150 "$B/bench_decode" --engram-vocab 100000 --contexts 8192 --batches 1 "$@" 2>&1 | grep -v '^model:\|^head:\|^routed experts'; }
-  for spec in ${AB:-DSUF_PDL=1|gemv DSUF_PV=warps|cp DSUF_ATT_SPLIT=80|40|160 DSUF_FP4=tiled|dp4a}; do
+  for spec in ${AB:-DSUF_GATHER=late|early DSUF_NORM_CLUSTER=8|4|2|1 DSUF_ATT_SPLIT=80|160 DSUF_FP4=tiled|dp4a}; do
     var=${spec%%=*}
     IFS='|' read -r -a vals <<< "${spec#*=}"
     for rep in $(seq "${ROUNDS:-3}"); do

@@ -158,6 +158,7 @@ struct CudaBackend::Impl {
   // 1 routed row per expert (batch 16) lost 9 %, 4 (batch 64) gained 6 %, a 512-token chunk 12 %.
   int64_t group_rows_per_expert = 4;
   bool shared_early = true;  // DSUF_SHARED_FORK=early|late (moe())
+  bool gather_early = false;  // DSUF_GATHER=late|early (attention())
   cudaStream_t mix_side = nullptr;  // the mHC mixes (hc_mix_fork); null: they run on `stream`
   cudaEvent_t mix_ev_fork = nullptr, ev_mix = nullptr;
   bool mix_pending = false;  // a mix on `mix_side` that `stream` has not waited for yet
@@ -508,6 +509,7 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   DSUF_CUDA(cudaEventCreateWithFlags(&ev_join, cudaEventDisableTiming));
   if (const char* v = std::getenv("DSUF_OVERLAP")) overlap = std::string(v) != "0";
   shared_early = !env_picks("DSUF_SHARED_FORK", "early", "late");
+  gather_early = env_picks("DSUF_GATHER", "late", "early");
   mix_late = env_picks("DSUF_MIX_FORK", "early", "late");
   if (const char* f = std::getenv("DSUF_HC_FORK"); !f || std::string(f) != "0") {
     DSUF_CUDA(cudaStreamCreate(&mix_side));
@@ -1083,9 +1085,6 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   const int slot = layout.source_slot[l];
   const int ratio = lp.ratio;
   mark(kIndexer);
-  indexer_branch(l, st, qin, branch());
-  join();
-  mark(kAttention);
   const int64_t gin = (H / G) * hd;  // wo_a's inputs a group
   cuda::AttentionArgs aa{.q = ws.q, .kv_chunk = ws.kvw, .meta = st.meta, .seqs = st.seqtab, .layer = l,
                          .src = ratio > 0 ? slot : -1, .sel = ratio > 0 ? ws.sel : nullptr,
@@ -1097,7 +1096,13 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
                          .o_sink = {.xq = ws.xq[0], .xs = ws.xs[0], .quantize = opt.numerics.wo_a_act_quant && aq},
                          .o_group = gin,
                          .o_rope = {.cs = cs, .half = half, .heads = Hr, .dim = hd, .sign = -1.0f, .r = r}};
-  const cuda::LinearInput oin = cuda::attention(aa, stream);
+  indexer_branch(l, st, qin, branch());
+  // DSUF_GATHER=early: the keys decoded on the side stream after the selection, beside wq_b, instead
+  // of first on the attention's path (opt-in until measured).
+  if (gather_early) cuda::gather_keys(aa, branch());
+  join();
+  mark(kAttention);
+  const cuda::LinearInput oin = cuda::attention(aa, stream, gather_early);
   cuda::fp8_linear_groups(d.wo_a.w, d.wo_a.s, Gr, ol, gin, oin, n, ws.zg + g0 * ol, G * ol, r, stream);
   cuda::gather_cols(comm, zg_split, ws.zg, n, G * ol, tp_send, tp_recv, stream);
   const cuda::LinearInput zin = cuda::linear_input(ws.zg, G * ol, n, G * ol, aq, ws.xq[1], ws.xs[1], stream);

@@ -471,7 +471,7 @@ __global__ void k_hc_collapse(const float* __restrict__ pre, int pre_stride, con
 }
 
 // Collapse + RMSNorm of one row (optionally expanding the previous site first), spread over a
-// cluster of 8 blocks. The norm's sum of squares keeps the canonical block_sum<256> order: partial
+// cluster of 8 blocks (the default; fewer below). The norm's sum of squares keeps the canonical block_sum<256> order: partial
 // t < 256 adds u[t]², u[t+256]², … in order, each warp v = t/32 of the 8 tree-reduces its 32 partials,
 // and the 8 warp sums, padded with zeros to 32, are tree-reduced. Block c of a row's cluster owns
 // warp v = c's values u[32c + l + 256j]: it computes them (expanding and collapsing the hc streams at
@@ -480,10 +480,13 @@ __global__ void k_hc_collapse(const float* __restrict__ pre, int pre_stride, con
 // shared memory, so each normalizes its values with the same bits.
 //   expansion (emix set): X_k ← bf16(post_k·y_in + Σ_j C[j][k]·X_j) with emix's post and C;
 //   collapse: u = bf16(Σ_k pre_k·X_k); output bf16(w ⊙ u·rsqrt(mean(u²)+eps)).
-constexpr int kNormCluster = 8;  // the warps of block_sum<256>
-constexpr int kNormPerThread = 4;  // positions per thread per pass (one pass for D ≤ 8192)
+constexpr int kNormWarps = 8;  // the warps of block_sum<256>
 
-template <int HC>
+// CL blocks a row (a cluster; DSUF_NORM_CLUSTER, default 8), each taking R = 8 / CL of the
+// reference block_sum's warps: block b holds the positions of warps bR … bR + R − 1 (warp c's are
+// 32c + l + 256j). Whatever CL, warp c's sum is one warp's tree over its lanes' sequential partials,
+// and the 8 warp sums meet in one warp_sum — through distributed shared memory when CL > 1.
+template <int HC, int CL>
 __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__ pre, int pre_stride,
                                                        const float* __restrict__ emix, int emix_stride,
                                                        const float* __restrict__ y_in, float* __restrict__ X,
@@ -491,19 +494,25 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
                                                        float* __restrict__ y, bool r, InputSink sink) {
   pdl_entry();
   namespace cg = cooperative_groups;
+  constexpr int R = kNormWarps / CL;
+  constexpr int kPer = R > 2 ? 2 * R : 4;  // positions per thread per pass (one pass at D = 4096)
+  static_assert(kNormWarps % CL == 0, "the cluster divides block_sum's 8 warps");
   cg::cluster_group cluster = cg::this_cluster();
-  extern __shared__ float us[];  // [32·J]: u[32c + l + 256j] at 32j + l
-  __shared__ float q;
-  const int c = int(cluster.block_rank()), i = blockIdx.y, lane = threadIdx.x % 32;
+  extern __shared__ float us[];  // [R][32·J]: warp c0 + v's u[32(c0 + v) + l + 256j] at v·32J + 32j + l
+  __shared__ float q[R];
+  const int c0 = int(cluster.block_rank()) * R, i = blockIdx.y, lane = threadIdx.x % 32;
   const int J = int((D + 255) / 256), E = 32 * J;
-  constexpr int kPass = kNormPerThread * 256;
-  auto pos = [&](int e) { return int64_t(32 * c + e % 32) + 256 * int64_t(e / 32); };
+  constexpr int kPass = kPer * 256;
+  auto pos = [&](int e) {
+    const int v = e / E, f = e % E;
+    return int64_t(32 * (c0 + v) + f % 32) + 256 * int64_t(f / 32);
+  };
   // The norm weights of the first pass now: their latency overlaps everything before the output.
-  float wv[kNormPerThread];
+  float wv[kPer];
 #pragma unroll
-  for (int k = 0; k < kNormPerThread; ++k) {
+  for (int k = 0; k < kPer; ++k) {
     const int e = threadIdx.x + 256 * k;
-    wv[k] = w && e < E && pos(e) < D ? bf16_load(w, pos(e)) : 1.0f;
+    wv[k] = w && e < R * E && pos(e) < D ? bf16_load(w, pos(e)) : 1.0f;
   }
   float pr[HC], post[HC], C[HC * HC];
 #pragma unroll
@@ -516,20 +525,20 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
     for (int k = 0; k < HC * HC; ++k) C[k] = m[2 * HC + k];
   }
   float* x = X + int64_t(i) * HC * D;
-  for (int e0 = 0; e0 < E; e0 += kPass) {
-    float xv[kNormPerThread][HC], yv[kNormPerThread];
+  for (int e0 = 0; e0 < R * E; e0 += kPass) {
+    float xv[kPer][HC], yv[kPer];
 #pragma unroll
-    for (int p = 0; p < kNormPerThread; ++p) {  // all loads of the pass first
+    for (int p = 0; p < kPer; ++p) {  // all loads of the pass first
       const int e = e0 + threadIdx.x + 256 * p;
-      const bool ok = e < E && pos(e) < D;
+      const bool ok = e < R * E && pos(e) < D;
 #pragma unroll
       for (int k = 0; k < HC; ++k) xv[p][k] = ok ? x[int64_t(k) * D + pos(e)] : 0.0f;
       yv[p] = ok && emix ? y_in[int64_t(i) * D + pos(e)] : 0.0f;
     }
 #pragma unroll
-    for (int p = 0; p < kNormPerThread; ++p) {
+    for (int p = 0; p < kPer; ++p) {
       const int e = e0 + threadIdx.x + 256 * p;
-      if (e >= E) continue;
+      if (e >= R * E) continue;
       float u = 0.0f;
       if (pos(e) < D) {
         if (emix) {
@@ -556,22 +565,22 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
     }
   }
   __syncthreads();
-  if (threadIdx.x < 32) {
+  if (const int v = threadIdx.x / 32; v < R) {  // warp v: reference warp c0 + v
     float s = 0.0f;
     for (int j = 0; j < J; ++j)
-      if (pos(32 * j + lane) < D) s += us[32 * j + lane] * us[32 * j + lane];
+      if (pos(v * E + 32 * j + lane) < D) s += us[v * E + 32 * j + lane] * us[v * E + 32 * j + lane];
     s = warp_sum(s);
-    if (lane == 0) q = s;
+    if (lane == 0) q[v] = s;
   }
-  cluster.sync();  // every block's warp sum written and visible
-  float ss = lane < kNormCluster ? *cluster.map_shared_rank(&q, lane) : 0.0f;
+  cluster.sync();  // every block's warp sums written and visible
+  float ss = lane < kNormWarps ? *cluster.map_shared_rank(&q[lane % R], lane / R) : 0.0f;
   ss = warp_sum(ss);
   const float rinv = 1.0f / sqrtf(ss / float(D) + eps);
-  for (int e0 = 0; e0 < E; e0 += kPass) {
+  for (int e0 = 0; e0 < R * E; e0 += kPass) {
 #pragma unroll
-    for (int p = 0; p < kNormPerThread; ++p) {
+    for (int p = 0; p < kPer; ++p) {
       const int e = e0 + threadIdx.x + 256 * p;
-      if (e >= E || pos(e) >= D) continue;
+      if (e >= R * E || pos(e) >= D) continue;
       const float wgt = e0 == 0 ? wv[p] : w ? bf16_load(w, pos(e)) : 1.0f;
       const float v = rb(wgt * (us[e] * rinv), r);
       y[int64_t(i) * D + pos(e)] = v;
@@ -3049,16 +3058,22 @@ void collapse_norm(const float* pre, int pre_stride, const float* emix, int emix
                    const InputSink& sink) {
   if (n <= 0) return;
   DSUF_CHECK(!sink.xq || D % 32 == 0, "collapse_norm: an input sink needs D % 32 == 0");
-  const size_t smem = size_t((D + 255) / 256) * 32 * sizeof(float);
+  // DSUF_NORM_CLUSTER=8|4|2|1: the blocks a row (each 8 / CL of block_sum's warps; the same bits).
+  static const int cl = 8 >> env_choice("DSUF_NORM_CLUSTER", {"8", "4", "2", "1"});
+  const size_t smem = size_t((D + 255) / 256) * 32 * sizeof(float) * (kNormWarps / cl);
   DSUF_CHECK(smem <= 200 * 1024, "collapse_norm: hidden size ", D, " too large");
   with_hc(hc, [&](auto H) {
-    auto* k = k_collapse_norm<decltype(H)::value>;
+    constexpr int kHc = decltype(H)::value;
+    auto* k = cl == 8 ? k_collapse_norm<kHc, 8>
+              : cl == 4 ? k_collapse_norm<kHc, 4>
+              : cl == 2 ? k_collapse_norm<kHc, 2>
+                        : k_collapse_norm<kHc, 1>;
     set_smem(k, smem);
     cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(kNormCluster, n), cfg.blockDim = dim3(256), cfg.dynamicSmemBytes = smem, cfg.stream = s;
+    cfg.gridDim = dim3(cl, n), cfg.blockDim = dim3(256), cfg.dynamicSmemBytes = smem, cfg.stream = s;
     cudaLaunchAttribute at[2];
     at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = kNormCluster, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+    at[0].val.clusterDim.x = cl, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
     at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // launch_step's rule
     at[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at, cfg.numAttrs = pdl_level() == kPdlAll ? 2 : 1;
@@ -3431,7 +3446,10 @@ int pv_kernel() {
   static const int k = env_choice("DSUF_PV", {"warps", "cp", "tiles"});  // in PvKernel's order
   return k;
 }
-LinearInput attention(const AttentionArgs& a, cudaStream_t s) {
+void gather_keys(const AttentionArgs& a, cudaStream_t s) {
+  launch_step(k_gather_keys, dim3(a.rows, a.W + (a.sel ? a.sel_stride : 0)), dim3(128), 0, s, a);
+}
+LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   const FusedRope& qr = a.q_rope;
   DSUF_CHECK(!qr.cs || (qr.dim == a.hd && qr.heads == a.H && qr.half > 0 && 2 * qr.half <= qr.dim),
              "attention: the queries' rope must cover H = ", a.H, " heads of ", a.hd, " dims");
@@ -3449,7 +3467,7 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s) {
     return LinearInput{a.o_sink.xq, groups * kp, kp, a.o_sink.quantize ? a.o_sink.xs : nullptr,
                        groups * (a.o_group / 32)};
   };
-  launch_step(k_gather_keys, dim3(a.rows, a.W + (a.sel ? a.sel_stride : 0)), dim3(128), 0, s, a);
+  if (!gathered) gather_keys(a, s);
   const size_t qk_smem = sizeof(float) * kAttHeadsQK * a.hd;
   set_smem(k_attention_logits, qk_smem);
   launch_step(k_attention_logits, dim3(a.rows, blocks_for(a.H, kAttHeadsQK), attention_key_split(a.rows)), dim3(256),

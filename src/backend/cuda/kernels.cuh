@@ -227,8 +227,11 @@ struct AttentionArgs {
 // Gathers the keys, then the logits, then softmax and P·V: k_attention_pv, or k_attention_pv_tiles with
 // DSUF_PV=tiles (read once; both equal the reference). With o_sink set, returns the layout it wrote
 // (the P·V kernel writes it itself when hd % 32 == 0 and H % 8 == 0; otherwise a linear_input
-// launch follows), else {}.
-LinearInput attention(const AttentionArgs& a, cudaStream_t s);
+// launch follows), else {}. gathered: gather_keys(a, ·) already ran (on a stream s waits for).
+LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered = false);
+// The keys a row attends (window ∪ selected compressed entries), decoded into a.keys: attention()'s
+// first launch, on its own for a side stream (it needs only the KV and the selection).
+void gather_keys(const AttentionArgs& a, cudaStream_t s);
 
 struct CompressArgs {
   const float* ag;        // [rows][2·hd] this step's a‖g (FP32)
