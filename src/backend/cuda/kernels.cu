@@ -2575,9 +2575,15 @@ __device__ __forceinline__ int block_select_256(const float* __restrict__ row, i
       if (t == 0) s_digit = 0, above[256] = 0;
       __syncthreads();
       const uint32_t mask = s_mask, prefix = s_prefix;
+      // One atomic per distinct bin of a warp (the lowest lane of each bin's lanes adds their
+      // count): the first pass's bins are the keys' sign and exponent, a handful for a row of scores,
+      // and 32 lanes' atomics on one shared address serialize.
       for_each_entry<T>(row, count, [&](int64_t, float v) {
         const uint32_t key = fkey(v);
-        if (key > neg_inf_key && (key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1);
+        const bool in = key > neg_inf_key && (key & mask) == prefix;
+        const int bin = in ? int((key >> shift) & 255) : 256;
+        const unsigned same = __match_any_sync(__activemask(), bin);
+        if (in && t % 32 == __ffs(same) - 1) atomicAdd(&hist[bin], __popc(same));
       });
       __syncthreads();
       // The digit: the largest d ≥ 1 whose bins d..255 hold at least the remaining count, else 0
