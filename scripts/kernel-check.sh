@@ -130,7 +130,7 @@ small)
   DSUF_CUDA_GRAPHS=0 timeout 400 ncu --clock-control none --cache-control none --section SpeedOfLight \
     --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats \
     --section MemoryWorkloadAnalysis \
-    --kernel-name regex:'^k_(attention_pv|attention_logits|gather_keys|collapse_norm|hc_mix|route|rmsnorm|moe_sum_expand)' \
+    --kernel-name regex:'^k_(attention_pv|attention_logits|gather_keys|collapse_norm|hc_mix|route|rmsnorm|moe_sum_expand|top_k|bf16_linear|linear_input)' \
     --launch-skip 60 --launch-count 16 "$B/bench_decode" --engram-vocab 100000 --contexts 8192 --batches 1 \
     --steps 1 --warmup 0 --experts 16 > "$L/small.txt" 2>&1
   echo "ncu rc=$?"
