@@ -388,7 +388,6 @@ __global__ void __launch_bounds__(256) k_hc_mix(const float* __restrict__ fn, co
                                                 const float* __restrict__ scale, int iters, float hc_eps,
                                                 float* __restrict__ out, float* __restrict__ part,
                                                 unsigned* __restrict__ count) {
-  pdl_entry();
   constexpr int M = (2 + HC) * HC, T = M + 1;
   extern __shared__ float sm[];
   __shared__ bool last;
@@ -399,13 +398,16 @@ __global__ void __launch_bounds__(256) k_hc_mix(const float* __restrict__ fn, co
   const int J = int((N + 1023) / 1024);
   const int64_t t = 32 * v + lane;
   const bool in_regs = J <= kMixChunk;
-  // This warp's fn values first: their latency (DRAM) overlaps the staging of the stream values (L2).
+  // This warp's fn values first, before the dependency wait (weights: nothing in a step writes
+  // them): their latency (DRAM) overlaps the previous kernel's end and the staging of the stream
+  // values (L2).
   float f[kMixChunk];
 #pragma unroll
   for (int j = 0; j < kMixChunk; ++j) {
     const int64_t idx = t + 1024 * int64_t(j);
     f[j] = in_regs && m < M && j < J && idx < N ? __ldg(fn + int64_t(m) * N + idx) : 0.0f;
   }
+  pdl_entry();
   float* xs = sm;  // [R][J][32]: x[32v + l + 1024j] at (r·J + j)·32 + l
   block_gather<4>(xs, rows * J * 32, [&](int k) {  // one batch for J·32 = 640 values, 160 threads
     const int r = k / (J * 32), j = (k / 32) % J;
@@ -471,13 +473,14 @@ __global__ void k_hc_collapse(const float* __restrict__ pre, int pre_stride, con
 }
 
 // Collapse + RMSNorm of one row (optionally expanding the previous site first), spread over a
-// cluster of 8 blocks (the default; fewer below). The norm's sum of squares keeps the canonical block_sum<256> order: partial
-// t < 256 adds u[t]², u[t+256]², … in order, each warp v = t/32 of the 8 tree-reduces its 32 partials,
-// and the 8 warp sums, padded with zeros to 32, are tree-reduced. Block c of a row's cluster owns
-// warp v = c's values u[32c + l + 256j]: it computes them (expanding and collapsing the hc streams at
-// those positions, each thread a position at a time, so the in-place expansion never races), its
-// warp 0 adds the 32 partials in order, and every block reads all 8 warp sums from the cluster's
-// shared memory, so each normalizes its values with the same bits.
+// cluster of CL blocks (8 by default). The norm's sum of squares keeps the canonical block_sum<256>
+// order: partial t < 256 adds u[t]², u[t+256]², … in order, each warp v = t/32 of the 8 tree-reduces
+// its 32 partials, and the 8 warp sums, padded with zeros to 32, are tree-reduced. Block b of a row's
+// cluster owns the values of warps bR … bR + R − 1 (R = 8 / CL), u[32c + l + 256j] for warp c: it
+// computes them (expanding and collapsing the hc streams at those positions, each thread a position
+// at a time, so the in-place expansion never races), its warp v adds warp bR + v's 32 partials in
+// order, and every block reads all 8 warp sums from the cluster's shared memory, so each normalizes
+// its values with the same bits.
 //   expansion (emix set): X_k ← bf16(post_k·y_in + Σ_j C[j][k]·X_j) with emix's post and C;
 //   collapse: u = bf16(Σ_k pre_k·X_k); output bf16(w ⊙ u·rsqrt(mean(u²)+eps)).
 constexpr int kNormWarps = 8;  // the warps of block_sum<256>
@@ -504,6 +507,7 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
   const int J = int((D + 255) / 256), E = 32 * J;
   constexpr int kPass = kPer * 256;
   auto pos = [&](int e) {
+    if constexpr (R == 1) return int64_t(32 * c0 + e % 32) + 256 * int64_t(e / 32);
     const int v = e / E, f = e % E;
     return int64_t(32 * (c0 + v) + f % 32) + 256 * int64_t(f / 32);
   };
@@ -1773,22 +1777,25 @@ constexpr int kBf16Deep = 20;
 // the same order.
 __global__ void k_bf16_linear(const uint16_t* __restrict__ W, int64_t out, int64_t K, const float* __restrict__ x,
                               int64_t x_stride, float* __restrict__ y, int64_t y_stride, bool r, bool deep) {
-  pdl_entry();
+  pdl_trigger();
   const int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int row = blockIdx.y, lane = threadIdx.x % 32;
-  if (o >= out) return;
+  if (o >= out) return;  // a whole warp; the grid's other warps wait
   const uint16_t* wr = W + o * K;
   const float* xr = x + int64_t(row) * x_stride;
   float acc = 0.0f;
   const bool vec = K % 8 == 0 && x_stride % 4 == 0 && (reinterpret_cast<uintptr_t>(W) & 15) == 0 &&
                    (reinterpret_cast<uintptr_t>(x) & 15) == 0;
   if (vec && deep && K <= 8 * 32 * kBf16Deep) {
+    // The row's weights before the dependency wait (nothing in a step writes them), as the FP8
+    // GEMVs do: their DRAM round trip overlaps the previous kernel's end.
     uint4 wv[kBf16Deep];
 #pragma unroll
     for (int i = 0; i < kBf16Deep; ++i) {
       const int64_t c = lane + 32 * i;
       if (c * 8 < K) wv[i] = __ldg(reinterpret_cast<const uint4*>(wr + c * 8));
     }
+    pdl_wait();
 #pragma unroll
     for (int i = 0; i < kBf16Deep; ++i) {
       const int64_t c = lane + 32 * i;
@@ -1796,12 +1803,14 @@ __global__ void k_bf16_linear(const uint16_t* __restrict__ W, int64_t out, int64
       acc = bf16_chunk(acc, wv[i], xr + c * 8);
     }
   } else if (vec) {
+    pdl_wait();
 #pragma unroll 4
     for (int64_t c = lane; c * 8 < K; c += 32) {
       const uint4 wv = __ldg(reinterpret_cast<const uint4*>(wr + c * 8));
       acc = bf16_chunk(acc, wv, xr + c * 8);
     }
   } else {
+    pdl_wait();
     for (int64_t c = lane; c * 8 < K; c += 32)
       for (int64_t k = c * 8; k < c * 8 + 8 && k < K; ++k) acc += bf16_load(wr, k) * xr[k];
   }
@@ -2575,16 +2584,24 @@ __device__ __forceinline__ int block_select_256(const float* __restrict__ row, i
       if (t == 0) s_digit = 0, above[256] = 0;
       __syncthreads();
       const uint32_t mask = s_mask, prefix = s_prefix;
-      // One atomic per distinct bin of a warp (the lowest lane of each bin's lanes adds their
-      // count): the first pass's bins are the keys' sign and exponent, a handful for a row of scores,
-      // and 32 lanes' atomics on one shared address serialize.
-      for_each_entry<T>(row, count, [&](int64_t, float v) {
-        const uint32_t key = fkey(v);
-        const bool in = key > neg_inf_key && (key & mask) == prefix;
-        const int bin = in ? int((key >> shift) & 255) : 256;
-        const unsigned same = __match_any_sync(__activemask(), bin);
-        if (in && t % 32 == __ffs(same) - 1) atomicAdd(&hist[bin], __popc(same));
-      });
+      // The first pass (every entry, binned by sign and exponent: a handful of bins for a row of
+      // scores, and 32 lanes' atomics on one shared address serialize) takes one atomic per distinct
+      // bin of a warp, the lowest lane of each bin's lanes adding their count; the later passes,
+      // where few entries match the prefix, one per entry.
+      if (shift == 24) {
+        for_each_entry<T>(row, count, [&](int64_t, float v) {
+          const uint32_t key = fkey(v);
+          const bool in = key > neg_inf_key;
+          const int bin = in ? int(key >> 24) : 256;
+          const unsigned same = __match_any_sync(__activemask(), bin);
+          if (in && t % 32 == __ffs(same) - 1) atomicAdd(&hist[bin], __popc(same));
+        });
+      } else {
+        for_each_entry<T>(row, count, [&](int64_t, float v) {
+          const uint32_t key = fkey(v);
+          if (key > neg_inf_key && (key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1);
+        });
+      }
       __syncthreads();
       // The digit: the largest d ≥ 1 whose bins d..255 hold at least the remaining count, else 0
       // (bins from the top, as a sequential scan would stop). Suffix sums by a scan of the
