@@ -26,8 +26,11 @@
 #                                    each linear's size, launch boundaries (~20 s)
 #   scripts/kernel-check.sh pair A B two bench_decode binaries, batch 1 at 8K, $ROUNDS rounds interleaved
 #   scripts/kernel-check.sh small    Nsight Compute on the step's latency-bound kernels (attention,
-#                                    mHC, router, norms), a few launches each from the middle layers,
-#                                    at the step's clocks and caches (~1 minute)
+#                                    mHC, router, norms, top-k), a few launches each from the middle
+#                                    layers, at the step's clocks and caches, with the warp stall
+#                                    sampling's top locations (~1 minute)
+#   scripts/kernel-check.sh step     Nsight Compute over every kernel of one batch-1 step at 8K, as a
+#                                    per-kernel table (scripts/ncu_table.py; step.md in the log folder)
 #
 # Every result line says its settings. Logs go to $OUT (the device tool's folder) or /tmp.
 set -uo pipefail
@@ -129,15 +132,28 @@ small)
   export CUDA_VISIBLE_DEVICES=0
   DSUF_CUDA_GRAPHS=0 timeout 400 ncu --clock-control none --cache-control none --section SpeedOfLight \
     --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats \
-    --section MemoryWorkloadAnalysis \
+    --section MemoryWorkloadAnalysis --section SourceCounters \
     --kernel-name regex:'^k_(attention_pv|attention_logits|gather_keys|collapse_norm|hc_mix|route|rmsnorm|moe_sum_expand|top_k|bf16_linear|linear_input)' \
     --launch-skip 60 --launch-count 16 "$B/bench_decode" --engram-vocab 100000 --contexts 8192 --batches 1 \
     --steps 1 --warmup 0 --experts 16 > "$L/small.txt" 2>&1
   echo "ncu rc=$?"
   grep -E '^  k_|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Dynamic Shared|Grid Size|Block Size|Issued Warp|No Eligible|Stall' "$L/small.txt" | head -250
   ;;
+step)
+  # Nsight Compute over every kernel of one batch-1 decode step at 8K (graphs off, caches and clocks
+  # as they are), summed per kernel by scripts/ncu_table.py: the per-kernel breakdown of issue 6.
+  export CUDA_VISIBLE_DEVICES=0
+  DSUF_CUDA_GRAPHS=0 timeout 500 ncu --clock-control none --cache-control none --section SpeedOfLight \
+    --section Occupancy --csv --page details \
+    --kernel-name regex:'^k_(embed|hc_|collapse|rmsnorm|fp8_gemv|fp4_|bf16|rope|fp8_fake|index_|pack_|gather_|attention|compress|update_p|candidate|top_k|mask_from|route|swiglu|moe_|engram|linear_input|group_rows|add_rows)' \
+    --launch-count 1500 "$B/bench_decode" --engram-vocab 100000 --contexts 8192 --batches 1 \
+    --steps 1 --warmup 0 > "$L/step.csv" 2> "$L/step.err"
+  echo "ncu rc=$?"
+  python3 scripts/ncu_table.py "$L/step.csv" > "$L/step.md"
+  head -45 "$L/step.md"
+  ;;
 *)
-  echo "usage: scripts/kernel-check.sh verify|time|decode|probe|pair A B|small" >&2
+  echo "usage: scripts/kernel-check.sh verify|time|decode|probe|pair A B|small|step" >&2
   exit 2
   ;;
 esac
