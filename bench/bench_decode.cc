@@ -300,6 +300,13 @@ int main(int argc, char** argv) {
                 " a token reads its 6 either way), Engram tables from vocab %lld (a token reads 24 rows per layer either"
                 " way), synthetic weights and KV\n",
                 experts, static_cast<long long>(engram_vocab));
+    // The one dense tensor whose size follows the expert count: the router's BF16 gate.
+    if (const int real = dsuf::real_v41_config_json()["text_config"]["n_routed_experts"].get<int>(); experts < real)
+      std::printf("router: its gate has %d rows here, %d in the real model (%.1f MB a step more to read there, not"
+                  " counted; its routing scans %.0f× more scores)\n",
+                  experts, real,
+                  double(real - experts) * double(cfg.text.hidden_size) * 2 * cfg.text.num_hidden_layers / 1e6,
+                  double(real) / experts);
     const char* fp4 = std::getenv("DSUF_FP4");
     std::printf("routed experts' FP4 kernel: %s\n",
                 fp4 ? fp4 : "tiles (k_fp4_imma over weights re-laid at load)");
