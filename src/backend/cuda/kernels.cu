@@ -2996,26 +2996,40 @@ int pdl_level() {
   static const int level = env_choice("DSUF_PDL", {"1", "gemv", "0"});  // in PdlLevel's order
   return level;
 }
+// Launches k, programmatically when `on`, in clusters of `cluster` blocks along x when cluster > 0.
 template <typename... KArgs, typename... Args>
-void launch_with_pdl(bool on, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                     Args&&... args) {
+void launch_with_pdl(bool on, unsigned cluster, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                     cudaStream_t s, Args&&... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = s;
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  at[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = at, cfg.numAttrs = on ? 1 : 0;
+  cudaLaunchAttribute at[2];
+  unsigned n = 0;
+  if (on) {
+    at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster > 0) {
+    at[n].id = cudaLaunchAttributeClusterDimension;
+    at[n++].val.clusterDim = {cluster, 1, 1};
+  }
+  cfg.attrs = at, cfg.numAttrs = n;
   DSUF_CUDA(cudaLaunchKernelEx(&cfg, k, std::forward<Args>(args)...));
 }
 // A weight kernel (pdl_wait after its first weight loads): programmatic unless DSUF_PDL=0.
 template <typename... KArgs, typename... Args>
 void launch_pdl(void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
-  launch_with_pdl(pdl_level() != kPdlOff, k, grid, block, smem, s, std::forward<Args>(args)...);
+  launch_with_pdl(pdl_level() != kPdlOff, 0, k, grid, block, smem, s, std::forward<Args>(args)...);
 }
-// Any other kernel of the step (pdl_entry() first): programmatic with DSUF_PDL=1, the default.
+// Any other kernel of the step (pdl_entry() first): programmatic with DSUF_PDL=1, the default;
+// `cluster` blocks a cluster when set.
+template <typename... KArgs, typename... Args>
+void launch_step_in(unsigned cluster, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                    Args&&... args) {
+  launch_with_pdl(pdl_level() == kPdlAll, cluster, k, grid, block, smem, s, std::forward<Args>(args)...);
+}
 template <typename... KArgs, typename... Args>
 void launch_step(void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
-  launch_with_pdl(pdl_level() == kPdlAll, k, grid, block, smem, s, std::forward<Args>(args)...);
+  launch_step_in(0, k, grid, block, smem, s, std::forward<Args>(args)...);
 }
 template <typename Kernel>
 void set_smem(Kernel k, size_t smem) {
@@ -3092,15 +3106,8 @@ void collapse_norm(const float* pre, int pre_stride, const float* emix, int emix
               : cl == 2 ? k_collapse_norm<kHc, 2>
                         : k_collapse_norm<kHc, 1>;
     set_smem(k, smem);
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(cl, n), cfg.blockDim = dim3(256), cfg.dynamicSmemBytes = smem, cfg.stream = s;
-    cudaLaunchAttribute at[2];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = cl, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // launch_step's rule
-    at[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at, cfg.numAttrs = pdl_level() == kPdlAll ? 2 : 1;
-    DSUF_CUDA(cudaLaunchKernelEx(&cfg, k, pre, pre_stride, emix, emix_stride, y_in, X, D, w, eps, y, r, sink));
+    launch_step_in(unsigned(cl), k, dim3(cl, n), dim3(256), smem, s, pre, pre_stride, emix, emix_stride, y_in, X, D,
+                   w, eps, y, r, sink);
   });
 }
 void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s) {
