@@ -31,6 +31,8 @@
 #                                    sampling's top locations (~1 minute)
 #   scripts/kernel-check.sh step     Nsight Compute over every kernel of one batch-1 step at 8K, as a
 #                                    per-kernel table (scripts/ncu_table.py; step.md in the log folder)
+#   scripts/kernel-check.sh source   Nsight Compute's per-instruction view (SASS, warp-stall samples) of
+#                                    one launch of each of $KERNELS
 #
 # Every result line says its settings. Logs go to $OUT (the device tool's folder) or /tmp.
 set -uo pipefail
@@ -100,7 +102,7 @@ time)
 decode)
   export CUDA_VISIBLE_DEVICES=0
   bd() { timeout 150 "$B/bench_decode" --engram-vocab 100000 --contexts 8192 --batches 1 "$@" 2>&1 | grep -v '^model:\|^head:\|^routed experts'; }
-  for spec in ${AB:-DSUF_GATHER=late|early DSUF_NORM_CLUSTER=8|4|2|1 DSUF_ATT_SPLIT=80|160 DSUF_FP4=tiled|dp4a}; do
+  for spec in ${AB:-DSUF_GATHER=early|late DSUF_PDL=1|0}; do
     var=${spec%%=*}
     IFS='|' read -r -a vals <<< "${spec#*=}"
     for rep in $(seq "${ROUNDS:-3}"); do
@@ -143,15 +145,30 @@ small)
 step)
   # Nsight Compute over every kernel of one batch-1 decode step at 8K (graphs off, caches and clocks
   # as they are), summed per kernel by scripts/ncu_table.py: the per-kernel breakdown of issue 6.
+  # Four metrics (one or two passes a kernel): the sections' many passes ran ~1,000 launches past
+  # 150 s and ncu writes its CSV only at the end.
   export CUDA_VISIBLE_DEVICES=0
-  DSUF_CUDA_GRAPHS=0 timeout 500 ncu --clock-control none --cache-control none --section SpeedOfLight \
-    --section Occupancy --csv --page details \
+  DSUF_CUDA_GRAPHS=0 timeout 500 ncu --clock-control none --cache-control none --csv --page details \
+    --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active \
     --kernel-name regex:'^k_(embed|hc_|collapse|rmsnorm|fp8_gemv|fp4_|bf16|rope|fp8_fake|index_|pack_|gather_|attention|compress|update_p|candidate|top_k|mask_from|route|swiglu|moe_|engram|linear_input|group_rows|add_rows)' \
     --launch-count 1500 "$B/bench_decode" --engram-vocab 100000 --contexts 8192 --batches 1 \
     --steps 1 --warmup 0 > "$L/step.csv" 2> "$L/step.err"
   echo "ncu rc=$?"
   python3 scripts/ncu_table.py "$L/step.csv" > "$L/step.md"
   head -45 "$L/step.md"
+  ;;
+source)
+  # Nsight Compute's per-instruction view (SASS with warp-stall samples, built with -lineinfo) of
+  # one launch of each kernel named in $KERNELS (default: top_k, compress_emit, collapse_norm),
+  # from a middle layer: $L/source-<kernel>.txt.
+  export CUDA_VISIBLE_DEVICES=0
+  for k in ${KERNELS:-k_top_k k_compress_emit k_collapse_norm}; do
+    DSUF_CUDA_GRAPHS=0 timeout 200 ncu --clock-control none --cache-control none --section SourceCounters \
+      --section WarpStateStats --page source --print-source sass --kernel-name "$k" --launch-skip 4 \
+      --launch-count 1 "$B/bench_decode" --engram-vocab 100000 --contexts 8192 --batches 1 --steps 1 \
+      --warmup 0 --experts 16 > "$L/source-$k.txt" 2>&1
+    echo "$k: ncu rc=$? $(wc -l < "$L/source-$k.txt") lines"
+  done
   ;;
 *)
   echo "usage: scripts/kernel-check.sh verify|time|decode|probe|pair A B|small|step" >&2

@@ -13,7 +13,11 @@ import sys
 from collections import defaultdict
 
 UNIT_US = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6, "s": 1e6}
-WANTED = {"Duration": "dur", "DRAM Throughput": "dram", "Compute (SM) Throughput": "sm", "Achieved Occupancy": "occ"}
+WANTED = {"Duration": "dur", "DRAM Throughput": "dram", "Compute (SM) Throughput": "sm", "Achieved Occupancy": "occ",
+          # the same as raw metrics (ncu --metrics ...)
+          "gpu__time_duration.sum": "dur", "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram",
+          "sm__throughput.avg.pct_of_peak_sustained_elapsed": "sm",
+          "sm__warps_active.avg.pct_of_peak_sustained_active": "occ"}
 
 
 def number(text):
@@ -38,7 +42,7 @@ def main(argv):
         metric, value = row.get("Metric Name", ""), number(row.get("Metric Value", ""))
         if not name or metric not in WANTED or value is None:
             continue
-        if metric == "Duration":
+        if WANTED[metric] == "dur":
             value *= UNIT_US.get(row.get("Metric Unit", "").strip(), 1.0)
         launches.setdefault(row["ID"], (name, {}))[1][WANTED[metric]] = value
     if not launches:

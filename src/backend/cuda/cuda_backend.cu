@@ -158,7 +158,8 @@ struct CudaBackend::Impl {
   // 1 routed row per expert (batch 16) lost 9 %, 4 (batch 64) gained 6 %, a 512-token chunk 12 %.
   int64_t group_rows_per_expert = 4;
   bool shared_early = true;  // DSUF_SHARED_FORK=early|late (moe())
-  bool gather_early = false;  // DSUF_GATHER=late|early (attention())
+  bool gather_early = true;  // DSUF_GATHER=early|late (attention())
+  bool comp_fork_early = false;  // DSUF_COMP_FORK=late|early (attention())
   cudaStream_t mix_side = nullptr;  // the mHC mixes (hc_mix_fork); null: they run on `stream`
   cudaEvent_t mix_ev_fork = nullptr, ev_mix = nullptr;
   bool mix_pending = false;  // a mix on `mix_side` that `stream` has not waited for yet
@@ -328,6 +329,7 @@ struct CudaBackend::Impl {
   void finish_step(std::vector<Part>& parts, const Step& st);
   // xin: the normalized rows ws.xn laid out for the linears (collapse_norm wrote them through a sink).
   void attention(int l, const Step& st, const cuda::LinearInput& xin, float* out);
+  void compressor_branch(int l, const Step& st, cudaStream_t stream);
   void indexer_branch(int l, const Step& st, const cuda::LinearInput& qin, cudaStream_t stream);
   void moe(int l, int n, const uint8_t* image, const cuda::LinearInput& xin, const float* expand_mix);
   // mHC mixes on a second stream (off the critical path: a site's mix is read only by its expansion,
@@ -509,7 +511,8 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   DSUF_CUDA(cudaEventCreateWithFlags(&ev_join, cudaEventDisableTiming));
   if (const char* v = std::getenv("DSUF_OVERLAP")) overlap = std::string(v) != "0";
   shared_early = !env_picks("DSUF_SHARED_FORK", "early", "late");
-  gather_early = env_picks("DSUF_GATHER", "late", "early");
+  gather_early = !env_picks("DSUF_GATHER", "early", "late");
+  comp_fork_early = env_picks("DSUF_COMP_FORK", "late", "early");
   mix_late = env_picks("DSUF_MIX_FORK", "early", "late");
   if (const char* f = std::getenv("DSUF_HC_FORK"); !f || std::string(f) != "0") {
     DSUF_CUDA(cudaStreamCreate(&mix_side));
@@ -999,26 +1002,36 @@ CudaBackend::Impl::Step CudaBackend::Impl::stage_step(std::vector<Part>& parts, 
 }
 
 // The compressor (this layer's new compressed entries) and the indexer (the selection), on `stream`.
+// The compressor: this step's entries from xn alone (the collapse's normalized rows).
+void CudaBackend::Impl::compressor_branch(int l, const Step& st, cudaStream_t stream) {
+  const TextConfig& t = cfg.text;
+  const LayerPlan& lp = cfg.layers[l];
+  if (!lp.owns_compressor) return;
+  const DevLayer& d = layers[l];
+  const int n = st.rows;
+  const int64_t D = t.hidden_size, hd = t.head_dim;
+  const int slot = layout.source_slot[l];
+  const int ratio = lp.ratio;
+  cuda::bf16_linear(d.comp_wkv, hd, D, ws.xn, D, n, ws.ag, 2 * hd, false, stream);
+  if (ratio > 1) cuda::bf16_linear(d.comp_wgate, hd, D, ws.xn, D, n, ws.ag + hd, 2 * hd, false, stream);
+  cuda::CompressArgs ca{.ag = ws.ag, .jobs = st.emit[slot], .n_jobs = st.n_emit[slot], .seqs = st.seqtab,
+                        .src = slot, .ratio = ratio, .hd = hd, .ihd = t.index_head_dim, .norm = d.comp_norm,
+                        .wk = d.idx_wk, .k_norm = d.idx_k_norm, .cs = st.cs_ent, .half = half,
+                        .eps = float(t.rms_norm_eps), .r = opt.numerics.bf16_activations};
+  cuda::compress_emit(ca, stream);
+  cuda::update_pending(ws.ag, st.pending[slot], st.seqs, st.seqtab, ratio, hd, stream);
+}
+
+// The indexer's selection from the normalized q latent (qin), xn and the compressor's entries.
 void CudaBackend::Impl::indexer_branch(int l, const Step& st, const cuda::LinearInput& qin, cudaStream_t stream) {
   const TextConfig& t = cfg.text;
   const LayerPlan& lp = cfg.layers[l];
   const DevLayer& d = layers[l];
   const bool r = opt.numerics.bf16_activations;
   const int n = st.rows;
-  const int64_t D = t.hidden_size, hd = t.head_dim, qr = t.q_lora_rank;
-  const float eps = float(t.rms_norm_eps);
+  const int64_t D = t.hidden_size, qr = t.q_lora_rank;
   const int slot = layout.source_slot[l];
   const int ratio = lp.ratio;
-  if (lp.owns_compressor) {
-    cuda::bf16_linear(d.comp_wkv, hd, D, ws.xn, D, n, ws.ag, 2 * hd, false, stream);
-    if (ratio > 1) cuda::bf16_linear(d.comp_wgate, hd, D, ws.xn, D, n, ws.ag + hd, 2 * hd, false, stream);
-    cuda::CompressArgs ca{.ag = ws.ag, .jobs = st.emit[slot], .n_jobs = st.n_emit[slot], .seqs = st.seqtab,
-                          .src = slot, .ratio = ratio, .hd = hd, .ihd = t.index_head_dim, .norm = d.comp_norm,
-                          .wk = d.idx_wk, .k_norm = d.idx_k_norm, .cs = st.cs_ent, .half = half, .eps = eps, .r = r};
-    cuda::compress_emit(ca, stream);
-    cuda::update_pending(ws.ag, st.pending[slot], st.seqs, st.seqtab, ratio, hd, stream);
-  }
-
   if (lp.runs_indexer) {
     const int IH = t.index_n_heads;
     const int64_t ihd = t.index_head_dim;
@@ -1062,6 +1075,13 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   const int64_t d0 = part.my_hidden().begin, Dr = part.my_hidden().size();
 
   mark(kAttention);
+  // DSUF_COMP_FORK=early: the compressor (which needs only xn) starts on the side stream before
+  // wq_a, instead of after q_norm; the indexer's queries wait for q_norm there (a second fork).
+  const bool comp_early = comp_fork_early && branch() != stream;
+  if (comp_early) {
+    fork();
+    compressor_branch(l, st, branch());
+  }
   // wq_a and wkv in one launch (same input), then q_norm and kv_norm in one (kv normalized in place).
   cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, xin, n, ws.tmp, qr, r, stream,
                    {.W = d.wkv.w, .Ws = d.wkv.s, .out = hd, .y = ws.kvw, .y_stride = hd});
@@ -1096,9 +1116,10 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
                          .o_sink = {.xq = ws.xq[0], .xs = ws.xs[0], .quantize = opt.numerics.wo_a_act_quant && aq},
                          .o_group = gin,
                          .o_rope = {.cs = cs, .half = half, .heads = Hr, .dim = hd, .sign = -1.0f, .r = r}};
+  if (!comp_early) compressor_branch(l, st, branch());
   indexer_branch(l, st, qin, branch());
-  // DSUF_GATHER=early: the keys decoded on the side stream after the selection, beside wq_b, instead
-  // of first on the attention's path (opt-in until measured).
+  // The keys decoded on the side stream after the selection, beside wq_b, instead of first on the
+  // attention's path (DSUF_GATHER=late: the other way; −0.05 to −0.1 ms a step, docs/perf.md v19).
   if (gather_early) cuda::gather_keys(aa, branch());
   join();
   mark(kAttention);

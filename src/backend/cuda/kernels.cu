@@ -485,7 +485,7 @@ __global__ void k_hc_collapse(const float* __restrict__ pre, int pre_stride, con
 //   collapse: u = bf16(Σ_k pre_k·X_k); output bf16(w ⊙ u·rsqrt(mean(u²)+eps)).
 constexpr int kNormWarps = 8;  // the warps of block_sum<256>
 
-// CL blocks a row (a cluster; DSUF_NORM_CLUSTER, default 8), each taking R = 8 / CL of the
+// CL blocks a row (a cluster; 8: fewer were slower, docs/perf.md v19), each taking R = 8 / CL of the
 // reference block_sum's warps: block b holds the positions of warps bR … bR + R − 1 (warp c's are
 // 32c + l + 256j). Whatever CL, warp c's sum is one warp's tree over its lanes' sequential partials,
 // and the 8 warp sums meet in one warp_sum — through distributed shared memory when CL > 1.
@@ -2247,7 +2247,20 @@ __global__ void __launch_bounds__(kPvTileThreads) k_attention_pv_tiles(Attention
 }
 
 // ---- compressor --------------------------------------------------------------------------------
-__global__ void k_compress_emit(CompressArgs a) {
+// One block per emitted entry: pool the ratio tokens, norm, indexer key (a warp per output), RoPE,
+// FP4 packing. 1,024 threads, the indexer key's matrix prefetched into L2 before the dependency
+// wait, and the FP4 packing a lane per value (the block's amax by shuffles, a pair's two codes
+// joined by a shuffle): with 256 threads, cold weights and a thread per 16/32-block it took ~36 µs
+// at batch 1, on the indexer's path (docs/perf.md v19). Needs hd % 32 == 0 and ihd % 32 == 0.
+constexpr int kCompressThreads = 1024;
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+__global__ void __launch_bounds__(kCompressThreads) k_compress_emit(CompressArgs a) {
+  {  // weights only (PDL: nothing an earlier kernel of the step writes)
+    const char* wk = reinterpret_cast<const char*>(a.wk);
+    for (int64_t b = int64_t(threadIdx.x) * 128; b < a.ihd * a.hd * 2; b += int64_t(blockDim.x) * 128)
+      prefetch_l2(wk + b);
+  }
   pdl_entry();
   extern __shared__ float sm[];
   float* pooled = sm;             // [hd]
@@ -2317,25 +2330,28 @@ __global__ void k_compress_emit(CompressArgs a) {
     k[2 * i + 1] = rb(x0 * s + x1 * c, a.r);
   }
   __syncthreads();
-  // Compressed entry: FP4 with E4M3 scales per 16; key: FP4 with E8M0 scales per 32.
+  // Compressed entry: FP4 with E4M3 scales per 16; key: FP4 with E8M0 scales per 32. A lane per
+  // value, whole warps (hd, ihd multiples of 32); the max is order-free, so the bits are the
+  // reference's.
   uint8_t* ent = sq.ckv[a.src] + w * (hd / 2 + hd / 16);
-  for (int64_t b = threadIdx.x; b < hd / 16; b += blockDim.x) {
-    float amax = 0.0f;
-    for (int k = 0; k < 16; ++k) amax = fmaxf(amax, fabsf(latent[b * 16 + k]));
+  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
+    const float v = latent[d];
+    float amax = fmaxf(0.0f, fabsf(v));
+    for (int o = 1; o < 16; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     const uint8_t sc = e4m3_code(fmaxf(amax, 6.0f * ldexpf(1.0f, -9)) / 6.0f);
-    const float s = e4m3_val(sc);
-    ent[hd / 2 + b] = sc;
-    for (int k = 0; k < 16; k += 2)
-      ent[b * 8 + k / 2] = e2m1_code(latent[b * 16 + k] / s) | (e2m1_code(latent[b * 16 + k + 1] / s) << 4);
+    const uint32_t code = e2m1_code(v / e4m3_val(sc));
+    const uint32_t next = __shfl_down_sync(0xffffffffu, code, 1);
+    if (lane % 2 == 0) ent[d / 2] = uint8_t(code | (next << 4));
+    if (lane % 16 == 0) ent[hd / 2 + d / 16] = sc;
   }
   uint8_t* key = sq.ikey[a.src] + w * (ihd / 2 + ihd / 32);
-  for (int64_t b = threadIdx.x; b < ihd / 32; b += blockDim.x) {
-    float amax = 0.0f;
-    for (int k = 0; k < 32; ++k) amax = fmaxf(amax, fabsf(kv[b * 32 + k]));
-    const float s = pow2_ceil(fmaxf(amax, 6.0f * ldexpf(1.0f, -126)) / 6.0f);
-    key[ihd / 2 + b] = e8m0_code(s);
-    for (int k = 0; k < 32; k += 2)
-      key[b * 16 + k / 2] = e2m1_code(kv[b * 32 + k] / s) | (e2m1_code(kv[b * 32 + k + 1] / s) << 4);
+  for (int64_t d = threadIdx.x; d < ihd; d += blockDim.x) {
+    const float v = kv[d];
+    const float s = pow2_ceil(fmaxf(warp_max(fmaxf(0.0f, fabsf(v))), 6.0f * ldexpf(1.0f, -126)) / 6.0f);
+    const uint32_t code = e2m1_code(v / s);
+    const uint32_t next = __shfl_down_sync(0xffffffffu, code, 1);
+    if (lane % 2 == 0) key[d / 2] = uint8_t(code | (next << 4));
+    if (lane == 0) key[ihd / 2 + d / 32] = e8m0_code(s);
   }
 }
 
@@ -3095,16 +3111,11 @@ void collapse_norm(const float* pre, int pre_stride, const float* emix, int emix
                    const InputSink& sink) {
   if (n <= 0) return;
   DSUF_CHECK(!sink.xq || D % 32 == 0, "collapse_norm: an input sink needs D % 32 == 0");
-  // DSUF_NORM_CLUSTER=8|4|2|1: the blocks a row (each 8 / CL of block_sum's warps; the same bits).
-  static const int cl = 8 >> env_choice("DSUF_NORM_CLUSTER", {"8", "4", "2", "1"});
+  constexpr int cl = 8;  // the blocks a row: fewer cost +0.8 to +7 ms a step (docs/perf.md v19)
   const size_t smem = size_t((D + 255) / 256) * 32 * sizeof(float) * (kNormWarps / cl);
   DSUF_CHECK(smem <= 200 * 1024, "collapse_norm: hidden size ", D, " too large");
   with_hc(hc, [&](auto H) {
-    constexpr int kHc = decltype(H)::value;
-    auto* k = cl == 8 ? k_collapse_norm<kHc, 8>
-              : cl == 4 ? k_collapse_norm<kHc, 4>
-              : cl == 2 ? k_collapse_norm<kHc, 2>
-                        : k_collapse_norm<kHc, 1>;
+    auto* k = k_collapse_norm<decltype(H)::value, cl>;
     set_smem(k, smem);
     launch_step_in(unsigned(cl), k, dim3(cl, n), dim3(256), smem, s, pre, pre_stride, emix, emix_stride, y_in, X, D,
                    w, eps, y, r, sink);
@@ -3527,8 +3538,10 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
 }
 void compress_emit(const CompressArgs& a, cudaStream_t s) {
   if (a.n_jobs <= 0) return;
+  DSUF_CHECK(a.hd % 32 == 0 && a.ihd % 32 == 0, "compress_emit: head dims ", a.hd, ", ", a.ihd,
+             " must be multiples of 32");
   const size_t smem = sizeof(float) * (2 * a.hd + a.ihd);
-  launch_step(k_compress_emit, dim3(a.n_jobs), dim3(256), smem, s, a);
+  launch_step(k_compress_emit, dim3(a.n_jobs), dim3(kCompressThreads), smem, s, a);
 }
 void update_pending(const float* ag, const PendingJob* jobs, int n_jobs, const SeqMeta* seqs, int ratio, int64_t hd,
                     cudaStream_t s) {
