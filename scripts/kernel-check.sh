@@ -147,8 +147,8 @@ step)
   # as they are), summed per kernel by scripts/ncu_table.py: the per-kernel breakdown of issue 6.
   # Four metrics (one or two passes a kernel): the sections' many passes ran ~1,000 launches past
   # 150 s and ncu writes its CSV only at the end.
-  export CUDA_VISIBLE_DEVICES=0
-  DSUF_CUDA_GRAPHS=0 timeout 500 ncu --clock-control none --cache-control none --csv --page details \
+  export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+  DSUF_CUDA_GRAPHS=0 timeout "${NCU_LIMIT:-500}" ncu --clock-control none --cache-control none --csv --page details \
     --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active \
     --kernel-name regex:'^k_(embed|hc_|collapse|rmsnorm|fp8_gemv|fp4_|bf16|rope|fp8_fake|index_|pack_|gather_|attention|compress|update_p|candidate|top_k|mask_from|route|swiglu|moe_|engram|linear_input|group_rows|add_rows)' \
     --launch-count 1500 "$B/bench_decode" --engram-vocab 100000 --contexts 8192 --batches 1 \
@@ -161,7 +161,7 @@ source)
   # Nsight Compute's per-instruction view (SASS with warp-stall samples, built with -lineinfo) of
   # one launch of each kernel named in $KERNELS (default: top_k, compress_emit, collapse_norm),
   # from a middle layer: $L/source-<kernel>.txt.
-  export CUDA_VISIBLE_DEVICES=0
+  export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
   for k in ${KERNELS:-k_top_k k_compress_emit k_collapse_norm}; do
     DSUF_CUDA_GRAPHS=0 timeout 200 ncu --clock-control none --cache-control none --section SourceCounters \
       --section WarpStateStats --page source --print-source sass --kernel-name "$k" --launch-skip 4 \

@@ -159,7 +159,7 @@ struct CudaBackend::Impl {
   int64_t group_rows_per_expert = 4;
   bool shared_early = true;  // DSUF_SHARED_FORK=early|late (moe())
   bool gather_early = true;  // DSUF_GATHER=early|late (attention())
-  bool comp_fork_early = false;  // DSUF_COMP_FORK=late|early (attention())
+  bool comp_fork_early = true;  // DSUF_COMP_FORK=early|late (attention())
   cudaStream_t mix_side = nullptr;  // the mHC mixes (hc_mix_fork); null: they run on `stream`
   cudaEvent_t mix_ev_fork = nullptr, ev_mix = nullptr;
   bool mix_pending = false;  // a mix on `mix_side` that `stream` has not waited for yet
@@ -512,7 +512,7 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   if (const char* v = std::getenv("DSUF_OVERLAP")) overlap = std::string(v) != "0";
   shared_early = !env_picks("DSUF_SHARED_FORK", "early", "late");
   gather_early = !env_picks("DSUF_GATHER", "early", "late");
-  comp_fork_early = env_picks("DSUF_COMP_FORK", "late", "early");
+  comp_fork_early = !env_picks("DSUF_COMP_FORK", "early", "late");
   mix_late = env_picks("DSUF_MIX_FORK", "early", "late");
   if (const char* f = std::getenv("DSUF_HC_FORK"); !f || std::string(f) != "0") {
     DSUF_CUDA(cudaStreamCreate(&mix_side));
@@ -611,6 +611,13 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
 }
 
 namespace {
+// The multi-block top-k's smallest chunk: topk::kDefaultChunk, or DSUF_TOPK_CHUNK (≥ 256).
+int64_t topk_min_chunk() {
+  const char* c = std::getenv("DSUF_TOPK_CHUNK");
+  const int64_t v = c ? std::atoll(c) : topk::kDefaultChunk;
+  DSUF_CHECK(v >= 256, "DSUF_TOPK_CHUNK=", c ? c : "", ": expected >= 256");
+  return v;
+}
 // Every workspace buffer, in floats (or the element counts named), for one max_chunk forward. The
 // one list serves the allocation and the memory plan.
 struct WorkspaceSizes {
@@ -646,8 +653,8 @@ WorkspaceSizes workspace_sizes(const TextConfig& t, int64_t N, int64_t max_conte
   w.qi = N * IH * ihd, w.wts = N * IH, w.scores = N * w.score_stride, w.bscores = N * w.bscore_stride;
   w.sel = N * t.index_topk, w.cand = N * t.candidate_topk_blocks, w.cand_mask = N * w.bscore_stride;
   // The two top-k launches of a layer (block scores, then scores) share the candidates.
-  w.topk = std::max(topk::scratch_slots(N, w.score_stride, t.index_topk),
-                    topk::scratch_slots(N, w.bscore_stride, t.candidate_topk_blocks));
+  w.topk = std::max(topk::scratch_slots(N, w.score_stride, t.index_topk, topk_min_chunk()),
+                    topk::scratch_slots(N, w.bscore_stride, t.candidate_topk_blocks, topk_min_chunk()));
   w.router = N * E, w.ids = N * K, w.h = N * K * F, w.ye = N * K * D, w.hs = N * F;
   w.row_groups = 4 * w.ids + 1;
   w.emb = N * std::max<int64_t>(R * ehd, 1), w.ekv = N * (hc + 1) * D, w.logits = N * t.vocab_size;
@@ -747,9 +754,7 @@ void CudaBackend::Impl::alloc_workspace() {
   DSUF_CHECK(!topk_mode || std::string(topk_mode) == "single" || std::string(topk_mode) == "multi",
              "DSUF_TOPK=", topk_mode, ": expected single or multi");
   if (w.topk > 0 && !(topk_mode && std::string(topk_mode) == "single")) {
-    topk_scratch.min_chunk = topk::kDefaultChunk;
-    if (const char* c = std::getenv("DSUF_TOPK_CHUNK")) topk_scratch.min_chunk = std::atoll(c);
-    DSUF_CHECK(topk_scratch.min_chunk >= 256, "DSUF_TOPK_CHUNK=", std::getenv("DSUF_TOPK_CHUNK"), ": expected >= 256");
+    topk_scratch.min_chunk = topk_min_chunk();
     topk_scratch.slots = w.topk, topk_scratch.val = alloc<float>(w.topk), topk_scratch.idx = alloc<int32_t>(w.topk);
   }
   ws.router = alloc<float>(w.router), ws.ids = alloc<int32_t>(w.ids), ws.rw = alloc<float>(w.ids);
@@ -1075,8 +1080,9 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   const int64_t d0 = part.my_hidden().begin, Dr = part.my_hidden().size();
 
   mark(kAttention);
-  // DSUF_COMP_FORK=early: the compressor (which needs only xn) starts on the side stream before
-  // wq_a, instead of after q_norm; the indexer's queries wait for q_norm there (a second fork).
+  // The compressor (which needs only xn) starts on the side stream before wq_a, not after q_norm;
+  // the indexer's queries wait for q_norm there (a second fork). DSUF_COMP_FORK=late: after q_norm
+  // (measured −0.08 ms a step for early, docs/perf.md v19).
   const bool comp_early = comp_fork_early && branch() != stream;
   if (comp_early) {
     fork();

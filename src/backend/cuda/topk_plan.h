@@ -118,10 +118,10 @@ inline int launch_groups(int64_t max_count, int rows, int k, int64_t min_chunk, 
   return g < 2 ? 1 : int(g);
 }
 // Candidate slots the workspace needs for launches of up to `rows` rows of at most max_count
-// entries (at min_chunk = kDefaultChunk; a smaller DSUF_TOPK_CHUNK is capped by it).
-inline int64_t scratch_slots(int64_t rows, int64_t max_count, int k) {
+// entries, chunks at least min_chunk long.
+inline int64_t scratch_slots(int64_t rows, int64_t max_count, int k, int64_t min_chunk = kDefaultChunk) {
   const int64_t r = rows < kScratchRows ? rows : kScratchRows;
-  const int g = launch_groups(max_count, 1, k, kDefaultChunk, int64_t(1) << 62);
+  const int g = launch_groups(max_count, 1, k, min_chunk, int64_t(1) << 62);
   return g < 2 ? 0 : r * g * slot_stride(k);
 }
 
