@@ -64,10 +64,26 @@ __device__ __forceinline__ float e4m3_val(uint32_t b) {  // 0x7f/0xff: NaN, as t
   return (b & 0x7fu) == 0x7fu ? __uint_as_float(0x7fc00000u) : e4m3_bits(b) * 0x1p120f;
 }
 __device__ __forceinline__ float e2m1_val(uint32_t n) { return e2m1_bits(n) * 0x1p126f; }
-__device__ __forceinline__ float pow2_ceil(float x) {
+__device__ __forceinline__ float pow2_ceil_lib(float x) {
   int e;
   float m = frexpf(x, &e);
   return m == 0.5f ? x : ldexpf(1.0f, e);
+}
+// The smallest power of two ≥ x. For a positive normal x below 2^127 (every scale the quantizers
+// compute) by its bits — x itself when its mantissa is zero, else 2^(exponent + 1) — instead of
+// frexpf and ldexpf (~25 instructions on the step's latency chain, in every input quantization);
+// anything else the library's way. Same result on every float (testing::fast_conversion_mismatches).
+__device__ __forceinline__ float pow2_ceil(float x) {
+  const uint32_t u = __float_as_uint(x), ex = u >> 23;  // a set sign bit puts ex ≥ 256
+  if (ex - 1u < 253u) return (u & 0x7fffffu) == 0 ? x : __uint_as_float((ex + 1u) << 23);
+  return pow2_ceil_lib(x);
+}
+// v / s for a power of two s: the product by its reciprocal when both are normal (the same real
+// number, rounded once either way), else the division (~10 instructions and a slow-path branch).
+__device__ __forceinline__ float div_pow2(float v, float s) {
+  const uint32_t u = __float_as_uint(s), ex = u >> 23;
+  if ((u & 0x7fffffu) == 0 && ex - 1u < 253u) return v * __uint_as_float((254u - ex) << 23);
+  return v / s;
 }
 __device__ __forceinline__ uint8_t e8m0_code(float pow2) {
   uint32_t u = __float_as_uint(pow2);
@@ -177,7 +193,17 @@ __device__ __forceinline__ void pdl_entry() {
 __device__ __forceinline__ float fp8_block_scale(float v) {
   return pow2_ceil(fmaxf(warp_max(fabsf(v)), 1e-4f) / 448.0f);
 }
-__device__ __forceinline__ uint8_t fp8_code(float v, float s) { return e4m3_code(fminf(fmaxf(v / s, -448.0f), 448.0f)); }
+// The E4M3 code of a value in [−448, 448] (no NaN) by the hardware's conversion (sm_89+: round to
+// nearest even, saturating), one instruction for e4m3_code's ~30: the same code for every such
+// float (testing::fast_conversion_mismatches checks all of them).
+__device__ __forceinline__ uint8_t e4m3_code_clamped(float f) {
+  unsigned short d;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %1;" : "=h"(d) : "f"(f));
+  return uint8_t(d & 0xffu);
+}
+__device__ __forceinline__ uint8_t fp8_code(float v, float s) {
+  return e4m3_code_clamped(fminf(fmaxf(div_pow2(v, s), -448.0f), 448.0f));
+}
 // A value through the reference's per-32 FP8 fake quantization (E4M3 code at the block's scale, back
 // to FP32, rounded as r). The whole warp must call it (the scale is a warp max).
 __device__ __forceinline__ float fp8_fake_quant_lane(float v, bool r) {
@@ -2506,7 +2532,8 @@ __global__ void k_candidate_block_scores(const float* scores, int64_t score_stri
 __device__ __forceinline__ uint32_t fkey(float f) { return topk::key(f); }
 
 // Inclusive prefix sum over a 256-thread block (warp shuffles, then the 8 warp totals).
-__device__ __forceinline__ int block_scan_256(int v, int* warp_tot) {
+template <int T = 256>
+__device__ __forceinline__ int block_scan(int v, int* warp_tot) {  // warp_tot: T / 32 ints
   const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
   for (int o = 1; o < 32; o <<= 1) {
     const int u = __shfl_up_sync(0xffffffffu, v, o);
@@ -2572,9 +2599,11 @@ __device__ __forceinline__ void for_range(const float* __restrict__ row, int64_t
 // per pick: slots [0, want − ties) hold the entries above the k-th key in index order, [want − ties,
 // want) the ties taken, in index order. Returns want = min(eligible, k), the same in every thread.
 // The caller synchronizes before reading what emit wrote.
-template <typename Emit>
-__device__ __forceinline__ int block_select_256(const float* __restrict__ row, int64_t count, int k, Emit emit) {
-  constexpr int T = 256;
+// T threads (a multiple of 32, ≥ 256, ≤ 1024): the histogram and its scan take the first 256, the
+// passes over the row all T; the picks and their slots do not depend on T.
+template <int T = 256, typename Emit>
+__device__ __forceinline__ int block_select(const float* __restrict__ row, int64_t count, int k, Emit emit) {
+  static_assert(T % 32 == 0 && T >= 256 && T <= 1024, "block_select: 256..1024 threads");
   const int t = threadIdx.x;
   const uint32_t neg_inf_key = fkey(-INFINITY);
   __shared__ int hist[256];
@@ -2594,9 +2623,9 @@ __device__ __forceinline__ int block_select_256(const float* __restrict__ row, i
   if (eligible > k) {
     if (t == 0) s_prefix = 0, s_mask = 0, s_remaining = k;
     __syncthreads();
-    __shared__ int warp_tot[8], s_digit, above[257];
+    __shared__ int warp_tot[T / 32], s_digit, above[257];
     for (int shift = 24; shift >= 0; shift -= 8) {
-      hist[t] = 0;
+      if (t < 256) hist[t] = 0;
       if (t == 0) s_digit = 0, above[256] = 0;
       __syncthreads();
       const uint32_t mask = s_mask, prefix = s_prefix;
@@ -2622,11 +2651,11 @@ __device__ __forceinline__ int block_select_256(const float* __restrict__ row, i
       // The digit: the largest d ≥ 1 whose bins d..255 hold at least the remaining count, else 0
       // (bins from the top, as a sequential scan would stop). Suffix sums by a scan of the
       // reversed histogram.
-      const int rev = block_scan_256(hist[255 - t], warp_tot);  // Σ hist[255-t..255]
-      above[255 - t] = rev;                                    // bins ≥ 255-t
+      const int rev = block_scan<T>(t < 256 ? hist[255 - t] : 0, warp_tot);  // Σ hist[255-t..255]
+      if (t < 256) above[255 - t] = rev;                                      // bins ≥ 255-t
       __syncthreads();
       const int rem = s_remaining;
-      if (t >= 1 && above[t] >= rem) atomicMax(&s_digit, t);
+      if (t >= 1 && t < 256 && above[t] >= rem) atomicMax(&s_digit, t);
       __syncthreads();
       if (t == 0) {
         const int d = s_digit;
@@ -2650,9 +2679,9 @@ __device__ __forceinline__ int block_select_256(const float* __restrict__ row, i
     if (eligible <= k || key > threshold) ++n_gt;
     else if (key == threshold) ++n_eq;
   });
-  __shared__ int sc_gt[T], sc_eq[T], scan_tot[8];
-  const int inc_gt = block_scan_256(n_gt, scan_tot);
-  const int inc_eq = block_scan_256(n_eq, scan_tot);
+  __shared__ int sc_gt[T], sc_eq[T], scan_tot[T / 32];
+  const int inc_gt = block_scan<T>(n_gt, scan_tot);
+  const int inc_eq = block_scan<T>(n_eq, scan_tot);
   sc_gt[t] = inc_gt - n_gt;  // exclusive offsets
   sc_eq[t] = inc_eq - n_eq;
   __syncthreads();
@@ -2673,8 +2702,8 @@ __device__ __forceinline__ int block_select_256(const float* __restrict__ row, i
 // Sorts the block's `want` picks (topk::pick: (key << 32) | ~index) descending — a bitonic sort
 // over npow ≥ want entries of shared memory, the tail padded with 0 — and writes their indices to
 // out[0, out_stride), −1 padded. The picks must be written and the block synchronized.
+template <int T = 256>
 __device__ __forceinline__ void sort_picks_write(uint64_t* picks, int want, int32_t* out, int out_stride) {
-  constexpr int T = 256;
   const int t = threadIdx.x;
   int npow = 1;
   while (npow < want) npow <<= 1;
@@ -2702,17 +2731,19 @@ __device__ __forceinline__ int64_t top_k_count(const RowMeta* meta, int i, int r
   return count;
 }
 
-// The single-block top-k: one block per row.
-__global__ void k_top_k(const float* x, int64_t stride, const RowMeta* meta, int ratio, int block, int k, int32_t* out,
-                        int out_stride) {
+// The single-block top-k: one block of T threads per row (1,024 by default: a decode step's rows
+// of 8,192 scores took ~30 µs on 256, on the indexer layers' chain; DSUF_TOPK_THREADS=256).
+template <int T>
+__global__ void __launch_bounds__(T) k_top_k(const float* x, int64_t stride, const RowMeta* meta, int ratio, int block,
+                                             int k, int32_t* out, int out_stride) {
   pdl_entry();
   const int i = blockIdx.x;
   const int64_t count = top_k_count(meta, i, ratio, block);
   extern __shared__ uint64_t picks[];  // (key << 32) | ~index, sorted descending
-  const int want = block_select_256(x + int64_t(i) * stride, count, k, [&](int slot, int64_t j, uint32_t key, float) {
+  const int want = block_select<T>(x + int64_t(i) * stride, count, k, [&](int slot, int64_t j, uint32_t key, float) {
     picks[slot] = topk::pick(key, j);
   });
-  sort_picks_write(picks, want, out + int64_t(i) * out_stride, out_stride);
+  sort_picks_write<T>(picks, want, out + int64_t(i) * out_stride, out_stride);
 }
 
 // Multi-block top-k, stage 1 (topk_plan.h): grid (g_launch, rows). Block (g, i) selects the top k
@@ -2730,7 +2761,7 @@ __global__ void k_top_k_chunks(const float* x, int64_t stride, const RowMeta* me
   const int64_t lo = topk::chunk_lo(c, g), hi = topk::chunk_hi(c, count, g), ks = topk::slot_stride(k);
   float* val = cand_val + int64_t(i) * cand_stride + g * ks;
   int32_t* idx = cand_idx + int64_t(i) * cand_stride + g * ks;
-  const int want = block_select_256(x + int64_t(i) * stride + lo, hi - lo, k,
+  const int want = block_select(x + int64_t(i) * stride + lo, hi - lo, k,
                                     [&](int slot, int64_t j, uint32_t, float v) {
                                       val[slot] = v;
                                       idx[slot] = int32_t(lo + j);
@@ -2752,12 +2783,12 @@ __global__ void k_top_k_merge(const float* x, int64_t stride, const RowMeta* met
   extern __shared__ uint64_t picks[];
   int want;
   if (G < 2) {
-    want = block_select_256(x + int64_t(i) * stride, count, k, [&](int slot, int64_t j, uint32_t key, float) {
+    want = block_select(x + int64_t(i) * stride, count, k, [&](int slot, int64_t j, uint32_t key, float) {
       picks[slot] = topk::pick(key, j);
     });
   } else {
     const int32_t* idx = cand_idx + int64_t(i) * cand_stride;
-    want = block_select_256(cand_val + int64_t(i) * cand_stride, G * topk::slot_stride(k), k,
+    want = block_select(cand_val + int64_t(i) * cand_stride, G * topk::slot_stride(k), k,
                             [&](int slot, int64_t j, uint32_t key, float) { picks[slot] = topk::pick(key, idx[j]); });
   }
   sort_picks_write(picks, want, out + int64_t(i) * out_stride, out_stride);
@@ -2770,9 +2801,9 @@ __global__ void k_top_k_mask(const float* x, int64_t stride, const RowMeta* meta
   const int i = blockIdx.x;
   uint8_t* m = mask + int64_t(i) * mask_stride;
   for (int64_t b = threadIdx.x; b < mask_stride; b += blockDim.x) m[b] = 0;
-  __syncthreads();  // block_select_256 synchronizes again before its first pick
+  __syncthreads();  // block_select synchronizes again before its first pick
   const int64_t count = top_k_count(meta, i, ratio, block);
-  block_select_256(x + int64_t(i) * stride, count, k, [&](int, int64_t j, uint32_t, float) { m[j] = 1; });
+  block_select(x + int64_t(i) * stride, count, k, [&](int, int64_t j, uint32_t, float) { m[j] = 1; });
 }
 
 __global__ void k_mask_from_selection(const int32_t* sel, int sel_stride, uint8_t* mask, int64_t mask_stride) {
@@ -3573,7 +3604,11 @@ void top_k(const float* x, int64_t stride, int rows, const RowMeta* meta, int ra
   const size_t smem = sizeof(uint64_t) * npow;
   const int g = scratch.val ? topk::launch_groups(scratch.max_count, rows, k, scratch.min_chunk, scratch.slots) : 1;
   if (g < 2) {
-    launch_step(k_top_k, dim3(rows), dim3(256), smem, s, x, stride, meta, ratio, block, k, out, out_stride);
+    static const bool wide = !env_picks("DSUF_TOPK_THREADS", "1024", "256");
+    if (wide)
+      launch_step(k_top_k<1024>, dim3(rows), dim3(1024), smem, s, x, stride, meta, ratio, block, k, out, out_stride);
+    else
+      launch_step(k_top_k<256>, dim3(rows), dim3(256), smem, s, x, stride, meta, ratio, block, k, out, out_stride);
     return;
   }
   const int64_t cand_stride = int64_t(g) * topk::slot_stride(k);
@@ -3633,5 +3668,45 @@ void engram_gate(float* X, const float* kv, const uint16_t* qw, const uint16_t* 
 void add_rows(float* y, const float* x, int64_t n, cudaStream_t s) {
   launch_step(k_add_rows, dim3(blocks_for(n, 256)), dim3(256), 0, s, y, x, n);
 }
+
+// ---- checks of the fast conversions (cuda_backend_tests) ----------------------------------------
+namespace {
+// Every float32 bit pattern u (grid-stride over 2^32): [0] e4m3_code_clamped against e4m3_code
+// for |x| ≤ 448, [1] pow2_ceil against frexpf/ldexpf for every x, [2] div_pow2 against the
+// division for s = 2^e, e from a hash of u over the whole float range (and one non-power), NaNs
+// equal when both are NaN; [3..5] how many inputs each compared.
+__global__ void k_fast_conversion_check(unsigned long long* out) {
+  unsigned long long bad[3] = {0, 0, 0}, seen[3] = {0, 0, 0};
+  const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
+  auto same = [](float a, float b) { return __float_as_uint(a) == __float_as_uint(b) || (isnan(a) && isnan(b)); };
+  for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (uint64_t(1) << 32); i += stride) {
+    const uint32_t u = uint32_t(i);
+    const float x = __uint_as_float(u);
+    if (fabsf(x) <= 448.0f) {
+      ++seen[0];
+      bad[0] += e4m3_code_clamped(x) != e4m3_code(x);
+    }
+    ++seen[1];
+    bad[1] += !same(pow2_ceil(x), pow2_ceil_lib(x));
+    const uint32_t h = u * 2654435761u;
+    const uint32_t ex = h >> 24;  // 0..255: zero, subnormal, normal, inf/NaN scales too
+    const float sc = (h & 0x100u) ? __uint_as_float(ex << 23) : __uint_as_float((ex << 23) | 0x400000u);
+    ++seen[2];
+    bad[2] += !same(div_pow2(x, sc), x / sc);
+  }
+  for (int k = 0; k < 3; ++k) atomicAdd(out + k, bad[k]), atomicAdd(out + 3 + k, seen[k]);
+}
+}  // namespace
+namespace testing {
+void fast_conversion_mismatches(unsigned long long out[6]) {
+  unsigned long long* d = nullptr;
+  DSUF_CUDA(cudaMalloc(&d, 6 * sizeof(unsigned long long)));
+  DSUF_CUDA(cudaMemset(d, 0, 6 * sizeof(unsigned long long)));
+  k_fast_conversion_check<<<1024, 256>>>(d);
+  DSUF_CUDA(cudaGetLastError());
+  DSUF_CUDA(cudaMemcpy(out, d, 6 * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+  DSUF_CUDA(cudaFree(d));
+}
+}  // namespace testing
 
 }  // namespace dsuf::cuda
