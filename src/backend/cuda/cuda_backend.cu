@@ -330,6 +330,7 @@ struct CudaBackend::Impl {
   // xin: the normalized rows ws.xn laid out for the linears (collapse_norm wrote them through a sink).
   void attention(int l, const Step& st, const cuda::LinearInput& xin, float* out);
   void compressor_branch(int l, const Step& st, cudaStream_t stream);
+  void indexer_xn_part(int l, const Step& st, cudaStream_t stream);
   void indexer_branch(int l, const Step& st, const cuda::LinearInput& qin, cudaStream_t stream);
   void moe(int l, int n, const uint8_t* image, const cuda::LinearInput& xin, const float* expand_mix);
   // mHC mixes on a second stream (off the critical path: a site's mix is read only by its expansion,
@@ -1027,6 +1028,16 @@ void CudaBackend::Impl::compressor_branch(int l, const Step& st, cudaStream_t st
   cuda::update_pending(ws.ag, st.pending[slot], st.seqs, st.seqtab, ratio, hd, stream);
 }
 
+// The parts of the indexer that need only xn: its heads' weights (with the compressor, before the
+// q latent exists when the compressor forks early).
+void CudaBackend::Impl::indexer_xn_part(int l, const Step& st, cudaStream_t stream) {
+  const TextConfig& t = cfg.text;
+  if (!cfg.layers[l].runs_indexer) return;
+  const int64_t D = t.hidden_size;
+  cuda::bf16_linear(layers[l].idx_wproj, t.index_n_heads, D, ws.xn, D, st.rows, ws.wts, t.index_n_heads, false,
+                    stream);
+}
+
 // The indexer's selection from the normalized q latent (qin), xn and the compressor's entries.
 void CudaBackend::Impl::indexer_branch(int l, const Step& st, const cuda::LinearInput& qin, cudaStream_t stream) {
   const TextConfig& t = cfg.text;
@@ -1034,7 +1045,7 @@ void CudaBackend::Impl::indexer_branch(int l, const Step& st, const cuda::Linear
   const DevLayer& d = layers[l];
   const bool r = opt.numerics.bf16_activations;
   const int n = st.rows;
-  const int64_t D = t.hidden_size, qr = t.q_lora_rank;
+  const int64_t qr = t.q_lora_rank;
   const int slot = layout.source_slot[l];
   const int ratio = lp.ratio;
   if (lp.runs_indexer) {
@@ -1043,7 +1054,6 @@ void CudaBackend::Impl::indexer_branch(int l, const Step& st, const cuda::Linear
     cuda::fp8_linear(d.idx_wq_b.w, d.idx_wq_b.s, IH * ihd, qr, qin, n, ws.qi, IH * ihd, r, stream);
     cuda::rope(ws.qi, n, IH, ihd, st.cs_comp, half, 1.0f, r, stream);
     cuda::index_q_quant(ws.qi, n * IH * ihd, ws.qc, ws.qs, stream);
-    cuda::bf16_linear(d.idx_wproj, IH, D, ws.xn, D, n, ws.wts, IH, false, stream);
     cuda::IndexScoreArgs ia{.qc = ws.qc, .qs = ws.qs, .wts = ws.wts, .meta = st.meta, .seqs = st.seqtab, .src = slot,
                             .max_entries = st.max_entries / ratio, .rows = n, .IH = IH, .ratio = ratio, .ihd = ihd,
                             .cand_mask = lp.candidate_constrained ? ws.cand_mask : nullptr, .mask_stride = mask_stride,
@@ -1087,6 +1097,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   if (comp_early) {
     fork();
     compressor_branch(l, st, branch());
+    indexer_xn_part(l, st, branch());
   }
   // wq_a and wkv in one launch (same input), then q_norm and kv_norm in one (kv normalized in place).
   cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, xin, n, ws.tmp, qr, r, stream,
@@ -1122,7 +1133,10 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
                          .o_sink = {.xq = ws.xq[0], .xs = ws.xs[0], .quantize = opt.numerics.wo_a_act_quant && aq},
                          .o_group = gin,
                          .o_rope = {.cs = cs, .half = half, .heads = Hr, .dim = hd, .sign = -1.0f, .r = r}};
-  if (!comp_early) compressor_branch(l, st, branch());
+  if (!comp_early) {
+    compressor_branch(l, st, branch());
+    indexer_xn_part(l, st, branch());
+  }
   indexer_branch(l, st, qin, branch());
   // The keys decoded on the side stream after the selection, beside wq_b, instead of first on the
   // attention's path (DSUF_GATHER=late: the other way; −0.05 to −0.1 ms a step, docs/perf.md v19).
