@@ -3489,8 +3489,14 @@ void fp4_tile_in_place(uint8_t* W, int64_t out, int64_t K, uint8_t* scratch, cud
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows, float* y,
                  int64_t y_stride, bool r, cudaStream_t s) {
   static const bool deep = !env_picks("DSUF_BF16", "deep", "loop");
-  launch_step(k_bf16_linear, dim3(blocks_for(out, 8), rows), dim3(256), 0, s, W, out, K, x, x_stride, y, y_stride, r,
-              deep);
+  // A warp per output. DSUF_BF16_BLOCK=spread (default): blocks of fewer warps when the outputs are
+  // few (warps ≈ outputs·rows / 132), so that a small matrix at batch 1 (the router's 96–384 rows,
+  // the indexer's 32 heads, a compressor's 512) is read by up to 132 SMs instead of out/8 (12 for
+  // the router); wide: 8 warps a block always. The same arithmetic a warp either way.
+  static const bool spread = !env_picks("DSUF_BF16_BLOCK", "spread", "wide");
+  const int wpb = spread ? int(std::clamp<int64_t>((out * rows + 131) / 132, 1, 8)) : 8;
+  launch_step(k_bf16_linear, dim3(blocks_for(out, wpb), rows), dim3(32 * wpb), 0, s, W, out, K, x, x_stride, y,
+              y_stride, r, deep);
 }
 void rope(float* x, int64_t rows, int heads, int64_t dim, const float* cs, int half, float sign, bool r,
           cudaStream_t s) {
