@@ -2818,7 +2818,8 @@ __global__ void k_mask_from_selection(const int32_t* sel, int sel_stride, uint8_
 }
 
 // ---- MoE ---------------------------------------------------------------------------------------
-// One warp per token: scores computed once per expert in parallel, then k rounds of argmax (largest
+// One block per token (a thread per expert, up to 1,024): scores computed once per expert in
+// parallel, then warp 0's k rounds of argmax (largest
 // score + bias among the experts not yet taken, ties to the lower id — the reference's sequential
 // scan picks the same one for any non-NaN scores).
 __global__ void k_route(const float* logits, int E, int k, const float* bias, const float* bias_vl,
@@ -2832,13 +2833,16 @@ __global__ void k_route(const float* logits, int E, int k, const float* bias, co
   float* sc = sv;
   float* val = sv + E;
   float* taken = sv + 2 * E;
-  for (int e = lane; e < E; e += 32) {
+  // The scores a thread per expert (each a software exp and log1p: ~3 in a row on one warp at 96
+  // experts, 12 at 384, were most of the kernel's time on the step's chain), then the picks by warp 0.
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
     const float x = l[e] / temp;
     sc[e] = sqrtf(det::softplus(x));
     val[e] = sc[e] + b[e];
     taken[e] = 0.0f;
   }
-  __syncwarp();
+  __syncthreads();
+  if (threadIdx.x >= 32) return;
   float sum = 0.0f;
   for (int j = 0; j < k; ++j) {
     int best = -1;
@@ -3646,8 +3650,9 @@ void route(const float* logits, int n, int E, int k, const float* bias, const fl
   DSUF_CHECK(k <= 32 && k <= E, "route: top-", k, " of ", E, " experts");
   const size_t smem = sizeof(float) * 3 * E;
   set_smem(k_route, smem);
-  if (n) launch_step(k_route, dim3(n), dim3(32), smem, s, logits, E, k, bias, bias_vl, image, temp, route_scale, ids,
-                     w);
+  const int threads = int(std::min<int64_t>(1024, (E + 31) / 32 * 32));
+  if (n) launch_step(k_route, dim3(n), dim3(threads), smem, s, logits, E, k, bias, bias_vl, image, temp, route_scale,
+                     ids, w);
 }
 void swiglu(float* h1, const float* h3, int64_t rows, int64_t F, const float* weight, float limit, bool clamp, bool r,
             cudaStream_t s, const InputSink& sink) {
