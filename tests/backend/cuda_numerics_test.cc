@@ -1,6 +1,7 @@
 // The device's fast conversions (backend/cuda/kernels.cu: the hardware's E4M3 conversion for the
 // activations' FP8 codes, pow2_ceil by bits, a division by a power-of-two scale as a product)
-// against the exact software forms they replace, on every float32 bit pattern. GPU machine only
+// against the exact software forms they replace, on every float32 bit pattern (the division: one
+// divisor per pattern, drawn over the whole exponent range). GPU machine only
 // (label "gpu", in cuda_backend_tests).
 #include <cstdio>
 

@@ -2531,7 +2531,7 @@ __global__ void k_candidate_block_scores(const float* scores, int64_t score_stri
 // Order-preserving key of a float (larger float, larger key): topk::key.
 __device__ __forceinline__ uint32_t fkey(float f) { return topk::key(f); }
 
-// Inclusive prefix sum over a 256-thread block (warp shuffles, then the 8 warp totals).
+// Inclusive prefix sum over a block of T threads (warp shuffles, then the T / 32 warp totals).
 template <int T = 256>
 __device__ __forceinline__ int block_scan(int v, int* warp_tot) {  // warp_tot: T / 32 ints
   const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
@@ -2593,7 +2593,7 @@ __device__ __forceinline__ void for_range(const float* __restrict__ row, int64_t
   for (; j < hi; ++j) f(j, row[j]);
 }
 
-// One 256-thread block selects the top k of the entries [0, count) of `row` (topk_plan.h: eligible =
+// One block of T threads selects the top k of the entries [0, count) of `row` (topk_plan.h: eligible =
 // key above key(-inf), order (key desc, index asc)): radix-select the k-th largest key, then gather
 // every entry above it and the first ties at it in index order. Calls emit(slot, j, key, value) once
 // per pick: slots [0, want − ties) hold the entries above the k-th key in index order, [want − ties,
@@ -3650,7 +3650,7 @@ void route(const float* logits, int n, int E, int k, const float* bias, const fl
   DSUF_CHECK(k <= 32 && k <= E, "route: top-", k, " of ", E, " experts");
   const size_t smem = sizeof(float) * 3 * E;
   set_smem(k_route, smem);
-  const int threads = int(std::min<int64_t>(1024, (E + 31) / 32 * 32));
+  const int threads = int(std::clamp<int64_t>((E + 31) / 32 * 32, 32, 1024));
   if (n) launch_step(k_route, dim3(n), dim3(threads), smem, s, logits, E, k, bias, bias_vl, image, temp, route_scale,
                      ids, w);
 }
@@ -3683,9 +3683,11 @@ void add_rows(float* y, const float* x, int64_t n, cudaStream_t s) {
 // ---- checks of the fast conversions (cuda_backend_tests) ----------------------------------------
 namespace {
 // Every float32 bit pattern u (grid-stride over 2^32): [0] e4m3_code_clamped against e4m3_code
-// for |x| ≤ 448, [1] pow2_ceil against frexpf/ldexpf for every x, [2] div_pow2 against the
-// division for s = 2^e, e from a hash of u over the whole float range (and one non-power), NaNs
-// equal when both are NaN; [3..5] how many inputs each compared.
+// for |x| ≤ 448, [1] pow2_ceil against frexpf/ldexpf for every x, [2] div_pow2(x, s) against the
+// division for one divisor per x — a power of two, or one non-power, with an exponent field from a
+// hash of u (2^32 of the 2^40 pairs; the product by an exact reciprocal is the same real number
+// rounded once, so the sample checks the code, not the arithmetic) — NaNs equal when both are NaN;
+// [3..5] how many inputs each compared.
 __global__ void k_fast_conversion_check(unsigned long long* out) {
   unsigned long long bad[3] = {0, 0, 0}, seen[3] = {0, 0, 0};
   const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;

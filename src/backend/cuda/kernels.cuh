@@ -356,7 +356,8 @@ void fill_entries_synthetic(uint8_t* p, int64_t entries, int64_t entry_bytes, in
                             uint8_t scale, uint64_t seed, cudaStream_t s);
 
 // The device's fast conversions (hardware E4M3 code, pow2_ceil and division by a power of two by
-// bits) against the exact software ones over every float32: mismatches [0..2], inputs compared
+// bits) against the exact software ones over every float32 (the division: one divisor a float):
+// mismatches [0..2], inputs compared
 // [3..5] (cuda_backend_tests, CudaNumerics).
 namespace testing {
 void fast_conversion_mismatches(unsigned long long out[6]);
