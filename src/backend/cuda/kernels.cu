@@ -183,9 +183,22 @@ __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.lau
 // The entry of a kernel whose every memory access depends on earlier kernels (activations, the step's
 // state): wait for them, then let the next kernel's blocks start, so that its launch overlaps this
 // kernel's run instead of following its last block (launch_step).
+// Built with DSUF_PDL_TRIGGER_FIRST (CMake option of that name): trigger, then wait — the next
+// kernel (often a linear that loads its weights before its own wait) may then start while this one
+// still waits for its predecessor, so its weight reads overlap two kernels instead of one. Safe:
+// a kernel's dependents are launched only once all its blocks are resident, and each still waits for
+// its own predecessor's completion, which follows this one's.
+#ifndef DSUF_PDL_TRIGGER_FIRST
+#define DSUF_PDL_TRIGGER_FIRST 0
+#endif
 __device__ __forceinline__ void pdl_entry() {
-  pdl_wait();
-  pdl_trigger();
+  if constexpr (DSUF_PDL_TRIGGER_FIRST) {
+    pdl_trigger();
+    pdl_wait();
+  } else {
+    pdl_wait();
+    pdl_trigger();
+  }
 }
 
 // ---- quantization and linears ------------------------------------------------------------------
