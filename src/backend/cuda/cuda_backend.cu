@@ -1405,7 +1405,8 @@ CudaBackend::Impl::Step CudaBackend::Impl::run_step(std::vector<Part>& parts) {
       DSUF_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
       enqueue_step(st, parts, false);
       DSUF_CUDA(cudaStreamEndCapture(stream, &graph));
-      DSUF_CUDA(cudaGraphInstantiate(&g.exec, graph, 0));
+      DSUF_CUDA(cudaGraphInstantiate(&g.exec, graph,
+                                     cuda::latency_priority_on() ? cudaGraphInstantiateFlagUseNodePriority : 0));
       DSUF_CUDA(cudaGraphDestroy(graph));
       g.stage_bytes = stage.used;
     }

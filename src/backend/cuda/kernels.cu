@@ -3051,6 +3051,15 @@ void fill_entries_synthetic(uint8_t* p, int64_t entries, int64_t entry_bytes, in
   if (entries > 0) k_fill_entries<<<1024, 256, 0, s>>>(p, entries, entry_bytes, value_bytes, e4m3_values, scale, mix64(seed));
 }
 
+// DSUF_PRIORITY=none|latency: with latency, every kernel of the step but the weight kernels
+// (launch_step) is launched at the device's greatest priority, so that when a linear's many blocks
+// hold the SMs, a latency-bound kernel's pending blocks (often on a side stream: the gather, the
+// router, the indexer's) are dispatched first as slots free up. Decode graphs honour it
+// (cudaGraphInstantiateFlagUseNodePriority). Scheduling only: the same bits.
+bool latency_priority_on() {
+  static const bool on = env_picks("DSUF_PRIORITY", "none", "latency");
+  return on;
+}
 namespace {
 // Programmatic dependent launch, DSUF_PDL=1|gemv|0: every kernel of the step (the default), only
 // the weight kernels (launch_pdl; v6 measured them 1.4 ms slower, v18 — loading their first stages
@@ -3060,13 +3069,24 @@ int pdl_level() {
   static const int level = env_choice("DSUF_PDL", {"1", "gemv", "0"});  // in PdlLevel's order
   return level;
 }
-// Launches k, programmatically when `on`, in clusters of `cluster` blocks along x when cluster > 0.
+// The device's greatest launch priority (numerically the least), for latency-bound kernels under
+// DSUF_PRIORITY=latency (latency_priority_on()).
+int latency_priority() {
+  static const int p = [] {
+    int least = 0, greatest = 0;
+    DSUF_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    return greatest;
+  }();
+  return p;
+}
+// Launches k, programmatically when `on`, in clusters of `cluster` blocks along x when cluster > 0,
+// at the greatest priority when `urgent`.
 template <typename... KArgs, typename... Args>
-void launch_with_pdl(bool on, unsigned cluster, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem,
+void launch_with_pdl(bool on, unsigned cluster, bool urgent, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem,
                      cudaStream_t s, Args&&... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = s;
-  cudaLaunchAttribute at[2];
+  cudaLaunchAttribute at[3];
   unsigned n = 0;
   if (on) {
     at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -3076,20 +3096,25 @@ void launch_with_pdl(bool on, unsigned cluster, void (*k)(KArgs...), dim3 grid, 
     at[n].id = cudaLaunchAttributeClusterDimension;
     at[n++].val.clusterDim = {cluster, 1, 1};
   }
+  if (urgent) {
+    at[n].id = cudaLaunchAttributePriority;
+    at[n++].val.priority = latency_priority();
+  }
   cfg.attrs = at, cfg.numAttrs = n;
   DSUF_CUDA(cudaLaunchKernelEx(&cfg, k, std::forward<Args>(args)...));
 }
 // A weight kernel (pdl_wait after its first weight loads): programmatic unless DSUF_PDL=0.
 template <typename... KArgs, typename... Args>
 void launch_pdl(void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
-  launch_with_pdl(pdl_level() != kPdlOff, 0, k, grid, block, smem, s, std::forward<Args>(args)...);
+  launch_with_pdl(pdl_level() != kPdlOff, 0, false, k, grid, block, smem, s, std::forward<Args>(args)...);
 }
 // Any other kernel of the step (pdl_entry() first): programmatic with DSUF_PDL=1, the default;
 // `cluster` blocks a cluster when set.
 template <typename... KArgs, typename... Args>
 void launch_step_in(unsigned cluster, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
                     Args&&... args) {
-  launch_with_pdl(pdl_level() == kPdlAll, cluster, k, grid, block, smem, s, std::forward<Args>(args)...);
+  launch_with_pdl(pdl_level() == kPdlAll, cluster, latency_priority_on(), k, grid, block, smem, s,
+                  std::forward<Args>(args)...);
 }
 template <typename... KArgs, typename... Args>
 void launch_step(void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
