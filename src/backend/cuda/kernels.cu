@@ -186,8 +186,10 @@ __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.lau
 // Built with DSUF_PDL_TRIGGER_FIRST (CMake option of that name): trigger, then wait — the next
 // kernel (often a linear that loads its weights before its own wait) may then start while this one
 // still waits for its predecessor, so its weight reads overlap two kernels instead of one. Safe:
-// a kernel's dependents are launched only once all its blocks are resident, and each still waits for
-// its own predecessor's completion, which follows this one's.
+// a kernel's dependents launch once all its blocks have triggered or exited, and each still waits
+// for its predecessor, whose completion implies that of the predecessor's own predecessor. That
+// rests on two rules every PDL-launched kernel keeps: at least one block of the grid runs the wait,
+// and nothing before the wait writes memory (it may only read weights).
 #ifndef DSUF_PDL_TRIGGER_FIRST
 #define DSUF_PDL_TRIGGER_FIRST 0
 #endif
@@ -2932,7 +2934,8 @@ __global__ void k_engram_gather(const int64_t* row_ids, int rows, const uint8_t*
   const int i = blockIdx.x;
   const int64_t* ids = row_ids + int64_t(i) * rows;
   float* out = emb + int64_t(i) * rows * ehd;
-  if (ehd % 16 != 0 || (reinterpret_cast<uintptr_t>(table) & 15) != 0) {
+  const bool aligned = ((reinterpret_cast<uintptr_t>(table) | reinterpret_cast<uintptr_t>(emb)) & 15) == 0;
+  if (ehd % 16 != 0 || !aligned) {
     for (int64_t t = threadIdx.x; t < rows * ehd; t += blockDim.x) {
       const int64_t r = t / ehd, d = t % ehd, id = ids[r];
       out[t] = e4m3_val(table[id * ehd + d]) * e8m0(scales[id * (ehd / 32) + d / 32]);
@@ -3104,7 +3107,8 @@ int pdl_level() {
   return level;
 }
 // The device's greatest launch priority (numerically the least), for latency-bound kernels under
-// DSUF_PRIORITY=latency (latency_priority_on()).
+// DSUF_PRIORITY=latency (latency_priority_on()); read once per process (every GPU of a host here
+// reports the same range).
 int latency_priority() {
   static const int p = [] {
     int least = 0, greatest = 0;
