@@ -34,7 +34,9 @@
 #   scripts/kernel-check.sh source   Nsight Compute's per-instruction view (SASS, warp-stall samples) of
 #                                    one launch of each of $KERNELS
 #
-# Every result line says its settings. Logs go to $OUT (the device tool's folder) or /tmp.
+# Every result line says its settings. Logs go to $OUT (the device tool's folder) or /tmp. The
+# device tool returns at most 8 files (verify writes ~10; step and source several): set OUT to a
+# folder inside it and tar that at the end (as .next21/prep.sh does), or files come back missing.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 export DSUF_SOURCE_DIR=$PWD
