@@ -1007,8 +1007,8 @@ CudaBackend::Impl::Step CudaBackend::Impl::stage_step(std::vector<Part>& parts, 
   return st;
 }
 
-// The compressor (this layer's new compressed entries) and the indexer (the selection), on `stream`.
-// The compressor: this step's entries from xn alone (the collapse's normalized rows).
+// The compressor: this layer's new compressed entries, from xn alone (the collapse's normalized
+// rows), on `stream`.
 void CudaBackend::Impl::compressor_branch(int l, const Step& st, cudaStream_t stream) {
   const TextConfig& t = cfg.text;
   const LayerPlan& lp = cfg.layers[l];
@@ -1038,7 +1038,8 @@ void CudaBackend::Impl::indexer_xn_part(int l, const Step& st, cudaStream_t stre
                     stream);
 }
 
-// The indexer's selection from the normalized q latent (qin), xn and the compressor's entries.
+// The indexer's selection from the normalized q latent (qin), xn and the compressor's entries, on
+// `stream`.
 void CudaBackend::Impl::indexer_branch(int l, const Step& st, const cuda::LinearInput& qin, cudaStream_t stream) {
   const TextConfig& t = cfg.text;
   const LayerPlan& lp = cfg.layers[l];
@@ -1092,7 +1093,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   mark(kAttention);
   // The compressor (which needs only xn) starts on the side stream before wq_a, not after q_norm;
   // the indexer's queries wait for q_norm there (a second fork). DSUF_COMP_FORK=late: after q_norm
-  // (measured −0.08 ms a step for early, docs/perf.md v19).
+  // (early measured −0.07 ms a step, docs/perf.md v19/v20).
   const bool comp_early = comp_fork_early && branch() != stream;
   if (comp_early) {
     fork();
