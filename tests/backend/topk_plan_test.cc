@@ -318,5 +318,21 @@ TEST(TopkPlan, PlanBounds) {
   }
 }
 
+// The workspace follows the chosen smallest chunk (DSUF_TOPK_CHUNK): at 8,192 entries the default
+// chunk leaves one block (no scratch), a 1,024-entry chunk plans several groups, and the slots it
+// asks for hold them (as sized, launch_groups never plans more than fit).
+TEST(TopkPlan, ScratchFollowsTheSmallestChunk) {
+  const int k = 512;
+  const int64_t count = 8192;
+  EXPECT_EQ(topk::scratch_slots(1, count, k), 0);
+  EXPECT_EQ(topk::scratch_slots(1, count, k, topk::kDefaultChunk), 0);
+  const int64_t slots = topk::scratch_slots(1, count, k, 1024);
+  ASSERT_GT(slots, 0);
+  const int g = topk::launch_groups(count, 1, k, 1024, slots);
+  EXPECT_GE(g, 2);
+  EXPECT_LE(int64_t(g) * topk::slot_stride(k), slots);
+  EXPECT_EQ(topk::chunks(count, k, g, 1024).G, 4);  // √(8,192·512) = 2,048-entry chunks
+}
+
 }  // namespace
 }  // namespace dsuf
