@@ -514,23 +514,20 @@ __global__ void k_hc_collapse(const float* __restrict__ pre, int pre_stride, con
 }
 
 // Collapse + RMSNorm of one row (optionally expanding the previous site first), spread over a
-// cluster of CL blocks (8 by default). The norm's sum of squares keeps the canonical block_sum<256>
-// order: partial t < 256 adds u[t]², u[t+256]², … in order, each warp v = t/32 of the 8 tree-reduces
-// its 32 partials, and the 8 warp sums, padded with zeros to 32, are tree-reduced. Block b of a row's
-// cluster owns the values of warps bR … bR + R − 1 (R = 8 / CL), u[32c + l + 256j] for warp c: it
-// computes them (expanding and collapsing the hc streams at those positions, each thread a position
-// at a time, so the in-place expansion never races), its warp v adds warp bR + v's 32 partials in
-// order, and every block reads all 8 warp sums from the cluster's shared memory, so each normalizes
-// its values with the same bits.
+// cluster of 8 blocks. The norm's sum of squares keeps the canonical block_sum<256> order: partial
+// t < 256 adds u[t]², u[t+256]², … in order, each warp v = t/32 of the 8 tree-reduces its 32 partials,
+// and the 8 warp sums, padded with zeros to 32, are tree-reduced. Block c of a row's cluster owns
+// warp v = c's values u[32c + l + 256j]: it computes them (expanding and collapsing the hc streams at
+// those positions, each thread a position at a time, so the in-place expansion never races), its
+// warp 0 adds the 32 partials in order, and every block reads all 8 warp sums from the cluster's
+// shared memory, so each normalizes its values with the same bits.
 //   expansion (emix set): X_k ← bf16(post_k·y_in + Σ_j C[j][k]·X_j) with emix's post and C;
 //   collapse: u = bf16(Σ_k pre_k·X_k); output bf16(w ⊙ u·rsqrt(mean(u²)+eps)).
-constexpr int kNormWarps = 8;  // the warps of block_sum<256>
+constexpr int kNormCluster = 8;  // the warps of block_sum<256>
+// (Fewer blocks a row, each taking several of those warps, measured +0.8 to +7 ms a step: v19.)
+constexpr int kNormPerThread = 4;  // positions per thread per pass (one pass for D ≤ 8192)
 
-// CL blocks a row (a cluster; 8: fewer were slower, docs/perf.md v19), each taking R = 8 / CL of the
-// reference block_sum's warps: block b holds the positions of warps bR … bR + R − 1 (warp c's are
-// 32c + l + 256j). Whatever CL, warp c's sum is one warp's tree over its lanes' sequential partials,
-// and the 8 warp sums meet in one warp_sum — through distributed shared memory when CL > 1.
-template <int HC, int CL>
+template <int HC>
 __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__ pre, int pre_stride,
                                                        const float* __restrict__ emix, int emix_stride,
                                                        const float* __restrict__ y_in, float* __restrict__ X,
@@ -538,26 +535,19 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
                                                        float* __restrict__ y, bool r, InputSink sink) {
   pdl_entry();
   namespace cg = cooperative_groups;
-  constexpr int R = kNormWarps / CL;
-  constexpr int kPer = R > 2 ? 2 * R : 4;  // positions per thread per pass (one pass at D = 4096)
-  static_assert(kNormWarps % CL == 0, "the cluster divides block_sum's 8 warps");
   cg::cluster_group cluster = cg::this_cluster();
-  extern __shared__ float us[];  // [R][32·J]: warp c0 + v's u[32(c0 + v) + l + 256j] at v·32J + 32j + l
-  __shared__ float q[R];
-  const int c0 = int(cluster.block_rank()) * R, i = blockIdx.y, lane = threadIdx.x % 32;
+  extern __shared__ float us[];  // [32·J]: u[32c + l + 256j] at 32j + l
+  __shared__ float q;
+  const int c = int(cluster.block_rank()), i = blockIdx.y, lane = threadIdx.x % 32;
   const int J = int((D + 255) / 256), E = 32 * J;
-  constexpr int kPass = kPer * 256;
-  auto pos = [&](int e) {
-    if constexpr (R == 1) return int64_t(32 * c0 + e % 32) + 256 * int64_t(e / 32);
-    const int v = e / E, f = e % E;
-    return int64_t(32 * (c0 + v) + f % 32) + 256 * int64_t(f / 32);
-  };
+  constexpr int kPass = kNormPerThread * 256;
+  auto pos = [&](int e) { return int64_t(32 * c + e % 32) + 256 * int64_t(e / 32); };
   // The norm weights of the first pass now: their latency overlaps everything before the output.
-  float wv[kPer];
+  float wv[kNormPerThread];
 #pragma unroll
-  for (int k = 0; k < kPer; ++k) {
+  for (int k = 0; k < kNormPerThread; ++k) {
     const int e = threadIdx.x + 256 * k;
-    wv[k] = w && e < R * E && pos(e) < D ? bf16_load(w, pos(e)) : 1.0f;
+    wv[k] = w && e < E && pos(e) < D ? bf16_load(w, pos(e)) : 1.0f;
   }
   float pr[HC], post[HC], C[HC * HC];
 #pragma unroll
@@ -570,20 +560,20 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
     for (int k = 0; k < HC * HC; ++k) C[k] = m[2 * HC + k];
   }
   float* x = X + int64_t(i) * HC * D;
-  for (int e0 = 0; e0 < R * E; e0 += kPass) {
-    float xv[kPer][HC], yv[kPer];
+  for (int e0 = 0; e0 < E; e0 += kPass) {
+    float xv[kNormPerThread][HC], yv[kNormPerThread];
 #pragma unroll
-    for (int p = 0; p < kPer; ++p) {  // all loads of the pass first
+    for (int p = 0; p < kNormPerThread; ++p) {  // all loads of the pass first
       const int e = e0 + threadIdx.x + 256 * p;
-      const bool ok = e < R * E && pos(e) < D;
+      const bool ok = e < E && pos(e) < D;
 #pragma unroll
       for (int k = 0; k < HC; ++k) xv[p][k] = ok ? x[int64_t(k) * D + pos(e)] : 0.0f;
       yv[p] = ok && emix ? y_in[int64_t(i) * D + pos(e)] : 0.0f;
     }
 #pragma unroll
-    for (int p = 0; p < kPer; ++p) {
+    for (int p = 0; p < kNormPerThread; ++p) {
       const int e = e0 + threadIdx.x + 256 * p;
-      if (e >= R * E) continue;
+      if (e >= E) continue;
       float u = 0.0f;
       if (pos(e) < D) {
         if (emix) {
@@ -610,22 +600,22 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
     }
   }
   __syncthreads();
-  if (const int v = threadIdx.x / 32; v < R) {  // warp v: reference warp c0 + v
+  if (threadIdx.x < 32) {
     float s = 0.0f;
     for (int j = 0; j < J; ++j)
-      if (pos(v * E + 32 * j + lane) < D) s += us[v * E + 32 * j + lane] * us[v * E + 32 * j + lane];
+      if (pos(32 * j + lane) < D) s += us[32 * j + lane] * us[32 * j + lane];
     s = warp_sum(s);
-    if (lane == 0) q[v] = s;
+    if (lane == 0) q = s;
   }
-  cluster.sync();  // every block's warp sums written and visible
-  float ss = lane < kNormWarps ? *cluster.map_shared_rank(&q[lane % R], lane / R) : 0.0f;
+  cluster.sync();  // every block's warp sum written and visible
+  float ss = lane < kNormCluster ? *cluster.map_shared_rank(&q, lane) : 0.0f;
   ss = warp_sum(ss);
   const float rinv = 1.0f / sqrtf(ss / float(D) + eps);
-  for (int e0 = 0; e0 < R * E; e0 += kPass) {
+  for (int e0 = 0; e0 < E; e0 += kPass) {
 #pragma unroll
-    for (int p = 0; p < kPer; ++p) {
+    for (int p = 0; p < kNormPerThread; ++p) {
       const int e = e0 + threadIdx.x + 256 * p;
-      if (e >= R * E || pos(e) >= D) continue;
+      if (e >= E || pos(e) >= D) continue;
       const float wgt = e0 == 0 ? wv[p] : w ? bf16_load(w, pos(e)) : 1.0f;
       const float v = rb(wgt * (us[e] * rinv), r);
       y[int64_t(i) * D + pos(e)] = v;
@@ -3222,14 +3212,13 @@ void collapse_norm(const float* pre, int pre_stride, const float* emix, int emix
                    const InputSink& sink) {
   if (n <= 0) return;
   DSUF_CHECK(!sink.xq || D % 32 == 0, "collapse_norm: an input sink needs D % 32 == 0");
-  constexpr int cl = 8;  // the blocks a row: fewer cost +0.8 to +7 ms a step (docs/perf.md v19)
-  const size_t smem = size_t((D + 255) / 256) * 32 * sizeof(float) * (kNormWarps / cl);
+  const size_t smem = size_t((D + 255) / 256) * 32 * sizeof(float);
   DSUF_CHECK(smem <= 200 * 1024, "collapse_norm: hidden size ", D, " too large");
   with_hc(hc, [&](auto H) {
-    auto* k = k_collapse_norm<decltype(H)::value, cl>;
+    auto* k = k_collapse_norm<decltype(H)::value>;
     set_smem(k, smem);
-    launch_step_in(unsigned(cl), k, dim3(cl, n), dim3(256), smem, s, pre, pre_stride, emix, emix_stride, y_in, X, D,
-                   w, eps, y, r, sink);
+    launch_step_in(kNormCluster, k, dim3(kNormCluster, n), dim3(256), smem, s, pre, pre_stride, emix, emix_stride, y_in,
+                   X, D, w, eps, y, r, sink);
   });
 }
 void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s) {
