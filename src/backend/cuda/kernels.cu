@@ -183,24 +183,11 @@ __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.lau
 // The entry of a kernel whose every memory access depends on earlier kernels (activations, the step's
 // state): wait for them, then let the next kernel's blocks start, so that its launch overlaps this
 // kernel's run instead of following its last block (launch_step).
-// Built with DSUF_PDL_TRIGGER_FIRST (CMake option of that name): trigger, then wait — the next
-// kernel (often a linear that loads its weights before its own wait) may then start while this one
-// still waits for its predecessor, so its weight reads overlap two kernels instead of one. Safe:
-// a kernel's dependents launch once all its blocks have triggered or exited, and each still waits
-// for its predecessor, whose completion implies that of the predecessor's own predecessor. That
-// rests on two rules every PDL-launched kernel keeps: at least one block of the grid runs the wait,
-// and nothing before the wait writes memory (it may only read weights).
-#ifndef DSUF_PDL_TRIGGER_FIRST
-#define DSUF_PDL_TRIGGER_FIRST 0
-#endif
+// (Triggering before the wait, so that a linear after a norm loads its weights during two kernels,
+// measured 0.67 ms a step slower in v21: docs/perf.md.)
 __device__ __forceinline__ void pdl_entry() {
-  if constexpr (DSUF_PDL_TRIGGER_FIRST) {
-    pdl_trigger();
-    pdl_wait();
-  } else {
-    pdl_wait();
-    pdl_trigger();
-  }
+  pdl_wait();
+  pdl_trigger();
 }
 
 // ---- quantization and linears ------------------------------------------------------------------
@@ -3078,13 +3065,13 @@ void fill_entries_synthetic(uint8_t* p, int64_t entries, int64_t entry_bytes, in
   if (entries > 0) k_fill_entries<<<1024, 256, 0, s>>>(p, entries, entry_bytes, value_bytes, e4m3_values, scale, mix64(seed));
 }
 
-// DSUF_PRIORITY=none|latency: with latency, every kernel of the step but the weight kernels
-// (launch_step) is launched at the device's greatest priority, so that when a linear's many blocks
-// hold the SMs, a latency-bound kernel's pending blocks (often on a side stream: the gather, the
-// router, the indexer's) are dispatched first as slots free up. Decode graphs honour it
+// DSUF_PRIORITY=latency|none: with latency (the default since v21: −0.02 ms a step), every kernel
+// of the step but the weight kernels (launch_step) is launched at the device's greatest priority, so
+// that when a linear's many blocks hold the SMs, a latency-bound kernel's pending blocks (often on a
+// side stream: the gather, the router, the indexer's) are dispatched first as slots free up. Decode graphs honour it
 // (cudaGraphInstantiateFlagUseNodePriority). Scheduling only: the same bits.
 bool latency_priority_on() {
-  static const bool on = env_picks("DSUF_PRIORITY", "none", "latency");
+  static const bool on = !env_picks("DSUF_PRIORITY", "latency", "none");
   return on;
 }
 namespace {
@@ -3558,14 +3545,10 @@ void fp4_tile_in_place(uint8_t* W, int64_t out, int64_t K, uint8_t* scratch, cud
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows, float* y,
                  int64_t y_stride, bool r, cudaStream_t s) {
   static const bool deep = !env_picks("DSUF_BF16", "deep", "loop");
-  // A warp per output. DSUF_BF16_BLOCK=spread (default): blocks of fewer warps when the outputs are
-  // few (warps ≈ outputs·rows / 132), so that a small matrix at batch 1 (the router's 96–384 rows,
-  // the indexer's 32 heads, a compressor's 512) is read by up to 132 SMs instead of out/8 (12 for
-  // the router); wide: 8 warps a block always. The same arithmetic a warp either way.
-  static const bool spread = !env_picks("DSUF_BF16_BLOCK", "spread", "wide");
-  const int wpb = spread ? int(std::clamp<int64_t>((out * rows + 131) / 132, 1, 8)) : 8;
-  launch_step(k_bf16_linear, dim3(blocks_for(out, wpb), rows), dim3(32 * wpb), 0, s, W, out, K, x, x_stride, y,
-              y_stride, r, deep);
+  // A warp per output, 8 warps a block (v21 tried blocks of ⌈outputs·rows/132⌉ warps, so that the
+  // router's 96 rows are read by 96 SMs instead of 12: the same step time, docs/perf.md).
+  launch_step(k_bf16_linear, dim3(blocks_for(out, 8), rows), dim3(256), 0, s, W, out, K, x, x_stride, y, y_stride, r,
+              deep);
 }
 void rope(float* x, int64_t rows, int heads, int64_t dim, const float* cs, int half, float sign, bool r,
           cudaStream_t s) {
