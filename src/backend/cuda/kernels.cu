@@ -880,7 +880,7 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
                                                    int64_t out, int64_t K, const float* __restrict__ x,
                                                    int64_t x_stride, int64_t x_group, const float* __restrict__ xs,
                                                    int64_t xs_stride, int rows, float* __restrict__ y,
-                                                   int64_t y_stride, bool r, Fp8Pair pair) {
+                                                   int64_t y_stride, bool r, Fp8Pair pair, bool early) {
   const int nb = int(K / 32);
   fp8_slice(W, Ws, out, K, x, x_group, xs, y, y_stride, pair);
   const int row0 = blockIdx.y * R, nr = min(R, rows - row0);
@@ -900,7 +900,31 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
       wn[o][1] = __ldg(reinterpret_cast<const uint4*>(wr + 16));
     }
   };
-  if (kMode == kRegsPipe && lane < nb) load(lane);  // weights only: before the wait
+  // Full rounds (every lane a K-block of each of the OPW rows), then the nb mod 32 last blocks of
+  // each row spread over the lanes (see RemainderTasks), or, when they do not fit, taken by lanes
+  // 0.. for all OPW rows as in the full rounds (kRegs, kRegsPipe).
+  const RemainderTasks rt(nb, OPW, lane);
+  uint4 tw[2];
+  uint8_t tsc = 0;  // the task's scale code
+  auto load_task = [&] {
+    const uint8_t* wr = W + clamp(rt.row) * K + int64_t(rt.kb) * 32;
+    tw[0] = __ldg(reinterpret_cast<const uint4*>(wr));
+    tw[1] = __ldg(reinterpret_cast<const uint4*>(wr + 16));
+    tsc = __ldg(Ws + (clamp(rt.row) / 32) * nb + rt.kb);
+  };
+  // Weights only before the wait (nothing in a step writes them). kRegs with `early` (DSUF_FP8_EARLY,
+  // default 1): the first round's weights and scale codes and the spread task's, so that their DRAM
+  // round trip overlaps the previous kernel's run instead of following it; kRegsPipe: the first
+  // round's weights.
+  const bool first_early = kMode == kRegs && early;
+  uint8_t sc0[OPW] = {};
+  if ((kMode == kRegsPipe || first_early) && lane < nb) load(lane);
+  if (first_early) {
+#pragma unroll
+    for (int o = 0; o < OPW; ++o)
+      if (lane < nb) sc0[o] = __ldg(Ws + (clamp(o) / 32) * nb + lane);
+    if (rt.mine) load_task();
+  }
   pdl_wait();
   float acc[OPW][R];
 #pragma unroll
@@ -932,28 +956,18 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
       }
     }
   } else {
-    // Full rounds (every lane a K-block of each of the OPW rows), then the nb mod 32 last blocks of
-    // each row spread over the lanes (see RemainderTasks), or, when they do not fit, taken by lanes
-    // 0.. for all OPW rows as in the full rounds.
-    const RemainderTasks rt(nb, OPW, lane);
-    uint4 tw[2];
-    uint8_t tsc = 0;  // the task's scale code
-    auto load_task = [&] {
-      const uint8_t* wr = W + clamp(rt.row) * K + int64_t(rt.kb) * 32;
-      tw[0] = __ldg(reinterpret_cast<const uint4*>(wr));
-      tw[1] = __ldg(reinterpret_cast<const uint4*>(wr + 16));
-      tsc = __ldg(Ws + (clamp(rt.row) / 32) * nb + rt.kb);
-    };
-    // The spread task's weights are loaded with the first round's (kRegs; kRegsPipe when there is no
-    // full round), so its DRAM round trip overlaps theirs instead of following the last round.
-    if ((kMode == kRegs || rt.full == 0) && rt.mine) load_task();
+    // The spread task's weights are loaded with the first round's (kRegs, before the wait when
+    // early; kRegsPipe when there is no full round), so its DRAM round trip overlaps theirs instead
+    // of following the last round.
+    if ((kMode == kRegs || rt.full == 0) && rt.mine && !first_early) load_task();
     for (int kb = lane; !rt.ends_at(kb, nb); kb += 32) {
-      if (kMode == kRegs) load(kb);
+      const bool pre = first_early && kb == lane;  // this round's bytes came before the wait
+      if (kMode == kRegs && !pre) load(kb);
 #pragma unroll
       for (int o = 0; o < OPW; ++o) w[o][0] = wn[o][0], w[o][1] = wn[o][1];
       if (kMode == kRegsPipe) rt.prefetch(kb, nb, load, load_task);
 #pragma unroll
-      for (int o = 0; o < OPW; ++o) sw[o] = e8m0(__ldg(Ws + (clamp(o) / 32) * nb + kb));
+      for (int o = 0; o < OPW; ++o) sw[o] = e8m0(pre ? sc0[o] : __ldg(Ws + (clamp(o) / 32) * nb + kb));
       fp8_kb_mac<OPW, R, kExact>(w, sw, x, x_stride, xs, xs_stride, kb, nr, acc);
     }
     if (rt.spread) {
@@ -3267,13 +3281,16 @@ int fp4_gemv_mode() {
 template <int OPW, int R, bool kExact>
 void launch_fp8(const Fp8Call& c) {
   const int mode = gemv_mode();
+  // DSUF_FP8_EARLY=1|0: kRegs loads its first round (weights, scale codes, the spread task) before
+  // the dependency wait (1, the default since v22) or after it (0, v21).
+  static const bool early = !env_picks("DSUF_FP8_EARLY", "1", "0");
   auto k = mode == kDeep        ? k_fp8_gemv<OPW, R, kExact, kDeep>
            : mode == kRegsPipe ? k_fp8_gemv<OPW, R, kExact, kRegsPipe>
                                : k_fp8_gemv<OPW, R, kExact, kRegs>;
   const int64_t out = std::max(c.out, c.pair.out);
   launch_pdl(k, dim3(blocks_for(out, 8 * OPW), blocks_for(c.rows, R), c.groups), dim3(256), 0, c.s, c.W, c.Ws,
              c.out, c.K, c.in.x, c.in.stride, c.in.group_stride, c.in.scale, c.in.scale_stride, int(c.rows), c.y,
-             c.y_stride, c.r, c.pair);
+             c.y_stride, c.r, c.pair, early);
 }
 template <int R, bool kExact>
 void launch_fp8_opw(const Fp8Call& c) {
