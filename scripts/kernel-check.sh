@@ -147,14 +147,15 @@ small)
 step)
   # Nsight Compute over every kernel of one batch-1 decode step at 8K (graphs off, caches and clocks
   # as they are), summed per kernel by scripts/ncu_table.py: the per-kernel breakdown of issue 6.
-  # Four metrics; ncu writes its CSV only at the end. The regex leaves out k_fp4_tile (~11,500
+  # Two metrics (duration, DRAM bytes read: one pass; the four percentages of session 11 took ~8
+  # passes of ~55 s each, the whole program each time); ncu writes its CSV only at the end. The regex leaves out k_fp4_tile (~11,500
   # launches at load, the experts' re-layout). Application replay (the program run once per pass):
   # kernel replay saves and restores the device memory a kernel may write before each pass, and
   # here that is one 76 GiB allocation — ~0.1 s a launch, which ran past every limit (sessions 11-12).
   export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
   DSUF_CUDA_GRAPHS=0 timeout "${NCU_LIMIT:-500}" ncu --clock-control none --cache-control none --csv --page details \
     --replay-mode application --app-replay-match grid \
-    --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum \
     --kernel-name regex:'^k_(embed|hc_|collapse|rmsnorm|fp8_gemv|fp4_(gemv|imma|mma)|bf16|rope|fp8_fake|index_|pack_|gather_|attention|compress|update_p|candidate|top_k|mask_from|route|swiglu|moe_|engram|linear_input|group_rows|add_rows)' \
     --launch-count 1500 "$B/bench_decode" --engram-vocab 100000 --contexts 8192 --batches 1 \
     --steps 1 --warmup 0 > "$L/step.csv" 2> "$L/step.err"

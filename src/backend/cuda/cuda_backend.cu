@@ -160,6 +160,7 @@ struct CudaBackend::Impl {
   bool shared_early = true;  // DSUF_SHARED_FORK=early|late (moe())
   bool gather_early = true;  // DSUF_GATHER=early|late (attention())
   bool comp_fork_early = true;  // DSUF_COMP_FORK=early|late (attention())
+  bool idx_q_main = true;       // DSUF_IDX_Q=main|side (attention())
   cudaStream_t mix_side = nullptr;  // the mHC mixes (hc_mix_fork); null: they run on `stream`
   cudaEvent_t mix_ev_fork = nullptr, ev_mix = nullptr;
   bool mix_pending = false;  // a mix on `mix_side` that `stream` has not waited for yet
@@ -331,7 +332,8 @@ struct CudaBackend::Impl {
   void attention(int l, const Step& st, const cuda::LinearInput& xin, float* out);
   void compressor_branch(int l, const Step& st, cudaStream_t stream);
   void indexer_xn_part(int l, const Step& st, cudaStream_t stream);
-  void indexer_branch(int l, const Step& st, const cuda::LinearInput& qin, cudaStream_t stream);
+  void indexer_query(int l, const Step& st, const cuda::LinearInput& qin, cudaStream_t stream);
+  void indexer_branch(int l, const Step& st, const cuda::LinearInput& qin, bool with_query, cudaStream_t stream);
   void moe(int l, int n, const uint8_t* image, const cuda::LinearInput& xin, const float* expand_mix);
   // mHC mixes on a second stream (off the critical path: a site's mix is read only by its expansion,
   // after its attention/MoE, and by the next site's collapse); DSUF_HC_FORK=0 keeps them on `stream`.
@@ -514,6 +516,7 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   shared_early = !env_picks("DSUF_SHARED_FORK", "early", "late");
   gather_early = !env_picks("DSUF_GATHER", "early", "late");
   comp_fork_early = !env_picks("DSUF_COMP_FORK", "early", "late");
+  idx_q_main = !env_picks("DSUF_IDX_Q", "main", "side");
   mix_late = env_picks("DSUF_MIX_FORK", "early", "late");
   if (const char* f = std::getenv("DSUF_HC_FORK"); !f || std::string(f) != "0") {
     DSUF_CUDA(cudaStreamCreate(&mix_side));
@@ -1038,23 +1041,34 @@ void CudaBackend::Impl::indexer_xn_part(int l, const Step& st, cudaStream_t stre
                     stream);
 }
 
-// The indexer's selection from the normalized q latent (qin), xn and the compressor's entries, on
+// The indexer's queries from the normalized q latent (qin): projected, rotated, quantized, on
 // `stream`.
-void CudaBackend::Impl::indexer_branch(int l, const Step& st, const cuda::LinearInput& qin, cudaStream_t stream) {
+void CudaBackend::Impl::indexer_query(int l, const Step& st, const cuda::LinearInput& qin, cudaStream_t stream) {
   const TextConfig& t = cfg.text;
-  const LayerPlan& lp = cfg.layers[l];
+  if (!cfg.layers[l].runs_indexer) return;
   const DevLayer& d = layers[l];
   const bool r = opt.numerics.bf16_activations;
+  const int n = st.rows, IH = t.index_n_heads;
+  const int64_t ihd = t.index_head_dim;
+  cuda::fp8_linear(d.idx_wq_b.w, d.idx_wq_b.s, IH * ihd, t.q_lora_rank, qin, n, ws.qi, IH * ihd, r, stream);
+  cuda::rope(ws.qi, n, IH, ihd, st.cs_comp, half, 1.0f, r, stream);
+  cuda::index_q_quant(ws.qi, n * IH * ihd, ws.qc, ws.qs, stream);
+}
+
+// The indexer's selection from its queries (made here first when with_query), its heads' weights and
+// the compressor's entries, on `stream`.
+void CudaBackend::Impl::indexer_branch(int l, const Step& st, const cuda::LinearInput& qin, bool with_query,
+                                       cudaStream_t stream) {
+  const TextConfig& t = cfg.text;
+  const LayerPlan& lp = cfg.layers[l];
+  const bool r = opt.numerics.bf16_activations;
   const int n = st.rows;
-  const int64_t qr = t.q_lora_rank;
   const int slot = layout.source_slot[l];
   const int ratio = lp.ratio;
   if (lp.runs_indexer) {
     const int IH = t.index_n_heads;
     const int64_t ihd = t.index_head_dim;
-    cuda::fp8_linear(d.idx_wq_b.w, d.idx_wq_b.s, IH * ihd, qr, qin, n, ws.qi, IH * ihd, r, stream);
-    cuda::rope(ws.qi, n, IH, ihd, st.cs_comp, half, 1.0f, r, stream);
-    cuda::index_q_quant(ws.qi, n * IH * ihd, ws.qc, ws.qs, stream);
+    if (with_query) indexer_query(l, st, qin, stream);
     cuda::IndexScoreArgs ia{.qc = ws.qc, .qs = ws.qs, .wts = ws.wts, .meta = st.meta, .seqs = st.seqtab, .src = slot,
                             .max_entries = st.max_entries / ratio, .rows = n, .IH = IH, .ratio = ratio, .ihd = ihd,
                             .cand_mask = lp.candidate_constrained ? ws.cand_mask : nullptr, .mask_stride = mask_stride,
@@ -1095,10 +1109,15 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   // the indexer's queries wait for q_norm there (a second fork). DSUF_COMP_FORK=late: after q_norm
   // (early measured −0.07 ms a step, docs/perf.md v19/v20).
   const bool comp_early = comp_fork_early && branch() != stream;
+  // DSUF_IDX_Q=main (default since v22): in an indexer layer the indexer's heads' weights and its
+  // queries are made on the attention's own stream after q_norm, before wq_b (which waits for the
+  // indexer's selection anyway), so that the side stream's scores start when the compressor's entry
+  // is out instead of queueing its query kernels behind it (side: the v21 order).
+  const bool q_main = idx_q_main && lp.runs_indexer && branch() != stream;
   if (comp_early) {
     fork();
     compressor_branch(l, st, branch());
-    indexer_xn_part(l, st, branch());
+    if (!q_main) indexer_xn_part(l, st, branch());
   }
   // wq_a and wkv in one launch (same input), then q_norm and kv_norm in one (kv normalized in place).
   cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, xin, n, ws.tmp, qr, r, stream,
@@ -1112,6 +1131,10 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
                  {.x = ws.kvw, .dim = hd, .w = d.kv_norm, .y = ws.kvw, .fake_quant = true, .fq_rope = kv_rope}, n, eps,
                  r, stream);
   const cuda::LinearInput qin = cuda::sink_input(qsink, qr);
+  if (q_main) {
+    indexer_xn_part(l, st, stream);
+    indexer_query(l, st, qin, stream);
+  }
   // The compressor and the indexer (on the side stream) need only xn and q_lat; the query
   // projection goes on beside them.
   // RoPE is fused into the kernels around it (the same arithmetic, one launch fewer each): the window
@@ -1136,9 +1159,9 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
                          .o_rope = {.cs = cs, .half = half, .heads = Hr, .dim = hd, .sign = -1.0f, .r = r}};
   if (!comp_early) {
     compressor_branch(l, st, branch());
-    indexer_xn_part(l, st, branch());
+    if (!q_main) indexer_xn_part(l, st, branch());
   }
-  indexer_branch(l, st, qin, branch());
+  indexer_branch(l, st, qin, !q_main, branch());
   // The keys decoded on the side stream after the selection, beside wq_b, instead of first on the
   // attention's path (DSUF_GATHER=late: the other way; −0.05 to −0.1 ms a step, docs/perf.md v19).
   if (gather_early) cuda::gather_keys(aa, branch());

@@ -912,10 +912,28 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
     tw[1] = __ldg(reinterpret_cast<const uint4*>(wr + 16));
     tsc = __ldg(Ws + (clamp(rt.row) / 32) * nb + rt.kb);
   };
-  // Weights only before the wait (nothing in a step writes them). kRegs with `early` (DSUF_FP8_EARLY,
-  // default 1): the first round's weights and scale codes and the spread task's, so that their DRAM
-  // round trip overlaps the previous kernel's run instead of following it; kRegsPipe: the first
-  // round's weights.
+  // kDeep: a lane's K-blocks kb0, kb0 + 32, … (U of them) loaded at once.
+  constexpr int U = kMode == kDeep ? deep_u<32 * OPW>() : 1;
+  uint4 wu[U][OPW][2];
+  float su[U][OPW];
+  auto load_chunk = [&](int kb0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int kb = kb0 + 32 * u;
+      if (kb >= nb) break;
+#pragma unroll
+      for (int o = 0; o < OPW; ++o) {
+        const uint8_t* wr = W + clamp(o) * K + int64_t(kb) * 32;
+        wu[u][o][0] = __ldg(reinterpret_cast<const uint4*>(wr));
+        wu[u][o][1] = __ldg(reinterpret_cast<const uint4*>(wr + 16));
+        su[u][o] = e8m0(__ldg(Ws + (clamp(o) / 32) * nb + kb));
+      }
+    }
+  };
+  // Weights only before the wait (nothing in a step writes them). With `early` (DSUF_FP8_EARLY,
+  // default 1), kRegs: the first round's weights and scale codes and the spread task's, so that
+  // their DRAM round trip overlaps the previous kernel's run instead of following it; kDeep: its
+  // first U rounds (a small linear's whole share: wq_a+wkv). kRegsPipe: the first round's weights.
   const bool first_early = kMode == kRegs && early;
   uint8_t sc0[OPW] = {};
   if ((kMode == kRegsPipe || first_early) && lane < nb) load(lane);
@@ -925,6 +943,8 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
       if (lane < nb) sc0[o] = __ldg(Ws + (clamp(o) / 32) * nb + lane);
     if (rt.mine) load_task();
   }
+  const bool chunk_early = kMode == kDeep && early;
+  if (chunk_early) load_chunk(lane);
   pdl_wait();
   float acc[OPW][R];
 #pragma unroll
@@ -932,22 +952,8 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
 #pragma unroll
     for (int rr = 0; rr < R; ++rr) acc[o][rr] = 0.0f;
   if (kMode == kDeep) {
-    constexpr int U = deep_u<32 * OPW>();
     for (int kb0 = lane; kb0 < nb; kb0 += 32 * U) {
-      uint4 wu[U][OPW][2];
-      float su[U][OPW];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int kb = kb0 + 32 * u;
-        if (kb >= nb) break;
-#pragma unroll
-        for (int o = 0; o < OPW; ++o) {
-          const uint8_t* wr = W + clamp(o) * K + int64_t(kb) * 32;
-          wu[u][o][0] = __ldg(reinterpret_cast<const uint4*>(wr));
-          wu[u][o][1] = __ldg(reinterpret_cast<const uint4*>(wr + 16));
-          su[u][o] = e8m0(__ldg(Ws + (clamp(o) / 32) * nb + kb));
-        }
-      }
+      if (!(chunk_early && kb0 == lane)) load_chunk(kb0);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int kb = kb0 + 32 * u;
@@ -3281,10 +3287,15 @@ int fp4_gemv_mode() {
 template <int OPW, int R, bool kExact>
 void launch_fp8(const Fp8Call& c) {
   const int mode = gemv_mode();
-  // DSUF_FP8_EARLY=1|0: kRegs loads its first round (weights, scale codes, the spread task) before
-  // the dependency wait (1, the default since v22) or after it (0, v21).
+  // DSUF_FP8_EARLY=1|0: kRegs loads its first round (weights, scale codes, the spread task), kDeep
+  // its first U rounds, before the dependency wait (1, the default since v22) or after it (0, v21).
   static const bool early = !env_picks("DSUF_FP8_EARLY", "1", "0");
-  auto k = mode == kDeep        ? k_fp8_gemv<OPW, R, kExact, kDeep>
+  // DSUF_FP8_SMALL=deep|regs: a one-output-a-warp linear whose lanes hold at most kDeep's U rounds
+  // (wq_a+wkv, the indexer's wq_b) takes kDeep under the default regs mode, so that with `early` its
+  // whole weight share is loaded before the wait (deep: the v22 candidate; regs: as the others).
+  static const bool small_deep = !env_picks("DSUF_FP8_SMALL", "deep", "regs");
+  const bool deep = mode == kDeep || (small_deep && mode == kRegs && OPW == 1 && c.K / 32 <= 32 * deep_u<32>());
+  auto k = deep                 ? k_fp8_gemv<OPW, R, kExact, kDeep>
            : mode == kRegsPipe ? k_fp8_gemv<OPW, R, kExact, kRegsPipe>
                                : k_fp8_gemv<OPW, R, kExact, kRegs>;
   const int64_t out = std::max(c.out, c.pair.out);
