@@ -17,6 +17,7 @@
 #include <cuda_fp16.h>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/step_policy.h"
 #include "backend/cuda/topk_plan.h"
 #include "core/class_tree.h"
 #include "core/detmath.h"
@@ -3085,14 +3086,19 @@ void fill_entries_synthetic(uint8_t* p, int64_t entries, int64_t entry_bytes, in
   if (entries > 0) k_fill_entries<<<1024, 256, 0, s>>>(p, entries, entry_bytes, value_bytes, e4m3_values, scale, mix64(seed));
 }
 
-// DSUF_PRIORITY=latency|none: with latency (the default since v21: −0.02 ms a step), every kernel
-// of the step but the weight kernels (launch_step) is launched at the device's greatest priority, so
-// that when a linear's many blocks hold the SMs, a latency-bound kernel's pending blocks (often on a
-// side stream: the gather, the router, the indexer's) are dispatched first as slots free up. Decode graphs honour it
-// (cudaGraphInstantiateFlagUseNodePriority). Scheduling only: the same bits.
+// DSUF_PRIORITY=auto|latency|none: with latency, every kernel of the step but the weight kernels
+// (launch_step) is launched at the device's greatest priority, so that when a linear's many blocks
+// hold the SMs, a latency-bound kernel's pending blocks (often on a side stream: the gather, the
+// router, the indexer's) are dispatched first as slots free up. Decode graphs honour it
+// (cudaGraphInstantiateFlagUseNodePriority). Scheduling only: the same bits. auto (the default):
+// for one-row steps (step_policy.h says why).
+namespace {
+thread_local int64_t t_priority_rows = 1;
+}
+void set_priority_rows(int64_t rows) { t_priority_rows = rows; }
 bool latency_priority_on() {
-  static const bool on = !env_picks("DSUF_PRIORITY", "latency", "none");
-  return on;
+  static const auto mode = PriorityMode(env_choice("DSUF_PRIORITY", {"auto", "latency", "none"}));
+  return latency_priority_for(mode, t_priority_rows);
 }
 namespace {
 // Programmatic dependent launch, DSUF_PDL=1|gemv|0: every kernel of the step (the default), only

@@ -355,8 +355,10 @@ void fill_host_synthetic(uint8_t* p, size_t bytes, uint64_t seed, Fill mode, uin
 void fill_entries_synthetic(uint8_t* p, int64_t entries, int64_t entry_bytes, int64_t value_bytes, bool e4m3_values,
                             uint8_t scale, uint64_t seed, cudaStream_t s);
 
-// DSUF_PRIORITY=latency: the step's latency-bound kernels launched at the greatest priority (the
-// decode graph is then instantiated to honour node priorities).
+// DSUF_PRIORITY=auto|latency|none: whether the step's latency-bound kernels are launched at the
+// greatest priority (the decode graph is then instantiated to honour node priorities); auto, the
+// default: for steps of one row. set_priority_rows: the rows of the step this thread enqueues next.
+void set_priority_rows(int64_t rows);
 bool latency_priority_on();
 
 // The device's fast conversions (hardware E4M3 code, pow2_ceil and division by a power of two by
