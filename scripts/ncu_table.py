@@ -60,6 +60,9 @@ def main(argv):
         for k in ("dram", "sm", "occ", "bytes"):
             a[k] += m.get(k, 0.0)
     total = sum(a["dur"] for a in agg.values())
+    if total <= 0:
+        print("no launches with a Duration in", argv[1], file=sys.stderr)
+        return 1
     print(f"{len(launches)} launches, {total:.1f} µs in all (each kernel alone)\n")
     if any("bytes" in m for _, m in launches.values()):
         read = sum(a["bytes"] for a in agg.values())

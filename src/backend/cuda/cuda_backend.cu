@@ -1110,8 +1110,8 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   // (early measured −0.07 ms a step, docs/perf.md v19/v20).
   const bool comp_early = comp_fork_early && branch() != stream;
   // DSUF_IDX_Q=main (default since v22): in an indexer layer the indexer's heads' weights and its
-  // queries are made on the attention's own stream after q_norm, before wq_b (which waits for the
-  // indexer's selection anyway), so that the side stream's scores start when the compressor's entry
+  // queries are made on the attention's own stream after q_norm, before wq_b (the attention after
+  // it waits for the indexer's selection anyway), so that the side stream's scores start when the compressor's entry
   // is out instead of queueing its query kernels behind it (side: the v21 order).
   const bool q_main = idx_q_main && lp.runs_indexer && branch() != stream;
   if (comp_early) {

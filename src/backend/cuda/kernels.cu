@@ -937,11 +937,13 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
   // first U rounds (a small linear's whole share: wq_a+wkv). kRegsPipe: the first round's weights.
   const bool first_early = kMode == kRegs && early;
   uint8_t sc0[OPW] = {};
-  if ((kMode == kRegsPipe || first_early) && lane < nb) load(lane);
+  if (kMode == kRegsPipe && lane < nb) load(lane);
   if (first_early) {
+    if (!rt.ends_at(lane, nb)) {  // the lane has a full round (its first loop iteration uses these)
+      load(lane);
 #pragma unroll
-    for (int o = 0; o < OPW; ++o)
-      if (lane < nb) sc0[o] = __ldg(Ws + (clamp(o) / 32) * nb + lane);
+      for (int o = 0; o < OPW; ++o) sc0[o] = __ldg(Ws + (clamp(o) / 32) * nb + lane);
+    }
     if (rt.mine) load_task();
   }
   const bool chunk_early = kMode == kDeep && early;
@@ -3093,7 +3095,7 @@ void fill_entries_synthetic(uint8_t* p, int64_t entries, int64_t entry_bytes, in
 // (cudaGraphInstantiateFlagUseNodePriority). Scheduling only: the same bits. auto (the default):
 // for one-row steps (step_policy.h says why).
 namespace {
-thread_local int64_t t_priority_rows = 1;
+thread_local int64_t t_priority_rows = INT64_MAX;  // unknown (no step on this thread yet): not one row
 }
 void set_priority_rows(int64_t rows) { t_priority_rows = rows; }
 bool latency_priority_on() {
