@@ -2715,15 +2715,40 @@ __device__ __forceinline__ int block_select(const float* __restrict__ row, int64
 }
 
 // Sorts the block's `want` picks (topk::pick: (key << 32) | ~index) descending — a bitonic sort
-// over npow ≥ want entries of shared memory, the tail padded with 0 — and writes their indices to
-// out[0, out_stride), −1 padded. The picks must be written and the block synchronized.
+// over npow ≥ want entries, the tail padded with 0 — and writes their indices to out[0,
+// out_stride), −1 padded. The picks must be written and the block synchronized.
+// With reg_sort and npow ≤ T (the caller then provides 2·npow entries of shared memory): element j
+// lives in thread j's register; stages of stride < 32 exchange by warp shuffles, the others through
+// shared memory (two buffers in turn: one barrier a stage): 10 barriers for 512 picks instead of 45.
+// Otherwise every stage in shared memory. The same network (topk::bitonic_keep), the same order.
 template <int T = 256>
-__device__ __forceinline__ void sort_picks_write(uint64_t* picks, int want, int32_t* out, int out_stride) {
+__device__ __forceinline__ void sort_picks_write(uint64_t* picks, int want, int32_t* out, int out_stride,
+                                                 bool reg_sort = false) {
   const int t = threadIdx.x;
   int npow = 1;
   while (npow < want) npow <<= 1;
   for (int j = want + t; j < npow; j += T) picks[j] = 0;
   __syncthreads();
+  if (reg_sort && npow <= T) {
+    uint64_t v = t < npow ? picks[t] : 0;
+    int cur = 0;  // the buffer the next cross-warp stage goes through: picks, then picks + npow
+    for (int size = 2; size <= npow; size <<= 1)
+      for (int stride = size / 2; stride > 0; stride >>= 1) {
+        uint64_t other;
+        if (stride >= 32) {
+          uint64_t* buf = picks + cur * npow;
+          if (t < npow) buf[t] = v;
+          __syncthreads();  // also orders the other buffer's reads of two stages ago before its next writes
+          other = t < npow ? buf[t ^ stride] : 0;
+          cur ^= 1;
+        } else {
+          other = __shfl_xor_sync(0xffffffffu, v, stride);  // whole warps: every thread runs every stage
+        }
+        if (t < npow) v = topk::bitonic_keep(v, other, t, size, stride);
+      }
+    for (int j = t; j < out_stride; j += T) out[j] = j == t && j < want ? topk::pick_index(v) : -1;
+    return;
+  }
   // Bitonic sort, descending.
   for (int size = 2; size <= npow; size <<= 1)
     for (int stride2 = size / 2; stride2 > 0; stride2 >>= 1) {
@@ -2750,7 +2775,7 @@ __device__ __forceinline__ int64_t top_k_count(const RowMeta* meta, int i, int r
 // of 8,192 scores took ~30 µs on 256, on the indexer layers' chain; DSUF_TOPK_THREADS=256).
 template <int T>
 __global__ void __launch_bounds__(T) k_top_k(const float* x, int64_t stride, const RowMeta* meta, int ratio, int block,
-                                             int k, int32_t* out, int out_stride) {
+                                             int k, int32_t* out, int out_stride, bool reg_sort) {
   pdl_entry();
   const int i = blockIdx.x;
   const int64_t count = top_k_count(meta, i, ratio, block);
@@ -2758,7 +2783,7 @@ __global__ void __launch_bounds__(T) k_top_k(const float* x, int64_t stride, con
   const int want = block_select<T>(x + int64_t(i) * stride, count, k, [&](int slot, int64_t j, uint32_t key, float) {
     picks[slot] = topk::pick(key, j);
   });
-  sort_picks_write<T>(picks, want, out + int64_t(i) * out_stride, out_stride);
+  sort_picks_write<T>(picks, want, out + int64_t(i) * out_stride, out_stride, reg_sort);
 }
 
 // Multi-block top-k, stage 1 (topk_plan.h): grid (g_launch, rows). Block (g, i) selects the top k
@@ -3699,10 +3724,17 @@ void top_k(const float* x, int64_t stride, int rows, const RowMeta* meta, int ra
   const int g = scratch.val ? topk::launch_groups(scratch.max_count, rows, k, scratch.min_chunk, scratch.slots) : 1;
   if (g < 2) {
     static const bool wide = !env_picks("DSUF_TOPK_THREADS", "1024", "256");
+    // DSUF_TOPK_SORT=regs|smem: the picks' sort in registers and shuffles (default, v23 candidate) or
+    // every stage in shared memory (v22); regs needs npow ≤ threads and twice the picks' space.
+    static const bool reg_sort = !env_picks("DSUF_TOPK_SORT", "regs", "smem");
+    const int threads = wide ? 1024 : 256;
+    const size_t sm = reg_sort && npow <= threads ? 2 * smem : smem;
     if (wide)
-      launch_step(k_top_k<1024>, dim3(rows), dim3(1024), smem, s, x, stride, meta, ratio, block, k, out, out_stride);
+      launch_step(k_top_k<1024>, dim3(rows), dim3(1024), sm, s, x, stride, meta, ratio, block, k, out, out_stride,
+                  reg_sort);
     else
-      launch_step(k_top_k<256>, dim3(rows), dim3(256), smem, s, x, stride, meta, ratio, block, k, out, out_stride);
+      launch_step(k_top_k<256>, dim3(rows), dim3(256), sm, s, x, stride, meta, ratio, block, k, out, out_stride,
+                  reg_sort);
     return;
   }
   const int64_t cand_stride = int64_t(g) * topk::slot_stride(k);
