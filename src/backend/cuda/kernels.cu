@@ -2084,7 +2084,10 @@ __device__ __forceinline__ void emit_attention_out(const AttentionArgs& a, int i
              a.o_sink.quantize ? a.o_sink.xs + (int64_t(i) * groups + g) * nb + kb : nullptr, kb, lane);
 }
 
-template <int HPW>
+// UNR > 2: the P·V loop takes UNR groups of 4 keys at a time, all their shared loads issued before
+// the products (DSUF_PV_UNROLL: 8, the v23 candidate; 2: v22's loop alone); every accumulator adds
+// its keys in order either way.
+template <int HPW, int UNR>
 __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionArgs a, int tile) {
   pdl_entry();
   constexpr int kThreads = 32 * kPvHeads / HPW;
@@ -2151,6 +2154,30 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
     }
     const int n = min(tile, nk - j0);
     int jj = 0;
+    if constexpr (UNR > 2) {
+      // UNR groups of 4 keys: every group's weights and keys loaded first, then the products in key
+      // order (the compiler, left to itself, reuses one group's registers and keeps ~1 group ahead).
+      for (; jj + 4 * UNR <= n; jj += 4 * UNR) {
+        float4 w[UNR][HPW];
+        float kk[UNR][4];
+#pragma unroll
+        for (int g = 0; g < UNR; ++g) {
+#pragma unroll
+          for (int u = 0; u < HPW; ++u) w[g][u] = *reinterpret_cast<const float4*>(ph[u] + j0 + jj + 4 * g);
+#pragma unroll
+          for (int c = 0; c < 4; ++c) kk[g][c] = kt[(jj + 4 * g + c) * kPvDims + lane];
+        }
+#pragma unroll
+        for (int g = 0; g < UNR; ++g)
+#pragma unroll
+          for (int u = 0; u < HPW; ++u) {
+            acc[u] += w[g][u].x * kk[g][0];
+            acc[u] += w[g][u].y * kk[g][1];
+            acc[u] += w[g][u].z * kk[g][2];
+            acc[u] += w[g][u].w * kk[g][3];
+          }
+      }
+    }
 #pragma unroll 2
     for (; jj + 4 <= n; jj += 4) {
       float4 w[HPW];
@@ -3630,8 +3657,9 @@ void pack_window(const float* kv, int rows, const RowMeta* meta, const SeqMeta* 
   const int64_t t = int64_t(rows) * (hd / 32);
   if (t > 0) launch_step(k_pack_window, dim3(blocks_for(t, 8)), dim3(256), 0, s, kv, rows, meta, seqs, layer, hd, W);
 }
-// DSUF_PV=warps|cp|tiles picks the softmax + P·V kernel: k_attention_pv<1> (the default, a head a
-// warp: v18 measured 0.06 ms a step faster than two), k_attention_pv<2> or k_attention_pv_tiles.
+// DSUF_PV=warps|cp|tiles picks the softmax + P·V kernel: k_attention_pv<1, UNR> (the default, a head
+// a warp: v18 measured 0.06 ms a step faster than two; UNR by DSUF_PV_UNROLL), k_attention_pv<2, 2>
+// or k_attention_pv_tiles.
 enum PvKernel { kPvOneHead = 0, kPvTwoHeads = 1, kPvTiles = 2 };
 int pv_kernel() {
   static const int k = env_choice("DSUF_PV", {"warps", "cp", "tiles"});  // in PvKernel's order
@@ -3681,7 +3709,8 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   AttentionArgs pa = a;
   if (!emit) pa.o_sink = {};
   const int hpw = pv_kernel() == kPvOneHead ? 1 : 2;
-  auto* k = hpw == 1 ? k_attention_pv<1> : k_attention_pv<2>;
+  static const bool deep_unroll = !env_picks("DSUF_PV_UNROLL", "8", "2");
+  auto* k = hpw == 2 ? k_attention_pv<2, 2> : deep_unroll ? k_attention_pv<1, 8> : k_attention_pv<1, 2>;
   set_smem(k, pv_smem);
   launch_step(k, dim3(pv_grid), dim3(32 * kPvHeads / hpw), pv_smem, s, pa, tile);
   return layout();
