@@ -10,7 +10,7 @@ namespace dsuf::cuda {
 enum class PriorityMode { kAuto = 0, kLatency = 1, kNone = 2 };
 
 // Whether a step of `rows` rows launches its latency-bound kernels at the device's greatest
-// priority. auto: for one-row steps only — measured −0.02 ms at batch 1 (v21, v22), +0.7 ms at
+// priority. auto: for one-row steps only — measured −0.02 ms at batch 1 (v21), +0.7 ms at
 // batch 16 and +1.5 ms at batch 64 (v22, docs/perf.md).
 constexpr bool latency_priority_for(PriorityMode mode, int64_t rows) {
   return mode == PriorityMode::kLatency || (mode == PriorityMode::kAuto && rows <= 1);
