@@ -167,13 +167,14 @@ source)
   # Nsight Compute's per-instruction view (SASS with warp-stall samples, built with -lineinfo) of
   # one launch of each kernel named in $KERNELS (default: top_k, compress_emit, collapse_norm),
   # from a middle layer ($SKIP launches skipped, default 4; k_compress_emit runs about once a step:
-  # SKIP=0 for it): $L/source-<kernel>.txt.
+  # SKIP=0 for it; EXPERTS routed experts a layer, default 16 — the router's rows, so EXPERTS=96 for
+  # k_bf16_linear and k_route): $L/source-<kernel>.txt.
   export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
   for k in ${KERNELS:-k_top_k k_compress_emit k_collapse_norm}; do
     DSUF_CUDA_GRAPHS=0 timeout 200 ncu --clock-control none --cache-control none --section SourceCounters \
       --section WarpStateStats --page source --print-source sass --kernel-name "$k" --launch-skip "${SKIP:-4}" \
       --launch-count 1 "$B/bench_decode" --engram-vocab 100000 --contexts 8192 --batches 1 --steps 1 \
-      --warmup 0 --experts 16 > "$L/source-$k.txt" 2>&1
+      --warmup 0 --experts "${EXPERTS:-16}" > "$L/source-$k.txt" 2>&1
     echo "$k: ncu rc=$? $(wc -l < "$L/source-$k.txt") lines"
   done
   ;;
