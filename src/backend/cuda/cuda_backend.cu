@@ -657,8 +657,9 @@ WorkspaceSizes workspace_sizes(const TextConfig& t, int64_t N, int64_t max_conte
   w.qi = N * IH * ihd, w.wts = N * IH, w.scores = N * w.score_stride, w.bscores = N * w.bscore_stride;
   w.sel = N * t.index_topk, w.cand = N * t.candidate_topk_blocks, w.cand_mask = N * w.bscore_stride;
   // The two top-k launches of a layer (block scores, then scores) share the candidates.
-  w.topk = std::max(topk::scratch_slots(N, w.score_stride, t.index_topk, topk_min_chunk()),
-                    topk::scratch_slots(N, w.bscore_stride, t.candidate_topk_blocks, topk_min_chunk()));
+  const int64_t min_chunk = topk_min_chunk();
+  w.topk = std::max(topk::scratch_slots(N, w.score_stride, t.index_topk, min_chunk),
+                    topk::scratch_slots(N, w.bscore_stride, t.candidate_topk_blocks, min_chunk));
   w.router = N * E, w.ids = N * K, w.h = N * K * F, w.ye = N * K * D, w.hs = N * F;
   w.row_groups = 4 * w.ids + 1;
   w.emb = N * std::max<int64_t>(R * ehd, 1), w.ekv = N * (hc + 1) * D, w.logits = N * t.vocab_size;
@@ -1111,8 +1112,8 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   const bool comp_early = comp_fork_early && branch() != stream;
   // DSUF_IDX_Q=main (default since v22): in an indexer layer the indexer's heads' weights and its
   // queries are made on the attention's own stream after q_norm, before wq_b (the attention after
-  // it waits for the indexer's selection anyway), so that the side stream's scores start when the compressor's entry
-  // is out instead of queueing its query kernels behind it (side: the v21 order).
+  // it waits for the indexer's selection anyway), so that the side stream's scores start when the
+  // compressor's entry is out instead of queueing its query kernels behind it (side: the v21 order).
   const bool q_main = idx_q_main && lp.runs_indexer && branch() != stream;
   if (comp_early) {
     fork();

@@ -2886,9 +2886,8 @@ __global__ void k_mask_from_selection(const int32_t* sel, int sel_stride, uint8_
 
 // ---- MoE ---------------------------------------------------------------------------------------
 // One block per token (a thread per expert, up to 1,024): scores computed once per expert in
-// parallel, then warp 0's k rounds of argmax (largest
-// score + bias among the experts not yet taken, ties to the lower id — the reference's sequential
-// scan picks the same one for any non-NaN scores).
+// parallel, then warp 0's k rounds of argmax (largest score + bias among the experts not yet taken,
+// ties to the lower id — the reference's sequential scan picks the same one for any non-NaN scores).
 __global__ void k_route(const float* logits, int E, int k, const float* bias, const float* bias_vl,
                         const uint8_t* image, float temp, float route_scale, int32_t* ids, float* w) {
   pdl_entry();

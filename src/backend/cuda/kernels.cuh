@@ -363,8 +363,7 @@ bool latency_priority_on();
 
 // The device's fast conversions (hardware E4M3 code, pow2_ceil and division by a power of two by
 // bits) against the exact software ones over every float32 (the division: one divisor a float):
-// mismatches [0..2], inputs compared
-// [3..5] (cuda_backend_tests, CudaNumerics).
+// mismatches [0..2], inputs compared [3..5] (cuda_backend_tests, CudaNumerics).
 namespace testing {
 void fast_conversion_mismatches(unsigned long long out[6]);
 }
