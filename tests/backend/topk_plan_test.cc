@@ -334,5 +334,32 @@ TEST(TopkPlan, ScratchFollowsTheSmallestChunk) {
   EXPECT_EQ(topk::chunks(count, k, g, 1024).G, 4);  // √(8,192·512) = 2,048-entry chunks
 }
 
+// The bitonic network of the single-block sort (kernels.cu sort_picks_write: every element applies
+// topk::bitonic_keep at every stage, in shared memory or by shuffles) sorts any padded set of
+// picks descending: fresh random picks of fresh random counts, with ties in the key (the index
+// part keeps picks distinct) and the zero padding.
+TEST(TopkPlan, BitonicNetworkSortsThePicksDescending) {
+  std::mt19937_64 rng(20261130);
+  for (int npow = 1; npow <= 1024; npow <<= 1) {
+    for (int rep = 0; rep < 20; ++rep) {
+      const int want = npow == 1 ? int(rng() % 2) : npow / 2 + 1 + int(rng() % (npow / 2));
+      std::vector<uint64_t> v(size_t(npow), 0);
+      for (int j = 0; j < want; ++j) {
+        const uint32_t key = topk::kNegInfKey + 1 + uint32_t(rng() % 64);  // few keys: many ties
+        v[size_t(j)] = topk::pick(key, int64_t(rng() % 100000) * 1024 + j);
+      }
+      std::vector<uint64_t> want_sorted = v;
+      std::sort(want_sorted.begin(), want_sorted.end(), std::greater<uint64_t>());
+      for (int size = 2; size <= npow; size <<= 1)
+        for (int stride = size / 2; stride > 0; stride >>= 1) {
+          std::vector<uint64_t> next(v.size());
+          for (int j = 0; j < npow; ++j) next[size_t(j)] = topk::bitonic_keep(v[size_t(j)], v[size_t(j ^ stride)], j, size, stride);
+          v.swap(next);
+        }
+      ASSERT_EQ(v, want_sorted) << "npow " << npow << " want " << want;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dsuf

@@ -2084,7 +2084,10 @@ __device__ __forceinline__ void emit_attention_out(const AttentionArgs& a, int i
              a.o_sink.quantize ? a.o_sink.xs + (int64_t(i) * groups + g) * nb + kb : nullptr, kb, lane);
 }
 
-template <int HPW>
+// UNR > 2: the P·V loop takes UNR groups of 4 keys at a time, all their shared loads issued before
+// the products (DSUF_PV_UNROLL: 8, the v23 candidate; 2: v22's loop alone); every accumulator adds
+// its keys in order either way.
+template <int HPW, int UNR>
 __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionArgs a, int tile) {
   pdl_entry();
   constexpr int kThreads = 32 * kPvHeads / HPW;
@@ -2151,6 +2154,30 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
     }
     const int n = min(tile, nk - j0);
     int jj = 0;
+    if constexpr (UNR > 2) {
+      // UNR groups of 4 keys: every group's weights and keys loaded first, then the products in key
+      // order (the compiler, left to itself, reuses one group's registers and keeps ~1 group ahead).
+      for (; jj + 4 * UNR <= n; jj += 4 * UNR) {
+        float4 w[UNR][HPW];
+        float kk[UNR][4];
+#pragma unroll
+        for (int g = 0; g < UNR; ++g) {
+#pragma unroll
+          for (int u = 0; u < HPW; ++u) w[g][u] = *reinterpret_cast<const float4*>(ph[u] + j0 + jj + 4 * g);
+#pragma unroll
+          for (int c = 0; c < 4; ++c) kk[g][c] = kt[(jj + 4 * g + c) * kPvDims + lane];
+        }
+#pragma unroll
+        for (int g = 0; g < UNR; ++g)
+#pragma unroll
+          for (int u = 0; u < HPW; ++u) {
+            acc[u] += w[g][u].x * kk[g][0];
+            acc[u] += w[g][u].y * kk[g][1];
+            acc[u] += w[g][u].z * kk[g][2];
+            acc[u] += w[g][u].w * kk[g][3];
+          }
+      }
+    }
 #pragma unroll 2
     for (; jj + 4 <= n; jj += 4) {
       float4 w[HPW];
@@ -2715,15 +2742,40 @@ __device__ __forceinline__ int block_select(const float* __restrict__ row, int64
 }
 
 // Sorts the block's `want` picks (topk::pick: (key << 32) | ~index) descending — a bitonic sort
-// over npow ≥ want entries of shared memory, the tail padded with 0 — and writes their indices to
-// out[0, out_stride), −1 padded. The picks must be written and the block synchronized.
+// over npow ≥ want entries, the tail padded with 0 — and writes their indices to out[0,
+// out_stride), −1 padded. The picks must be written and the block synchronized.
+// With reg_sort and npow ≤ T (the caller then provides 2·npow entries of shared memory): element j
+// lives in thread j's register; stages of stride < 32 exchange by warp shuffles, the others through
+// shared memory (two buffers in turn: one barrier a stage): 10 barriers for 512 picks instead of 45.
+// Otherwise every stage in shared memory. The same network (topk::bitonic_keep), the same order.
 template <int T = 256>
-__device__ __forceinline__ void sort_picks_write(uint64_t* picks, int want, int32_t* out, int out_stride) {
+__device__ __forceinline__ void sort_picks_write(uint64_t* picks, int want, int32_t* out, int out_stride,
+                                                 bool reg_sort = false) {
   const int t = threadIdx.x;
   int npow = 1;
   while (npow < want) npow <<= 1;
   for (int j = want + t; j < npow; j += T) picks[j] = 0;
   __syncthreads();
+  if (reg_sort && npow <= T) {
+    uint64_t v = t < npow ? picks[t] : 0;
+    int cur = 0;  // the buffer the next cross-warp stage goes through: picks, then picks + npow
+    for (int size = 2; size <= npow; size <<= 1)
+      for (int stride = size / 2; stride > 0; stride >>= 1) {
+        uint64_t other;
+        if (stride >= 32) {
+          uint64_t* buf = picks + cur * npow;
+          if (t < npow) buf[t] = v;
+          __syncthreads();  // also orders the other buffer's reads of two stages ago before its next writes
+          other = t < npow ? buf[t ^ stride] : 0;
+          cur ^= 1;
+        } else {
+          other = __shfl_xor_sync(0xffffffffu, v, stride);  // whole warps: every thread runs every stage
+        }
+        if (t < npow) v = topk::bitonic_keep(v, other, t, size, stride);
+      }
+    for (int j = t; j < out_stride; j += T) out[j] = j == t && j < want ? topk::pick_index(v) : -1;
+    return;
+  }
   // Bitonic sort, descending.
   for (int size = 2; size <= npow; size <<= 1)
     for (int stride2 = size / 2; stride2 > 0; stride2 >>= 1) {
@@ -2750,7 +2802,7 @@ __device__ __forceinline__ int64_t top_k_count(const RowMeta* meta, int i, int r
 // of 8,192 scores took ~30 µs on 256, on the indexer layers' chain; DSUF_TOPK_THREADS=256).
 template <int T>
 __global__ void __launch_bounds__(T) k_top_k(const float* x, int64_t stride, const RowMeta* meta, int ratio, int block,
-                                             int k, int32_t* out, int out_stride) {
+                                             int k, int32_t* out, int out_stride, bool reg_sort) {
   pdl_entry();
   const int i = blockIdx.x;
   const int64_t count = top_k_count(meta, i, ratio, block);
@@ -2758,7 +2810,7 @@ __global__ void __launch_bounds__(T) k_top_k(const float* x, int64_t stride, con
   const int want = block_select<T>(x + int64_t(i) * stride, count, k, [&](int slot, int64_t j, uint32_t key, float) {
     picks[slot] = topk::pick(key, j);
   });
-  sort_picks_write<T>(picks, want, out + int64_t(i) * out_stride, out_stride);
+  sort_picks_write<T>(picks, want, out + int64_t(i) * out_stride, out_stride, reg_sort);
 }
 
 // Multi-block top-k, stage 1 (topk_plan.h): grid (g_launch, rows). Block (g, i) selects the top k
@@ -3604,8 +3656,9 @@ void pack_window(const float* kv, int rows, const RowMeta* meta, const SeqMeta* 
   const int64_t t = int64_t(rows) * (hd / 32);
   if (t > 0) launch_step(k_pack_window, dim3(blocks_for(t, 8)), dim3(256), 0, s, kv, rows, meta, seqs, layer, hd, W);
 }
-// DSUF_PV=warps|cp|tiles picks the softmax + P·V kernel: k_attention_pv<1> (the default, a head a
-// warp: v18 measured 0.06 ms a step faster than two), k_attention_pv<2> or k_attention_pv_tiles.
+// DSUF_PV=warps|cp|tiles picks the softmax + P·V kernel: k_attention_pv<1, UNR> (the default, a head
+// a warp: v18 measured 0.06 ms a step faster than two; UNR by DSUF_PV_UNROLL), k_attention_pv<2, 2>
+// or k_attention_pv_tiles.
 enum PvKernel { kPvOneHead = 0, kPvTwoHeads = 1, kPvTiles = 2 };
 int pv_kernel() {
   static const int k = env_choice("DSUF_PV", {"warps", "cp", "tiles"});  // in PvKernel's order
@@ -3655,7 +3708,8 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   AttentionArgs pa = a;
   if (!emit) pa.o_sink = {};
   const int hpw = pv_kernel() == kPvOneHead ? 1 : 2;
-  auto* k = hpw == 1 ? k_attention_pv<1> : k_attention_pv<2>;
+  static const bool deep_unroll = !env_picks("DSUF_PV_UNROLL", "8", "2");
+  auto* k = hpw == 2 ? k_attention_pv<2, 2> : deep_unroll ? k_attention_pv<1, 8> : k_attention_pv<1, 2>;
   set_smem(k, pv_smem);
   launch_step(k, dim3(pv_grid), dim3(32 * kPvHeads / hpw), pv_smem, s, pa, tile);
   return layout();
@@ -3698,10 +3752,17 @@ void top_k(const float* x, int64_t stride, int rows, const RowMeta* meta, int ra
   const int g = scratch.val ? topk::launch_groups(scratch.max_count, rows, k, scratch.min_chunk, scratch.slots) : 1;
   if (g < 2) {
     static const bool wide = !env_picks("DSUF_TOPK_THREADS", "1024", "256");
+    // DSUF_TOPK_SORT=regs|smem: the picks' sort in registers and shuffles (default, v23 candidate) or
+    // every stage in shared memory (v22); regs needs npow ≤ threads and twice the picks' space.
+    static const bool reg_sort = !env_picks("DSUF_TOPK_SORT", "regs", "smem");
+    const int threads = wide ? 1024 : 256;
+    const size_t sm = reg_sort && npow <= threads ? 2 * smem : smem;
     if (wide)
-      launch_step(k_top_k<1024>, dim3(rows), dim3(1024), smem, s, x, stride, meta, ratio, block, k, out, out_stride);
+      launch_step(k_top_k<1024>, dim3(rows), dim3(1024), sm, s, x, stride, meta, ratio, block, k, out, out_stride,
+                  reg_sort);
     else
-      launch_step(k_top_k<256>, dim3(rows), dim3(256), smem, s, x, stride, meta, ratio, block, k, out, out_stride);
+      launch_step(k_top_k<256>, dim3(rows), dim3(256), sm, s, x, stride, meta, ratio, block, k, out, out_stride,
+                  reg_sort);
     return;
   }
   const int64_t cand_stride = int64_t(g) * topk::slot_stride(k);

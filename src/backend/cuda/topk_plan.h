@@ -66,6 +66,17 @@ DSUF_TOPK_HD bool eligible(uint32_t k) { return k > kNegInfKey; }
 DSUF_TOPK_HD uint64_t pick(uint32_t k, int64_t index) { return (uint64_t(k) << 32) | uint32_t(~uint32_t(index)); }
 DSUF_TOPK_HD int32_t pick_index(uint64_t p) { return int32_t(~uint32_t(p & 0xffffffffu)); }
 
+// One compare-exchange of the descending bitonic sort of the picks: what element j keeps at the
+// stage (size, stride), given its own value and its partner's (element j ^ stride). The lower of
+// the pair keeps the larger where the size-block is descending ((j & size) == 0), the smaller
+// otherwise. The single-block top-k's sort (kernels.cu sort_picks_write) runs its stages in shared
+// memory or, below 32 apart, by warp shuffles, each element applying this.
+DSUF_TOPK_HD uint64_t bitonic_keep(uint64_t mine, uint64_t other, int64_t j, int64_t size, int64_t stride) {
+  const bool desc = (j & size) == 0, lower = (j & stride) == 0;
+  const uint64_t hi = mine > other ? mine : other, lo = mine > other ? other : mine;
+  return desc == lower ? hi : lo;
+}
+
 // Candidate slots per chunk: k rounded up to 4 (so each chunk's run starts float4-aligned).
 DSUF_TOPK_HD int64_t slot_stride(int k) { return (int64_t(k) + 3) / 4 * 4; }
 
