@@ -520,8 +520,8 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
                                                        const float* __restrict__ emix, int emix_stride,
                                                        const float* __restrict__ y_in, float* __restrict__ X,
                                                        int64_t D, const uint16_t* __restrict__ w, float eps,
-                                                       float* __restrict__ y, bool r, InputSink sink) {
-  pdl_entry();
+                                                       float* __restrict__ y, bool r, InputSink sink,
+                                                       bool w_early, int y_parts, const float* __restrict__ y_add) {
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ float us[];  // [32·J]: u[32c + l + 256j] at 32j + l
@@ -530,13 +530,19 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
   const int J = int((D + 255) / 256), E = 32 * J;
   constexpr int kPass = kNormPerThread * 256;
   auto pos = [&](int e) { return int64_t(32 * c + e % 32) + 256 * int64_t(e / 32); };
-  // The norm weights of the first pass now: their latency overlaps everything before the output.
+  // The norm weights of the first pass first: before the dependency wait (w_early, DSUF_W_EARLY=1:
+  // nothing in a step writes them), or right after it; their latency overlaps the stream loads.
   float wv[kNormPerThread];
+  auto load_w = [&] {
 #pragma unroll
-  for (int k = 0; k < kNormPerThread; ++k) {
-    const int e = threadIdx.x + 256 * k;
-    wv[k] = w && e < E && pos(e) < D ? bf16_load(w, pos(e)) : 1.0f;
-  }
+    for (int k = 0; k < kNormPerThread; ++k) {
+      const int e = threadIdx.x + 256 * k;
+      wv[k] = w && e < E && pos(e) < D ? bf16_load(w, pos(e)) : 1.0f;
+    }
+  };
+  if (w_early) load_w();
+  pdl_entry();
+  if (!w_early) load_w();
   float pr[HC], post[HC], C[HC * HC];
 #pragma unroll
   for (int k = 0; k < HC; ++k) pr[k] = pre[int64_t(i) * pre_stride + k];
@@ -556,7 +562,16 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
       const bool ok = e < E && pos(e) < D;
 #pragma unroll
       for (int k = 0; k < HC; ++k) xv[p][k] = ok ? x[int64_t(k) * D + pos(e)] : 0.0f;
-      yv[p] = ok && emix ? y_in[int64_t(i) * D + pos(e)] : 0.0f;
+      if (y_parts == 0) {
+        yv[p] = ok && emix ? y_in[int64_t(i) * D + pos(e)] : 0.0f;
+      } else if (ok) {  // the MoE's output, as k_moe_sum_expand adds it
+        float acc = 0.0f;
+#pragma unroll 8
+        for (int j = 0; j < y_parts; ++j) acc += y_in[(int64_t(i) * y_parts + j) * D + pos(e)];
+        yv[p] = rb(acc + y_add[int64_t(i) * D + pos(e)], r);
+      } else {
+        yv[p] = 0.0f;
+      }
     }
 #pragma unroll
     for (int p = 0; p < kNormPerThread; ++p) {
@@ -638,18 +653,27 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
 // its first kRmsRegs values and weights in registers, so the output needs no second read. y may
 // equal x (a thread rewrites only what it read).
 constexpr int kRmsRegs = 4;
-__global__ void __launch_bounds__(256) k_rmsnorm(RmsJob a, RmsJob b, float eps, bool r) {
-  pdl_entry();
+// w_early (DSUF_W_EARLY=1, the default): the norm weights are loaded before the dependency wait.
+__global__ void __launch_bounds__(256) k_rmsnorm(RmsJob a, RmsJob b, float eps, bool r, bool w_early) {
   const RmsJob jb = blockIdx.y == 0 ? a : b;
   const int64_t dim = jb.dim;
+  float xv[kRmsRegs], wv[kRmsRegs];
+  auto load_w = [&] {
+#pragma unroll
+    for (int p = 0; p < kRmsRegs; ++p) {
+      const int64_t j = threadIdx.x + 256 * p;
+      wv[p] = jb.w && j < dim ? bf16_load(jb.w, j) : 1.0f;
+    }
+  };
+  if (w_early) load_w();  // weights: nothing in a step writes them
+  pdl_entry();
+  if (!w_early) load_w();
   const float* xr = jb.x + int64_t(blockIdx.x) * dim;
   float* yr = jb.y + int64_t(blockIdx.x) * dim;
-  float xv[kRmsRegs], wv[kRmsRegs];
 #pragma unroll
   for (int p = 0; p < kRmsRegs; ++p) {
     const int64_t j = threadIdx.x + 256 * p;
     xv[p] = j < dim ? xr[j] : 0.0f;
-    wv[p] = jb.w && j < dim ? bf16_load(jb.w, j) : 1.0f;
   }
   float ss = 0.0f;
 #pragma unroll
@@ -1510,6 +1534,44 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
                : "r"(addr)
                : "memory");
 }
+// k_fp4_imma's inputs made from a SwigluSource: row `row`'s K-blocks, a warp each in turn, lane l
+// element l — k_swiglu's value, then emit_input's quantization (the scale a warp max) — written as
+// the cp.async staging would leave them: the scale at ssa[kb], plane p's byte at sB[kb·128 + 32p + l]
+// (the pieces 2p + l / 16 of ppos16, byte l % 16). Loads four K-blocks ahead of the arithmetic.
+__device__ __forceinline__ void swiglu_stage(const SwigluSource& swi, int row, int nb, uint8_t* sB, float* ssa) {
+  const int warps = blockDim.x / 32, lane = threadIdx.x % 32;
+  const int64_t K = int64_t(nb) * 32;
+  const float* g = swi.h1 + int64_t(row) * K + lane;
+  const float* u = swi.h3 + int64_t(row) * K + lane;
+  const float wt = swi.weight ? swi.weight[row] : 1.0f;
+  constexpr int kAhead = 4;
+  for (int kb0 = threadIdx.x / 32; kb0 < nb; kb0 += kAhead * warps) {
+    float gv[kAhead], uv[kAhead];
+#pragma unroll
+    for (int a = 0; a < kAhead; ++a) {
+      const int kb = kb0 + a * warps;
+      gv[a] = kb < nb ? g[int64_t(kb) * 32] : 0.0f;
+      uv[a] = kb < nb ? u[int64_t(kb) * 32] : 0.0f;
+    }
+#pragma unroll
+    for (int a = 0; a < kAhead; ++a) {
+      const int kb = kb0 + a * warps;  // warp-uniform
+      if (kb >= nb) break;
+      float gg = gv[a], uu = uv[a];
+      if (swi.clamp && swi.limit > 0) {
+        gg = fminf(gg, swi.limit);
+        uu = fminf(fmaxf(uu, -swi.limit), swi.limit);
+      }
+      const float h = rb(wt * (det::silu(gg) * uu), swi.r);
+      const float sc = fp8_block_scale(h);
+      const float v = e4m3_val(fp8_code(h, sc));
+      if (lane == 0) ssa[kb] = sc;
+      const int32_t X = det::e4m3_x512(v);
+      uint8_t* b = sB + kb * 128 + lane;
+      b[0] = det::x512_plane(X, 0), b[32] = det::x512_plane(X, 1), b[64] = det::x512_plane(X, 2);
+    }
+  }
+}
 // kTiled (DSUF_FP4=tiled, k_fp4_imma<…, true>): the weights in det::fp4_tiled_offset's layout (laid out
 // so at load, fp4_tile_in_place), so that a lane's stage is one 16-byte load of a contiguous 512-byte
 // warp load straight into registers — kImmaStages − 1 stages in flight, no ring, no ldmatrix.
@@ -1519,7 +1581,7 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
                                                                  const float* __restrict__ xs, int64_t xs_stride,
                                                                  const uint8_t* __restrict__ xp, int64_t xp_stride,
                                                                  int x_div, float* y, bool r, Fp4Pair pair,
-                                                                 const int32_t* order) {
+                                                                 const int32_t* order, SwigluSource swi) {
   static_assert(16 % kImmaStages == 0, "a chunk's 16 stages start on slot 0 of the ring");
   extern __shared__ __align__(16) uint8_t imma_sm[];
   const int nb = int(K / 32), nst = (nb + 1) / 2;  // K-blocks; stages of two
@@ -1556,13 +1618,16 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
       cp_async_commit();
     }
   };
-  // The input planes, scales and the 16 rows' scale codes: one group, before the ring's stages.
-  for (int i = threadIdx.x; i < nb * 6; i += blockDim.x)  // 16-byte piece j = i % 6: plane j / 2, half j % 2
-    cp_async16_to(smem_u32(sB + (i / 6) * 128 + (i % 6) * 16), xp + ppos16(i / 6, i % 6) * 16);
+  // The input planes, scales and the 16 rows' scale codes: one group, before the ring's stages (with
+  // a SwigluSource the planes and scales are made below, while the first stages are in flight).
+  if (!swi.h1) {
+    for (int i = threadIdx.x; i < nb * 6; i += blockDim.x)  // 16-byte piece j = i % 6: plane j / 2, half j % 2
+      cp_async16_to(smem_u32(sB + (i / 6) * 128 + (i % 6) * 16), xp + ppos16(i / 6, i % 6) * 16);
+    for (int i = threadIdx.x; i < nb; i += blockDim.x) cp_async4_to(smem_u32(ssa + i), xs + i);
+  }
   for (int i = threadIdx.x; i < nb * 2; i += blockDim.x)  // plane 3: ones
     *reinterpret_cast<uint4*>(sB + (i / 2) * 128 + 96 + (i % 2) * 16) =
         make_uint4(0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u);
-  for (int i = threadIdx.x; i < nb; i += blockDim.x) cp_async4_to(smem_u32(ssa + i), xs + i);
   if (active) {
     if ((reinterpret_cast<uintptr_t>(Se) & 3) == 0) {
       const int n4 = nb / 4;
@@ -1577,6 +1642,7 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   cp_async_commit();
 #pragma unroll
   for (int st = 0; st < kImmaStages - 1; ++st) issue(st, st);
+  if (swi.h1) swiglu_stage(swi, row / x_div, nb, sB, ssa);
   if constexpr (kTiled) cp_async_wait_group<0>();  // the first group, the only one
   else cp_async_wait_group<kImmaStages - 1>();
   __syncthreads();
@@ -2889,13 +2955,20 @@ __global__ void k_mask_from_selection(const int32_t* sel, int sel_stride, uint8_
 // parallel, then warp 0's k rounds of argmax (largest score + bias among the experts not yet taken,
 // ties to the lower id — the reference's sequential scan picks the same one for any non-NaN scores).
 __global__ void k_route(const float* logits, int E, int k, const float* bias, const float* bias_vl,
-                        const uint8_t* image, float temp, float route_scale, int32_t* ids, float* w) {
+                        const uint8_t* image, float temp, float route_scale, int32_t* ids, float* w,
+                        bool w_early) {
+  // A thread's first expert's two biases before the dependency wait (w_early, DSUF_W_EARLY=1: weights;
+  // which one applies depends on the step's image flags, read after it).
+  const bool early = w_early && threadIdx.x < E;
+  const float b0 = early ? bias[threadIdx.x] : 0.0f;
+  const float bv0 = early && bias_vl ? bias_vl[threadIdx.x] : 0.0f;
   pdl_entry();
   extern __shared__ float sv[];  // [E] score s, [E] s + bias, [E] taken flags
   __shared__ float picked[32];
   const int i = blockIdx.x, lane = threadIdx.x;
   const float* l = logits + int64_t(i) * E;
-  const float* b = image && image[i] ? bias_vl : bias;
+  const bool vl = image && image[i];
+  const float* b = vl ? bias_vl : bias;
   float* sc = sv;
   float* val = sv + E;
   float* taken = sv + 2 * E;
@@ -2904,7 +2977,7 @@ __global__ void k_route(const float* logits, int E, int k, const float* bias, co
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
     const float x = l[e] / temp;
     sc[e] = sqrtf(det::softplus(x));
-    val[e] = sc[e] + b[e];
+    val[e] = sc[e] + (early && e == threadIdx.x ? (vl ? bv0 : b0) : b[e]);
     taken[e] = 0.0f;
   }
   __syncthreads();
@@ -3273,23 +3346,33 @@ void hc_collapse(const float* pre, int pre_stride, const float* X, int n, int hc
                  cudaStream_t s) {
   launch_step(k_hc_collapse, dim3(blocks_for(D, 256), n), dim3(256), 0, s, pre, pre_stride, X, hc, D, u, r);
 }
+// DSUF_W_EARLY=1|0: whether the norms and the route load their weights (norm weights, biases) before
+// the dependency wait (1, the default since v24) or after it.
+namespace {
+bool weights_early() {
+  static const bool early = !env_picks("DSUF_W_EARLY", "1", "0");
+  return early;
+}
+}  // namespace
 void collapse_norm(const float* pre, int pre_stride, const float* emix, int emix_stride, const float* y_in, float* X,
                    int n, int hc, int64_t D, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s,
-                   const InputSink& sink) {
+                   const InputSink& sink, int y_parts, const float* y_add) {
   if (n <= 0) return;
   DSUF_CHECK(!sink.xq || D % 32 == 0, "collapse_norm: an input sink needs D % 32 == 0");
+  DSUF_CHECK(y_parts == 0 || (emix && y_in && y_add && y_parts > 0), "collapse_norm: a summed site output (",
+             y_parts, " parts) needs emix, y_in and y_add");
   const size_t smem = size_t((D + 255) / 256) * 32 * sizeof(float);
   DSUF_CHECK(smem <= 200 * 1024, "collapse_norm: hidden size ", D, " too large");
   with_hc(hc, [&](auto H) {
     auto* k = k_collapse_norm<decltype(H)::value>;
     set_smem(k, smem);
     launch_step_in(kNormCluster, k, dim3(kNormCluster, n), dim3(256), smem, s, pre, pre_stride, emix, emix_stride, y_in,
-                   X, D, w, eps, y, r, sink);
+                   X, D, w, eps, y, r, sink, weights_early(), y_parts, y_add);
   });
 }
 void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s) {
   const RmsJob j{x, dim, w, y};
-  if (rows > 0) launch_step(k_rmsnorm, dim3(unsigned(rows), 1), dim3(256), 0, s, j, j, eps, r);
+  if (rows > 0) launch_step(k_rmsnorm, dim3(unsigned(rows), 1), dim3(256), 0, s, j, j, eps, r, weights_early());
 }
 namespace {
 void check_fused_rope(const FusedRope& f, const char* what) {
@@ -3305,7 +3388,7 @@ void rmsnorm2(const RmsJob& a, const RmsJob& b, int64_t rows, float eps, bool r,
     DSUF_CHECK(!j->fq_rope.cs || (j->fake_quant && j->fq_rope.heads == 1 && j->fq_rope.dim == j->dim),
                "rmsnorm2: a fused rope goes with fake_quant, one head of dim values");
   }
-  if (rows > 0) launch_step(k_rmsnorm, dim3(unsigned(rows), 2), dim3(256), 0, s, a, b, eps, r);
+  if (rows > 0) launch_step(k_rmsnorm, dim3(unsigned(rows), 2), dim3(256), 0, s, a, b, eps, r, weights_early());
 }
 namespace {
 // Outputs per warp: more per warp (more weight bytes in flight per input read) while the grid still
@@ -3411,6 +3494,7 @@ struct Fp4Call {
   cudaStream_t s;
   Fp4Pair pair;
   const int32_t* order = nullptr;  // k_fp4_imma only: grid.y row i is routed row order[i]
+  SwigluSource swi = {};           // k_fp4_imma only: the inputs made from h1, h3
 };
 template <int OPW, bool kExact>
 void launch_fp4(const Fp4Call& c) {
@@ -3474,6 +3558,13 @@ bool tiled_rows_mma(int64_t rows, int64_t experts) {
 // k_fp4_imma's launch: DSUF_IMMA=stages,warps (the ring's depth in stages of 2 K-blocks, the warps a
 // block) or, tiled, DSUF_TILED=stages,warps (stages − 1 in flight); the first value is the default.
 // (v18 also tried per launch the fewest warps whose grid fits one block an SM: the same time as 4,16.)
+// A SwigluSource for the slice of rows from input row x0 on (as the launch offsets its inputs).
+SwigluSource slice_swiglu(SwigluSource swi, int64_t x0, int64_t K) {
+  if (!swi.h1) return swi;
+  swi.h1 += x0 * K, swi.h3 += x0 * K;
+  if (swi.weight) swi.weight += x0;
+  return swi;
+}
 template <bool kTiled>
 void launch_imma(const Fp4Call& c) {
   struct Shape {
@@ -3508,7 +3599,7 @@ void launch_imma(const Fp4Call& c) {
                imma_smem(c.K / 32, sh.stages, sh.warps, kTiled), c.s, c.W, c.Ws,
                c.ids ? c.ids + rb0 : nullptr, c.out, c.K, c.in.scale + xr * c.in.scale_stride, c.in.scale_stride,
                c.in.planes + xr * c.in.plane_stride, c.in.plane_stride, c.x_div, c.y + rb0 * c.out, c.r, pair,
-               c.order ? c.order + b : nullptr);
+               c.order ? c.order + b : nullptr, slice_swiglu(c.swi, rb0 / c.x_div, c.K));
   }
 }
 template <bool kExact>
@@ -3583,11 +3674,17 @@ void group_rows(const int32_t* ids, int64_t rows, int experts, RowGroups& g, cud
               kRowGroup, g.order, g.groups, g.n_groups);
   DSUF_CUDA(cudaGetLastError());
 }
+bool fp4_takes_swiglu(int64_t out, int64_t K, const RowGroups* groups, bool tiled) {
+  return tiled && det::fp4_tileable(out, K) &&
+         !(groups && K / 32 <= kMmaRowMaxNb && tiled_rows_mma(groups->rows, groups->experts));
+}
 void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
                         const LinearInput& in, int x_div, int64_t rows, float* y, bool r, cudaStream_t s,
-                        const Fp4Pair& pair, const RowGroups* groups, bool tiled) {
+                        const Fp4Pair& pair, const RowGroups* groups, bool tiled, const SwigluSource& swi) {
   DSUF_CHECK(K % 32 == 0 && in.group_stride == interleaved_k(K), "fp4_linear: K = ", K, ", input laid out for ",
              in.group_stride);
+  DSUF_CHECK(!swi.h1 || fp4_takes_swiglu(out, K, groups, tiled),
+             "fp4_linear: a SwigluSource needs the tiled one-row kernel (fp4_takes_swiglu)");
   DSUF_CHECK(!in.scale || (in.planes && in.plane_stride >= interleaved_planes(K)),
              "fp4_linear: quantized inputs without their byte planes (InputSink::xp)");
   if (rows <= 0) return;
@@ -3602,7 +3699,8 @@ void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const
                  groups->order, out, K, in.scale, in.scale_stride, in.planes, in.plane_stride, x_div, y, r, pair);
       return;
     }
-    launch_imma<true>(Fp4Call{W, Ws, ids, out, K, in, x_div, rows, y, r, s, pair, groups ? groups->order : nullptr});
+    launch_imma<true>(
+        Fp4Call{W, Ws, ids, out, K, in, x_div, rows, y, r, s, pair, groups ? groups->order : nullptr, swi});
     return;
   }
   if (groups && in.scale && fp4_rows_mma(groups->rows, groups->experts) && K / 32 <= kMmaRowMaxNb) {
@@ -3796,7 +3894,7 @@ void route(const float* logits, int n, int E, int k, const float* bias, const fl
   set_smem(k_route, smem);
   const int threads = int(std::clamp<int64_t>((E + 31) / 32 * 32, 32, 1024));
   if (n) launch_step(k_route, dim3(n), dim3(threads), smem, s, logits, E, k, bias, bias_vl, image, temp, route_scale,
-                     ids, w);
+                     ids, w, weights_early());
 }
 void swiglu(float* h1, const float* h3, int64_t rows, int64_t F, const float* weight, float limit, bool clamp, bool r,
             cudaStream_t s, const InputSink& sink) {
