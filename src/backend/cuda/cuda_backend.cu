@@ -161,7 +161,6 @@ struct CudaBackend::Impl {
   bool gather_early = true;  // DSUF_GATHER=early|late (attention())
   bool comp_fork_early = true;  // DSUF_COMP_FORK=early|late (attention())
   bool idx_q_main = true;       // DSUF_IDX_Q=main|side (attention())
-  bool swiglu_fused = true;     // DSUF_SWIGLU=fused|kernel (moe())
   bool sum_in_collapse = true;  // DSUF_SUM_EXPAND=collapse|kernel (enqueue_step())
   cudaStream_t mix_side = nullptr;  // the mHC mixes (hc_mix_fork); null: they run on `stream`
   cudaEvent_t mix_ev_fork = nullptr, ev_mix = nullptr;
@@ -521,7 +520,6 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   gather_early = !env_picks("DSUF_GATHER", "early", "late");
   comp_fork_early = !env_picks("DSUF_COMP_FORK", "early", "late");
   idx_q_main = !env_picks("DSUF_IDX_Q", "main", "side");
-  swiglu_fused = !env_picks("DSUF_SWIGLU", "fused", "kernel");
   sum_in_collapse = !env_picks("DSUF_SUM_EXPAND", "collapse", "kernel");
   mix_late = env_picks("DSUF_MIX_FORK", "early", "late");
   if (const char* f = std::getenv("DSUF_HC_FORK"); !f || std::string(f) != "0") {
@@ -1247,16 +1245,9 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
   } else {
     cuda::fp4_linear_grouped(d.experts.w1, d.experts.s1, ws.ids, F, D, xin, K, rows, ws.h1, r, stream,
                              {.W = d.experts.w3, .Ws = d.experts.s3, .y = ws.h3}, grouped, experts_tiled);
-    // DSUF_SWIGLU=fused (default): w2's kernel makes its inputs from h1 and h3 as it stages them (one
-    // launch fewer on the chain), where that kernel runs (tiled weights, a row at a time); kernel:
-    // swiglu() lays them out first.
-    cuda::SwigluSource swi{.h1 = ws.h1, .h3 = ws.h3, .weight = ws.rw, .limit = limit, .clamp = true, .r = r};
-    if (!swiglu_fused || !cuda::fp4_takes_swiglu(D, F, grouped, experts_tiled)) {
-      cuda::swiglu(ws.h1, ws.h3, rows, F, ws.rw, limit, true, r, stream, hsink);
-      swi = {};
-    }
+    cuda::swiglu(ws.h1, ws.h3, rows, F, ws.rw, limit, true, r, stream, hsink);
     cuda::fp4_linear_grouped(d.experts.w2, d.experts.s2, ws.ids, D, F, hin, 1, rows, ws.ye, r, stream, {},
-                             grouped, experts_tiled, swi);
+                             grouped, experts_tiled);
     // Tensor parallel: the rows of ye whose expert another rank owns were computed with a stand-in
     // expert and are replaced by the owner's; the shared expert runs whole on its layer's owner.
     if (part.owns_shared(l)) join();
@@ -1368,7 +1359,8 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
     mark(kMoe);
     // The FFN site's expansion ends moe(), or, when the next layer starts with its collapse (no Engram
     // gate before it, no trace reading the streams), goes into that collapse.
-    moe_pending = sum_in_collapse && !trace && li + 1 < c.layers.size() && c.layers[li + 1].engram_slot < 0;
+    moe_pending = sum_in_collapse && !trace && li + 1 < c.layers.size() && c.layers[li + 1].engram_slot < 0 &&
+                  t.num_experts_per_tok <= cuda::kCollapseSumParts;
     moe(l, n, st.image, cuda::sink_input(fsink, D), ws.mix_f, !moe_pending);
     // pre of the FFN site feeds the next attention site's collapse.
     pre = ws.mix_f, pre_stride = ms;

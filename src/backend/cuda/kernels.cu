@@ -556,6 +556,7 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
   float* x = X + int64_t(i) * HC * D;
   for (int e0 = 0; e0 < E; e0 += kPass) {
     float xv[kNormPerThread][HC], yv[kNormPerThread];
+    float yp[kNormPerThread][kCollapseSumParts];  // y_parts > 0: the parts, then y_add, of the site output
 #pragma unroll
     for (int p = 0; p < kNormPerThread; ++p) {  // all loads of the pass first
       const int e = e0 + threadIdx.x + 256 * p;
@@ -564,13 +565,21 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
       for (int k = 0; k < HC; ++k) xv[p][k] = ok ? x[int64_t(k) * D + pos(e)] : 0.0f;
       if (y_parts == 0) {
         yv[p] = ok && emix ? y_in[int64_t(i) * D + pos(e)] : 0.0f;
-      } else if (ok) {  // the MoE's output, as k_moe_sum_expand adds it
-        float acc = 0.0f;
-#pragma unroll 8
-        for (int j = 0; j < y_parts; ++j) acc += y_in[(int64_t(i) * y_parts + j) * D + pos(e)];
-        yv[p] = rb(acc + y_add[int64_t(i) * D + pos(e)], r);
       } else {
-        yv[p] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kCollapseSumParts; ++j)
+          yp[p][j] = ok && j < y_parts ? y_in[(int64_t(i) * y_parts + j) * D + pos(e)] : 0.0f;
+        yv[p] = ok ? y_add[int64_t(i) * D + pos(e)] : 0.0f;
+      }
+    }
+    if (y_parts > 0) {  // the MoE's output, added as k_moe_sum_expand adds it
+#pragma unroll
+      for (int p = 0; p < kNormPerThread; ++p) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kCollapseSumParts; ++j)
+          if (j < y_parts) acc += yp[p][j];
+        yv[p] = rb(acc + yv[p], r);
       }
     }
 #pragma unroll
@@ -1534,44 +1543,6 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
                : "r"(addr)
                : "memory");
 }
-// k_fp4_imma's inputs made from a SwigluSource: row `row`'s K-blocks, a warp each in turn, lane l
-// element l — k_swiglu's value, then emit_input's quantization (the scale a warp max) — written as
-// the cp.async staging would leave them: the scale at ssa[kb], plane p's byte at sB[kb·128 + 32p + l]
-// (the pieces 2p + l / 16 of ppos16, byte l % 16). Loads four K-blocks ahead of the arithmetic.
-__device__ __forceinline__ void swiglu_stage(const SwigluSource& swi, int row, int nb, uint8_t* sB, float* ssa) {
-  const int warps = blockDim.x / 32, lane = threadIdx.x % 32;
-  const int64_t K = int64_t(nb) * 32;
-  const float* g = swi.h1 + int64_t(row) * K + lane;
-  const float* u = swi.h3 + int64_t(row) * K + lane;
-  const float wt = swi.weight ? swi.weight[row] : 1.0f;
-  constexpr int kAhead = 4;
-  for (int kb0 = threadIdx.x / 32; kb0 < nb; kb0 += kAhead * warps) {
-    float gv[kAhead], uv[kAhead];
-#pragma unroll
-    for (int a = 0; a < kAhead; ++a) {
-      const int kb = kb0 + a * warps;
-      gv[a] = kb < nb ? g[int64_t(kb) * 32] : 0.0f;
-      uv[a] = kb < nb ? u[int64_t(kb) * 32] : 0.0f;
-    }
-#pragma unroll
-    for (int a = 0; a < kAhead; ++a) {
-      const int kb = kb0 + a * warps;  // warp-uniform
-      if (kb >= nb) break;
-      float gg = gv[a], uu = uv[a];
-      if (swi.clamp && swi.limit > 0) {
-        gg = fminf(gg, swi.limit);
-        uu = fminf(fmaxf(uu, -swi.limit), swi.limit);
-      }
-      const float h = rb(wt * (det::silu(gg) * uu), swi.r);
-      const float sc = fp8_block_scale(h);
-      const float v = e4m3_val(fp8_code(h, sc));
-      if (lane == 0) ssa[kb] = sc;
-      const int32_t X = det::e4m3_x512(v);
-      uint8_t* b = sB + kb * 128 + lane;
-      b[0] = det::x512_plane(X, 0), b[32] = det::x512_plane(X, 1), b[64] = det::x512_plane(X, 2);
-    }
-  }
-}
 // kTiled (DSUF_FP4=tiled, k_fp4_imma<…, true>): the weights in det::fp4_tiled_offset's layout (laid out
 // so at load, fp4_tile_in_place), so that a lane's stage is one 16-byte load of a contiguous 512-byte
 // warp load straight into registers — kImmaStages − 1 stages in flight, no ring, no ldmatrix.
@@ -1581,7 +1552,7 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
                                                                  const float* __restrict__ xs, int64_t xs_stride,
                                                                  const uint8_t* __restrict__ xp, int64_t xp_stride,
                                                                  int x_div, float* y, bool r, Fp4Pair pair,
-                                                                 const int32_t* order, SwigluSource swi) {
+                                                                 const int32_t* order) {
   static_assert(16 % kImmaStages == 0, "a chunk's 16 stages start on slot 0 of the ring");
   extern __shared__ __align__(16) uint8_t imma_sm[];
   const int nb = int(K / 32), nst = (nb + 1) / 2;  // K-blocks; stages of two
@@ -1618,16 +1589,13 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
       cp_async_commit();
     }
   };
-  // The input planes, scales and the 16 rows' scale codes: one group, before the ring's stages (with
-  // a SwigluSource the planes and scales are made below, while the first stages are in flight).
-  if (!swi.h1) {
-    for (int i = threadIdx.x; i < nb * 6; i += blockDim.x)  // 16-byte piece j = i % 6: plane j / 2, half j % 2
-      cp_async16_to(smem_u32(sB + (i / 6) * 128 + (i % 6) * 16), xp + ppos16(i / 6, i % 6) * 16);
-    for (int i = threadIdx.x; i < nb; i += blockDim.x) cp_async4_to(smem_u32(ssa + i), xs + i);
-  }
+  // The input planes, scales and the 16 rows' scale codes: one group, before the ring's stages.
+  for (int i = threadIdx.x; i < nb * 6; i += blockDim.x)  // 16-byte piece j = i % 6: plane j / 2, half j % 2
+    cp_async16_to(smem_u32(sB + (i / 6) * 128 + (i % 6) * 16), xp + ppos16(i / 6, i % 6) * 16);
   for (int i = threadIdx.x; i < nb * 2; i += blockDim.x)  // plane 3: ones
     *reinterpret_cast<uint4*>(sB + (i / 2) * 128 + 96 + (i % 2) * 16) =
         make_uint4(0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u);
+  for (int i = threadIdx.x; i < nb; i += blockDim.x) cp_async4_to(smem_u32(ssa + i), xs + i);
   if (active) {
     if ((reinterpret_cast<uintptr_t>(Se) & 3) == 0) {
       const int n4 = nb / 4;
@@ -1642,7 +1610,6 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   cp_async_commit();
 #pragma unroll
   for (int st = 0; st < kImmaStages - 1; ++st) issue(st, st);
-  if (swi.h1) swiglu_stage(swi, row / x_div, nb, sB, ssa);
   if constexpr (kTiled) cp_async_wait_group<0>();  // the first group, the only one
   else cp_async_wait_group<kImmaStages - 1>();
   __syncthreads();
@@ -3359,8 +3326,9 @@ void collapse_norm(const float* pre, int pre_stride, const float* emix, int emix
                    const InputSink& sink, int y_parts, const float* y_add) {
   if (n <= 0) return;
   DSUF_CHECK(!sink.xq || D % 32 == 0, "collapse_norm: an input sink needs D % 32 == 0");
-  DSUF_CHECK(y_parts == 0 || (emix && y_in && y_add && y_parts > 0), "collapse_norm: a summed site output (",
-             y_parts, " parts) needs emix, y_in and y_add");
+  DSUF_CHECK(y_parts == 0 || (emix && y_in && y_add && y_parts > 0 && y_parts <= kCollapseSumParts),
+             "collapse_norm: a summed site output (", y_parts, " parts; at most ", kCollapseSumParts,
+             ") needs emix, y_in and y_add");
   const size_t smem = size_t((D + 255) / 256) * 32 * sizeof(float);
   DSUF_CHECK(smem <= 200 * 1024, "collapse_norm: hidden size ", D, " too large");
   with_hc(hc, [&](auto H) {
@@ -3494,7 +3462,6 @@ struct Fp4Call {
   cudaStream_t s;
   Fp4Pair pair;
   const int32_t* order = nullptr;  // k_fp4_imma only: grid.y row i is routed row order[i]
-  SwigluSource swi = {};           // k_fp4_imma only: the inputs made from h1, h3
 };
 template <int OPW, bool kExact>
 void launch_fp4(const Fp4Call& c) {
@@ -3558,13 +3525,6 @@ bool tiled_rows_mma(int64_t rows, int64_t experts) {
 // k_fp4_imma's launch: DSUF_IMMA=stages,warps (the ring's depth in stages of 2 K-blocks, the warps a
 // block) or, tiled, DSUF_TILED=stages,warps (stages − 1 in flight); the first value is the default.
 // (v18 also tried per launch the fewest warps whose grid fits one block an SM: the same time as 4,16.)
-// A SwigluSource for the slice of rows from input row x0 on (as the launch offsets its inputs).
-SwigluSource slice_swiglu(SwigluSource swi, int64_t x0, int64_t K) {
-  if (!swi.h1) return swi;
-  swi.h1 += x0 * K, swi.h3 += x0 * K;
-  if (swi.weight) swi.weight += x0;
-  return swi;
-}
 template <bool kTiled>
 void launch_imma(const Fp4Call& c) {
   struct Shape {
@@ -3599,7 +3559,7 @@ void launch_imma(const Fp4Call& c) {
                imma_smem(c.K / 32, sh.stages, sh.warps, kTiled), c.s, c.W, c.Ws,
                c.ids ? c.ids + rb0 : nullptr, c.out, c.K, c.in.scale + xr * c.in.scale_stride, c.in.scale_stride,
                c.in.planes + xr * c.in.plane_stride, c.in.plane_stride, c.x_div, c.y + rb0 * c.out, c.r, pair,
-               c.order ? c.order + b : nullptr, slice_swiglu(c.swi, rb0 / c.x_div, c.K));
+               c.order ? c.order + b : nullptr);
   }
 }
 template <bool kExact>
@@ -3674,17 +3634,11 @@ void group_rows(const int32_t* ids, int64_t rows, int experts, RowGroups& g, cud
               kRowGroup, g.order, g.groups, g.n_groups);
   DSUF_CUDA(cudaGetLastError());
 }
-bool fp4_takes_swiglu(int64_t out, int64_t K, const RowGroups* groups, bool tiled) {
-  return tiled && det::fp4_tileable(out, K) &&
-         !(groups && K / 32 <= kMmaRowMaxNb && tiled_rows_mma(groups->rows, groups->experts));
-}
 void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
                         const LinearInput& in, int x_div, int64_t rows, float* y, bool r, cudaStream_t s,
-                        const Fp4Pair& pair, const RowGroups* groups, bool tiled, const SwigluSource& swi) {
+                        const Fp4Pair& pair, const RowGroups* groups, bool tiled) {
   DSUF_CHECK(K % 32 == 0 && in.group_stride == interleaved_k(K), "fp4_linear: K = ", K, ", input laid out for ",
              in.group_stride);
-  DSUF_CHECK(!swi.h1 || fp4_takes_swiglu(out, K, groups, tiled),
-             "fp4_linear: a SwigluSource needs the tiled one-row kernel (fp4_takes_swiglu)");
   DSUF_CHECK(!in.scale || (in.planes && in.plane_stride >= interleaved_planes(K)),
              "fp4_linear: quantized inputs without their byte planes (InputSink::xp)");
   if (rows <= 0) return;
@@ -3699,8 +3653,7 @@ void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const
                  groups->order, out, K, in.scale, in.scale_stride, in.planes, in.plane_stride, x_div, y, r, pair);
       return;
     }
-    launch_imma<true>(
-        Fp4Call{W, Ws, ids, out, K, in, x_div, rows, y, r, s, pair, groups ? groups->order : nullptr, swi});
+    launch_imma<true>(Fp4Call{W, Ws, ids, out, K, in, x_div, rows, y, r, s, pair, groups ? groups->order : nullptr});
     return;
   }
   if (groups && in.scale && fp4_rows_mma(groups->rows, groups->experts) && K / 32 <= kMmaRowMaxNb) {

@@ -55,7 +55,8 @@ struct InputSink {
 // y_in, as the reference's hc_expand: X_k ← bf16(post_k·y_in + Σ_j C[j][k]·X_j). y is also laid out for
 // the linears through sink when set (D % 32 == 0). With y_parts > 0 the site output is the MoE's,
 // summed on the way as moe_sum_expand sums it: y_in holds y_parts rows a row (the routed experts'
-// outputs) and the output is bf16(Σ_j y_in[row·y_parts + j] + y_add[row]).
+// outputs) and the output is bf16(Σ_j y_in[row·y_parts + j] + y_add[row]), y_parts ≤ kCollapseSumParts.
+constexpr int kCollapseSumParts = 8;
 void collapse_norm(const float* pre, int pre_stride, const float* emix, int emix_stride, const float* y_in, float* X,
                    int n, int hc, int64_t D, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s,
                    const InputSink& sink = {}, int y_parts = 0, const float* y_add = nullptr);
@@ -142,29 +143,11 @@ int64_t group_bound(int64_t rows, int experts);
 // Builds g from ids[0..rows) (experts 0..experts-1), one block; g's buffers hold rows, 3·rows and 1
 // int32.
 void group_rows(const int32_t* ids, int64_t rows, int experts, RowGroups& g, cudaStream_t s);
-// The routed experts' SwiGLU, done by the FP4 linear after it (w2) as it stages its inputs, instead
-// of swiglu() writing them through an InputSink one launch earlier: input row i is
-// bf16(weight[i]·silu(min(h1,L))·clamp(h3,±L)) (clamped when clamp; L = limit) over rows of K
-// values, quantized as the sink would quantize it (the same bits; h1 is not rewritten).
-struct SwigluSource {
-  const float* h1 = nullptr;  // null: the inputs come from the LinearInput
-  const float* h3 = nullptr;
-  const float* weight = nullptr;  // per row; null: 1
-  float limit = 0.0f;
-  bool clamp = false;
-  bool r = false;
-};
 // tiled: the experts' weights are laid out as fp4_tile_in_place leaves them (the matrices it tiles:
 // det::fp4_tileable), read by k_fp4_imma<…, true> (one row at a time) and k_fp4_mma_rows<true> (groups).
-// swi (h1 set): only where fp4_takes_swiglu(out, K, groups, tiled); in still names the (unwritten)
-// quantized input buffers.
 void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out,
                         int64_t K, const LinearInput& in, int x_div, int64_t rows, float* y, bool r, cudaStream_t s,
-                        const Fp4Pair& pair = {}, const RowGroups* groups = nullptr, bool tiled = false,
-                        const SwigluSource& swi = {});
-// Whether fp4_linear_grouped with these arguments runs k_fp4_imma<…, true>, the kernel that can take a
-// SwigluSource.
-bool fp4_takes_swiglu(int64_t out, int64_t K, const RowGroups* groups, bool tiled);
+                        const Fp4Pair& pair = {}, const RowGroups* groups = nullptr, bool tiled = false);
 // Whether the routed experts' E2M1 weights are to be laid out at load as k_fp4_imma<…, true>'s tiles
 // (core/fp4_dp4a.h, det::fp4_tiled_offset): by default wherever the model allows it (quantized
 // activations, experts not split by width), DSUF_FP4=tiled requires it, any other DSUF_FP4 keeps
