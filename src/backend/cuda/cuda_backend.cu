@@ -161,7 +161,6 @@ struct CudaBackend::Impl {
   bool gather_early = true;  // DSUF_GATHER=early|late (attention())
   bool comp_fork_early = true;  // DSUF_COMP_FORK=early|late (attention())
   bool idx_q_main = true;       // DSUF_IDX_Q=main|side (attention())
-  bool sum_in_collapse = true;  // DSUF_SUM_EXPAND=collapse|kernel (enqueue_step())
   cudaStream_t mix_side = nullptr;  // the mHC mixes (hc_mix_fork); null: they run on `stream`
   cudaEvent_t mix_ev_fork = nullptr, ev_mix = nullptr;
   bool mix_pending = false;  // a mix on `mix_side` that `stream` has not waited for yet
@@ -335,9 +334,7 @@ struct CudaBackend::Impl {
   void indexer_xn_part(int l, const Step& st, cudaStream_t stream);
   void indexer_query(int l, const Step& st, const cuda::LinearInput& qin, cudaStream_t stream);
   void indexer_branch(int l, const Step& st, const cuda::LinearInput& qin, bool with_query, cudaStream_t stream);
-  // expand: false leaves the output in ws.ye/ws.ys for the next attention site's collapse to expand.
-  void moe(int l, int n, const uint8_t* image, const cuda::LinearInput& xin, const float* expand_mix,
-           bool expand = true);
+  void moe(int l, int n, const uint8_t* image, const cuda::LinearInput& xin, const float* expand_mix);
   // mHC mixes on a second stream (off the critical path: a site's mix is read only by its expansion,
   // after its attention/MoE, and by the next site's collapse); DSUF_HC_FORK=0 keeps them on `stream`.
   // `also`, when set, is enqueued on the mix's stream after the mix (work that nothing reads before
@@ -520,7 +517,6 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   gather_early = !env_picks("DSUF_GATHER", "early", "late");
   comp_fork_early = !env_picks("DSUF_COMP_FORK", "early", "late");
   idx_q_main = !env_picks("DSUF_IDX_Q", "main", "side");
-  sum_in_collapse = !env_picks("DSUF_SUM_EXPAND", "collapse", "kernel");
   mix_late = env_picks("DSUF_MIX_FORK", "early", "late");
   if (const char* f = std::getenv("DSUF_HC_FORK"); !f || std::string(f) != "0") {
     DSUF_CUDA(cudaStreamCreate(&mix_side));
@@ -1183,7 +1179,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
 }
 
 void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::LinearInput& xin,
-                            const float* expand_mix, bool expand) {
+                            const float* expand_mix) {
   const TextConfig& t = cfg.text;
   const DevLayer& d = layers[l];
   const bool r = opt.numerics.bf16_activations, aq = opt.numerics.act_quant;
@@ -1254,9 +1250,7 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
     cuda::gather_expert_rows(comm, ws.ye, ws.ids, rows, D, tp_recv, ws.ys, n, part.shared_owner(l), stream);
   }
   hc_mix_join();  // the site's mix (post, comb) expands the output into the streams
-  if (expand)
-    cuda::moe_sum_expand(ws.ye, K, ws.ys, n, t.hc_mult, D, expand_mix, cuda::hc_mix_stride(t.hc_mult), ws.X, r,
-                         stream);
+  cuda::moe_sum_expand(ws.ye, K, ws.ys, n, t.hc_mult, D, expand_mix, cuda::hc_mix_stride(t.hc_mult), ws.X, r, stream);
 }
 
 void CudaBackend::Impl::hc_mix_fork(const float* fn, const float* base, const float* scale, int n, float* out,
@@ -1309,11 +1303,7 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
   cuda::embed(st.tok, n, embed, D, hc, ws.X, ws.pre, stream);
   const float* pre = ws.pre;  // the next attention site's collapse weights: the embedding's one-hot
   int pre_stride = hc;
-  // The previous FFN site's output (ws.ye, ws.ys) still to be expanded into the streams, with its mix
-  // pre (DSUF_SUM_EXPAND=collapse): by the next attention site's collapse, one launch fewer.
-  bool moe_pending = false;
-  for (size_t li = 0; li < c.layers.size(); ++li) {
-    const LayerPlan& lp = c.layers[li];
+  for (const LayerPlan& lp : c.layers) {
     const int l = lp.layer;
     const DevLayer& d = layers[l];
     if (lp.engram_slot >= 0) {
@@ -1334,13 +1324,8 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
     // Both collapses also lay their rows out for the site's first linears (xq[0], no linear_input).
     const cuda::InputSink xsink{ws.xq[0], ws.xs[0], opt.numerics.act_quant};
     const cuda::LinearInput xin = cuda::sink_input(xsink, D);
-    if (moe_pending)  // the previous FFN site's expansion first (its mix: pre's rows)
-      cuda::collapse_norm(pre, pre_stride, pre, pre_stride, ws.ye, ws.X, n, hc, D, d.attn_norm, eps, ws.xn, r, stream,
-                          xsink, t.num_experts_per_tok, ws.ys);
-    else
-      cuda::collapse_norm(pre, pre_stride, nullptr, 0, nullptr, ws.X, n, hc, D, d.attn_norm, eps, ws.xn, r, stream,
-                          xsink);
-    moe_pending = false;
+    cuda::collapse_norm(pre, pre_stride, nullptr, 0, nullptr, ws.X, n, hc, D, d.attn_norm, eps, ws.xn, r, stream,
+                        xsink);
     fork_mix([&] { hc_mix_fork(d.hca_fn, d.hca_base, d.hca_scale, n, ws.mix_a); });
     attention(l, st, xin, ws.y);
     // FFN site: the attention site's expansion, then the collapse with its pre, in one kernel.
@@ -1357,11 +1342,7 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
       });
     });
     mark(kMoe);
-    // The FFN site's expansion ends moe(), or, when the next layer starts with its collapse (no Engram
-    // gate before it, no trace reading the streams), goes into that collapse.
-    moe_pending = sum_in_collapse && !trace && li + 1 < c.layers.size() && c.layers[li + 1].engram_slot < 0 &&
-                  t.num_experts_per_tok <= cuda::kCollapseSumParts;
-    moe(l, n, st.image, cuda::sink_input(fsink, D), ws.mix_f, !moe_pending);
+    moe(l, n, st.image, cuda::sink_input(fsink, D), ws.mix_f);  // ends with the FFN site's expansion
     // pre of the FFN site feeds the next attention site's collapse.
     pre = ws.mix_f, pre_stride = ms;
     if (trace) {

@@ -521,7 +521,7 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
                                                        const float* __restrict__ y_in, float* __restrict__ X,
                                                        int64_t D, const uint16_t* __restrict__ w, float eps,
                                                        float* __restrict__ y, bool r, InputSink sink,
-                                                       bool w_early, int y_parts, const float* __restrict__ y_add) {
+                                                       bool w_early) {
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ float us[];  // [32·J]: u[32c + l + 256j] at 32j + l
@@ -556,31 +556,13 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
   float* x = X + int64_t(i) * HC * D;
   for (int e0 = 0; e0 < E; e0 += kPass) {
     float xv[kNormPerThread][HC], yv[kNormPerThread];
-    float yp[kNormPerThread][kCollapseSumParts];  // y_parts > 0: the parts, then y_add, of the site output
 #pragma unroll
     for (int p = 0; p < kNormPerThread; ++p) {  // all loads of the pass first
       const int e = e0 + threadIdx.x + 256 * p;
       const bool ok = e < E && pos(e) < D;
 #pragma unroll
       for (int k = 0; k < HC; ++k) xv[p][k] = ok ? x[int64_t(k) * D + pos(e)] : 0.0f;
-      if (y_parts == 0) {
-        yv[p] = ok && emix ? y_in[int64_t(i) * D + pos(e)] : 0.0f;
-      } else {
-#pragma unroll
-        for (int j = 0; j < kCollapseSumParts; ++j)
-          yp[p][j] = ok && j < y_parts ? y_in[(int64_t(i) * y_parts + j) * D + pos(e)] : 0.0f;
-        yv[p] = ok ? y_add[int64_t(i) * D + pos(e)] : 0.0f;
-      }
-    }
-    if (y_parts > 0) {  // the MoE's output, added as k_moe_sum_expand adds it
-#pragma unroll
-      for (int p = 0; p < kNormPerThread; ++p) {
-        float acc = 0.0f;
-#pragma unroll
-        for (int j = 0; j < kCollapseSumParts; ++j)
-          if (j < y_parts) acc += yp[p][j];
-        yv[p] = rb(acc + yv[p], r);
-      }
+      yv[p] = ok && emix ? y_in[int64_t(i) * D + pos(e)] : 0.0f;
     }
 #pragma unroll
     for (int p = 0; p < kNormPerThread; ++p) {
@@ -3323,19 +3305,16 @@ bool weights_early() {
 }  // namespace
 void collapse_norm(const float* pre, int pre_stride, const float* emix, int emix_stride, const float* y_in, float* X,
                    int n, int hc, int64_t D, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s,
-                   const InputSink& sink, int y_parts, const float* y_add) {
+                   const InputSink& sink) {
   if (n <= 0) return;
   DSUF_CHECK(!sink.xq || D % 32 == 0, "collapse_norm: an input sink needs D % 32 == 0");
-  DSUF_CHECK(y_parts == 0 || (emix && y_in && y_add && y_parts > 0 && y_parts <= kCollapseSumParts),
-             "collapse_norm: a summed site output (", y_parts, " parts; at most ", kCollapseSumParts,
-             ") needs emix, y_in and y_add");
   const size_t smem = size_t((D + 255) / 256) * 32 * sizeof(float);
   DSUF_CHECK(smem <= 200 * 1024, "collapse_norm: hidden size ", D, " too large");
   with_hc(hc, [&](auto H) {
     auto* k = k_collapse_norm<decltype(H)::value>;
     set_smem(k, smem);
     launch_step_in(kNormCluster, k, dim3(kNormCluster, n), dim3(256), smem, s, pre, pre_stride, emix, emix_stride, y_in,
-                   X, D, w, eps, y, r, sink, weights_early(), y_parts, y_add);
+                   X, D, w, eps, y, r, sink, weights_early());
   });
 }
 void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s) {

@@ -53,13 +53,10 @@ struct InputSink {
 // y = rmsnorm(Σ_k pre[k]·X[k]) per row (the collapsed row never leaves the chip). With emix set, the
 // streams are first expanded in place with the mix rows emix (stride emix_stride) and the site output
 // y_in, as the reference's hc_expand: X_k ← bf16(post_k·y_in + Σ_j C[j][k]·X_j). y is also laid out for
-// the linears through sink when set (D % 32 == 0). With y_parts > 0 the site output is the MoE's,
-// summed on the way as moe_sum_expand sums it: y_in holds y_parts rows a row (the routed experts'
-// outputs) and the output is bf16(Σ_j y_in[row·y_parts + j] + y_add[row]), y_parts ≤ kCollapseSumParts.
-constexpr int kCollapseSumParts = 8;
+// the linears through sink when set (D % 32 == 0).
 void collapse_norm(const float* pre, int pre_stride, const float* emix, int emix_stride, const float* y_in, float* X,
                    int n, int hc, int64_t D, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s,
-                   const InputSink& sink = {}, int y_parts = 0, const float* y_add = nullptr);
+                   const InputSink& sink = {});
 // y = bf16(w ⊙ x·rsqrt(mean(x²)+eps)) per row (w optional; y may be x).
 void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float eps, float* y, bool r,
              cudaStream_t s);
