@@ -2104,8 +2104,22 @@ __device__ __forceinline__ void emit_attention_out(const AttentionArgs& a, int i
 // its keys in order either way.
 template <int HPW, int UNR>
 __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionArgs a, int tile) {
-  pdl_entry();
   constexpr int kThreads = 32 * kPvHeads / HPW;
+  // The warp's heads' attention sinks (weights: nothing in a step writes them) before the dependency
+  // wait, so that their DRAM latency is not paid after the softmax (DSUF_W_EARLY=1; 0: after it).
+  float sink_v[HPW];
+  auto load_sinks = [&] {
+#pragma unroll
+    for (int u = 0; u < HPW; ++u) {
+      const int h = HPW * int(threadIdx.x / 32) + u;
+      sink_v[u] = threadIdx.x % 32 == 0 && h < min(kPvHeads, a.H - int(blockIdx.y) * kPvHeads)
+                      ? a.sink[blockIdx.y * kPvHeads + h]
+                      : 0.0f;
+    }
+  };
+  if (a.w_early) load_sinks();
+  pdl_entry();
+  if (!a.w_early) load_sinks();
   extern __shared__ float4 pv_smem4[];
   const int kp = (a.kmax + 3) & ~3;
   float* p = reinterpret_cast<float*>(pv_smem4);  // [kPvHeads][kp] logits, then exp(logit − max)
@@ -2153,7 +2167,7 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
     float q[4];
 #pragma unroll
     for (int c = 0; c < 4; ++c) q[c] = warp_sum(part[c]);
-    if (lane == 0) den_s[h] = ((q[0] + q[2]) + (q[1] + q[3])) + det::fexp(a.sink[h0 + h] - mx);
+    if (lane == 0) den_s[h] = ((q[0] + q[2]) + (q[1] + q[3])) + det::fexp(sink_v[u] - mx);
   }
   __syncthreads();
   const float* ph[HPW];
@@ -3737,6 +3751,7 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   DSUF_CHECK(pv_smem <= 200 * 1024, "attention: ", a.kmax, " keys a row need too much shared memory");
   AttentionArgs pa = a;
   if (!emit) pa.o_sink = {};
+  pa.w_early = weights_early();
   const int hpw = pv_kernel() == kPvOneHead ? 1 : 2;
   static const bool deep_unroll = !env_picks("DSUF_PV_UNROLL", "8", "2");
   auto* k = hpw == 2 ? k_attention_pv<2, 2> : deep_unroll ? k_attention_pv<1, 8> : k_attention_pv<1, 2>;
