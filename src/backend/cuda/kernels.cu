@@ -520,8 +520,8 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
                                                        const float* __restrict__ emix, int emix_stride,
                                                        const float* __restrict__ y_in, float* __restrict__ X,
                                                        int64_t D, const uint16_t* __restrict__ w, float eps,
-                                                       float* __restrict__ y, bool r, InputSink sink) {
-  pdl_entry();
+                                                       float* __restrict__ y, bool r, InputSink sink,
+                                                       bool w_early) {
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ float us[];  // [32·J]: u[32c + l + 256j] at 32j + l
@@ -530,13 +530,19 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
   const int J = int((D + 255) / 256), E = 32 * J;
   constexpr int kPass = kNormPerThread * 256;
   auto pos = [&](int e) { return int64_t(32 * c + e % 32) + 256 * int64_t(e / 32); };
-  // The norm weights of the first pass now: their latency overlaps everything before the output.
+  // The norm weights of the first pass first: before the dependency wait (w_early, DSUF_W_EARLY=1:
+  // nothing in a step writes them), or right after it; their latency overlaps the stream loads.
   float wv[kNormPerThread];
+  auto load_w = [&] {
 #pragma unroll
-  for (int k = 0; k < kNormPerThread; ++k) {
-    const int e = threadIdx.x + 256 * k;
-    wv[k] = w && e < E && pos(e) < D ? bf16_load(w, pos(e)) : 1.0f;
-  }
+    for (int k = 0; k < kNormPerThread; ++k) {
+      const int e = threadIdx.x + 256 * k;
+      wv[k] = w && e < E && pos(e) < D ? bf16_load(w, pos(e)) : 1.0f;
+    }
+  };
+  if (w_early) load_w();
+  pdl_entry();
+  if (!w_early) load_w();
   float pr[HC], post[HC], C[HC * HC];
 #pragma unroll
   for (int k = 0; k < HC; ++k) pr[k] = pre[int64_t(i) * pre_stride + k];
@@ -638,18 +644,27 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
 // its first kRmsRegs values and weights in registers, so the output needs no second read. y may
 // equal x (a thread rewrites only what it read).
 constexpr int kRmsRegs = 4;
-__global__ void __launch_bounds__(256) k_rmsnorm(RmsJob a, RmsJob b, float eps, bool r) {
-  pdl_entry();
+// w_early (DSUF_W_EARLY=1, the default): the norm weights are loaded before the dependency wait.
+__global__ void __launch_bounds__(256) k_rmsnorm(RmsJob a, RmsJob b, float eps, bool r, bool w_early) {
   const RmsJob jb = blockIdx.y == 0 ? a : b;
   const int64_t dim = jb.dim;
+  float xv[kRmsRegs], wv[kRmsRegs];
+  auto load_w = [&] {
+#pragma unroll
+    for (int p = 0; p < kRmsRegs; ++p) {
+      const int64_t j = threadIdx.x + 256 * p;
+      wv[p] = jb.w && j < dim ? bf16_load(jb.w, j) : 1.0f;
+    }
+  };
+  if (w_early) load_w();  // weights: nothing in a step writes them
+  pdl_entry();
+  if (!w_early) load_w();
   const float* xr = jb.x + int64_t(blockIdx.x) * dim;
   float* yr = jb.y + int64_t(blockIdx.x) * dim;
-  float xv[kRmsRegs], wv[kRmsRegs];
 #pragma unroll
   for (int p = 0; p < kRmsRegs; ++p) {
     const int64_t j = threadIdx.x + 256 * p;
     xv[p] = j < dim ? xr[j] : 0.0f;
-    wv[p] = jb.w && j < dim ? bf16_load(jb.w, j) : 1.0f;
   }
   float ss = 0.0f;
 #pragma unroll
@@ -2089,8 +2104,22 @@ __device__ __forceinline__ void emit_attention_out(const AttentionArgs& a, int i
 // its keys in order either way.
 template <int HPW, int UNR>
 __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionArgs a, int tile) {
-  pdl_entry();
   constexpr int kThreads = 32 * kPvHeads / HPW;
+  // The warp's heads' attention sinks (weights: nothing in a step writes them) before the dependency
+  // wait, so that their DRAM latency is not paid after the softmax (DSUF_W_EARLY=1; 0: after it).
+  float sink_v[HPW];
+  auto load_sinks = [&] {
+#pragma unroll
+    for (int u = 0; u < HPW; ++u) {
+      const int h = HPW * int(threadIdx.x / 32) + u;
+      sink_v[u] = threadIdx.x % 32 == 0 && h < min(kPvHeads, a.H - int(blockIdx.y) * kPvHeads)
+                      ? a.sink[blockIdx.y * kPvHeads + h]
+                      : 0.0f;
+    }
+  };
+  if (a.w_early) load_sinks();
+  pdl_entry();
+  if (!a.w_early) load_sinks();
   extern __shared__ float4 pv_smem4[];
   const int kp = (a.kmax + 3) & ~3;
   float* p = reinterpret_cast<float*>(pv_smem4);  // [kPvHeads][kp] logits, then exp(logit − max)
@@ -2138,7 +2167,7 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
     float q[4];
 #pragma unroll
     for (int c = 0; c < 4; ++c) q[c] = warp_sum(part[c]);
-    if (lane == 0) den_s[h] = ((q[0] + q[2]) + (q[1] + q[3])) + det::fexp(a.sink[h0 + h] - mx);
+    if (lane == 0) den_s[h] = ((q[0] + q[2]) + (q[1] + q[3])) + det::fexp(sink_v[u] - mx);
   }
   __syncthreads();
   const float* ph[HPW];
@@ -2889,13 +2918,20 @@ __global__ void k_mask_from_selection(const int32_t* sel, int sel_stride, uint8_
 // parallel, then warp 0's k rounds of argmax (largest score + bias among the experts not yet taken,
 // ties to the lower id — the reference's sequential scan picks the same one for any non-NaN scores).
 __global__ void k_route(const float* logits, int E, int k, const float* bias, const float* bias_vl,
-                        const uint8_t* image, float temp, float route_scale, int32_t* ids, float* w) {
+                        const uint8_t* image, float temp, float route_scale, int32_t* ids, float* w,
+                        bool w_early) {
+  // A thread's first expert's two biases before the dependency wait (w_early, DSUF_W_EARLY=1: weights;
+  // which one applies depends on the step's image flags, read after it).
+  const bool early = w_early && threadIdx.x < E;
+  const float b0 = early ? bias[threadIdx.x] : 0.0f;
+  const float bv0 = early && bias_vl ? bias_vl[threadIdx.x] : 0.0f;
   pdl_entry();
   extern __shared__ float sv[];  // [E] score s, [E] s + bias, [E] taken flags
   __shared__ float picked[32];
   const int i = blockIdx.x, lane = threadIdx.x;
   const float* l = logits + int64_t(i) * E;
-  const float* b = image && image[i] ? bias_vl : bias;
+  const bool vl = image && image[i];
+  const float* b = vl ? bias_vl : bias;
   float* sc = sv;
   float* val = sv + E;
   float* taken = sv + 2 * E;
@@ -2904,7 +2940,7 @@ __global__ void k_route(const float* logits, int E, int k, const float* bias, co
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
     const float x = l[e] / temp;
     sc[e] = sqrtf(det::softplus(x));
-    val[e] = sc[e] + b[e];
+    val[e] = sc[e] + (early && e == threadIdx.x ? (vl ? bv0 : b0) : b[e]);
     taken[e] = 0.0f;
   }
   __syncthreads();
@@ -3273,6 +3309,14 @@ void hc_collapse(const float* pre, int pre_stride, const float* X, int n, int hc
                  cudaStream_t s) {
   launch_step(k_hc_collapse, dim3(blocks_for(D, 256), n), dim3(256), 0, s, pre, pre_stride, X, hc, D, u, r);
 }
+// DSUF_W_EARLY=1|0: whether the norms and the route load their weights (norm weights, biases) before
+// the dependency wait (1, the default since v24) or after it.
+namespace {
+bool weights_early() {
+  static const bool early = !env_picks("DSUF_W_EARLY", "1", "0");
+  return early;
+}
+}  // namespace
 void collapse_norm(const float* pre, int pre_stride, const float* emix, int emix_stride, const float* y_in, float* X,
                    int n, int hc, int64_t D, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s,
                    const InputSink& sink) {
@@ -3284,12 +3328,12 @@ void collapse_norm(const float* pre, int pre_stride, const float* emix, int emix
     auto* k = k_collapse_norm<decltype(H)::value>;
     set_smem(k, smem);
     launch_step_in(kNormCluster, k, dim3(kNormCluster, n), dim3(256), smem, s, pre, pre_stride, emix, emix_stride, y_in,
-                   X, D, w, eps, y, r, sink);
+                   X, D, w, eps, y, r, sink, weights_early());
   });
 }
 void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s) {
   const RmsJob j{x, dim, w, y};
-  if (rows > 0) launch_step(k_rmsnorm, dim3(unsigned(rows), 1), dim3(256), 0, s, j, j, eps, r);
+  if (rows > 0) launch_step(k_rmsnorm, dim3(unsigned(rows), 1), dim3(256), 0, s, j, j, eps, r, weights_early());
 }
 namespace {
 void check_fused_rope(const FusedRope& f, const char* what) {
@@ -3305,7 +3349,7 @@ void rmsnorm2(const RmsJob& a, const RmsJob& b, int64_t rows, float eps, bool r,
     DSUF_CHECK(!j->fq_rope.cs || (j->fake_quant && j->fq_rope.heads == 1 && j->fq_rope.dim == j->dim),
                "rmsnorm2: a fused rope goes with fake_quant, one head of dim values");
   }
-  if (rows > 0) launch_step(k_rmsnorm, dim3(unsigned(rows), 2), dim3(256), 0, s, a, b, eps, r);
+  if (rows > 0) launch_step(k_rmsnorm, dim3(unsigned(rows), 2), dim3(256), 0, s, a, b, eps, r, weights_early());
 }
 namespace {
 // Outputs per warp: more per warp (more weight bytes in flight per input read) while the grid still
@@ -3707,6 +3751,7 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   DSUF_CHECK(pv_smem <= 200 * 1024, "attention: ", a.kmax, " keys a row need too much shared memory");
   AttentionArgs pa = a;
   if (!emit) pa.o_sink = {};
+  pa.w_early = weights_early();
   const int hpw = pv_kernel() == kPvOneHead ? 1 : 2;
   static const bool deep_unroll = !env_picks("DSUF_PV_UNROLL", "8", "2");
   auto* k = hpw == 2 ? k_attention_pv<2, 2> : deep_unroll ? k_attention_pv<1, 8> : k_attention_pv<1, 2>;
@@ -3796,7 +3841,7 @@ void route(const float* logits, int n, int E, int k, const float* bias, const fl
   set_smem(k_route, smem);
   const int threads = int(std::clamp<int64_t>((E + 31) / 32 * 32, 32, 1024));
   if (n) launch_step(k_route, dim3(n), dim3(threads), smem, s, logits, E, k, bias, bias_vl, image, temp, route_scale,
-                     ids, w);
+                     ids, w, weights_early());
 }
 void swiglu(float* h1, const float* h3, int64_t rows, int64_t F, const float* weight, float limit, bool clamp, bool r,
             cudaStream_t s, const InputSink& sink) {

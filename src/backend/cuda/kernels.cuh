@@ -223,6 +223,7 @@ struct AttentionArgs {
   InputSink o_sink = {};
   int64_t o_group = 0;
   FusedRope o_rope = {};
+  bool w_early = false;  // attention() sets it: the P·V kernel loads the sinks before its wait (DSUF_W_EARLY)
 };
 // Gathers the keys, then the logits, then softmax and P·V: k_attention_pv, or k_attention_pv_tiles with
 // DSUF_PV=tiles (read once; both equal the reference). With o_sink set, returns the layout it wrote
