@@ -2677,78 +2677,29 @@ __device__ __forceinline__ void for_range(const float* __restrict__ row, int64_t
 // The caller synchronizes before reading what emit wrote.
 // T threads (a multiple of 32, ≥ 256, ≤ 1024): the histogram and its scan take the first 256, the
 // passes over the row all T; the picks and their slots do not depend on T.
-// R > 0 and a row of at most R·T entries (rounded as the gather's ranges): each thread reads its
-// contiguous range once into registers and every pass runs on them, and the eligible entries are
-// counted by the first radix pass's histogram instead of a pass of their own (six reads of the row
-// from L2 and a pass fewer; the same histograms, so the same picks), and the gather's two counts go
-// through one scan. Otherwise the row is read by every pass.
-template <int T = 256, int R = 0, typename Emit>
-__device__ __forceinline__ int block_select(const float* __restrict__ row, int64_t count, int k, Emit emit,
-                                            bool cache = true) {
+template <int T = 256, typename Emit>
+__device__ __forceinline__ int block_select(const float* __restrict__ row, int64_t count, int k, Emit emit) {
   static_assert(T % 32 == 0 && T >= 256 && T <= 1024, "block_select: 256..1024 threads");
-  static_assert(int64_t(R) * T < 65536, "block_select: the cached path packs two counts in one int");
   const int t = threadIdx.x;
   const uint32_t neg_inf_key = fkey(-INFINITY);
   __shared__ int hist[256];
   __shared__ int s_eligible;
   __shared__ uint32_t s_prefix, s_mask;
   __shared__ int s_remaining;
-  // The gather's ranges: each thread a contiguous range, a multiple of 4 long (aligned float4 loads).
-  const int64_t per = ((count + T - 1) / T + 3) / 4 * 4;
-  const int64_t lo = t * per < count ? t * per : count, hi = lo + per < count ? lo + per : count;
-  constexpr int kR = R > 0 ? R : 4;
-  const bool cached = R > 0 && cache && per <= R;  // the same in every thread
-  float vals[kR];
-  if (cached) {
-    const bool v4 = (reinterpret_cast<uintptr_t>(row + lo) & 15) == 0 && hi - lo == per;
-#pragma unroll
-    for (int r = 0; r < kR; r += 4) {
-      if (v4 && r + 4 <= per) {
-        const float4 q = __ldg(reinterpret_cast<const float4*>(row + lo + r));
-        vals[r] = q.x, vals[r + 1] = q.y, vals[r + 2] = q.z, vals[r + 3] = q.w;
-      } else {
-#pragma unroll
-        for (int u = 0; u < 4; ++u) vals[r + u] = lo + r + u < hi ? row[lo + r + u] : -INFINITY;
-      }
-    }
-  }
-  // f(j, value) over every entry (any order) / this thread's range in index order.
-  auto each = [&](auto f) {
-    if (cached) {
-#pragma unroll
-      for (int r = 0; r < kR; ++r)
-        if (lo + r < hi) f(lo + r, vals[r]);
-    } else {
-      for_each_entry<T>(row, count, f);
-    }
-  };
-  auto each_in_range = [&](auto f) {
-    if (cached) {
-#pragma unroll
-      for (int r = 0; r < kR; ++r)
-        if (lo + r < hi) f(lo + r, vals[r]);
-    } else {
-      for_range(row, lo, hi, f);
-    }
-  };
-  int eligible = 0;
-  if (!cached) {
-    if (t == 0) s_eligible = 0;
-    __syncthreads();
-    int local = 0;
-    each([&](int64_t, float v) { local += fkey(v) > neg_inf_key; });
-    atomicAdd(&s_eligible, local);
-    __syncthreads();
-    eligible = s_eligible;
-  }
+  if (t == 0) s_eligible = 0;
+  __syncthreads();
+  int local = 0;
+  for_each_entry<T>(row, count, [&](int64_t, float v) { local += fkey(v) > neg_inf_key; });
+  atomicAdd(&s_eligible, local);
+  __syncthreads();
+  const int eligible = s_eligible;
+  const int want = eligible < k ? eligible : k;
   uint32_t threshold = neg_inf_key + 1;  // take every eligible entry
   int ties_to_take = 0;
-  // Cached: the radix passes start before the count is known; the first histogram's total is it.
-  if (cached || eligible > k) {
+  if (eligible > k) {
     if (t == 0) s_prefix = 0, s_mask = 0, s_remaining = k;
     __syncthreads();
     __shared__ int warp_tot[T / 32], s_digit, above[257];
-    bool selected = true;
     for (int shift = 24; shift >= 0; shift -= 8) {
       if (t < 256) hist[t] = 0;
       if (t == 0) s_digit = 0, above[256] = 0;
@@ -2759,7 +2710,7 @@ __device__ __forceinline__ int block_select(const float* __restrict__ row, int64
       // bin of a warp, the lowest lane of each bin's lanes adding their count; the later passes,
       // where few entries match the prefix, one per entry.
       if (shift == 24) {
-        each([&](int64_t, float v) {
+        for_each_entry<T>(row, count, [&](int64_t, float v) {
           const uint32_t key = fkey(v);
           const bool in = key > neg_inf_key;
           const int bin = in ? int(key >> 24) : 256;
@@ -2767,7 +2718,7 @@ __device__ __forceinline__ int block_select(const float* __restrict__ row, int64
           if (in && t % 32 == __ffs(same) - 1) atomicAdd(&hist[bin], __popc(same));
         });
       } else {
-        each([&](int64_t, float v) {
+        for_each_entry<T>(row, count, [&](int64_t, float v) {
           const uint32_t key = fkey(v);
           if (key > neg_inf_key && (key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1);
         });
@@ -2779,13 +2730,6 @@ __device__ __forceinline__ int block_select(const float* __restrict__ row, int64
       const int rev = block_scan<T>(t < 256 ? hist[255 - t] : 0, warp_tot);  // Σ hist[255-t..255]
       if (t < 256) above[255 - t] = rev;                                      // bins ≥ 255-t
       __syncthreads();
-      if (cached && shift == 24) {
-        eligible = above[0];  // every eligible entry is in one of the 256 bins
-        if (eligible <= k) {  // the same in every thread: no selection
-          selected = false;
-          break;
-        }
-      }
       const int rem = s_remaining;
       if (t >= 1 && t < 256 && above[t] >= rem) atomicMax(&s_digit, t);
       __syncthreads();
@@ -2797,35 +2741,29 @@ __device__ __forceinline__ int block_select(const float* __restrict__ row, int64
       }
       __syncthreads();
     }
-    if (selected) {
-      threshold = s_prefix;  // keys > threshold all taken, s_remaining ties (key == threshold) taken
-      ties_to_take = s_remaining;
-    }
+    threshold = s_prefix;  // keys > threshold all taken, s_remaining ties (key == threshold) taken
+    ties_to_take = s_remaining;
   }
-  const int want = eligible < k ? eligible : k;
-  // Gather in index order: each thread owns its contiguous range; exclusive scans give offsets.
+  // Gather in index order: each thread owns a contiguous range (a multiple of 4 long, so that its
+  // loads are aligned float4); exclusive scans give offsets.
+  const int64_t per = ((count + T - 1) / T + 3) / 4 * 4;
+  const int64_t lo = t * per < count ? t * per : count, hi = lo + per < count ? lo + per : count;
   int n_gt = 0, n_eq = 0;
-  each_in_range([&](int64_t, float v) {
+  for_range(row, lo, hi, [&](int64_t, float v) {
     const uint32_t key = fkey(v);
     if (key <= neg_inf_key) return;
     if (eligible <= k || key > threshold) ++n_gt;
     else if (key == threshold) ++n_eq;
   });
   __shared__ int sc_gt[T], sc_eq[T], scan_tot[T / 32];
-  if (cached) {  // both counts in one scan: each total ≤ count ≤ R·T < 2^16
-    const int inc = block_scan<T>(n_gt | (n_eq << 16), scan_tot);
-    sc_gt[t] = (inc & 0xffff) - n_gt;  // exclusive offsets
-    sc_eq[t] = (inc >> 16) - n_eq;
-  } else {
-    const int inc_gt = block_scan<T>(n_gt, scan_tot);
-    const int inc_eq = block_scan<T>(n_eq, scan_tot);
-    sc_gt[t] = inc_gt - n_gt;  // exclusive offsets
-    sc_eq[t] = inc_eq - n_eq;
-  }
+  const int inc_gt = block_scan<T>(n_gt, scan_tot);
+  const int inc_eq = block_scan<T>(n_eq, scan_tot);
+  sc_gt[t] = inc_gt - n_gt;  // exclusive offsets
+  sc_eq[t] = inc_eq - n_eq;
   __syncthreads();
   int og = sc_gt[t], oe = sc_eq[t];
   const int n_gt_total = want - ties_to_take;
-  each_in_range([&](int64_t j, float v) {
+  for_range(row, lo, hi, [&](int64_t j, float v) {
     const uint32_t key = fkey(v);
     if (key <= neg_inf_key) return;
     if (eligible <= k || key > threshold) {
@@ -2896,19 +2834,16 @@ __device__ __forceinline__ int64_t top_k_count(const RowMeta* meta, int i, int r
 
 // The single-block top-k: one block of T threads per row (1,024 by default: a decode step's rows
 // of 8,192 scores took ~30 µs on 256, on the indexer layers' chain; DSUF_TOPK_THREADS=256).
-// A row of at most kTopkRegs·T entries is read once into registers (cache, DSUF_TOPK_CACHE=regs, the
-// v25 candidate; global: every pass reads it, v24).
-constexpr int kTopkRegs = 8;
 template <int T>
 __global__ void __launch_bounds__(T) k_top_k(const float* x, int64_t stride, const RowMeta* meta, int ratio, int block,
-                                             int k, int32_t* out, int out_stride, bool reg_sort, bool cache) {
+                                             int k, int32_t* out, int out_stride, bool reg_sort) {
   pdl_entry();
   const int i = blockIdx.x;
   const int64_t count = top_k_count(meta, i, ratio, block);
   extern __shared__ uint64_t picks[];  // (key << 32) | ~index, sorted descending
-  const int want = block_select<T, kTopkRegs>(
-      x + int64_t(i) * stride, count, k,
-      [&](int slot, int64_t j, uint32_t key, float) { picks[slot] = topk::pick(key, j); }, cache);
+  const int want = block_select<T>(x + int64_t(i) * stride, count, k, [&](int slot, int64_t j, uint32_t key, float) {
+    picks[slot] = topk::pick(key, j);
+  });
   sort_picks_write<T>(picks, want, out + int64_t(i) * out_stride, out_stride, reg_sort);
 }
 
@@ -3873,15 +3808,14 @@ void top_k(const float* x, int64_t stride, int rows, const RowMeta* meta, int ra
     // DSUF_TOPK_SORT=regs|smem: the picks' sort in registers and shuffles (default, v23 candidate) or
     // every stage in shared memory (v22); regs needs npow ≤ threads and twice the picks' space.
     static const bool reg_sort = !env_picks("DSUF_TOPK_SORT", "regs", "smem");
-    static const bool cache = !env_picks("DSUF_TOPK_CACHE", "regs", "global");
     const int threads = wide ? 1024 : 256;
     const size_t sm = reg_sort && npow <= threads ? 2 * smem : smem;
     if (wide)
       launch_step(k_top_k<1024>, dim3(rows), dim3(1024), sm, s, x, stride, meta, ratio, block, k, out, out_stride,
-                  reg_sort, cache);
+                  reg_sort);
     else
       launch_step(k_top_k<256>, dim3(rows), dim3(256), sm, s, x, stride, meta, ratio, block, k, out, out_stride,
-                  reg_sort, cache);
+                  reg_sort);
     return;
   }
   const int64_t cand_stride = int64_t(g) * topk::slot_stride(k);
