@@ -2014,7 +2014,8 @@ __device__ __forceinline__ int attention_keys(const AttentionArgs& a, int i, int
 }
 
 __global__ void __launch_bounds__(256) k_attention_logits(AttentionArgs a) {
-  pdl_entry();
+  pdl_wait();
+  if (!a.logits_late) pdl_trigger();
   extern __shared__ float qs[];  // [kAttHeadsQK][hd]
   __shared__ int first_free;
   const int i = blockIdx.x, h0 = blockIdx.y * kAttHeadsQK;
@@ -2068,6 +2069,7 @@ __global__ void __launch_bounds__(256) k_attention_logits(AttentionArgs a) {
       if (lane == h && h < nh) a.att[(int64_t(i) * a.H + h0 + h) * a.kmax + j] = v * scale;
     }
   }
+  if (a.logits_late) pdl_trigger();
 }
 
 // Softmax and P·V. A block takes 8 heads × 32 output dims of a row, HPW heads a warp (8 / HPW
@@ -2118,7 +2120,8 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
     }
   };
   if (a.w_early) load_sinks();
-  pdl_entry();
+  pdl_wait();
+  if (!a.pv_late) pdl_trigger();
   if (!a.w_early) load_sinks();
   extern __shared__ float4 pv_smem4[];
   const int kp = (a.kmax + 3) & ~3;
@@ -2228,6 +2231,7 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
       for (int u = 0; u < HPW; ++u) acc[u] += ph[u][j0 + jj] * k;
     }
   }
+  if (a.pv_late) pdl_trigger();
   const int64_t d = d0 + lane;
   if (a.o_sink.xq) {  // wo_a's input, as k_linear_input lays it out (whole warps: attention() checks)
 #pragma unroll
@@ -3740,8 +3744,11 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   if (!gathered) gather_keys(a, s);
   const size_t qk_smem = sizeof(float) * kAttHeadsQK * a.hd;
   set_smem(k_attention_logits, qk_smem);
+  static const bool logits_late = env_picks("DSUF_LOGITS_TRIGGER", "entry", "late");
+  AttentionArgs la = a;
+  la.logits_late = logits_late;
   launch_step(k_attention_logits, dim3(a.rows, blocks_for(a.H, kAttHeadsQK), attention_key_split(a.rows)), dim3(256),
-              qk_smem, s, a);
+              qk_smem, s, la);
   const dim3 pv_grid(a.rows, blocks_for(a.H, kPvHeads), blocks_for(a.hd, kPvDims));
   if (pv_kernel() == kPvTiles) {
     const size_t smem = sizeof(float) * size_t(kPvHeads) * a.kmax;
@@ -3760,6 +3767,8 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   AttentionArgs pa = a;
   if (!emit) pa.o_sink = {};
   pa.w_early = weights_early();
+  static const bool pv_late = env_picks("DSUF_PV_TRIGGER", "entry", "late");
+  pa.pv_late = pv_late;
   const int hpw = pv_kernel() == kPvOneHead ? 1 : 2;
   static const bool deep_unroll = !env_picks("DSUF_PV_UNROLL", "8", "2");
   auto* k = hpw == 2 ? k_attention_pv<2, 2> : deep_unroll ? k_attention_pv<1, 8> : k_attention_pv<1, 2>;
