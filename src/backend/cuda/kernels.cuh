@@ -225,7 +225,7 @@ struct AttentionArgs {
   FusedRope o_rope = {};
   bool w_early = false;  // attention() sets it: the P·V kernel loads the sinks before its wait (DSUF_W_EARLY)
   // attention() sets them: the logits / P·V kernel lets the next kernel launch at its end (after its
-  // loop) instead of at its entry (DSUF_LOGITS_TRIGGER, DSUF_PV_TRIGGER=entry|late).
+  // loop) instead of at its entry (DSUF_LOGITS_TRIGGER=late|entry, DSUF_PV_TRIGGER=entry|late).
   bool logits_late = false, pv_late = false;
 };
 // Gathers the keys, then the logits, then softmax and P·V: k_attention_pv, or k_attention_pv_tiles with
