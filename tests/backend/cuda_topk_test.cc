@@ -134,6 +134,12 @@ TEST(CudaTopK, MultiBlockEqualsCpu) {
     bad += check_launch(rng, {1048000, 524000, 262000, 16383, 16384 + 5, 700, 0, 511}, pad, Launch{.k = 512},
                         "real k=512");
   }
+  // Rows around the 8K decode step's 8,192 entries (8 a thread of the 1,024-thread block) and short
+  // ones, k = 512 and 64 (branch topk-cache read such rows once into registers: exact, ±0 ms, v25).
+  for (const int64_t pad : {int64_t(1), int64_t(4)}) {
+    bad += check_launch(rng, {8192, 8191, 8193, 4099, 1, 2, 600, 7000}, pad, Launch{.k = 512}, "cached k=512");
+    bad += check_launch(rng, {8192, 8189, 65, 64, 63, 9000}, pad, Launch{.k = 64}, "cached k=64");
+  }
   // The candidate blocks' top-k at 1M: 131,000 block scores, k = 2048, blocks of 8.
   bad += check_launch(rng, {131000, 70001, 2000, 16500}, 2, Launch{.k = 2048, .block = 8}, "real k=2048");
   // Many small chunks: k 64 and an odd k (slot stride rounded), chunks from 256 entries.

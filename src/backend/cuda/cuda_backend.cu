@@ -161,6 +161,7 @@ struct CudaBackend::Impl {
   bool gather_early = true;  // DSUF_GATHER=early|late (attention())
   bool comp_fork_early = true;  // DSUF_COMP_FORK=early|late (attention())
   bool idx_q_main = true;       // DSUF_IDX_Q=main|side (attention())
+  bool idx_rope_fused = true;   // DSUF_IDX_ROPE=fused|split (indexer_query())
   cudaStream_t mix_side = nullptr;  // the mHC mixes (hc_mix_fork); null: they run on `stream`
   cudaEvent_t mix_ev_fork = nullptr, ev_mix = nullptr;
   bool mix_pending = false;  // a mix on `mix_side` that `stream` has not waited for yet
@@ -517,6 +518,7 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   gather_early = !env_picks("DSUF_GATHER", "early", "late");
   comp_fork_early = !env_picks("DSUF_COMP_FORK", "early", "late");
   idx_q_main = !env_picks("DSUF_IDX_Q", "main", "side");
+  idx_rope_fused = !env_picks("DSUF_IDX_ROPE", "fused", "split");
   mix_late = env_picks("DSUF_MIX_FORK", "early", "late");
   if (const char* f = std::getenv("DSUF_HC_FORK"); !f || std::string(f) != "0") {
     DSUF_CUDA(cudaStreamCreate(&mix_side));
@@ -1052,8 +1054,14 @@ void CudaBackend::Impl::indexer_query(int l, const Step& st, const cuda::LinearI
   const int n = st.rows, IH = t.index_n_heads;
   const int64_t ihd = t.index_head_dim;
   cuda::fp8_linear(d.idx_wq_b.w, d.idx_wq_b.s, IH * ihd, t.q_lora_rank, qin, n, ws.qi, IH * ihd, r, stream);
-  cuda::rope(ws.qi, n, IH, ihd, st.cs_comp, half, 1.0f, r, stream);
-  cuda::index_q_quant(ws.qi, n * IH * ihd, ws.qc, ws.qs, stream);
+  // The queries' RoPE in the quantizer (DSUF_IDX_ROPE=fused, the v25 candidate) or k_rope first (split).
+  const cuda::FusedRope qrope{.cs = st.cs_comp, .half = half, .heads = IH, .dim = ihd, .sign = 1.0f, .r = r};
+  if (idx_rope_fused) {
+    cuda::index_q_quant(ws.qi, n * IH * ihd, ws.qc, ws.qs, stream, qrope);
+  } else {
+    cuda::rope(ws.qi, n, IH, ihd, st.cs_comp, half, 1.0f, r, stream);
+    cuda::index_q_quant(ws.qi, n * IH * ihd, ws.qc, ws.qs, stream);
+  }
 }
 
 // The indexer's selection from its queries (made here first when with_query), its heads' weights and

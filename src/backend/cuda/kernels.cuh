@@ -224,6 +224,9 @@ struct AttentionArgs {
   int64_t o_group = 0;
   FusedRope o_rope = {};
   bool w_early = false;  // attention() sets it: the P·V kernel loads the sinks before its wait (DSUF_W_EARLY)
+  // attention() sets them: the logits / P·V kernel lets the next kernel launch at its end (after its
+  // loop) instead of at its entry (DSUF_LOGITS_TRIGGER=late|entry, DSUF_PV_TRIGGER=entry|late).
+  bool logits_late = false, pv_late = false;
 };
 // Gathers the keys, then the logits, then softmax and P·V: k_attention_pv, or k_attention_pv_tiles with
 // DSUF_PV=tiles (read once; both equal the reference). With o_sink set, returns the layout it wrote
@@ -256,7 +259,9 @@ void update_pending(const float* ag, const PendingJob* jobs, int n_jobs, const S
 
 // Indexer queries (rotated, FP32) to the reference's FP4 fake-quant kept as codes, blocks of 32:
 // codes[i] = 2·E2M1 value (−12..12), scales[i/32] the block's power-of-two scale (fp4_pow2_scale).
-void index_q_quant(const float* x, int64_t n, int8_t* codes, float* scales, cudaStream_t s);
+// With rope.cs set, the queries are first rotated as rope() would (one launch fewer; x stays as it is).
+void index_q_quant(const float* x, int64_t n, int8_t* codes, float* scales, cudaStream_t s,
+                   const FusedRope& rope = {});
 // Indexer scores, the reference's order (docs/numerics.md §3): per entry and head the dot in blocks
 // of 32, each exact from the integer code sum (det::fp4_block_dot), added in order; the head terms
 // added in head order. index_head_dim must be 128; keys 68 B per entry.
