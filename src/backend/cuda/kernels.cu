@@ -2026,7 +2026,12 @@ __device__ __forceinline__ int attention_keys(const AttentionArgs& a, int i, int
   return int(pos - w0 + 1) + *first_free;
 }
 
-__global__ void __launch_bounds__(256) k_attention_logits(AttentionArgs a) {
+// MINB > 0: at least MINB blocks an SM (the compiler keeps the registers under 65536 / (256·MINB)), so
+// that more of the 8 × 80 blocks of a batch-1 step run at once: at 88 registers (MINB 0) two fit an
+// SM, three waves; 64 (4) two waves; 48 (5) one wave of 660 slots (DSUF_LOGITS_BLOCKS=0|4|5, the v26
+// candidate; no spills in either).
+template <int MINB>
+__global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(AttentionArgs a) {
   pdl_wait();
   if (!a.logits_late) pdl_trigger();
   extern __shared__ float qs[];  // [kAttHeadsQK][hd]
@@ -3788,13 +3793,15 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   };
   if (!gathered) gather_keys(a, s);
   const size_t qk_smem = sizeof(float) * kAttHeadsQK * a.hd;
-  set_smem(k_attention_logits, qk_smem);
+  static const int minb = std::array<int, 3>{0, 4, 5}[env_choice("DSUF_LOGITS_BLOCKS", {"0", "4", "5"})];
+  auto* logits_k = minb == 5 ? k_attention_logits<5> : minb == 4 ? k_attention_logits<4> : k_attention_logits<0>;
+  set_smem(logits_k, qk_smem);
   // DSUF_LOGITS_TRIGGER=late (default since v25: −0.14 to −0.19 ms at batch 1; ±0 at 16 and 64) or entry.
   static const bool logits_late = !env_picks("DSUF_LOGITS_TRIGGER", "late", "entry");
   AttentionArgs la = a;
   la.logits_late = logits_late;
-  launch_step(k_attention_logits, dim3(a.rows, blocks_for(a.H, kAttHeadsQK), attention_key_split(a.rows)), dim3(256),
-              qk_smem, s, la);
+  launch_step(logits_k, dim3(a.rows, blocks_for(a.H, kAttHeadsQK), attention_key_split(a.rows)), dim3(256), qk_smem,
+              s, la);
   const dim3 pv_grid(a.rows, blocks_for(a.H, kPvHeads), blocks_for(a.hd, kPvDims));
   if (pv_kernel() == kPvTiles) {
     const size_t smem = sizeof(float) * size_t(kPvHeads) * a.kmax;
