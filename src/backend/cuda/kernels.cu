@@ -2699,8 +2699,15 @@ __device__ __forceinline__ void for_range(const float* __restrict__ row, int64_t
 // The caller synchronizes before reading what emit wrote.
 // T threads (a multiple of 32, ≥ 256, ≤ 1024): the histogram and its scan take the first 256, the
 // passes over the row all T; the picks and their slots do not depend on T.
+// lean (DSUF_TOPK_SELECT=lean, the v26 candidate; k_top_k only): the same digits and picks with fewer
+// barriers — no counting pass (the first histogram's total is the eligible count), the histograms
+// double-buffered (the next one zeroed during this pass), the digit found by the one thread whose bin
+// d has above[d] ≥ remaining > above[d + 1] (its scan value and its own bin give both) instead of an
+// atomicMax and two more barriers, and for rows under 2^15 entries the gather's two counts in one scan:
+// 4 barriers a radix pass instead of 7. Needs k ≥ 1 (the remaining count never reaches 0).
 template <int T = 256, typename Emit>
-__device__ __forceinline__ int block_select(const float* __restrict__ row, int64_t count, int k, Emit emit) {
+__device__ __forceinline__ int block_select(const float* __restrict__ row, int64_t count, int k, Emit emit,
+                                            bool lean = false) {
   static_assert(T % 32 == 0 && T >= 256 && T <= 1024, "block_select: 256..1024 threads");
   const int t = threadIdx.x;
   const uint32_t neg_inf_key = fkey(-INFINITY);
@@ -2708,17 +2715,72 @@ __device__ __forceinline__ int block_select(const float* __restrict__ row, int64
   __shared__ int s_eligible;
   __shared__ uint32_t s_prefix, s_mask;
   __shared__ int s_remaining;
-  if (t == 0) s_eligible = 0;
-  __syncthreads();
-  int local = 0;
-  for_each_entry<T>(row, count, [&](int64_t, float v) { local += fkey(v) > neg_inf_key; });
-  atomicAdd(&s_eligible, local);
-  __syncthreads();
-  const int eligible = s_eligible;
-  const int want = eligible < k ? eligible : k;
+  int eligible = 0;
+  if (!lean) {
+    if (t == 0) s_eligible = 0;
+    __syncthreads();
+    int local = 0;
+    for_each_entry<T>(row, count, [&](int64_t, float v) { local += fkey(v) > neg_inf_key; });
+    atomicAdd(&s_eligible, local);
+    __syncthreads();
+    eligible = s_eligible;
+  }
   uint32_t threshold = neg_inf_key + 1;  // take every eligible entry
   int ties_to_take = 0;
-  if (eligible > k) {
+  lean = lean && k >= 1;
+  if (lean) {
+    __shared__ int lhist[2][256];
+    if (t < 256) lhist[0][t] = 0, lhist[1][t] = 0;
+    if (t == 0) s_prefix = 0, s_mask = 0, s_remaining = k, s_eligible = 0;
+    __syncthreads();
+    __shared__ int lwarp_tot[T / 32];
+    bool selected = true;
+    for (int pass = 0, shift = 24; shift >= 0; ++pass, shift -= 8) {
+      int* h = lhist[pass & 1];
+      const uint32_t mask = s_mask, prefix = s_prefix;
+      const int rem = s_remaining;  // read before the scan's barriers; one thread rewrites it after them
+      if (shift == 24) {  // as below: one atomic per distinct bin of a warp
+        for_each_entry<T>(row, count, [&](int64_t, float v) {
+          const uint32_t key = fkey(v);
+          const bool in = key > neg_inf_key;
+          const int bin = in ? int(key >> 24) : 256;
+          const unsigned same = __match_any_sync(__activemask(), bin);
+          if (in && t % 32 == __ffs(same) - 1) atomicAdd(&h[bin], __popc(same));
+        });
+      } else {
+        for_each_entry<T>(row, count, [&](int64_t, float v) {
+          const uint32_t key = fkey(v);
+          if (key > neg_inf_key && (key & mask) == prefix) atomicAdd(&h[(key >> shift) & 255], 1);
+        });
+      }
+      if (t < 256) lhist[(pass + 1) & 1][t] = 0;  // last read by the previous pass's scan
+      __syncthreads();
+      const int hv = t < 256 ? h[255 - t] : 0;
+      const int rev = block_scan<T>(hv, lwarp_tot);  // thread t < 256, bin d = 255 − t: above[d]
+      if (t < 256) {
+        const int d = 255 - t, above_next = rev - hv;  // above[d + 1]
+        if (shift == 24 && d == 0) s_eligible = rev;   // every eligible entry is in a bin
+        // The largest d ≥ 1 with above[d] ≥ rem (above never grows with d, rem ≥ 1), else 0.
+        if (d >= 1 ? rev >= rem && above_next < rem : above_next < rem) {
+          s_remaining = rem - above_next;
+          s_prefix = prefix | uint32_t(d) << shift;
+          s_mask = mask | 255u << shift;
+        }
+      }
+      __syncthreads();
+      if (shift == 24) {
+        eligible = s_eligible;
+        if (eligible <= k) {  // the same in every thread: no selection
+          selected = false;
+          break;
+        }
+      }
+    }
+    if (selected) {
+      threshold = s_prefix;
+      ties_to_take = s_remaining;
+    }
+  } else if (eligible > k) {
     if (t == 0) s_prefix = 0, s_mask = 0, s_remaining = k;
     __syncthreads();
     __shared__ int warp_tot[T / 32], s_digit, above[257];
@@ -2766,6 +2828,7 @@ __device__ __forceinline__ int block_select(const float* __restrict__ row, int64
     threshold = s_prefix;  // keys > threshold all taken, s_remaining ties (key == threshold) taken
     ties_to_take = s_remaining;
   }
+  const int want = eligible < k ? eligible : k;
   // Gather in index order: each thread owns a contiguous range (a multiple of 4 long, so that its
   // loads are aligned float4); exclusive scans give offsets.
   const int64_t per = ((count + T - 1) / T + 3) / 4 * 4;
@@ -2778,10 +2841,16 @@ __device__ __forceinline__ int block_select(const float* __restrict__ row, int64
     else if (key == threshold) ++n_eq;
   });
   __shared__ int sc_gt[T], sc_eq[T], scan_tot[T / 32];
-  const int inc_gt = block_scan<T>(n_gt, scan_tot);
-  const int inc_eq = block_scan<T>(n_eq, scan_tot);
-  sc_gt[t] = inc_gt - n_gt;  // exclusive offsets
-  sc_eq[t] = inc_eq - n_eq;
+  if (lean && count < 32768) {  // both counts in one scan: each total < 2^15, no carry, no sign
+    const int inc = block_scan<T>(n_gt | (n_eq << 16), scan_tot);
+    sc_gt[t] = (inc & 0xffff) - n_gt;  // exclusive offsets
+    sc_eq[t] = (inc >> 16) - n_eq;
+  } else {
+    const int inc_gt = block_scan<T>(n_gt, scan_tot);
+    const int inc_eq = block_scan<T>(n_eq, scan_tot);
+    sc_gt[t] = inc_gt - n_gt;  // exclusive offsets
+    sc_eq[t] = inc_eq - n_eq;
+  }
   __syncthreads();
   int og = sc_gt[t], oe = sc_eq[t];
   const int n_gt_total = want - ties_to_take;
@@ -2858,14 +2927,14 @@ __device__ __forceinline__ int64_t top_k_count(const RowMeta* meta, int i, int r
 // of 8,192 scores took ~30 µs on 256, on the indexer layers' chain; DSUF_TOPK_THREADS=256).
 template <int T>
 __global__ void __launch_bounds__(T) k_top_k(const float* x, int64_t stride, const RowMeta* meta, int ratio, int block,
-                                             int k, int32_t* out, int out_stride, bool reg_sort) {
+                                             int k, int32_t* out, int out_stride, bool reg_sort, bool lean) {
   pdl_entry();
   const int i = blockIdx.x;
   const int64_t count = top_k_count(meta, i, ratio, block);
   extern __shared__ uint64_t picks[];  // (key << 32) | ~index, sorted descending
-  const int want = block_select<T>(x + int64_t(i) * stride, count, k, [&](int slot, int64_t j, uint32_t key, float) {
-    picks[slot] = topk::pick(key, j);
-  });
+  const int want = block_select<T>(
+      x + int64_t(i) * stride, count, k,
+      [&](int slot, int64_t j, uint32_t key, float) { picks[slot] = topk::pick(key, j); }, lean);
   sort_picks_write<T>(picks, want, out + int64_t(i) * out_stride, out_stride, reg_sort);
 }
 
@@ -3871,14 +3940,17 @@ void top_k(const float* x, int64_t stride, int rows, const RowMeta* meta, int ra
     // DSUF_TOPK_SORT=regs|smem: the picks' sort in registers and shuffles (default, v23 candidate) or
     // every stage in shared memory (v22); regs needs npow ≤ threads and twice the picks' space.
     static const bool reg_sort = !env_picks("DSUF_TOPK_SORT", "regs", "smem");
+    // DSUF_TOPK_SELECT=classic|lean: block_select's barriers (lean: 4 a radix pass instead of 7, no
+    // counting pass; the v26 candidate).
+    static const bool lean = env_picks("DSUF_TOPK_SELECT", "classic", "lean");
     const int threads = wide ? 1024 : 256;
     const size_t sm = reg_sort && npow <= threads ? 2 * smem : smem;
     if (wide)
       launch_step(k_top_k<1024>, dim3(rows), dim3(1024), sm, s, x, stride, meta, ratio, block, k, out, out_stride,
-                  reg_sort);
+                  reg_sort, lean);
     else
       launch_step(k_top_k<256>, dim3(rows), dim3(256), sm, s, x, stride, meta, ratio, block, k, out, out_stride,
-                  reg_sort);
+                  reg_sort, lean);
     return;
   }
   const int64_t cand_stride = int64_t(g) * topk::slot_stride(k);
