@@ -2760,8 +2760,7 @@ __device__ __forceinline__ int block_select(const float* __restrict__ row, int64
       if (t < 256) {
         const int d = 255 - t, above_next = rev - hv;  // above[d + 1]
         if (shift == 24 && d == 0) s_eligible = rev;   // every eligible entry is in a bin
-        // The largest d ≥ 1 with above[d] ≥ rem (above never grows with d, rem ≥ 1), else 0.
-        if (d >= 1 ? rev >= rem && above_next < rem : above_next < rem) {
+        if (topk::digit_is_mine(d, rev, hv, rem)) {  // the largest d ≥ 1 with above[d] ≥ rem, else 0
           s_remaining = rem - above_next;
           s_prefix = prefix | uint32_t(d) << shift;
           s_mask = mask | 255u << shift;
