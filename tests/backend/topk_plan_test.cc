@@ -339,11 +339,35 @@ TEST(TopkPlan, ScratchFollowsTheSmallestChunk) {
 // topk::bitonic_keep at every stage, in shared memory or by shuffles) sorts any padded set of
 // picks descending: fresh random picks of fresh random counts, with ties in the key (the index
 // part keeps picks distinct) and the zero padding.
+TEST(TopkPlan, BitonicNetworkSortsThePicksDescending) {
+  std::mt19937_64 rng(20261130);
+  for (int npow = 1; npow <= 1024; npow <<= 1) {
+    for (int rep = 0; rep < 20; ++rep) {
+      const int want = npow == 1 ? int(rng() % 2) : npow / 2 + 1 + int(rng() % (npow / 2));
+      std::vector<uint64_t> v(size_t(npow), 0);
+      for (int j = 0; j < want; ++j) {
+        const uint32_t key = topk::kNegInfKey + 1 + uint32_t(rng() % 64);  // few keys: many ties
+        v[size_t(j)] = topk::pick(key, int64_t(rng() % 100000) * 1024 + j);
+      }
+      std::vector<uint64_t> want_sorted = v;
+      std::sort(want_sorted.begin(), want_sorted.end(), std::greater<uint64_t>());
+      for (int size = 2; size <= npow; size <<= 1)
+        for (int stride = size / 2; stride > 0; stride >>= 1) {
+          std::vector<uint64_t> next(v.size());
+          for (int j = 0; j < npow; ++j) next[size_t(j)] = topk::bitonic_keep(v[size_t(j)], v[size_t(j ^ stride)], j, size, stride);
+          v.swap(next);
+        }
+      ASSERT_EQ(v, want_sorted) << "npow " << npow << " want " << want;
+    }
+  }
+}
+
 // block_select's lean digit rule (each bin decides alone) against the classic one (the largest
 // d ≥ 1 with above[d] ≥ rem, else 0, as an atomicMax finds it), on fresh random histograms: flat,
 // a few heavy bins, skewed to the top, empty; rem from 1 to past the total.
 TEST(TopkPlan, EachBinFindsTheSameDigitAsTheScan) {
-  std::mt19937_64 rng(std::random_device{}());
+  const uint64_t seed = std::random_device{}();
+  std::mt19937_64 rng(seed);
   int bad = 0;
   for (int trial = 0; trial < 20000; ++trial) {
     std::vector<int> hist(256, 0);
@@ -366,30 +390,7 @@ TEST(TopkPlan, EachBinFindsTheSameDigitAsTheScan) {
     if ((writers != 1 || got != digit) && ++bad <= 5)
       ADD_FAILURE() << "n " << n << " rem " << rem << ": digit " << digit << ", " << writers << " bins answered, got " << got;
   }
-  EXPECT_EQ(bad, 0);
-}
-
-TEST(TopkPlan, BitonicNetworkSortsThePicksDescending) {
-  std::mt19937_64 rng(20261130);
-  for (int npow = 1; npow <= 1024; npow <<= 1) {
-    for (int rep = 0; rep < 20; ++rep) {
-      const int want = npow == 1 ? int(rng() % 2) : npow / 2 + 1 + int(rng() % (npow / 2));
-      std::vector<uint64_t> v(size_t(npow), 0);
-      for (int j = 0; j < want; ++j) {
-        const uint32_t key = topk::kNegInfKey + 1 + uint32_t(rng() % 64);  // few keys: many ties
-        v[size_t(j)] = topk::pick(key, int64_t(rng() % 100000) * 1024 + j);
-      }
-      std::vector<uint64_t> want_sorted = v;
-      std::sort(want_sorted.begin(), want_sorted.end(), std::greater<uint64_t>());
-      for (int size = 2; size <= npow; size <<= 1)
-        for (int stride = size / 2; stride > 0; stride >>= 1) {
-          std::vector<uint64_t> next(v.size());
-          for (int j = 0; j < npow; ++j) next[size_t(j)] = topk::bitonic_keep(v[size_t(j)], v[size_t(j ^ stride)], j, size, stride);
-          v.swap(next);
-        }
-      ASSERT_EQ(v, want_sorted) << "npow " << npow << " want " << want;
-    }
-  }
+  EXPECT_EQ(bad, 0) << "seed " << seed;
 }
 
 }  // namespace

@@ -2715,6 +2715,7 @@ __device__ __forceinline__ int block_select(const float* __restrict__ row, int64
   __shared__ int s_eligible;
   __shared__ uint32_t s_prefix, s_mask;
   __shared__ int s_remaining;
+  lean = lean && k >= 1;  // before the counting pass it would skip (k = 0 takes the classic path)
   int eligible = 0;
   if (!lean) {
     if (t == 0) s_eligible = 0;
@@ -2727,7 +2728,6 @@ __device__ __forceinline__ int block_select(const float* __restrict__ row, int64
   }
   uint32_t threshold = neg_inf_key + 1;  // take every eligible entry
   int ties_to_take = 0;
-  lean = lean && k >= 1;
   if (lean) {
     __shared__ int lhist[2][256];
     if (t < 256) lhist[0][t] = 0, lhist[1][t] = 0;
