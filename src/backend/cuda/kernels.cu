@@ -2715,6 +2715,27 @@ __device__ __forceinline__ int block_select(const float* __restrict__ row, int64
   __shared__ int s_eligible;
   __shared__ uint32_t s_prefix, s_mask;
   __shared__ int s_remaining;
+  // One radix pass's histogram into h: the digit at `shift` of every eligible entry whose key matches
+  // prefix under mask. The first pass (every entry, binned by sign and exponent: a handful of bins
+  // for a row of scores, and 32 lanes' atomics on one shared address serialize) takes one atomic per
+  // distinct bin of a warp, the lowest lane of each bin's lanes adding their count; the later passes,
+  // where few entries match the prefix, one per entry.
+  auto histogram = [&](int* h, int shift, uint32_t mask, uint32_t prefix) {
+    if (shift == 24) {
+      for_each_entry<T>(row, count, [&](int64_t, float v) {
+        const uint32_t key = fkey(v);
+        const bool in = key > neg_inf_key;
+        const int bin = in ? int(key >> 24) : 256;
+        const unsigned same = __match_any_sync(__activemask(), bin);
+        if (in && t % 32 == __ffs(same) - 1) atomicAdd(&h[bin], __popc(same));
+      });
+    } else {
+      for_each_entry<T>(row, count, [&](int64_t, float v) {
+        const uint32_t key = fkey(v);
+        if (key > neg_inf_key && (key & mask) == prefix) atomicAdd(&h[(key >> shift) & 255], 1);
+      });
+    }
+  };
   lean = lean && k >= 1;  // before the counting pass it would skip (k = 0 takes the classic path)
   int eligible = 0;
   if (!lean) {
@@ -2739,20 +2760,7 @@ __device__ __forceinline__ int block_select(const float* __restrict__ row, int64
       int* h = lhist[pass & 1];
       const uint32_t mask = s_mask, prefix = s_prefix;
       const int rem = s_remaining;  // read before the scan's barriers; one thread rewrites it after them
-      if (shift == 24) {  // as below: one atomic per distinct bin of a warp
-        for_each_entry<T>(row, count, [&](int64_t, float v) {
-          const uint32_t key = fkey(v);
-          const bool in = key > neg_inf_key;
-          const int bin = in ? int(key >> 24) : 256;
-          const unsigned same = __match_any_sync(__activemask(), bin);
-          if (in && t % 32 == __ffs(same) - 1) atomicAdd(&h[bin], __popc(same));
-        });
-      } else {
-        for_each_entry<T>(row, count, [&](int64_t, float v) {
-          const uint32_t key = fkey(v);
-          if (key > neg_inf_key && (key & mask) == prefix) atomicAdd(&h[(key >> shift) & 255], 1);
-        });
-      }
+      histogram(h, shift, mask, prefix);
       if (t < 256) lhist[(pass + 1) & 1][t] = 0;  // last read by the previous pass's scan
       __syncthreads();
       const int hv = t < 256 ? h[255 - t] : 0;
@@ -2788,24 +2796,7 @@ __device__ __forceinline__ int block_select(const float* __restrict__ row, int64
       if (t == 0) s_digit = 0, above[256] = 0;
       __syncthreads();
       const uint32_t mask = s_mask, prefix = s_prefix;
-      // The first pass (every entry, binned by sign and exponent: a handful of bins for a row of
-      // scores, and 32 lanes' atomics on one shared address serialize) takes one atomic per distinct
-      // bin of a warp, the lowest lane of each bin's lanes adding their count; the later passes,
-      // where few entries match the prefix, one per entry.
-      if (shift == 24) {
-        for_each_entry<T>(row, count, [&](int64_t, float v) {
-          const uint32_t key = fkey(v);
-          const bool in = key > neg_inf_key;
-          const int bin = in ? int(key >> 24) : 256;
-          const unsigned same = __match_any_sync(__activemask(), bin);
-          if (in && t % 32 == __ffs(same) - 1) atomicAdd(&hist[bin], __popc(same));
-        });
-      } else {
-        for_each_entry<T>(row, count, [&](int64_t, float v) {
-          const uint32_t key = fkey(v);
-          if (key > neg_inf_key && (key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1);
-        });
-      }
+      histogram(hist, shift, mask, prefix);
       __syncthreads();
       // The digit: the largest d ≥ 1 whose bins d..255 hold at least the remaining count, else 0
       // (bins from the top, as a sequential scan would stop). Suffix sums by a scan of the
