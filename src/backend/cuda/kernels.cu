@@ -2032,8 +2032,7 @@ __device__ __forceinline__ int attention_keys(const AttentionArgs& a, int i, int
 // candidate; no spills in either).
 template <int MINB>
 __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(AttentionArgs a) {
-  pdl_wait();
-  if (!a.logits_late) pdl_trigger();
+  pdl_entry(a.logits_late);
   extern __shared__ float qs[];  // [kAttHeadsQK][hd]
   __shared__ int first_free;
   const int i = blockIdx.x, h0 = blockIdx.y * kAttHeadsQK;
@@ -2087,7 +2086,7 @@ __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(A
       if (lane == h && h < nh) a.att[(int64_t(i) * a.H + h0 + h) * a.kmax + j] = v * scale;
     }
   }
-  if (a.logits_late) pdl_trigger();
+  pdl_exit(a.logits_late);
 }
 
 // Softmax and P·V. A block takes 8 heads × 32 output dims of a row, HPW heads a warp (8 / HPW
@@ -2138,8 +2137,7 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
     }
   };
   if (a.w_early) load_sinks();
-  pdl_wait();
-  if (!a.pv_late) pdl_trigger();
+  pdl_entry(a.pv_late);
   if (!a.w_early) load_sinks();
   extern __shared__ float4 pv_smem4[];
   const int kp = (a.kmax + 3) & ~3;
@@ -2249,7 +2247,7 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
       for (int u = 0; u < HPW; ++u) acc[u] += ph[u][j0 + jj] * k;
     }
   }
-  if (a.pv_late) pdl_trigger();
+  pdl_exit(a.pv_late);
   const int64_t d = d0 + lane;
   if (a.o_sink.xq) {  // wo_a's input, as k_linear_input lays it out (whole warps: attention() checks)
 #pragma unroll
