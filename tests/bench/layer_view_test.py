@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""scripts/layer_view.py on a hand-made timeline: two layers (four collapses) and the head's collapse;
+layer 1 must hold exactly its own records, in start order, times from its first collapse, and a
+layer past the last must be refused."""
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROWS = [  # step, stream, start, end, name
+    (0, 1, 0, 5, "k_collapse_norm<4>"),  # another step: ignored
+    (1, 1, 10, 16, "k_collapse_norm<4>"), (1, 1, 12, 20, "k_fp8_gemv<1, 1, true, 2>"),
+    (1, 1, 30, 36, "k_collapse_norm<4>"), (1, 2, 31, 50, "k_fp4_imma<4, 16, true>"),
+    (1, 1, 60, 66.5, "k_collapse_norm<4>"),  # layer 1 begins
+    (1, 3, 62, 75, "k_hc_mix<4>"),
+    (1, 1, 61, 70, "k_fp8_gemv<4, 1, true, 0>"),
+    (1, 1, 80, 86, "k_collapse_norm<4>"),
+    (1, 1, 90, 96, "k_collapse_norm<4>"),  # the head's: closes layer 1
+    (1, 1, 97, 120, "k_bf16_linear"),
+]
+
+
+def run(*args):
+    with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
+        f.write("step,stream,start_us,end_us,name\n")
+        for r in ROWS:
+            f.write(",".join(f'"{v}"' for v in r) + "\n")
+        path = f.name
+    try:
+        return subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "layer_view.py"), path, *args],
+                              capture_output=True, text=True)
+    finally:
+        os.unlink(path)
+
+
+def main():
+    p = run("--step", "1", "--layer", "1")
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == "step 1, layer 1: 4 records", lines
+    body = [l.split() for l in lines[2:-1]]
+    assert [b[4] for b in body] == ["k_collapse_norm<4>", "k_fp8_gemv<4,", "k_hc_mix<4>", "k_collapse_norm<4>"], body
+    assert body[0][:3] == ["0.0", "6.5", "6.5"] and body[1][:4] == ["1.0", "10.0", "9.0", "1"], body
+    assert body[2][3] == "3" and body[3][:2] == ["20.0", "26.0"], body
+    assert lines[-1] == "span: 26.0 µs to the last end", lines
+    p = run("--step", "1", "--layer", "0")
+    assert p.stdout.splitlines()[0] == "step 1, layer 0: 4 records", p.stdout
+    p = run("--step", "1", "--layer", "3")
+    assert p.returncode != 0 and "no layer 3" in p.stderr, (p.returncode, p.stderr)
+    print("layer_view: ok")
+
+
+if __name__ == "__main__":
+    main()
