@@ -11,17 +11,9 @@ PDL on, a kernel's start is its launch (its blocks wait at griddepcontrol.wait);
 the chain is read from (docs/perf.md v23–v25 read the layers this way).
 """
 import argparse
-import csv
 import sys
 
-
-def load(path):
-    with open(path, newline="") as f:
-        return [
-            {"step": int(r["step"]), "stream": r["stream"], "start": float(r["start_us"]), "end": float(r["end_us"]),
-             "name": r["name"]}
-            for r in csv.DictReader(f)
-        ]
+from critical_path import load  # the timeline CSV's records (scripts/ is the first import path)
 
 
 def layer_records(records, step, layer):

@@ -1,12 +1,10 @@
 #!/usr/bin/env python3
 """scripts/critical_path.py on a hand-made timeline whose chain is known: a side-stream kernel (B)
 longer than the main stream's (A) is the one the last kernel (C) waited for."""
-import os
-import subprocess
 import sys
-import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from script_run import run_on_csv
+
 ROWS = [  # step, stream, start, end, name
     (0, 1, 0, 5, "k_embed"), (0, 1, 6, 9, "k_a"),  # step 0: not the middle one
     (1, 1, 0, 0.9, "memcpy HtoD"),
@@ -19,16 +17,8 @@ ROWS = [  # step, stream, start, end, name
 
 
 def main():
-    with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
-        f.write("step,stream,start_us,end_us,name\n")
-        for r in ROWS:
-            f.write(f'{r[0]},{r[1]},{r[2]},{r[3]},"{r[4]}"\n')
-        path = f.name
-    try:
-        out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "critical_path.py"), path],
-                             capture_output=True, text=True, check=True).stdout
-    finally:
-        os.unlink(path)
+    text = "step,stream,start_us,end_us,name\n" + "".join(f'{r[0]},{r[1]},{r[2]},{r[3]},"{r[4]}"\n' for r in ROWS)
+    out = run_on_csv("critical_path.py", text, check=True).stdout
     print(out)
     first = out.splitlines()[0]
     ok = True

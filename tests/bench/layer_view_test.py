@@ -2,12 +2,8 @@
 """scripts/layer_view.py on a hand-made timeline: two layers (four collapses) and the head's collapse;
 layer 1 must hold exactly its own records, in start order, times from its first collapse, and a
 layer past the last must be refused."""
-import os
-import subprocess
-import sys
-import tempfile
+from script_run import run_on_csv
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROWS = [  # step, stream, start, end, name
     (0, 1, 0, 5, "k_collapse_norm<4>"),  # another step: ignored
     (1, 1, 10, 16, "k_collapse_norm<4>"), (1, 1, 12, 20, "k_fp8_gemv<1, 1, true, 2>"),
@@ -22,16 +18,8 @@ ROWS = [  # step, stream, start, end, name
 
 
 def run(*args):
-    with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
-        f.write("step,stream,start_us,end_us,name\n")
-        for r in ROWS:
-            f.write(",".join(f'"{v}"' for v in r) + "\n")
-        path = f.name
-    try:
-        return subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "layer_view.py"), path, *args],
-                              capture_output=True, text=True)
-    finally:
-        os.unlink(path)
+    text = "step,stream,start_us,end_us,name\n" + "".join(",".join(f'"{v}"' for v in r) + "\n" for r in ROWS)
+    return run_on_csv("layer_view.py", text, *args)
 
 
 def main():

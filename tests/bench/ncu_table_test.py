@@ -2,12 +2,8 @@
 """scripts/ncu_table.py on a hand-made Nsight Compute CSV (the shape `kernel-check.sh step` writes:
 --csv --page details with gpu__time_duration.sum and dram__bytes_read.sum): launches grouped by
 kernel with ncu's name decorations dropped, units converted, rows sorted by total time."""
-import os
-import subprocess
-import sys
-import tempfile
+from script_run import run_on_csv
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HEAD = '"ID","Process ID","Kernel Name","Metric Name","Metric Unit","Metric Value"\n'
 GEMV = "unnamed>::k_fp8_gemv<2, 1, 1, 0>(const unsigned char *, long)"
 ROWS = [  # ID, kernel, metric, unit, value
@@ -21,16 +17,9 @@ ROWS = [  # ID, kernel, metric, unit, value
 
 
 def main():
-    with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
-        f.write("==PROF== Connected to process 1 (bench_decode)\n" + HEAD)  # ncu's messages are not rows
-        for r in ROWS:
-            f.write(",".join(f'"{v}"' for v in (r[0], 1) + r[1:]) + "\n")
-        path = f.name
-    try:
-        out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "ncu_table.py"), path],
-                             capture_output=True, text=True, check=True).stdout
-    finally:
-        os.unlink(path)
+    text = "==PROF== Connected to process 1 (bench_decode)\n" + HEAD  # ncu's messages are not rows
+    text += "".join(",".join(f'"{v}"' for v in (r[0], 1) + r[1:]) + "\n" for r in ROWS)
+    out = run_on_csv("ncu_table.py", text, check=True).stdout
     lines = out.splitlines()
     rows = [l for l in lines if l.startswith("| `")]
     assert lines[0].startswith("3 launches, 26.0 µs in all"), out
