@@ -2028,8 +2028,8 @@ __device__ __forceinline__ int attention_keys(const AttentionArgs& a, int i, int
 
 // MINB > 0: at least MINB blocks an SM (the compiler keeps the registers under 65536 / (256·MINB)), so
 // that more of the 8 × 80 blocks of a batch-1 step run at once: at 88 registers (MINB 0) two fit an
-// SM, three waves; 64 (4) two waves; 48 (5) one wave of 660 slots (DSUF_LOGITS_BLOCKS=0|4|5, the v26
-// candidate; no spills in either).
+// SM, three waves; 64 (4) two waves; 48 (5) one wave of 660 slots (DSUF_LOGITS_BLOCKS=5|4|0: 5 the
+// default since v26, −0.10 ms a step; no spills in either).
 template <int MINB>
 __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(AttentionArgs a) {
   pdl_entry(a.logits_late);
@@ -2697,7 +2697,7 @@ __device__ __forceinline__ void for_range(const float* __restrict__ row, int64_t
 // The caller synchronizes before reading what emit wrote.
 // T threads (a multiple of 32, ≥ 256, ≤ 1024): the histogram and its scan take the first 256, the
 // passes over the row all T; the picks and their slots do not depend on T.
-// lean (DSUF_TOPK_SELECT=lean, the v26 candidate; k_top_k only): the same digits and picks with fewer
+// lean (DSUF_TOPK_SELECT=lean|classic, lean the default since v26: −0.016 ms; k_top_k only): the same digits and picks with fewer
 // barriers — no counting pass (the first histogram's total is the eligible count), the histograms
 // double-buffered (the next one zeroed during this pass), the digit found by the one thread whose bin
 // d has above[d] ≥ remaining > above[d + 1] (its scan value and its own bin give both) instead of an
@@ -3402,16 +3402,18 @@ bool weights_early() {
   static const bool early = !env_picks("DSUF_W_EARLY", "1", "0");
   return early;
 }
-// DSUF_LATE_TRIGGER=name,… (rmsnorm, collapse, route, linear_input, swiglu; unset or none: none, the
-// v25 behaviour): those kernels trigger their dependents at their end (pdl_exit) instead of at entry,
-// so that the linear after them does not load its first weights beside them (v26 candidates, after
-// the logits kernel's late trigger measured −0.15 ms in v25).
+// DSUF_LATE_TRIGGER=name,… (rmsnorm, collapse, route, linear_input, swiglu; none: none, the v25
+// behaviour; unset: linear_input, the v26 default): those kernels trigger their dependents at their end
+// (pdl_exit) instead of at entry, so that the linear after them does not load its first weights beside
+// them. v26 measured linear_input −0.05 ms (wo_b after it), rmsnorm +0.02, route +0.02, swiglu +0.01,
+// collapse +0.24 (wq_a+wkv and the router lose their head start) — docs/perf.md v26.
 enum LateTrigger : unsigned { kLateRmsnorm = 1, kLateCollapse = 2, kLateRoute = 4, kLateLinearInput = 8, kLateSwiglu = 16 };
 bool late_trigger(unsigned which) {
   static const unsigned mask = [] {
     const char* v = std::getenv("DSUF_LATE_TRIGGER");
     unsigned m = 0;
-    if (!v || std::string(v) == "none" || !*v) return m;
+    if (!v) return unsigned(kLateLinearInput);  // the default since v26 (−0.05 ms; the others measured worse)
+    if (std::string(v) == "none" || !*v) return m;
     const std::pair<const char*, unsigned> names[] = {{"rmsnorm", kLateRmsnorm}, {"collapse", kLateCollapse},
                                                       {"route", kLateRoute}, {"linear_input", kLateLinearInput},
                                                       {"swiglu", kLateSwiglu}};
@@ -3820,8 +3822,9 @@ void pack_window(const float* kv, int rows, const RowMeta* meta, const SeqMeta* 
   if (t > 0) launch_step(k_pack_window, dim3(blocks_for(t, 8)), dim3(256), 0, s, kv, rows, meta, seqs, layer, hd, W);
 }
 // DSUF_PV=warps|cp|tiles picks the softmax + P·V kernel: k_attention_pv<1, UNR> (the default, a head
-// a warp: v18 measured 0.06 ms a step faster than two; UNR by DSUF_PV_UNROLL), k_attention_pv<2, 2>
-// or k_attention_pv_tiles.
+// a warp: v18 measured 0.06 ms a step faster than two; UNR by DSUF_PV_UNROLL), k_attention_pv<2, UNR>
+// (two heads a thread: each key slice value loaded once for both, half the shared-memory wavefronts
+// of the loop, twice each warp's softmax) or k_attention_pv_tiles.
 enum PvKernel { kPvOneHead = 0, kPvTwoHeads = 1, kPvTiles = 2 };
 int pv_kernel() {
   static const int k = env_choice("DSUF_PV", {"warps", "cp", "tiles"});  // in PvKernel's order
@@ -3850,7 +3853,8 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   };
   if (!gathered) gather_keys(a, s);
   const size_t qk_smem = sizeof(float) * kAttHeadsQK * a.hd;
-  static const int minb = std::array<int, 3>{0, 4, 5}[env_choice("DSUF_LOGITS_BLOCKS", {"0", "4", "5"})];
+  // DSUF_LOGITS_BLOCKS=5 (default since v26: one wave, −0.10 ms at batch 1), 4 or 0 (v25's three waves).
+  static const int minb = std::array<int, 3>{5, 4, 0}[env_choice("DSUF_LOGITS_BLOCKS", {"5", "4", "0"})];
   auto* logits_k = minb == 5 ? k_attention_logits<5> : minb == 4 ? k_attention_logits<4> : k_attention_logits<0>;
   set_smem(logits_k, qk_smem);
   // DSUF_LOGITS_TRIGGER=late (default since v25: −0.14 to −0.19 ms at batch 1; ±0 at 16 and 64) or entry.
@@ -3882,7 +3886,8 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   pa.pv_late = pv_late;
   const int hpw = pv_kernel() == kPvOneHead ? 1 : 2;
   static const bool deep_unroll = !env_picks("DSUF_PV_UNROLL", "8", "2");
-  auto* k = hpw == 2 ? k_attention_pv<2, 2> : deep_unroll ? k_attention_pv<1, 8> : k_attention_pv<1, 2>;
+  auto* k = hpw == 2 ? (deep_unroll ? k_attention_pv<2, 8> : k_attention_pv<2, 2>)
+                     : deep_unroll ? k_attention_pv<1, 8> : k_attention_pv<1, 2>;
   set_smem(k, pv_smem);
   launch_step(k, dim3(pv_grid), dim3(32 * kPvHeads / hpw), pv_smem, s, pa, tile);
   return layout();
@@ -3928,9 +3933,9 @@ void top_k(const float* x, int64_t stride, int rows, const RowMeta* meta, int ra
     // DSUF_TOPK_SORT=regs|smem: the picks' sort in registers and shuffles (default, v23 candidate) or
     // every stage in shared memory (v22); regs needs npow ≤ threads and twice the picks' space.
     static const bool reg_sort = !env_picks("DSUF_TOPK_SORT", "regs", "smem");
-    // DSUF_TOPK_SELECT=classic|lean: block_select's barriers (lean: 4 a radix pass instead of 7, no
-    // counting pass; the v26 candidate).
-    static const bool lean = env_picks("DSUF_TOPK_SELECT", "classic", "lean");
+    // DSUF_TOPK_SELECT=lean|classic: block_select's barriers (lean, the default since v26: 4 a radix
+    // pass instead of 7, no counting pass).
+    static const bool lean = !env_picks("DSUF_TOPK_SELECT", "lean", "classic");
     const int threads = wide ? 1024 : 256;
     const size_t sm = reg_sort && npow <= threads ? 2 * smem : smem;
     if (wide)
