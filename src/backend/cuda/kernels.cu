@@ -129,6 +129,32 @@ __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
+// The 8 sums warp_sum(v[h]) (h < 8) at once, by a reduce-scatter butterfly: at the xor steps 16, 8
+// and 4 each lane keeps half of its values and sends the other half to its partner, which holds the
+// same heads' partial sums of the other lanes (lanes with bit 4 clear keep heads 0–3, then bit 3
+// picks two of those, bit 2 one), then steps 2 and 1 as warp_sum. Every head's sum is the same
+// butterfly over the same 32 lanes, the two operands of each addition the same values as in
+// warp_sum (a + b = b + a exactly), so the result is warp_sum's, bit for bit: 9 shuffles instead of
+// 40. Returns the sum of head (lane >> 2) & 7, held by its four lanes 4h … 4h + 3.
+__device__ __forceinline__ float warp_sum8_scatter(const float (&v)[8], int lane) {
+  float a4[4], a2[2];
+  const bool b4 = lane & 16, b3 = lane & 8, b2 = lane & 4;
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const float keep = b4 ? v[4 + u] : v[u], send = b4 ? v[u] : v[4 + u];
+    a4[u] = keep + __shfl_xor_sync(0xffffffffu, send, 16);
+  }
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const float keep = b3 ? a4[2 + u] : a4[u], send = b3 ? a4[u] : a4[2 + u];
+    a2[u] = keep + __shfl_xor_sync(0xffffffffu, send, 8);
+  }
+  const float keep = b2 ? a2[1] : a2[0], send = b2 ? a2[0] : a2[1];
+  float r = keep + __shfl_xor_sync(0xffffffffu, send, 4);
+  r += __shfl_xor_sync(0xffffffffu, r, 2);
+  r += __shfl_xor_sync(0xffffffffu, r, 1);
+  return r;
+}
 // Asynchronous global → shared copies (sm_80+): issued without waiting, completed by cp_async_wait_all.
 __device__ __forceinline__ void cp_async4(float* dst, const float* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(uint32_t(__cvta_generic_to_shared(dst))), "l"(src));
@@ -1956,8 +1982,8 @@ __global__ void k_gather_keys(AttentionArgs a) {
   const int64_t pos = m.pos, hd = a.hd;
   const int64_t w0 = pos - a.W + 1 > 0 ? pos - a.W + 1 : 0;
   const int n_win = int(pos - w0 + 1);
-  float* dst = a.keys + (int64_t(i) * a.kmax + j) * hd;
   if (j < n_win) {
+    float* dst = a.keys + (int64_t(i) * a.kmax + j) * hd;
     const int64_t sp = w0 + j;
     if (sp >= sq.P) {
       for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = a.kv_chunk[(sq.row0 + sp - sq.P) * hd + d];
@@ -1968,8 +1994,29 @@ __global__ void k_gather_keys(AttentionArgs a) {
     return;
   }
   if (!a.sel || j - n_win >= a.sel_stride) return;
-  const int32_t e = a.sel[int64_t(i) * a.sel_stride + (j - n_win)];
-  if (e < 0) return;
+  int slot = j - n_win;
+  int32_t e;
+  if (a.picks) {
+    // The pick's rank: how many of the row's picks come before it (picks are distinct: distinct
+    // indices), counted by the block; that is its slot in the sorted selection.
+    const uint64_t* pk = a.picks + int64_t(i) * a.sel_stride;
+    const uint64_t mine = pk[slot];
+    if (mine == 0) return;  // past the row's picks: the whole block
+    int before = 0;
+    for (int q = threadIdx.x; q < a.sel_stride; q += blockDim.x) before += pk[q] > mine;
+    before = __reduce_add_sync(0xffffffffu, before);
+    __shared__ int warp_before[32];
+    if (threadIdx.x % 32 == 0) warp_before[threadIdx.x / 32] = before;
+    __syncthreads();
+    slot = 0;
+    for (int w = 0; w < int(blockDim.x / 32); ++w) slot += warp_before[w];
+    e = topk::pick_index(mine);
+    if (threadIdx.x == 0) a.sel_out[int64_t(i) * a.sel_stride + slot] = e;
+  } else {
+    e = a.sel[int64_t(i) * a.sel_stride + slot];
+    if (e < 0) return;
+  }
+  float* dst = a.keys + (int64_t(i) * a.kmax + n_win + slot) * hd;
   const uint8_t* entry = sq.ckv[a.src] + int64_t(e) * (hd / 2 + hd / 16);
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = ckv_elem(entry, hd, d);
 }
@@ -2030,7 +2077,7 @@ __device__ __forceinline__ int attention_keys(const AttentionArgs& a, int i, int
 // that more of the 8 × 80 blocks of a batch-1 step run at once: at 88 registers (MINB 0) two fit an
 // SM, three waves; 64 (4) two waves; 48 (5) one wave of 660 slots (DSUF_LOGITS_BLOCKS=5|4|0: 5 the
 // default since v26, −0.10 ms a step; no spills in either).
-template <int MINB>
+template <int MINB, bool kScatter>
 __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(AttentionArgs a) {
   pdl_entry(a.logits_late);
   extern __shared__ float qs[];  // [kAttHeadsQK][hd]
@@ -2038,11 +2085,21 @@ __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(A
   const int i = blockIdx.x, h0 = blockIdx.y * kAttHeadsQK;
   const int64_t hd = a.hd;
   const int nh = min(kAttHeadsQK, a.H - h0);  // the last group may be partial
-  for (int64_t t = threadIdx.x; t < kAttHeadsQK * hd; t += blockDim.x) {  // asynchronous: one round trip
-    if (t < nh * hd)
-      cp_async4(qs + t, a.q + (int64_t(i) * a.H + h0) * hd + t);
-    else
-      qs[t] = 0.0f;
+  const float* qsrc = a.q + (int64_t(i) * a.H + h0) * hd;
+  if (a.stage16 && hd % 4 == 0 && (reinterpret_cast<uintptr_t>(qsrc) & 15) == 0) {  // 16 bytes a copy
+    for (int64_t t = 4 * threadIdx.x; t < kAttHeadsQK * hd; t += 4 * blockDim.x) {
+      if (t < nh * hd)
+        cp_async16(qs + t, qsrc + t);
+      else
+        *reinterpret_cast<float4*>(qs + t) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  } else {
+    for (int64_t t = threadIdx.x; t < kAttHeadsQK * hd; t += blockDim.x) {  // asynchronous: one round trip
+      if (t < nh * hd)
+        cp_async4(qs + t, qsrc + t);
+      else
+        qs[t] = 0.0f;
+    }
   }
   const int nk = attention_keys(a, i, &first_free);
   cp_async_wait_all();
@@ -2080,10 +2137,17 @@ __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(A
         for (int h = 0; h < kAttHeadsQK; ++h) dot[h] += qs[h * hd + c + 32 * u] * k[u];
       }
     }
+    if constexpr (kScatter) {
+      static_assert(kAttHeadsQK == 8, "warp_sum8_scatter sums 8 heads");
+      const float v = warp_sum8_scatter(dot, lane);
+      const int h = (lane >> 2) & 7;
+      if ((lane & 3) == 0 && h < nh) a.att[(int64_t(i) * a.H + h0 + h) * a.kmax + j] = v * scale;
+    } else {
 #pragma unroll
-    for (int h = 0; h < kAttHeadsQK; ++h) {
-      const float v = warp_sum(dot[h]);
-      if (lane == h && h < nh) a.att[(int64_t(i) * a.H + h0 + h) * a.kmax + j] = v * scale;
+      for (int h = 0; h < kAttHeadsQK; ++h) {
+        const float v = warp_sum(dot[h]);
+        if (lane == h && h < nh) a.att[(int64_t(i) * a.H + h0 + h) * a.kmax + j] = v * scale;
+      }
     }
   }
   pdl_exit(a.logits_late);
@@ -2162,9 +2226,18 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
         kt[t] = d0 + t % kPvDims < hd ? keys[int64_t(j0 + t / kPvDims) * hd + t % kPvDims] : 0.0f;
     }
   };
-  for (int h = 0; h < nh; ++h)
-    for (int j = threadIdx.x; j < nk; j += kThreads)
-      cp_async4(p + h * kp + j, a.att + (int64_t(i) * a.H + h0 + h) * a.kmax + j);
+  const float* att = a.att + (int64_t(i) * a.H + h0) * a.kmax;
+  if (a.stage16 && a.kmax % 4 == 0 && (reinterpret_cast<uintptr_t>(att) & 15) == 0) {
+    // 16 bytes a copy: up to 3 entries past nk (within the row's kmax) land in p, never read.
+    const int n4 = (nk + 3) / 4;
+    for (int t = threadIdx.x; t < nh * n4; t += kThreads) {
+      const int h = t / n4, j = 4 * (t % n4);
+      cp_async16(p + h * kp + j, att + int64_t(h) * a.kmax + j);
+    }
+  } else {
+    for (int h = 0; h < nh; ++h)
+      for (int j = threadIdx.x; j < nk; j += kThreads) cp_async4(p + h * kp + j, att + int64_t(h) * a.kmax + j);
+  }
   stage_keys(0);
   cp_async_wait_all();
   __syncthreads();
@@ -2863,12 +2936,20 @@ __device__ __forceinline__ int block_select(const float* __restrict__ row, int64
 // Otherwise every stage in shared memory. The same network (topk::bitonic_keep), the same order.
 template <int T = 256>
 __device__ __forceinline__ void sort_picks_write(uint64_t* picks, int want, int32_t* out, int out_stride,
-                                                 bool reg_sort = false) {
+                                                 bool reg_sort = false, bool idle_skip = false) {
   const int t = threadIdx.x;
   int npow = 1;
   while (npow < want) npow <<= 1;
   for (int j = want + t; j < npow; j += T) picks[j] = 0;
   __syncthreads();
+  if (reg_sort && npow <= T && idle_skip && (t & ~31) >= npow) {
+    // A warp past the picks (half the block for 512 picks on 1,024 threads) only keeps the barrier
+    // count: it holds nothing to sort, and running the stages cost ~1/5 of the kernel's instructions.
+    for (int size = 64; size <= npow; size <<= 1)
+      for (int stride = size / 2; stride >= 32; stride >>= 1) __syncthreads();
+    for (int j = t; j < out_stride; j += T) out[j] = -1;  // j ≥ npow ≥ want
+    return;
+  }
   if (reg_sort && npow <= T) {
     uint64_t v = t < npow ? picks[t] : 0;
     int cur = 0;  // the buffer the next cross-warp stage goes through: picks, then picks + npow
@@ -2915,15 +2996,25 @@ __device__ __forceinline__ int64_t top_k_count(const RowMeta* meta, int i, int r
 // of 8,192 scores took ~30 µs on 256, on the indexer layers' chain; DSUF_TOPK_THREADS=256).
 template <int T>
 __global__ void __launch_bounds__(T) k_top_k(const float* x, int64_t stride, const RowMeta* meta, int ratio, int block,
-                                             int k, int32_t* out, int out_stride, bool reg_sort, bool lean) {
+                                             int k, int32_t* out, int out_stride, bool reg_sort, bool lean,
+                                             bool idle_skip, uint64_t* picks_out) {
   pdl_entry();
   const int i = blockIdx.x;
   const int64_t count = top_k_count(meta, i, ratio, block);
+  if (picks_out) {  // top_k_picks: the picks unsorted, for gather_keys to place
+    uint64_t* po = picks_out + int64_t(i) * out_stride;
+    const int want = block_select<T>(
+        x + int64_t(i) * stride, count, k,
+        [&](int slot, int64_t j, uint32_t key, float) { po[slot] = topk::pick(key, j); }, lean);
+    int32_t* o = out + int64_t(i) * out_stride;
+    for (int j = want + threadIdx.x; j < out_stride; j += T) po[j] = 0, o[j] = -1;
+    return;
+  }
   extern __shared__ uint64_t picks[];  // (key << 32) | ~index, sorted descending
   const int want = block_select<T>(
       x + int64_t(i) * stride, count, k,
       [&](int slot, int64_t j, uint32_t key, float) { picks[slot] = topk::pick(key, j); }, lean);
-  sort_picks_write<T>(picks, want, out + int64_t(i) * out_stride, out_stride, reg_sort);
+  sort_picks_write<T>(picks, want, out + int64_t(i) * out_stride, out_stride, reg_sort, idle_skip);
 }
 
 // Multi-block top-k, stage 1 (topk_plan.h): grid (g_launch, rows). Block (g, i) selects the top k
@@ -3855,12 +3946,20 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   const size_t qk_smem = sizeof(float) * kAttHeadsQK * a.hd;
   // DSUF_LOGITS_BLOCKS=5 (default since v26: one wave, −0.10 ms at batch 1), 4 or 0 (v25's three waves).
   static const int minb = std::array<int, 3>{5, 4, 0}[env_choice("DSUF_LOGITS_BLOCKS", {"5", "4", "0"})];
-  auto* logits_k = minb == 5 ? k_attention_logits<5> : minb == 4 ? k_attention_logits<4> : k_attention_logits<0>;
+  static const bool tree_scatter = !env_picks("DSUF_LOGITS_TREE", "scatter", "warp");
+  auto* logits_k = tree_scatter ? (minb == 5   ? k_attention_logits<5, true>
+                                   : minb == 4 ? k_attention_logits<4, true>
+                                               : k_attention_logits<0, true>)
+                                : (minb == 5   ? k_attention_logits<5, false>
+                                   : minb == 4 ? k_attention_logits<4, false>
+                                               : k_attention_logits<0, false>);
   set_smem(logits_k, qk_smem);
   // DSUF_LOGITS_TRIGGER=late (default since v25: −0.14 to −0.19 ms at batch 1; ±0 at 16 and 64) or entry.
   static const bool logits_late = !env_picks("DSUF_LOGITS_TRIGGER", "late", "entry");
   AttentionArgs la = a;
   la.logits_late = logits_late;
+  static const bool stage16 = !env_picks("DSUF_ATT_STAGE", "16", "4");
+  la.stage16 = stage16;
   launch_step(logits_k, dim3(a.rows, blocks_for(a.H, kAttHeadsQK), attention_key_split(a.rows)), dim3(256), qk_smem,
               s, la);
   const dim3 pv_grid(a.rows, blocks_for(a.H, kPvHeads), blocks_for(a.hd, kPvDims));
@@ -3881,6 +3980,7 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   AttentionArgs pa = a;
   if (!emit) pa.o_sink = {};
   pa.w_early = weights_early();
+  pa.stage16 = stage16;
   // DSUF_PV_TRIGGER=entry (default) or late: −0.03 ms with the logits' trigger at entry, ±0 with it late.
   static const bool pv_late = env_picks("DSUF_PV_TRIGGER", "entry", "late");
   pa.pv_late = pv_late;
@@ -3921,8 +4021,11 @@ void candidate_block_scores(const float* scores, int64_t score_stride, int rows,
   launch_step(k_candidate_block_scores, dim3(blocks_for(b_stride, 128), rows), dim3(128), 0, s, scores, score_stride,
               meta, ratio, block, bscores, b_stride);
 }
-void top_k(const float* x, int64_t stride, int rows, const RowMeta* meta, int ratio, int block, int k, int32_t* out,
-           int out_stride, cudaStream_t s, const TopkScratch& scratch) {
+namespace {
+void top_k_launch(const float* x, int64_t stride, int rows, const RowMeta* meta, int ratio, int block, int k,
+                  int32_t* out, int out_stride, cudaStream_t s, const TopkScratch& scratch, uint64_t* picks,
+                  bool* picked) {
+  *picked = false;
   if (rows <= 0) return;
   int npow = 1;
   while (npow < k) npow <<= 1;
@@ -3932,18 +4035,22 @@ void top_k(const float* x, int64_t stride, int rows, const RowMeta* meta, int ra
     static const bool wide = !env_picks("DSUF_TOPK_THREADS", "1024", "256");
     // DSUF_TOPK_SORT=regs|smem: the picks' sort in registers and shuffles (default, v23 candidate) or
     // every stage in shared memory (v22); regs needs npow ≤ threads and twice the picks' space.
-    static const bool reg_sort = !env_picks("DSUF_TOPK_SORT", "regs", "smem");
+    // regs-all: v26's register sort in which the warps past the picks also run every stage (v27
+    // candidate: they only keep the barriers).
+    static const int sort_mode = env_choice("DSUF_TOPK_SORT", {"regs", "smem", "regs-all"});
+    static const bool reg_sort = sort_mode != 1, idle_skip = sort_mode == 0;
     // DSUF_TOPK_SELECT=lean|classic: block_select's barriers (lean, the default since v26: 4 a radix
     // pass instead of 7, no counting pass).
     static const bool lean = !env_picks("DSUF_TOPK_SELECT", "lean", "classic");
     const int threads = wide ? 1024 : 256;
-    const size_t sm = reg_sort && npow <= threads ? 2 * smem : smem;
+    const size_t sm = picks ? 0 : reg_sort && npow <= threads ? 2 * smem : smem;
     if (wide)
       launch_step(k_top_k<1024>, dim3(rows), dim3(1024), sm, s, x, stride, meta, ratio, block, k, out, out_stride,
-                  reg_sort, lean);
+                  reg_sort, lean, idle_skip, picks);
     else
       launch_step(k_top_k<256>, dim3(rows), dim3(256), sm, s, x, stride, meta, ratio, block, k, out, out_stride,
-                  reg_sort, lean);
+                  reg_sort, lean, idle_skip, picks);
+    *picked = picks != nullptr;
     return;
   }
   const int64_t cand_stride = int64_t(g) * topk::slot_stride(k);
@@ -3951,6 +4058,19 @@ void top_k(const float* x, int64_t stride, int rows, const RowMeta* meta, int ra
               scratch.val, scratch.idx, cand_stride);
   launch_step(k_top_k_merge, dim3(rows), dim3(256), smem, s, x, stride, meta, ratio, block, k, g, scratch.min_chunk,
               scratch.val, scratch.idx, cand_stride, out, out_stride);
+}
+}  // namespace
+void top_k(const float* x, int64_t stride, int rows, const RowMeta* meta, int ratio, int block, int k, int32_t* out,
+           int out_stride, cudaStream_t s, const TopkScratch& scratch) {
+  bool picked;
+  top_k_launch(x, stride, rows, meta, ratio, block, k, out, out_stride, s, scratch, nullptr, &picked);
+}
+bool top_k_picks(const float* x, int64_t stride, int rows, const RowMeta* meta, int ratio, int k, uint64_t* picks,
+                 int32_t* out, int out_stride, cudaStream_t s, const TopkScratch& scratch) {
+  DSUF_CHECK(picks && out_stride >= k, "top_k_picks: needs picks and out_stride (", out_stride, ") ≥ k (", k, ")");
+  bool picked;
+  top_k_launch(x, stride, rows, meta, ratio, 0, k, out, out_stride, s, scratch, picks, &picked);
+  return picked;
 }
 void mask_from_selection(const int32_t* sel, int sel_stride, int n, uint8_t* mask, int64_t mask_stride, cudaStream_t s) {
   launch_step(k_mask_from_selection, dim3(n), dim3(128), 0, s, sel, sel_stride, mask, mask_stride);
