@@ -160,7 +160,8 @@ struct CudaBackend::Impl {
   bool shared_early = true;  // DSUF_SHARED_FORK=early|late (moe())
   bool gather_early = true;  // DSUF_GATHER=early|late (attention())
   // DSUF_TOPK_RANK=gather|sort: the indexer's top-k leaves its picks unsorted and gather_keys' blocks
-  // place them by rank (cuda::top_k_picks; v27; steps of up to 4 rows) or the top-k sorts them (v26).
+  // place them by rank (cuda::top_k_picks; v27, −0.065 ms a batch-1 step; steps of up to 4 rows) or
+  // the top-k sorts them (v26).
   bool rank_gather = true;
   bool comp_fork_early = true;  // DSUF_COMP_FORK=early|late (attention())
   bool idx_q_main = true;       // DSUF_IDX_Q=main|side (attention())

@@ -3946,6 +3946,8 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   const size_t qk_smem = sizeof(float) * kAttHeadsQK * a.hd;
   // DSUF_LOGITS_BLOCKS=5 (default since v26: one wave, −0.10 ms at batch 1), 4 or 0 (v25's three waves).
   static const int minb = std::array<int, 3>{5, 4, 0}[env_choice("DSUF_LOGITS_BLOCKS", {"5", "4", "0"})];
+  // DSUF_LOGITS_TREE=scatter|warp: the 8 heads' sums by warp_sum8_scatter (default since v27: −0.04 ms
+  // a step) or 8 warp_sums.
   static const bool tree_scatter = !env_picks("DSUF_LOGITS_TREE", "scatter", "warp");
   auto* logits_k = tree_scatter ? (minb == 5   ? k_attention_logits<5, true>
                                    : minb == 4 ? k_attention_logits<4, true>
@@ -3958,7 +3960,8 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   static const bool logits_late = !env_picks("DSUF_LOGITS_TRIGGER", "late", "entry");
   AttentionArgs la = a;
   la.logits_late = logits_late;
-  static const bool stage16 = !env_picks("DSUF_ATT_STAGE", "16", "4");
+  // DSUF_ATT_STAGE=4|16: 16-byte staging copies measured +0.02 ms a step (v27): 4 stays the default.
+  static const bool stage16 = env_picks("DSUF_ATT_STAGE", "4", "16");
   la.stage16 = stage16;
   launch_step(logits_k, dim3(a.rows, blocks_for(a.H, kAttHeadsQK), attention_key_split(a.rows)), dim3(256), qk_smem,
               s, la);
@@ -4035,8 +4038,9 @@ void top_k_launch(const float* x, int64_t stride, int rows, const RowMeta* meta,
     static const bool wide = !env_picks("DSUF_TOPK_THREADS", "1024", "256");
     // DSUF_TOPK_SORT=regs|smem: the picks' sort in registers and shuffles (default, v23 candidate) or
     // every stage in shared memory (v22); regs needs npow ≤ threads and twice the picks' space.
-    // regs-all: v26's register sort in which the warps past the picks also run every stage (v27
-    // candidate: they only keep the barriers).
+    // regs-all: v26's register sort in which the warps past the picks also run every stage (v27: they
+    // only keep the barriers; −0.006 ms under DSUF_TOPK_RANK=sort, within noise; the batch-1 step's
+    // indexer top-k no longer sorts).
     static const int sort_mode = env_choice("DSUF_TOPK_SORT", {"regs", "smem", "regs-all"});
     static const bool reg_sort = sort_mode != 1, idle_skip = sort_mode == 0;
     // DSUF_TOPK_SELECT=lean|classic: block_select's barriers (lean, the default since v26: 4 a radix
