@@ -158,6 +158,57 @@ TEST(CudaTopK, MultiBlockEqualsCpu) {
   EXPECT_EQ(bad, 0) << "seed " << seed;
 }
 
+// top_k_picks (the decode step's selection left unsorted for gather_keys to place by rank): on the
+// single-block path its picks, sorted on the host, are the reference's selection, 0 after the
+// row's picks, and its out rows −1 from there (the rest is gather_keys' to write: the backend tests
+// check that placement against the CPU reference end to end). Rows with ties, −inf runs, fewer
+// eligible than k and count < k, as above.
+TEST(CudaTopK, PicksAreTheSelection) {
+  const uint64_t seed = fresh_seed("[topk picks]");
+  std::mt19937_64 rng(seed);
+  int bad = 0;
+  for (const int k : {512, 64, 61}) {
+    const std::vector<int64_t> counts = {8192, 8191, int64_t(k) + 1, int64_t(k), int64_t(k) - 1, 1, 0, 5000};
+    const int64_t stride = 8192 + 3, rows = int64_t(counts.size());
+    std::vector<float> host(size_t(stride * rows), -7.0f);
+    std::vector<std::vector<int32_t>> ref;
+    for (int64_t i = 0; i < rows; ++i) {
+      const std::vector<float> row = make_row(rng, counts[size_t(i)], int(rng() % 9), k);
+      std::copy(row.begin(), row.end(), host.begin() + i * stride);
+      ref.push_back(top_k(row, k));
+    }
+    std::vector<cuda::RowMeta> meta(counts.size());
+    for (size_t i = 0; i < counts.size(); ++i) meta[i] = {.pos = counts[i] - 1, .seq = 0, .write = 0};
+    Buf<float> x(host.size());
+    Buf<cuda::RowMeta> dmeta(meta.size());
+    Buf<uint64_t> picks(size_t(rows * k));
+    Buf<int32_t> out(size_t(rows * k));
+    DSUF_CUDA(cudaMemcpy(x.p, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+    DSUF_CUDA(cudaMemcpy(dmeta.p, meta.data(), meta.size() * sizeof(cuda::RowMeta), cudaMemcpyHostToDevice));
+    // Stale contents, as in a step's workspace: every slot must be written or left to gather_keys.
+    DSUF_CUDA(cudaMemset(picks.p, 0x5a, size_t(rows * k) * 8));
+    DSUF_CUDA(cudaMemset(out.p, 0x5a, size_t(rows * k) * 4));
+    ASSERT_TRUE(cuda::top_k_picks(x.p, stride, int(rows), dmeta.p, 1, k, picks.p, out.p, k, nullptr));
+    DSUF_CUDA(cudaDeviceSynchronize());
+    std::vector<uint64_t> hp(size_t(rows * k));
+    std::vector<int32_t> ho(size_t(rows * k));
+    DSUF_CUDA(cudaMemcpy(hp.data(), picks.p, hp.size() * 8, cudaMemcpyDeviceToHost));
+    DSUF_CUDA(cudaMemcpy(ho.data(), out.p, ho.size() * 4, cudaMemcpyDeviceToHost));
+    for (int64_t i = 0; i < rows; ++i) {
+      const std::vector<int32_t>& r = ref[size_t(i)];
+      const int want = int(r.size());
+      std::vector<uint64_t> mine(hp.begin() + i * k, hp.begin() + i * k + want);
+      std::sort(mine.rbegin(), mine.rend());  // descending: (score desc, index asc)
+      std::vector<int32_t> idx;
+      for (const uint64_t p : mine) idx.push_back(topk::pick_index(p));
+      bool ok = idx == r && std::all_of(mine.begin(), mine.end(), [](uint64_t p) { return p != 0; });
+      for (int j = want; j < k; ++j) ok = ok && hp[size_t(i * k + j)] == 0 && ho[size_t(i * k + j)] == -1;
+      if (!ok && ++bad <= 8) ADD_FAILURE() << "k " << k << " row " << i << " count " << counts[size_t(i)];
+    }
+  }
+  EXPECT_EQ(bad, 0) << "seed " << seed;
+}
+
 // top_k_mask (the candidate blocks' selection as a mask, no sort) against the mask of the CPU
 // reference's selection: one block a row (no scratch), and the multi-block fallback.
 TEST(CudaTopK, MaskEqualsSelection) {

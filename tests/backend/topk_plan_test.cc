@@ -9,6 +9,7 @@
 // keeping k − 1, unshifted indices, ties taken from the end) must fail on the same rows.
 // CPU only (no GPU): runs in `make test`.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -359,6 +360,37 @@ TEST(TopkPlan, BitonicNetworkSortsThePicksDescending) {
       ASSERT_EQ(v, want_sorted) << "npow " << npow << " want " << want;
     }
   }
+}
+
+// block_select's lean digit rule (each bin decides alone) against the classic one (the largest
+// d ≥ 1 with above[d] ≥ rem, else 0, as an atomicMax finds it), on fresh random histograms: flat,
+// a few heavy bins, skewed to the top, empty; rem from 1 to past the total.
+TEST(TopkPlan, EachBinFindsTheSameDigitAsTheScan) {
+  const uint64_t seed = std::random_device{}();
+  std::mt19937_64 rng(seed);
+  int bad = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    std::vector<int> hist(256, 0);
+    const int n = std::array<int, 6>{0, 1, 5, 50, 500, 8192}[rng() % 6];
+    const int shape = int(rng() % 3);
+    for (int e = 0; e < n; ++e) {
+      const int heavy[] = {0, 1, 127, 128, 255};
+      const int b = shape == 0 ? int(rng() % 256) : shape == 1 ? heavy[rng() % 5] : 255 - int(rng() % 16) * int(rng() % 16);
+      ++hist[size_t(std::clamp(b, 0, 255))];
+    }
+    const int rem = 1 + int(rng() % uint64_t(n + 3));
+    std::vector<int> above(257, 0);
+    for (int d = 255; d >= 0; --d) above[size_t(d)] = above[size_t(d) + 1] + hist[size_t(d)];
+    int digit = 0;
+    for (int d = 1; d < 256; ++d)
+      if (above[size_t(d)] >= rem) digit = std::max(digit, d);
+    int writers = 0, got = -1;
+    for (int d = 0; d < 256; ++d)
+      if (topk::digit_is_mine(d, above[size_t(d)], hist[size_t(d)], rem)) ++writers, got = d;
+    if ((writers != 1 || got != digit) && ++bad <= 5)
+      ADD_FAILURE() << "n " << n << " rem " << rem << ": digit " << digit << ", " << writers << " bins answered, got " << got;
+  }
+  EXPECT_EQ(bad, 0) << "seed " << seed;
 }
 
 }  // namespace

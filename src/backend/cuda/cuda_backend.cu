@@ -159,6 +159,10 @@ struct CudaBackend::Impl {
   int64_t group_rows_per_expert = 4;
   bool shared_early = true;  // DSUF_SHARED_FORK=early|late (moe())
   bool gather_early = true;  // DSUF_GATHER=early|late (attention())
+  // DSUF_TOPK_RANK=gather|sort: the indexer's top-k leaves its picks unsorted and gather_keys' blocks
+  // place them by rank (cuda::top_k_picks; v27, −0.065 ms a batch-1 step; steps of up to 4 rows) or
+  // the top-k sorts them (v26).
+  bool rank_gather = true;
   bool comp_fork_early = true;  // DSUF_COMP_FORK=early|late (attention())
   bool idx_q_main = true;       // DSUF_IDX_Q=main|side (attention())
   bool idx_rope_fused = true;   // DSUF_IDX_ROPE=fused|split (indexer_query())
@@ -183,6 +187,7 @@ struct CudaBackend::Impl {
     float *xq[3], *xs[3];  // linear inputs (cuda::linear_input): two live at a time, the third the shared expert's
     uint8_t* xp[2];        // byte planes of the routed experts' inputs (cuda::InputSink::xp): w1/w3, w2
     int32_t *sel, *cand, *ids;
+    uint64_t* picks;  // [rows][index_topk] the indexer's unsorted picks (cuda::top_k_picks), for gather_keys
     cuda::RowGroups groups;  // the routed rows grouped by expert (cuda::group_rows), for many rows
     float *hc1 = nullptr, *hc3 = nullptr;  // experts split by width: this rank's columns of h1/h3 (hc1 also w2's)
     uint8_t* cand_mask;
@@ -334,7 +339,8 @@ struct CudaBackend::Impl {
   void compressor_branch(int l, const Step& st, cudaStream_t stream);
   void indexer_xn_part(int l, const Step& st, cudaStream_t stream);
   void indexer_query(int l, const Step& st, const cuda::LinearInput& qin, cudaStream_t stream);
-  void indexer_branch(int l, const Step& st, const cuda::LinearInput& qin, bool with_query, cudaStream_t stream);
+  // Returns whether it left its selection as picks (ws.picks) for gather_keys to sort.
+  bool indexer_branch(int l, const Step& st, const cuda::LinearInput& qin, bool with_query, cudaStream_t stream);
   void moe(int l, int n, const uint8_t* image, const cuda::LinearInput& xin, const float* expand_mix);
   // mHC mixes on a second stream (off the critical path: a site's mix is read only by its expansion,
   // after its attention/MoE, and by the next site's collapse); DSUF_HC_FORK=0 keeps them on `stream`.
@@ -516,6 +522,7 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   if (const char* v = std::getenv("DSUF_OVERLAP")) overlap = std::string(v) != "0";
   shared_early = !env_picks("DSUF_SHARED_FORK", "early", "late");
   gather_early = !env_picks("DSUF_GATHER", "early", "late");
+  rank_gather = !env_picks("DSUF_TOPK_RANK", "gather", "sort");
   comp_fork_early = !env_picks("DSUF_COMP_FORK", "early", "late");
   idx_q_main = !env_picks("DSUF_IDX_Q", "main", "side");
   idx_rope_fused = !env_picks("DSUF_IDX_ROPE", "fused", "split");
@@ -640,7 +647,7 @@ struct WorkspaceSizes {
                            logits + keys + att + sample_w + 2 * (aq + aq / 32) + aq_shared + aq_shared / 32 + qi / 32 +
                            mix_part + row_groups;
     return size_t(floats) * 4 + size_t(sel + cand + ids + 2 * sample + sample /*mix counters*/) * 4 +
-           size_t(cand_mask + qi) + size_t(topk) * 8 + size_t(2 * aqp);
+           size_t(cand_mask + qi) + size_t(topk + sel /*picks*/) * 8 + size_t(2 * aqp);
   }
 };
 // N rows per step; S sampling jobs per launch (max_batch).
@@ -754,7 +761,7 @@ void CudaBackend::Impl::alloc_workspace() {
   ws.qc = alloc<int8_t>(w.qi), ws.qs = alloc<float>(w.qi / 32);
   score_stride = w.score_stride, bscore_stride = w.bscore_stride, mask_stride = w.bscore_stride;
   ws.scores = alloc<float>(w.scores), ws.bscores = alloc<float>(w.bscores);
-  ws.sel = alloc<int32_t>(w.sel), ws.cand = alloc<int32_t>(w.cand), ws.cand_mask = alloc<uint8_t>(w.cand_mask);
+  ws.sel = alloc<int32_t>(w.sel), ws.picks = alloc<uint64_t>(w.sel), ws.cand = alloc<int32_t>(w.cand), ws.cand_mask = alloc<uint8_t>(w.cand_mask);
   // DSUF_TOPK=single: the single-block top-k for every row (the path before the multi-block one).
   // DSUF_TOPK_CHUNK=n: the multi-block top-k's smallest chunk (default topk::kDefaultChunk).
   const char* topk_mode = std::getenv("DSUF_TOPK");
@@ -1066,7 +1073,7 @@ void CudaBackend::Impl::indexer_query(int l, const Step& st, const cuda::LinearI
 
 // The indexer's selection from its queries (made here first when with_query), its heads' weights and
 // the compressor's entries, on `stream`.
-void CudaBackend::Impl::indexer_branch(int l, const Step& st, const cuda::LinearInput& qin, bool with_query,
+bool CudaBackend::Impl::indexer_branch(int l, const Step& st, const cuda::LinearInput& qin, bool with_query,
                                        cudaStream_t stream) {
   const TextConfig& t = cfg.text;
   const LayerPlan& lp = cfg.layers[l];
@@ -1094,8 +1101,14 @@ void CudaBackend::Impl::indexer_branch(int l, const Step& st, const cuda::Linear
     }
     cuda::TopkScratch ts = topk_scratch;
     ts.max_count = st.max_entries / ratio;
+    // Each pick's rank is counted by a gather block over the row's k picks (k² compares a row): for
+    // the few rows of a decode step, where one block per row sorting on one SM is the chain.
+    if (rank_gather && n <= 4)
+      return cuda::top_k_picks(ws.scores, score_stride, n, st.meta, ratio, t.index_topk, ws.picks, ws.sel,
+                               t.index_topk, stream, ts);
     cuda::top_k(ws.scores, score_stride, n, st.meta, ratio, 0, t.index_topk, ws.sel, t.index_topk, stream, ts);
   }
+  return false;
 }
 
 void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput& xin, float* out) {
@@ -1170,7 +1183,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
     compressor_branch(l, st, branch());
     if (!q_main) indexer_xn_part(l, st, branch());
   }
-  indexer_branch(l, st, qin, !q_main, branch());
+  if (indexer_branch(l, st, qin, !q_main, branch())) aa.picks = ws.picks, aa.sel_out = ws.sel;
   // The keys decoded on the side stream after the selection, beside wq_b, instead of first on the
   // attention's path (DSUF_GATHER=late: the other way; −0.05 to −0.1 ms a step, docs/perf.md v19).
   if (gather_early) cuda::gather_keys(aa, branch());

@@ -129,6 +129,32 @@ __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
+// The 8 sums warp_sum(v[h]) (h < 8) at once, by a reduce-scatter butterfly: at the xor steps 16, 8
+// and 4 each lane keeps half of its values and sends the other half to its partner, which holds the
+// same heads' partial sums of the other lanes (lanes with bit 4 clear keep heads 0–3, then bit 3
+// picks two of those, bit 2 one), then steps 2 and 1 as warp_sum. Every head's sum is the same
+// butterfly over the same 32 lanes, the two operands of each addition the same values as in
+// warp_sum (a + b = b + a exactly), so the result is warp_sum's, bit for bit: 9 shuffles instead of
+// 40. Returns the sum of head (lane >> 2) & 7, held by its four lanes 4h … 4h + 3.
+__device__ __forceinline__ float warp_sum8_scatter(const float (&v)[8], int lane) {
+  float a4[4], a2[2];
+  const bool b4 = lane & 16, b3 = lane & 8, b2 = lane & 4;
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const float keep = b4 ? v[4 + u] : v[u], send = b4 ? v[u] : v[4 + u];
+    a4[u] = keep + __shfl_xor_sync(0xffffffffu, send, 16);
+  }
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const float keep = b3 ? a4[2 + u] : a4[u], send = b3 ? a4[u] : a4[2 + u];
+    a2[u] = keep + __shfl_xor_sync(0xffffffffu, send, 8);
+  }
+  const float keep = b2 ? a2[1] : a2[0], send = b2 ? a2[0] : a2[1];
+  float r = keep + __shfl_xor_sync(0xffffffffu, send, 4);
+  r += __shfl_xor_sync(0xffffffffu, r, 2);
+  r += __shfl_xor_sync(0xffffffffu, r, 1);
+  return r;
+}
 // Asynchronous global → shared copies (sm_80+): issued without waiting, completed by cp_async_wait_all.
 __device__ __forceinline__ void cp_async4(float* dst, const float* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(uint32_t(__cvta_generic_to_shared(dst))), "l"(src));
@@ -189,6 +215,16 @@ __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.lau
 __device__ __forceinline__ void pdl_entry() {
   pdl_wait();
   pdl_trigger();
+}
+// pdl_entry, or (late) only the wait: such a kernel calls pdl_exit(late) at its end, so that the next
+// kernel's blocks — a linear loading weights before its own wait — launch when this one is done
+// instead of beside it (DSUF_LATE_TRIGGER, late_trigger()).
+__device__ __forceinline__ void pdl_entry(bool late) {
+  pdl_wait();
+  if (!late) pdl_trigger();
+}
+__device__ __forceinline__ void pdl_exit(bool late) {
+  if (late) pdl_trigger();
 }
 
 // ---- quantization and linears ------------------------------------------------------------------
@@ -521,7 +557,7 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
                                                        const float* __restrict__ y_in, float* __restrict__ X,
                                                        int64_t D, const uint16_t* __restrict__ w, float eps,
                                                        float* __restrict__ y, bool r, InputSink sink,
-                                                       bool w_early) {
+                                                       bool w_early, bool late) {
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ float us[];  // [32·J]: u[32c + l + 256j] at 32j + l
@@ -541,7 +577,7 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
     }
   };
   if (w_early) load_w();
-  pdl_entry();
+  pdl_entry(late);
   if (!w_early) load_w();
   float pr[HC], post[HC], C[HC * HC];
 #pragma unroll
@@ -617,6 +653,7 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
       if (sink.xq) emit_input(sink, D, i, int(pos(e) / 32), lane, v);
     }
   }
+  pdl_exit(late);
   cluster.sync();  // no block leaves while another may still read its q
 }
 
@@ -645,7 +682,7 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
 // equal x (a thread rewrites only what it read).
 constexpr int kRmsRegs = 4;
 // w_early (DSUF_W_EARLY=1, the default): the norm weights are loaded before the dependency wait.
-__global__ void __launch_bounds__(256) k_rmsnorm(RmsJob a, RmsJob b, float eps, bool r, bool w_early) {
+__global__ void __launch_bounds__(256) k_rmsnorm(RmsJob a, RmsJob b, float eps, bool r, bool w_early, bool late) {
   const RmsJob jb = blockIdx.y == 0 ? a : b;
   const int64_t dim = jb.dim;
   float xv[kRmsRegs], wv[kRmsRegs];
@@ -657,7 +694,7 @@ __global__ void __launch_bounds__(256) k_rmsnorm(RmsJob a, RmsJob b, float eps, 
     }
   };
   if (w_early) load_w();  // weights: nothing in a step writes them
-  pdl_entry();
+  pdl_entry(late);
   if (!w_early) load_w();
   const float* xr = jb.x + int64_t(blockIdx.x) * dim;
   float* yr = jb.y + int64_t(blockIdx.x) * dim;
@@ -689,6 +726,7 @@ __global__ void __launch_bounds__(256) k_rmsnorm(RmsJob a, RmsJob b, float eps, 
     if (threadIdx.x + 256 * p < dim) store(threadIdx.x + 256 * p, rb(wv[p] * (xv[p] * rinv), r));
   for (int64_t j = threadIdx.x + 256 * kRmsRegs; j < dim; j += 256)
     store(j, rb((jb.w ? bf16_load(jb.w, j) : 1.0f) * (xr[j] * rinv), r));
+  pdl_exit(late);
 }
 
 // Lays out rows × groups × K inputs (stride x_stride) for the linears, with the reference's per-32
@@ -697,8 +735,8 @@ __global__ void __launch_bounds__(256) k_rmsnorm(RmsJob a, RmsJob b, float eps, 
 // With rope.cs set, the values are first rotated as k_rope would (by shuffles, in registers; x is
 // not written): the attention output's inverse rope, fused into wo_a's input.
 __global__ void k_linear_input(const float* __restrict__ x, int64_t x_stride, int64_t K, int groups, bool quantize,
-                               float* __restrict__ xq, float* __restrict__ xs, FusedRope rope) {
-  pdl_entry();
+                               float* __restrict__ xq, float* __restrict__ xs, FusedRope rope, bool late) {
+  pdl_entry(late);
   const int nb = int(K / 32), gb = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (gb >= groups * nb) return;  // whole warps
   const int g = gb / nb, kb = gb % nb;
@@ -706,6 +744,7 @@ __global__ void k_linear_input(const float* __restrict__ x, int64_t x_stride, in
   float v = x[row * x_stride + col];
   if (rope.cs) v = rope_lane(v, rope_pair(rope, row, col % rope.dim), lane, rope.r);
   emit_input(v, quantize, xq + row * groups * kp + g * kp, quantize ? xs + row * groups * nb + gb : nullptr, kb, lane);
+  pdl_exit(late);
 }
 
 __device__ __forceinline__ uint32_t word_of(const uint4 (&w)[2], int i) {
@@ -1943,8 +1982,8 @@ __global__ void k_gather_keys(AttentionArgs a) {
   const int64_t pos = m.pos, hd = a.hd;
   const int64_t w0 = pos - a.W + 1 > 0 ? pos - a.W + 1 : 0;
   const int n_win = int(pos - w0 + 1);
-  float* dst = a.keys + (int64_t(i) * a.kmax + j) * hd;
   if (j < n_win) {
+    float* dst = a.keys + (int64_t(i) * a.kmax + j) * hd;
     const int64_t sp = w0 + j;
     if (sp >= sq.P) {
       for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = a.kv_chunk[(sq.row0 + sp - sq.P) * hd + d];
@@ -1955,8 +1994,29 @@ __global__ void k_gather_keys(AttentionArgs a) {
     return;
   }
   if (!a.sel || j - n_win >= a.sel_stride) return;
-  const int32_t e = a.sel[int64_t(i) * a.sel_stride + (j - n_win)];
-  if (e < 0) return;
+  int slot = j - n_win;
+  int32_t e;
+  if (a.picks) {
+    // The pick's rank: how many of the row's picks come before it (picks are distinct: distinct
+    // indices), counted by the block; that is its slot in the sorted selection.
+    const uint64_t* pk = a.picks + int64_t(i) * a.sel_stride;
+    const uint64_t mine = pk[slot];
+    if (mine == 0) return;  // past the row's picks: the whole block
+    int before = 0;
+    for (int q = threadIdx.x; q < a.sel_stride; q += blockDim.x) before += pk[q] > mine;
+    before = __reduce_add_sync(0xffffffffu, before);
+    __shared__ int warp_before[32];
+    if (threadIdx.x % 32 == 0) warp_before[threadIdx.x / 32] = before;
+    __syncthreads();
+    slot = 0;
+    for (int w = 0; w < int(blockDim.x / 32); ++w) slot += warp_before[w];
+    e = topk::pick_index(mine);
+    if (threadIdx.x == 0) a.sel_out[int64_t(i) * a.sel_stride + slot] = e;
+  } else {
+    e = a.sel[int64_t(i) * a.sel_stride + slot];
+    if (e < 0) return;
+  }
+  float* dst = a.keys + (int64_t(i) * a.kmax + n_win + slot) * hd;
   const uint8_t* entry = sq.ckv[a.src] + int64_t(e) * (hd / 2 + hd / 16);
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = ckv_elem(entry, hd, d);
 }
@@ -2013,19 +2073,33 @@ __device__ __forceinline__ int attention_keys(const AttentionArgs& a, int i, int
   return int(pos - w0 + 1) + *first_free;
 }
 
-__global__ void __launch_bounds__(256) k_attention_logits(AttentionArgs a) {
-  pdl_wait();
-  if (!a.logits_late) pdl_trigger();
+// MINB > 0: at least MINB blocks an SM (the compiler keeps the registers under 65536 / (256·MINB)), so
+// that more of the 8 × 80 blocks of a batch-1 step run at once: at 88 registers (MINB 0) two fit an
+// SM, three waves; 64 (4) two waves; 48 (5) one wave of 660 slots (DSUF_LOGITS_BLOCKS=5|4|0: 5 the
+// default since v26, −0.10 ms a step; no spills in either).
+template <int MINB, bool kScatter>
+__global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(AttentionArgs a) {
+  pdl_entry(a.logits_late);
   extern __shared__ float qs[];  // [kAttHeadsQK][hd]
   __shared__ int first_free;
   const int i = blockIdx.x, h0 = blockIdx.y * kAttHeadsQK;
   const int64_t hd = a.hd;
   const int nh = min(kAttHeadsQK, a.H - h0);  // the last group may be partial
-  for (int64_t t = threadIdx.x; t < kAttHeadsQK * hd; t += blockDim.x) {  // asynchronous: one round trip
-    if (t < nh * hd)
-      cp_async4(qs + t, a.q + (int64_t(i) * a.H + h0) * hd + t);
-    else
-      qs[t] = 0.0f;
+  const float* qsrc = a.q + (int64_t(i) * a.H + h0) * hd;
+  if (a.stage16 && hd % 4 == 0 && (reinterpret_cast<uintptr_t>(qsrc) & 15) == 0) {  // 16 bytes a copy
+    for (int64_t t = 4 * threadIdx.x; t < kAttHeadsQK * hd; t += 4 * blockDim.x) {
+      if (t < nh * hd)
+        cp_async16(qs + t, qsrc + t);
+      else
+        *reinterpret_cast<float4*>(qs + t) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  } else {
+    for (int64_t t = threadIdx.x; t < kAttHeadsQK * hd; t += blockDim.x) {  // asynchronous: one round trip
+      if (t < nh * hd)
+        cp_async4(qs + t, qsrc + t);
+      else
+        qs[t] = 0.0f;
+    }
   }
   const int nk = attention_keys(a, i, &first_free);
   cp_async_wait_all();
@@ -2063,13 +2137,20 @@ __global__ void __launch_bounds__(256) k_attention_logits(AttentionArgs a) {
         for (int h = 0; h < kAttHeadsQK; ++h) dot[h] += qs[h * hd + c + 32 * u] * k[u];
       }
     }
+    if constexpr (kScatter) {
+      static_assert(kAttHeadsQK == 8, "warp_sum8_scatter sums 8 heads");
+      const float v = warp_sum8_scatter(dot, lane);
+      const int h = (lane >> 2) & 7;
+      if ((lane & 3) == 0 && h < nh) a.att[(int64_t(i) * a.H + h0 + h) * a.kmax + j] = v * scale;
+    } else {
 #pragma unroll
-    for (int h = 0; h < kAttHeadsQK; ++h) {
-      const float v = warp_sum(dot[h]);
-      if (lane == h && h < nh) a.att[(int64_t(i) * a.H + h0 + h) * a.kmax + j] = v * scale;
+      for (int h = 0; h < kAttHeadsQK; ++h) {
+        const float v = warp_sum(dot[h]);
+        if (lane == h && h < nh) a.att[(int64_t(i) * a.H + h0 + h) * a.kmax + j] = v * scale;
+      }
     }
   }
-  if (a.logits_late) pdl_trigger();
+  pdl_exit(a.logits_late);
 }
 
 // Softmax and P·V. A block takes 8 heads × 32 output dims of a row, HPW heads a warp (8 / HPW
@@ -2120,8 +2201,7 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
     }
   };
   if (a.w_early) load_sinks();
-  pdl_wait();
-  if (!a.pv_late) pdl_trigger();
+  pdl_entry(a.pv_late);
   if (!a.w_early) load_sinks();
   extern __shared__ float4 pv_smem4[];
   const int kp = (a.kmax + 3) & ~3;
@@ -2146,9 +2226,18 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
         kt[t] = d0 + t % kPvDims < hd ? keys[int64_t(j0 + t / kPvDims) * hd + t % kPvDims] : 0.0f;
     }
   };
-  for (int h = 0; h < nh; ++h)
-    for (int j = threadIdx.x; j < nk; j += kThreads)
-      cp_async4(p + h * kp + j, a.att + (int64_t(i) * a.H + h0 + h) * a.kmax + j);
+  const float* att = a.att + (int64_t(i) * a.H + h0) * a.kmax;
+  if (a.stage16 && a.kmax % 4 == 0 && (reinterpret_cast<uintptr_t>(att) & 15) == 0) {
+    // 16 bytes a copy: up to 3 entries past nk (within the row's kmax) land in p, never read.
+    const int n4 = (nk + 3) / 4;
+    for (int t = threadIdx.x; t < nh * n4; t += kThreads) {
+      const int h = t / n4, j = 4 * (t % n4);
+      cp_async16(p + h * kp + j, att + int64_t(h) * a.kmax + j);
+    }
+  } else {
+    for (int h = 0; h < nh; ++h)
+      for (int j = threadIdx.x; j < nk; j += kThreads) cp_async4(p + h * kp + j, att + int64_t(h) * a.kmax + j);
+  }
   stage_keys(0);
   cp_async_wait_all();
   __syncthreads();
@@ -2231,7 +2320,7 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
       for (int u = 0; u < HPW; ++u) acc[u] += ph[u][j0 + jj] * k;
     }
   }
-  if (a.pv_late) pdl_trigger();
+  pdl_exit(a.pv_late);
   const int64_t d = d0 + lane;
   if (a.o_sink.xq) {  // wo_a's input, as k_linear_input lays it out (whole warps: attention() checks)
 #pragma unroll
@@ -2681,8 +2770,15 @@ __device__ __forceinline__ void for_range(const float* __restrict__ row, int64_t
 // The caller synchronizes before reading what emit wrote.
 // T threads (a multiple of 32, ≥ 256, ≤ 1024): the histogram and its scan take the first 256, the
 // passes over the row all T; the picks and their slots do not depend on T.
+// lean (DSUF_TOPK_SELECT=lean|classic, lean the default since v26: −0.016 ms; k_top_k only): the same digits and picks with fewer
+// barriers — no counting pass (the first histogram's total is the eligible count), the histograms
+// double-buffered (the next one zeroed during this pass), the digit found by the one thread whose bin
+// d has above[d] ≥ remaining > above[d + 1] (its scan value and its own bin give both) instead of an
+// atomicMax and two more barriers, and for rows under 2^15 entries the gather's two counts in one scan:
+// 4 barriers a radix pass instead of 7. Needs k ≥ 1 (the remaining count never reaches 0).
 template <int T = 256, typename Emit>
-__device__ __forceinline__ int block_select(const float* __restrict__ row, int64_t count, int k, Emit emit) {
+__device__ __forceinline__ int block_select(const float* __restrict__ row, int64_t count, int k, Emit emit,
+                                            bool lean = false) {
   static_assert(T % 32 == 0 && T >= 256 && T <= 1024, "block_select: 256..1024 threads");
   const int t = threadIdx.x;
   const uint32_t neg_inf_key = fkey(-INFINITY);
@@ -2690,17 +2786,79 @@ __device__ __forceinline__ int block_select(const float* __restrict__ row, int64
   __shared__ int s_eligible;
   __shared__ uint32_t s_prefix, s_mask;
   __shared__ int s_remaining;
-  if (t == 0) s_eligible = 0;
-  __syncthreads();
-  int local = 0;
-  for_each_entry<T>(row, count, [&](int64_t, float v) { local += fkey(v) > neg_inf_key; });
-  atomicAdd(&s_eligible, local);
-  __syncthreads();
-  const int eligible = s_eligible;
-  const int want = eligible < k ? eligible : k;
+  // One radix pass's histogram into h: the digit at `shift` of every eligible entry whose key matches
+  // prefix under mask. The first pass (every entry, binned by sign and exponent: a handful of bins
+  // for a row of scores, and 32 lanes' atomics on one shared address serialize) takes one atomic per
+  // distinct bin of a warp, the lowest lane of each bin's lanes adding their count; the later passes,
+  // where few entries match the prefix, one per entry.
+  auto histogram = [&](int* h, int shift, uint32_t mask, uint32_t prefix) {
+    if (shift == 24) {
+      for_each_entry<T>(row, count, [&](int64_t, float v) {
+        const uint32_t key = fkey(v);
+        const bool in = key > neg_inf_key;
+        const int bin = in ? int(key >> 24) : 256;
+        const unsigned same = __match_any_sync(__activemask(), bin);
+        if (in && t % 32 == __ffs(same) - 1) atomicAdd(&h[bin], __popc(same));
+      });
+    } else {
+      for_each_entry<T>(row, count, [&](int64_t, float v) {
+        const uint32_t key = fkey(v);
+        if (key > neg_inf_key && (key & mask) == prefix) atomicAdd(&h[(key >> shift) & 255], 1);
+      });
+    }
+  };
+  lean = lean && k >= 1;  // before the counting pass it would skip (k = 0 takes the classic path)
+  int eligible = 0;
+  if (!lean) {
+    if (t == 0) s_eligible = 0;
+    __syncthreads();
+    int local = 0;
+    for_each_entry<T>(row, count, [&](int64_t, float v) { local += fkey(v) > neg_inf_key; });
+    atomicAdd(&s_eligible, local);
+    __syncthreads();
+    eligible = s_eligible;
+  }
   uint32_t threshold = neg_inf_key + 1;  // take every eligible entry
   int ties_to_take = 0;
-  if (eligible > k) {
+  if (lean) {
+    __shared__ int lhist[2][256];
+    if (t < 256) lhist[0][t] = 0, lhist[1][t] = 0;
+    if (t == 0) s_prefix = 0, s_mask = 0, s_remaining = k, s_eligible = 0;
+    __syncthreads();
+    __shared__ int lwarp_tot[T / 32];
+    bool selected = true;
+    for (int pass = 0, shift = 24; shift >= 0; ++pass, shift -= 8) {
+      int* h = lhist[pass & 1];
+      const uint32_t mask = s_mask, prefix = s_prefix;
+      const int rem = s_remaining;  // read before the scan's barriers; one thread rewrites it after them
+      histogram(h, shift, mask, prefix);
+      if (t < 256) lhist[(pass + 1) & 1][t] = 0;  // last read by the previous pass's scan
+      __syncthreads();
+      const int hv = t < 256 ? h[255 - t] : 0;
+      const int rev = block_scan<T>(hv, lwarp_tot);  // thread t < 256, bin d = 255 − t: above[d]
+      if (t < 256) {
+        const int d = 255 - t, above_next = rev - hv;  // above[d + 1]
+        if (shift == 24 && d == 0) s_eligible = rev;   // every eligible entry is in a bin
+        if (topk::digit_is_mine(d, rev, hv, rem)) {  // the largest d ≥ 1 with above[d] ≥ rem, else 0
+          s_remaining = rem - above_next;
+          s_prefix = prefix | uint32_t(d) << shift;
+          s_mask = mask | 255u << shift;
+        }
+      }
+      __syncthreads();
+      if (shift == 24) {
+        eligible = s_eligible;
+        if (eligible <= k) {  // the same in every thread: no selection
+          selected = false;
+          break;
+        }
+      }
+    }
+    if (selected) {
+      threshold = s_prefix;
+      ties_to_take = s_remaining;
+    }
+  } else if (eligible > k) {
     if (t == 0) s_prefix = 0, s_mask = 0, s_remaining = k;
     __syncthreads();
     __shared__ int warp_tot[T / 32], s_digit, above[257];
@@ -2709,24 +2867,7 @@ __device__ __forceinline__ int block_select(const float* __restrict__ row, int64
       if (t == 0) s_digit = 0, above[256] = 0;
       __syncthreads();
       const uint32_t mask = s_mask, prefix = s_prefix;
-      // The first pass (every entry, binned by sign and exponent: a handful of bins for a row of
-      // scores, and 32 lanes' atomics on one shared address serialize) takes one atomic per distinct
-      // bin of a warp, the lowest lane of each bin's lanes adding their count; the later passes,
-      // where few entries match the prefix, one per entry.
-      if (shift == 24) {
-        for_each_entry<T>(row, count, [&](int64_t, float v) {
-          const uint32_t key = fkey(v);
-          const bool in = key > neg_inf_key;
-          const int bin = in ? int(key >> 24) : 256;
-          const unsigned same = __match_any_sync(__activemask(), bin);
-          if (in && t % 32 == __ffs(same) - 1) atomicAdd(&hist[bin], __popc(same));
-        });
-      } else {
-        for_each_entry<T>(row, count, [&](int64_t, float v) {
-          const uint32_t key = fkey(v);
-          if (key > neg_inf_key && (key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1);
-        });
-      }
+      histogram(hist, shift, mask, prefix);
       __syncthreads();
       // The digit: the largest d ≥ 1 whose bins d..255 hold at least the remaining count, else 0
       // (bins from the top, as a sequential scan would stop). Suffix sums by a scan of the
@@ -2748,6 +2889,7 @@ __device__ __forceinline__ int block_select(const float* __restrict__ row, int64
     threshold = s_prefix;  // keys > threshold all taken, s_remaining ties (key == threshold) taken
     ties_to_take = s_remaining;
   }
+  const int want = eligible < k ? eligible : k;
   // Gather in index order: each thread owns a contiguous range (a multiple of 4 long, so that its
   // loads are aligned float4); exclusive scans give offsets.
   const int64_t per = ((count + T - 1) / T + 3) / 4 * 4;
@@ -2760,10 +2902,16 @@ __device__ __forceinline__ int block_select(const float* __restrict__ row, int64
     else if (key == threshold) ++n_eq;
   });
   __shared__ int sc_gt[T], sc_eq[T], scan_tot[T / 32];
-  const int inc_gt = block_scan<T>(n_gt, scan_tot);
-  const int inc_eq = block_scan<T>(n_eq, scan_tot);
-  sc_gt[t] = inc_gt - n_gt;  // exclusive offsets
-  sc_eq[t] = inc_eq - n_eq;
+  if (lean && count < 32768) {  // both counts in one scan: each total < 2^15, no carry, no sign
+    const int inc = block_scan<T>(n_gt | (n_eq << 16), scan_tot);
+    sc_gt[t] = (inc & 0xffff) - n_gt;  // exclusive offsets
+    sc_eq[t] = (inc >> 16) - n_eq;
+  } else {
+    const int inc_gt = block_scan<T>(n_gt, scan_tot);
+    const int inc_eq = block_scan<T>(n_eq, scan_tot);
+    sc_gt[t] = inc_gt - n_gt;  // exclusive offsets
+    sc_eq[t] = inc_eq - n_eq;
+  }
   __syncthreads();
   int og = sc_gt[t], oe = sc_eq[t];
   const int n_gt_total = want - ties_to_take;
@@ -2788,12 +2936,20 @@ __device__ __forceinline__ int block_select(const float* __restrict__ row, int64
 // Otherwise every stage in shared memory. The same network (topk::bitonic_keep), the same order.
 template <int T = 256>
 __device__ __forceinline__ void sort_picks_write(uint64_t* picks, int want, int32_t* out, int out_stride,
-                                                 bool reg_sort = false) {
+                                                 bool reg_sort = false, bool idle_skip = false) {
   const int t = threadIdx.x;
   int npow = 1;
   while (npow < want) npow <<= 1;
   for (int j = want + t; j < npow; j += T) picks[j] = 0;
   __syncthreads();
+  if (reg_sort && npow <= T && idle_skip && (t & ~31) >= npow) {
+    // A warp past the picks (half the block for 512 picks on 1,024 threads) only keeps the barrier
+    // count: it holds nothing to sort, and running the stages cost ~1/5 of the kernel's instructions.
+    for (int size = 64; size <= npow; size <<= 1)
+      for (int stride = size / 2; stride >= 32; stride >>= 1) __syncthreads();
+    for (int j = t; j < out_stride; j += T) out[j] = -1;  // j ≥ npow ≥ want
+    return;
+  }
   if (reg_sort && npow <= T) {
     uint64_t v = t < npow ? picks[t] : 0;
     int cur = 0;  // the buffer the next cross-warp stage goes through: picks, then picks + npow
@@ -2840,15 +2996,25 @@ __device__ __forceinline__ int64_t top_k_count(const RowMeta* meta, int i, int r
 // of 8,192 scores took ~30 µs on 256, on the indexer layers' chain; DSUF_TOPK_THREADS=256).
 template <int T>
 __global__ void __launch_bounds__(T) k_top_k(const float* x, int64_t stride, const RowMeta* meta, int ratio, int block,
-                                             int k, int32_t* out, int out_stride, bool reg_sort) {
+                                             int k, int32_t* out, int out_stride, bool reg_sort, bool lean,
+                                             bool idle_skip, uint64_t* picks_out) {
   pdl_entry();
   const int i = blockIdx.x;
   const int64_t count = top_k_count(meta, i, ratio, block);
+  if (picks_out) {  // top_k_picks: the picks unsorted, for gather_keys to place
+    uint64_t* po = picks_out + int64_t(i) * out_stride;
+    const int want = block_select<T>(
+        x + int64_t(i) * stride, count, k,
+        [&](int slot, int64_t j, uint32_t key, float) { po[slot] = topk::pick(key, j); }, lean);
+    int32_t* o = out + int64_t(i) * out_stride;
+    for (int j = want + threadIdx.x; j < out_stride; j += T) po[j] = 0, o[j] = -1;
+    return;
+  }
   extern __shared__ uint64_t picks[];  // (key << 32) | ~index, sorted descending
-  const int want = block_select<T>(x + int64_t(i) * stride, count, k, [&](int slot, int64_t j, uint32_t key, float) {
-    picks[slot] = topk::pick(key, j);
-  });
-  sort_picks_write<T>(picks, want, out + int64_t(i) * out_stride, out_stride, reg_sort);
+  const int want = block_select<T>(
+      x + int64_t(i) * stride, count, k,
+      [&](int slot, int64_t j, uint32_t key, float) { picks[slot] = topk::pick(key, j); }, lean);
+  sort_picks_write<T>(picks, want, out + int64_t(i) * out_stride, out_stride, reg_sort, idle_skip);
 }
 
 // Multi-block top-k, stage 1 (topk_plan.h): grid (g_launch, rows). Block (g, i) selects the top k
@@ -2928,13 +3094,13 @@ __global__ void k_mask_from_selection(const int32_t* sel, int sel_stride, uint8_
 // ties to the lower id — the reference's sequential scan picks the same one for any non-NaN scores).
 __global__ void k_route(const float* logits, int E, int k, const float* bias, const float* bias_vl,
                         const uint8_t* image, float temp, float route_scale, int32_t* ids, float* w,
-                        bool w_early) {
+                        bool w_early, bool late) {
   // A thread's first expert's two biases before the dependency wait (w_early, DSUF_W_EARLY=1: weights;
   // which one applies depends on the step's image flags, read after it).
   const bool early = w_early && threadIdx.x < E;
   const float b0 = early ? bias[threadIdx.x] : 0.0f;
   const float bv0 = early && bias_vl ? bias_vl[threadIdx.x] : 0.0f;
-  pdl_entry();
+  pdl_entry(late);
   extern __shared__ float sv[];  // [E] score s, [E] s + bias, [E] taken flags
   __shared__ float picked[32];
   const int i = blockIdx.x, lane = threadIdx.x;
@@ -2975,11 +3141,12 @@ __global__ void k_route(const float* logits, int E, int k, const float* bias, co
     __syncwarp();
   }
   if (lane < k) w[i * k + lane] = picked[lane] / (sum + 1e-20f) * route_scale;
+  pdl_exit(late);
 }
 
 __global__ void k_swiglu(float* h1, const float* h3, int64_t rows, int64_t F, const float* weight, float limit,
-                         bool clamp, bool r, InputSink sink) {
-  pdl_entry();
+                         bool clamp, bool r, InputSink sink, bool late) {
+  pdl_entry(late);
   int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= rows * F) return;  // with a sink, F % 32 == 0: whole warps return
   float g = h1[t], u = h3[t];
@@ -2991,6 +3158,7 @@ __global__ void k_swiglu(float* h1, const float* h3, int64_t rows, int64_t F, co
   const float h = rb(wt * (det::silu(g) * u), r);
   h1[t] = h;
   if (sink.xq) emit_input(sink, F, t / F, int((t % F) / 32), int(t % 32), h);
+  pdl_exit(late);
 }
 
 // The MoE output y = bf16(Σ_j ye_j + ys) of a row, expanded straight into the streams (the FFN
@@ -3325,6 +3493,36 @@ bool weights_early() {
   static const bool early = !env_picks("DSUF_W_EARLY", "1", "0");
   return early;
 }
+// DSUF_LATE_TRIGGER=name,… (rmsnorm, collapse, route, linear_input, swiglu; none: none, the v25
+// behaviour; unset: linear_input, the v26 default): those kernels trigger their dependents at their end
+// (pdl_exit) instead of at entry, so that the linear after them does not load its first weights beside
+// them. v26 measured linear_input −0.05 ms (wo_b after it), rmsnorm +0.02, route +0.02, swiglu +0.01,
+// collapse +0.24 (wq_a+wkv and the router lose their head start) — docs/perf.md v26.
+enum LateTrigger : unsigned { kLateRmsnorm = 1, kLateCollapse = 2, kLateRoute = 4, kLateLinearInput = 8, kLateSwiglu = 16 };
+bool late_trigger(unsigned which) {
+  static const unsigned mask = [] {
+    const char* v = std::getenv("DSUF_LATE_TRIGGER");
+    unsigned m = 0;
+    if (!v) return unsigned(kLateLinearInput);  // the default since v26 (−0.05 ms; the others measured worse)
+    if (std::string(v) == "none" || !*v) return m;
+    const std::pair<const char*, unsigned> names[] = {{"rmsnorm", kLateRmsnorm}, {"collapse", kLateCollapse},
+                                                      {"route", kLateRoute}, {"linear_input", kLateLinearInput},
+                                                      {"swiglu", kLateSwiglu}};
+    std::string rest = v;
+    while (!rest.empty()) {
+      const size_t comma = rest.find(',');
+      const std::string name = rest.substr(0, comma);
+      rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+      bool known = false;
+      for (const auto& [n, bit] : names)
+        if (name == n) m |= bit, known = true;
+      DSUF_CHECK(known, "DSUF_LATE_TRIGGER: unknown kernel '", name,
+                 "' (rmsnorm, collapse, route, linear_input, swiglu, none)");
+    }
+    return m;
+  }();
+  return (mask & which) != 0;
+}
 }  // namespace
 void collapse_norm(const float* pre, int pre_stride, const float* emix, int emix_stride, const float* y_in, float* X,
                    int n, int hc, int64_t D, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s,
@@ -3337,12 +3535,13 @@ void collapse_norm(const float* pre, int pre_stride, const float* emix, int emix
     auto* k = k_collapse_norm<decltype(H)::value>;
     set_smem(k, smem);
     launch_step_in(kNormCluster, k, dim3(kNormCluster, n), dim3(256), smem, s, pre, pre_stride, emix, emix_stride, y_in,
-                   X, D, w, eps, y, r, sink, weights_early());
+                   X, D, w, eps, y, r, sink, weights_early(), late_trigger(kLateCollapse));
   });
 }
 void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s) {
   const RmsJob j{x, dim, w, y};
-  if (rows > 0) launch_step(k_rmsnorm, dim3(unsigned(rows), 1), dim3(256), 0, s, j, j, eps, r, weights_early());
+  if (rows > 0) launch_step(k_rmsnorm, dim3(unsigned(rows), 1), dim3(256), 0, s, j, j, eps, r, weights_early(),
+                            late_trigger(kLateRmsnorm));
 }
 namespace {
 void check_fused_rope(const FusedRope& f, const char* what) {
@@ -3358,7 +3557,8 @@ void rmsnorm2(const RmsJob& a, const RmsJob& b, int64_t rows, float eps, bool r,
     DSUF_CHECK(!j->fq_rope.cs || (j->fake_quant && j->fq_rope.heads == 1 && j->fq_rope.dim == j->dim),
                "rmsnorm2: a fused rope goes with fake_quant, one head of dim values");
   }
-  if (rows > 0) launch_step(k_rmsnorm, dim3(unsigned(rows), 2), dim3(256), 0, s, a, b, eps, r, weights_early());
+  if (rows > 0) launch_step(k_rmsnorm, dim3(unsigned(rows), 2), dim3(256), 0, s, a, b, eps, r, weights_early(),
+                            late_trigger(kLateRmsnorm));
 }
 namespace {
 // Outputs per warp: more per warp (more weight bytes in flight per input read) while the grid still
@@ -3595,7 +3795,7 @@ LinearInput linear_input(const float* x, int64_t x_stride, int64_t rows, int64_t
   const int64_t nb = K / 32, kp = interleaved_k(K);
   if (rows > 0)
     launch_step(k_linear_input, dim3(blocks_for(groups * nb, 8), rows), dim3(256), 0, s, x, x_stride, K, groups,
-                quantize, xq, xs, rope);
+                quantize, xq, xs, rope, late_trigger(kLateLinearInput));
   return {xq, groups * kp, kp, quantize ? xs : nullptr, groups * nb};
 }
 LinearInput sink_input(const InputSink& sink, int64_t K) {
@@ -3713,8 +3913,9 @@ void pack_window(const float* kv, int rows, const RowMeta* meta, const SeqMeta* 
   if (t > 0) launch_step(k_pack_window, dim3(blocks_for(t, 8)), dim3(256), 0, s, kv, rows, meta, seqs, layer, hd, W);
 }
 // DSUF_PV=warps|cp|tiles picks the softmax + P·V kernel: k_attention_pv<1, UNR> (the default, a head
-// a warp: v18 measured 0.06 ms a step faster than two; UNR by DSUF_PV_UNROLL), k_attention_pv<2, 2>
-// or k_attention_pv_tiles.
+// a warp: v18 measured 0.06 ms a step faster than two; UNR by DSUF_PV_UNROLL), k_attention_pv<2, UNR>
+// (two heads a thread: each key slice value loaded once for both, half the shared-memory wavefronts
+// of the loop, twice each warp's softmax) or k_attention_pv_tiles.
 enum PvKernel { kPvOneHead = 0, kPvTwoHeads = 1, kPvTiles = 2 };
 int pv_kernel() {
   static const int k = env_choice("DSUF_PV", {"warps", "cp", "tiles"});  // in PvKernel's order
@@ -3743,13 +3944,27 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   };
   if (!gathered) gather_keys(a, s);
   const size_t qk_smem = sizeof(float) * kAttHeadsQK * a.hd;
-  set_smem(k_attention_logits, qk_smem);
+  // DSUF_LOGITS_BLOCKS=5 (default since v26: one wave, −0.10 ms at batch 1), 4 or 0 (v25's three waves).
+  static const int minb = std::array<int, 3>{5, 4, 0}[env_choice("DSUF_LOGITS_BLOCKS", {"5", "4", "0"})];
+  // DSUF_LOGITS_TREE=scatter|warp: the 8 heads' sums by warp_sum8_scatter (default since v27: −0.04 ms
+  // a step) or 8 warp_sums.
+  static const bool tree_scatter = !env_picks("DSUF_LOGITS_TREE", "scatter", "warp");
+  auto* logits_k = tree_scatter ? (minb == 5   ? k_attention_logits<5, true>
+                                   : minb == 4 ? k_attention_logits<4, true>
+                                               : k_attention_logits<0, true>)
+                                : (minb == 5   ? k_attention_logits<5, false>
+                                   : minb == 4 ? k_attention_logits<4, false>
+                                               : k_attention_logits<0, false>);
+  set_smem(logits_k, qk_smem);
   // DSUF_LOGITS_TRIGGER=late (default since v25: −0.14 to −0.19 ms at batch 1; ±0 at 16 and 64) or entry.
   static const bool logits_late = !env_picks("DSUF_LOGITS_TRIGGER", "late", "entry");
   AttentionArgs la = a;
   la.logits_late = logits_late;
-  launch_step(k_attention_logits, dim3(a.rows, blocks_for(a.H, kAttHeadsQK), attention_key_split(a.rows)), dim3(256),
-              qk_smem, s, la);
+  // DSUF_ATT_STAGE=4|16: 16-byte staging copies measured +0.02 ms a step (v27): 4 stays the default.
+  static const bool stage16 = env_picks("DSUF_ATT_STAGE", "4", "16");
+  la.stage16 = stage16;
+  launch_step(logits_k, dim3(a.rows, blocks_for(a.H, kAttHeadsQK), attention_key_split(a.rows)), dim3(256), qk_smem,
+              s, la);
   const dim3 pv_grid(a.rows, blocks_for(a.H, kPvHeads), blocks_for(a.hd, kPvDims));
   if (pv_kernel() == kPvTiles) {
     const size_t smem = sizeof(float) * size_t(kPvHeads) * a.kmax;
@@ -3768,12 +3983,14 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   AttentionArgs pa = a;
   if (!emit) pa.o_sink = {};
   pa.w_early = weights_early();
+  pa.stage16 = stage16;
   // DSUF_PV_TRIGGER=entry (default) or late: −0.03 ms with the logits' trigger at entry, ±0 with it late.
   static const bool pv_late = env_picks("DSUF_PV_TRIGGER", "entry", "late");
   pa.pv_late = pv_late;
   const int hpw = pv_kernel() == kPvOneHead ? 1 : 2;
   static const bool deep_unroll = !env_picks("DSUF_PV_UNROLL", "8", "2");
-  auto* k = hpw == 2 ? k_attention_pv<2, 2> : deep_unroll ? k_attention_pv<1, 8> : k_attention_pv<1, 2>;
+  auto* k = hpw == 2 ? (deep_unroll ? k_attention_pv<2, 8> : k_attention_pv<2, 2>)
+                     : deep_unroll ? k_attention_pv<1, 8> : k_attention_pv<1, 2>;
   set_smem(k, pv_smem);
   launch_step(k, dim3(pv_grid), dim3(32 * kPvHeads / hpw), pv_smem, s, pa, tile);
   return layout();
@@ -3807,8 +4024,11 @@ void candidate_block_scores(const float* scores, int64_t score_stride, int rows,
   launch_step(k_candidate_block_scores, dim3(blocks_for(b_stride, 128), rows), dim3(128), 0, s, scores, score_stride,
               meta, ratio, block, bscores, b_stride);
 }
-void top_k(const float* x, int64_t stride, int rows, const RowMeta* meta, int ratio, int block, int k, int32_t* out,
-           int out_stride, cudaStream_t s, const TopkScratch& scratch) {
+namespace {
+void top_k_launch(const float* x, int64_t stride, int rows, const RowMeta* meta, int ratio, int block, int k,
+                  int32_t* out, int out_stride, cudaStream_t s, const TopkScratch& scratch, uint64_t* picks,
+                  bool* picked) {
+  *picked = false;
   if (rows <= 0) return;
   int npow = 1;
   while (npow < k) npow <<= 1;
@@ -3818,15 +4038,23 @@ void top_k(const float* x, int64_t stride, int rows, const RowMeta* meta, int ra
     static const bool wide = !env_picks("DSUF_TOPK_THREADS", "1024", "256");
     // DSUF_TOPK_SORT=regs|smem: the picks' sort in registers and shuffles (default, v23 candidate) or
     // every stage in shared memory (v22); regs needs npow ≤ threads and twice the picks' space.
-    static const bool reg_sort = !env_picks("DSUF_TOPK_SORT", "regs", "smem");
+    // regs-all: v26's register sort in which the warps past the picks also run every stage (v27: they
+    // only keep the barriers; −0.006 ms under DSUF_TOPK_RANK=sort, within noise; the batch-1 step's
+    // indexer top-k no longer sorts).
+    static const int sort_mode = env_choice("DSUF_TOPK_SORT", {"regs", "smem", "regs-all"});
+    static const bool reg_sort = sort_mode != 1, idle_skip = sort_mode == 0;
+    // DSUF_TOPK_SELECT=lean|classic: block_select's barriers (lean, the default since v26: 4 a radix
+    // pass instead of 7, no counting pass).
+    static const bool lean = !env_picks("DSUF_TOPK_SELECT", "lean", "classic");
     const int threads = wide ? 1024 : 256;
-    const size_t sm = reg_sort && npow <= threads ? 2 * smem : smem;
+    const size_t sm = picks ? 0 : reg_sort && npow <= threads ? 2 * smem : smem;
     if (wide)
       launch_step(k_top_k<1024>, dim3(rows), dim3(1024), sm, s, x, stride, meta, ratio, block, k, out, out_stride,
-                  reg_sort);
+                  reg_sort, lean, idle_skip, picks);
     else
       launch_step(k_top_k<256>, dim3(rows), dim3(256), sm, s, x, stride, meta, ratio, block, k, out, out_stride,
-                  reg_sort);
+                  reg_sort, lean, idle_skip, picks);
+    *picked = picks != nullptr;
     return;
   }
   const int64_t cand_stride = int64_t(g) * topk::slot_stride(k);
@@ -3834,6 +4062,19 @@ void top_k(const float* x, int64_t stride, int rows, const RowMeta* meta, int ra
               scratch.val, scratch.idx, cand_stride);
   launch_step(k_top_k_merge, dim3(rows), dim3(256), smem, s, x, stride, meta, ratio, block, k, g, scratch.min_chunk,
               scratch.val, scratch.idx, cand_stride, out, out_stride);
+}
+}  // namespace
+void top_k(const float* x, int64_t stride, int rows, const RowMeta* meta, int ratio, int block, int k, int32_t* out,
+           int out_stride, cudaStream_t s, const TopkScratch& scratch) {
+  bool picked;
+  top_k_launch(x, stride, rows, meta, ratio, block, k, out, out_stride, s, scratch, nullptr, &picked);
+}
+bool top_k_picks(const float* x, int64_t stride, int rows, const RowMeta* meta, int ratio, int k, uint64_t* picks,
+                 int32_t* out, int out_stride, cudaStream_t s, const TopkScratch& scratch) {
+  DSUF_CHECK(picks && out_stride >= k, "top_k_picks: needs picks and out_stride (", out_stride, ") ≥ k (", k, ")");
+  bool picked;
+  top_k_launch(x, stride, rows, meta, ratio, 0, k, out, out_stride, s, scratch, picks, &picked);
+  return picked;
 }
 void mask_from_selection(const int32_t* sel, int sel_stride, int n, uint8_t* mask, int64_t mask_stride, cudaStream_t s) {
   launch_step(k_mask_from_selection, dim3(n), dim3(128), 0, s, sel, sel_stride, mask, mask_stride);
@@ -3860,13 +4101,13 @@ void route(const float* logits, int n, int E, int k, const float* bias, const fl
   set_smem(k_route, smem);
   const int threads = int(std::clamp<int64_t>((E + 31) / 32 * 32, 32, 1024));
   if (n) launch_step(k_route, dim3(n), dim3(threads), smem, s, logits, E, k, bias, bias_vl, image, temp, route_scale,
-                     ids, w, weights_early());
+                     ids, w, weights_early(), late_trigger(kLateRoute));
 }
 void swiglu(float* h1, const float* h3, int64_t rows, int64_t F, const float* weight, float limit, bool clamp, bool r,
             cudaStream_t s, const InputSink& sink) {
   DSUF_CHECK(!sink.xq || F % 32 == 0, "swiglu: F = ", F, " with an input sink");
   launch_step(k_swiglu, dim3(blocks_for(rows * F, 256)), dim3(256), 0, s, h1, h3, rows, F, weight, limit, clamp, r,
-              sink);
+              sink, late_trigger(kLateSwiglu));
 }
 void moe_sum_expand(const float* y_experts, int k, const float* y_shared, int n, int hc, int64_t D, const float* mix,
                     int mix_stride, float* X, bool r, cudaStream_t s) {

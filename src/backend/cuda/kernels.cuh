@@ -208,6 +208,11 @@ struct AttentionArgs {
   int layer, src;         // src: KV source slot of this layer (−1: window only)
   const int32_t* sel;     // [rows][sel_stride] selected entries, −1 padded (or null)
   int sel_stride;
+  // With picks (top_k_picks' unsorted selection, [rows][sel_stride], 0 padded): gather_keys places
+  // each pick's key at its rank in (score desc, index asc) and writes the sorted selection to sel_out
+  // (the buffer sel points at; its −1 padding top_k_picks wrote). Null: sel is sorted already.
+  const uint64_t* picks = nullptr;
+  int32_t* sel_out = nullptr;
   const float* sink;      // [H]
   float* out;             // [rows][H][hd]
   float* keys;            // workspace [rows][kmax][hd]: the row's keys decoded once for all heads
@@ -227,6 +232,9 @@ struct AttentionArgs {
   // attention() sets them: the logits / P·V kernel lets the next kernel launch at its end (after its
   // loop) instead of at its entry (DSUF_LOGITS_TRIGGER=late|entry, DSUF_PV_TRIGGER=entry|late).
   bool logits_late = false, pv_late = false;
+  // attention() sets it: 16-byte copies for the queries (logits) and the logits (P·V) where aligned
+  // (DSUF_ATT_STAGE=16; the default 4 — v27 measured 16 +0.02 ms a step). The same values either way.
+  bool stage16 = false;
 };
 // Gathers the keys, then the logits, then softmax and P·V: k_attention_pv, or k_attention_pv_tiles with
 // DSUF_PV=tiles (read once; both equal the reference). With o_sink set, returns the layout it wrote
@@ -300,6 +308,14 @@ struct TopkScratch {
 // over several blocks (k_top_k_chunks) and their picks merged (k_top_k_merge): the same output.
 void top_k(const float* x, int64_t stride, int rows, const RowMeta* meta, int ratio, int block, int k, int32_t* out,
            int out_stride, cudaStream_t s, const TopkScratch& scratch = {});
+// top_k's selection without its sort (v27, DSUF_TOPK_RANK=gather): picks[row][0, want) the rows' picks
+// (topk_plan.h pick: (key << 32) | ~index) in no particular order, 0 after; out[row][want, out_stride)
+// −1, out[row][0, want) left for gather_keys (AttentionArgs::picks), which places each pick at its
+// rank, spread over its blocks, instead of one block per row sorting 512 picks on one SM.
+// out_stride ≥ k. Returns false, having run top_k (sorted into out; picks untouched), where the
+// rows take the multi-block path.
+bool top_k_picks(const float* x, int64_t stride, int rows, const RowMeta* meta, int ratio, int k, uint64_t* picks,
+                 int32_t* out, int out_stride, cudaStream_t s, const TopkScratch& scratch = {});
 void mask_from_selection(const int32_t* sel, int sel_stride, int n, uint8_t* mask, int64_t mask_stride,
                          cudaStream_t s);
 // mask_from_selection of top_k's selection, without its order: mask[row][j] = 1 for the selected j,

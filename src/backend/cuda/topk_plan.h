@@ -77,6 +77,15 @@ DSUF_TOPK_HD uint64_t bitonic_keep(uint64_t mine, uint64_t other, int64_t j, int
   return desc == lower ? hi : lo;
 }
 
+// The radix digit, decided by the one bin that owns it (kernels.cu block_select, lean): bin d holds
+// hist_d entries, above = Σ hist over bins ≥ d (so above − hist_d is the sum over bins > d), rem ≥ 1
+// the entries still to take. The digit is the largest d ≥ 1 with above[d] ≥ rem, else 0 (what a scan
+// from the top stops at); above never grows with d, so exactly one bin answers true.
+DSUF_TOPK_HD bool digit_is_mine(int d, int above, int hist_d, int rem) {
+  const int above_next = above - hist_d;
+  return d >= 1 ? above >= rem && above_next < rem : above_next < rem;
+}
+
 // Candidate slots per chunk: k rounded up to 4 (so each chunk's run starts float4-aligned).
 DSUF_TOPK_HD int64_t slot_stride(int k) { return (int64_t(k) + 3) / 4 * 4; }
 
