@@ -680,10 +680,10 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
 // (x, dim, w, y) jobs): thread t takes x[t + 256k] — the canonical block_sum<256> partials — and keeps
 // its first kRmsRegs values and weights in registers, so the output needs no second read. y may
 // equal x (a thread rewrites only what it read).
-// kRmsRegs: 4 (v27) or 8 (DSUF_RMS_REGS=8, the v28 candidate: V4.1's q_lora_rank 1,280 is 5 values a
-// thread, the fifth read from memory twice with 4). The same sums either way (the partials' order).
+// (8 values a thread in registers, so that V4.1's q_lora_rank of 1,280 needs no second read, measured
+// +0.027 ms a step in v28: not kept.)
+constexpr int kRmsRegs = 4;
 // w_early (DSUF_W_EARLY=1, the default): the norm weights are loaded before the dependency wait.
-template <int kRmsRegs>
 __global__ void __launch_bounds__(256) k_rmsnorm(RmsJob a, RmsJob b, float eps, bool r, bool w_early, bool late) {
   const RmsJob jb = blockIdx.y == 0 ? a : b;
   const int64_t dim = jb.dim;
@@ -2079,28 +2079,14 @@ __device__ __forceinline__ int attention_keys(const AttentionArgs& a, int i, int
 // that more of the 8 × 80 blocks of a batch-1 step run at once: at 88 registers (MINB 0) two fit an
 // SM, three waves; 64 (4) two waves; 48 (5) one wave of 660 slots (DSUF_LOGITS_BLOCKS=5|4|0: 5 the
 // default since v26, −0.10 ms a step; no spills in either).
-template <int MINB, bool kScatter, bool kKeysEarly = false>
+template <int MINB, bool kScatter>
 __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(AttentionArgs a) {
+  pdl_entry(a.logits_late);
   extern __shared__ float qs[];  // [kAttHeadsQK][hd]
   __shared__ int first_free;
   const int i = blockIdx.x, h0 = blockIdx.y * kAttHeadsQK;
   const int64_t hd = a.hd;
   const int nh = min(kAttHeadsQK, a.H - h0);  // the last group may be partial
-  // kKeysEarly (a.logits_keys_early): the row's key count and this warp's first key chunk before the
-  // wait (the keys and the selection come from gather_keys, ordered before this kernel by an event
-  // join). A template parameter: held across the queries' staging, the chunk costs registers.
-  int nk = 0;
-  float k_first[kAttLoads];
-  if constexpr (kKeysEarly) {
-    nk = attention_keys(a, i, &first_free);
-    const int gw = blockIdx.z * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (gw < nk) {
-      const float* key = a.keys + (int64_t(i) * a.kmax + gw) * hd;
-#pragma unroll
-      for (int u = 0; u < kAttLoads; ++u) k_first[u] = lane + 32 * u < hd ? key[lane + 32 * u] : 0.0f;
-    }
-  }
-  pdl_entry(a.logits_late);
   const float* qsrc = a.q + (int64_t(i) * a.H + h0) * hd;
   if (a.stage16 && hd % 4 == 0 && (reinterpret_cast<uintptr_t>(qsrc) & 15) == 0) {  // 16 bytes a copy
     for (int64_t t = 4 * threadIdx.x; t < kAttHeadsQK * hd; t += 4 * blockDim.x) {
@@ -2117,7 +2103,7 @@ __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(A
         qs[t] = 0.0f;
     }
   }
-  if (!kKeysEarly) nk = attention_keys(a, i, &first_free);
+  const int nk = attention_keys(a, i, &first_free);
   cp_async_wait_all();
   __syncthreads();
   if (a.q_rope.cs) {  // the queries' rope (k_rope's arithmetic, a thread per pair), here instead of a launch
@@ -2144,10 +2130,8 @@ __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(A
     // added in the lane-strided order.
     for (int64_t c = lane; c < hd; c += 32 * kAttLoads) {
       float k[kAttLoads];
-      const bool first = kKeysEarly && j == gw && c == lane;  // loaded before the wait
 #pragma unroll
-      for (int u = 0; u < kAttLoads; ++u)
-        k[u] = first ? k_first[u] : c + 32 * u < hd ? keys[int64_t(j) * hd + c + 32 * u] : 0.0f;
+      for (int u = 0; u < kAttLoads; ++u) k[u] = c + 32 * u < hd ? keys[int64_t(j) * hd + c + 32 * u] : 0.0f;
 #pragma unroll
       for (int u = 0; u < kAttLoads; ++u) {
         if (c + 32 * u >= hd) break;
@@ -3562,15 +3546,9 @@ void collapse_norm(const float* pre, int pre_stride, const float* emix, int emix
                    X, D, w, eps, y, r, sink, weights_early(), late_trigger(kLateCollapse));
   });
 }
-namespace {
-auto rms_kernel() {
-  static const bool eight = env_picks("DSUF_RMS_REGS", "4", "8");
-  return eight ? k_rmsnorm<8> : k_rmsnorm<4>;
-}
-}  // namespace
 void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s) {
   const RmsJob j{x, dim, w, y};
-  if (rows > 0) launch_step(rms_kernel(), dim3(unsigned(rows), 1), dim3(256), 0, s, j, j, eps, r, weights_early(),
+  if (rows > 0) launch_step(k_rmsnorm, dim3(unsigned(rows), 1), dim3(256), 0, s, j, j, eps, r, weights_early(),
                             late_trigger(kLateRmsnorm));
 }
 namespace {
@@ -3587,7 +3565,7 @@ void rmsnorm2(const RmsJob& a, const RmsJob& b, int64_t rows, float eps, bool r,
     DSUF_CHECK(!j->fq_rope.cs || (j->fake_quant && j->fq_rope.heads == 1 && j->fq_rope.dim == j->dim),
                "rmsnorm2: a fused rope goes with fake_quant, one head of dim values");
   }
-  if (rows > 0) launch_step(rms_kernel(), dim3(unsigned(rows), 2), dim3(256), 0, s, a, b, eps, r, weights_early(),
+  if (rows > 0) launch_step(k_rmsnorm, dim3(unsigned(rows), 2), dim3(256), 0, s, a, b, eps, r, weights_early(),
                             late_trigger(kLateRmsnorm));
 }
 namespace {
@@ -3979,13 +3957,10 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   // DSUF_LOGITS_TREE=scatter|warp: the 8 heads' sums by warp_sum8_scatter (default since v27: −0.04 ms
   // a step) or 8 warp_sums.
   static const bool tree_scatter = !env_picks("DSUF_LOGITS_TREE", "scatter", "warp");
-  // DSUF_LOGITS_KEYS_EARLY=0|1, DSUF_PV_KEYS_EARLY=0|1 (v28 candidates): the keys read before the
-  // dependency wait; the logits kernel only when gather_keys ran on the side stream (gathered), and
-  // only in its default shape (5 blocks an SM, the scatter tree).
-  static const bool logits_keys_early = env_picks("DSUF_LOGITS_KEYS_EARLY", "0", "1");
-  static const bool pv_keys_early = env_picks("DSUF_PV_KEYS_EARLY", "0", "1");
-  auto* logits_k = logits_keys_early && gathered && minb == 5 && tree_scatter ? k_attention_logits<5, true, true>
-                 : tree_scatter ? (minb == 5   ? k_attention_logits<5, true>
+  // DSUF_PV_KEYS_EARLY=1|0: the P·V kernel stages its keys before the dependency wait (default since
+  // v28: −0.04 ms a step).
+  static const bool pv_keys_early = !env_picks("DSUF_PV_KEYS_EARLY", "1", "0");
+  auto* logits_k = tree_scatter ? (minb == 5   ? k_attention_logits<5, true>
                                    : minb == 4 ? k_attention_logits<4, true>
                                                : k_attention_logits<0, true>)
                                 : (minb == 5   ? k_attention_logits<5, false>
