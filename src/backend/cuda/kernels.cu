@@ -680,6 +680,8 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
 // (x, dim, w, y) jobs): thread t takes x[t + 256k] — the canonical block_sum<256> partials — and keeps
 // its first kRmsRegs values and weights in registers, so the output needs no second read. y may
 // equal x (a thread rewrites only what it read).
+// (8 values a thread in registers, so that V4.1's q_lora_rank of 1,280 needs no second read, measured
+// +0.027 ms a step in v28: not kept.)
 constexpr int kRmsRegs = 4;
 // w_early (DSUF_W_EARLY=1, the default): the norm weights are loaded before the dependency wait.
 __global__ void __launch_bounds__(256) k_rmsnorm(RmsJob a, RmsJob b, float eps, bool r, bool w_early, bool late) {
@@ -2201,8 +2203,6 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
     }
   };
   if (a.w_early) load_sinks();
-  pdl_entry(a.pv_late);
-  if (!a.w_early) load_sinks();
   extern __shared__ float4 pv_smem4[];
   const int kp = (a.kmax + 3) & ~3;
   float* p = reinterpret_cast<float*>(pv_smem4);  // [kPvHeads][kp] logits, then exp(logit − max)
@@ -2212,6 +2212,10 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
   const int i = blockIdx.x, h0 = blockIdx.y * kPvHeads, d0 = blockIdx.z * kPvDims;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t hd = a.hd;
+  // pv_keys_early: the key count and the first key tile before the wait (gather_keys wrote them at
+  // least two launches back; the logits kernel triggers this one only after its own wait).
+  if (!a.pv_keys_early) pdl_entry(a.pv_late);
+  if (!a.w_early) load_sinks();
   const int nk = attention_keys(a, i, &first_free);
   const int nh = min(kPvHeads, a.H - h0);
   const float* keys = a.keys + int64_t(i) * a.kmax * hd + d0;
@@ -2226,6 +2230,10 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
         kt[t] = d0 + t % kPvDims < hd ? keys[int64_t(j0 + t / kPvDims) * hd + t % kPvDims] : 0.0f;
     }
   };
+  if (a.pv_keys_early) {
+    stage_keys(0);
+    pdl_entry(a.pv_late);
+  }
   const float* att = a.att + (int64_t(i) * a.H + h0) * a.kmax;
   if (a.stage16 && a.kmax % 4 == 0 && (reinterpret_cast<uintptr_t>(att) & 15) == 0) {
     // 16 bytes a copy: up to 3 entries past nk (within the row's kmax) land in p, never read.
@@ -2238,7 +2246,7 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
     for (int h = 0; h < nh; ++h)
       for (int j = threadIdx.x; j < nk; j += kThreads) cp_async4(p + h * kp + j, att + int64_t(h) * a.kmax + j);
   }
-  stage_keys(0);
+  if (!a.pv_keys_early) stage_keys(0);
   cp_async_wait_all();
   __syncthreads();
 #pragma unroll
@@ -3949,6 +3957,9 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   // DSUF_LOGITS_TREE=scatter|warp: the 8 heads' sums by warp_sum8_scatter (default since v27: −0.04 ms
   // a step) or 8 warp_sums.
   static const bool tree_scatter = !env_picks("DSUF_LOGITS_TREE", "scatter", "warp");
+  // DSUF_PV_KEYS_EARLY=1|0: the P·V kernel stages its keys before the dependency wait (default since
+  // v28: −0.04 ms a step).
+  static const bool pv_keys_early = !env_picks("DSUF_PV_KEYS_EARLY", "1", "0");
   auto* logits_k = tree_scatter ? (minb == 5   ? k_attention_logits<5, true>
                                    : minb == 4 ? k_attention_logits<4, true>
                                                : k_attention_logits<0, true>)
@@ -3984,6 +3995,7 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   if (!emit) pa.o_sink = {};
   pa.w_early = weights_early();
   pa.stage16 = stage16;
+  pa.pv_keys_early = pv_keys_early;
   // DSUF_PV_TRIGGER=entry (default) or late: −0.03 ms with the logits' trigger at entry, ±0 with it late.
   static const bool pv_late = env_picks("DSUF_PV_TRIGGER", "entry", "late");
   pa.pv_late = pv_late;

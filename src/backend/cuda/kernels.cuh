@@ -235,6 +235,12 @@ struct AttentionArgs {
   // attention() sets it: 16-byte copies for the queries (logits) and the logits (P·V) where aligned
   // (DSUF_ATT_STAGE=16; the default 4 — v27 measured 16 +0.02 ms a step). The same values either way.
   bool stage16 = false;
+  // attention() sets it (DSUF_PV_KEYS_EARLY=1, the default since v28): the P·V kernel stages its keys'
+  // 32-dim slice and counts the row's keys before its dependency wait. gather_keys wrote them at least
+  // two launches back, and the logits kernel between triggers this one only after its own wait, which
+  // waited for gather_keys too. (The logits kernel reading its first key before its wait, where
+  // gather_keys is its direct prerequisite, was measured slower and broke the TP=2 decode: v28.)
+  bool pv_keys_early = false;
 };
 // Gathers the keys, then the logits, then softmax and P·V: k_attention_pv, or k_attention_pv_tiles with
 // DSUF_PV=tiles (read once; both equal the reference). With o_sink set, returns the layout it wrote
