@@ -164,17 +164,17 @@ TEST(CudaTopK, MultiBlockEqualsCpu) {
 // check that placement against the CPU reference end to end). Rows with ties, −inf runs, fewer
 // eligible than k and count < k, as above.
 // Both forms: one block a row (k_top_k) and a cluster of 8 blocks a row (k_top_k_cluster, whose
-// eighths of the row and cross-block digit and offsets are what this checks), on rows up to 100,003
-// entries.
+// eighths of the row and cross-block digit and offsets are what this checks; asked for by name it
+// cannot fall back), on rows up to the cluster's bound of 131,072 entries.
 TEST(CudaTopK, PicksAreTheSelection) {
   const uint64_t seed = fresh_seed("[topk picks]");
   std::mt19937_64 rng(seed);
   int bad = 0;
   for (const cuda::TopkPicks how : {cuda::TopkPicks::kBlock, cuda::TopkPicks::kCluster})
-  for (const int k : {512, 64, 61, 1}) {
+  for (const int k : {512, 64, 61, 1, 2048}) {
     const std::vector<int64_t> counts = {8192, 8191, int64_t(k) + 1, int64_t(k), int64_t(k) - 1, 1, 0, 5000, 100003,
-                                         33};
-    const int64_t stride = 100003 + 3, rows = int64_t(counts.size());
+                                         33, 131072};
+    const int64_t stride = 131072 + 3, rows = int64_t(counts.size());  // rows after the first unaligned
     std::vector<float> host(size_t(stride * rows), -7.0f);
     std::vector<std::vector<int32_t>> ref;
     for (int64_t i = 0; i < rows; ++i) {
@@ -194,7 +194,7 @@ TEST(CudaTopK, PicksAreTheSelection) {
     DSUF_CUDA(cudaMemset(picks.p, 0x5a, size_t(rows * k) * 8));
     DSUF_CUDA(cudaMemset(out.p, 0x5a, size_t(rows * k) * 4));
     cuda::TopkScratch ts{};
-    ts.max_count = stride;  // the launch's bound (the cluster form needs it)
+    ts.max_count = *std::max_element(counts.begin(), counts.end());  // the launch's bound (the cluster's ≤ 131,072)
     ASSERT_TRUE(cuda::top_k_picks(x.p, stride, int(rows), dmeta.p, 1, k, picks.p, out.p, k, nullptr, ts, how));
     DSUF_CUDA(cudaDeviceSynchronize());
     std::vector<uint64_t> hp(size_t(rows * k));

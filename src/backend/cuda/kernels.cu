@@ -4209,6 +4209,10 @@ bool top_k_picks(const float* x, int64_t stride, int rows, const RowMeta* meta, 
   DSUF_CHECK(picks && out_stride >= k, "top_k_picks: needs picks and out_stride (", out_stride, ") ≥ k (", k, ")");
   // DSUF_TOPK_PICKS=block|cluster (how = kPicksAuto): one block a row, or a cluster of 8 (v29 candidate).
   static const bool env_cluster = env_picks("DSUF_TOPK_PICKS", "block", "cluster");
+  // Asked for by name (the tests), the cluster form must be able to run: it never falls back silently.
+  DSUF_CHECK(how != TopkPicks::kCluster || (k >= 1 && scratch.max_count > 0 && scratch.max_count <= kTopkClusterMaxCount),
+             "top_k_picks: the cluster form needs k ≥ 1 and scratch.max_count in 1..", kTopkClusterMaxCount,
+             " (k ", k, ", max_count ", scratch.max_count, ")");
   const bool cluster = how == TopkPicks::kCluster || (how == TopkPicks::kAuto && env_cluster);
   bool picked;
   top_k_launch(x, stride, rows, meta, ratio, 0, k, out, out_stride, s, scratch, picks, &picked, cluster);
