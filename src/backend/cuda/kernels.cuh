@@ -108,6 +108,16 @@ struct Fp8Pair {
   float* y = nullptr;
   int64_t y_stride = 0;
 };
+// While one lives on the calling thread, DSUF_FP8_STAGED=attn sends one-row FP8 linears through the
+// shared-memory-staged kernel (k_fp8_gemv_staged, the v29 candidate): the backend opens one around
+// wq_b and wo_a.
+struct Fp8StagedScope {
+  Fp8StagedScope();
+  ~Fp8StagedScope();
+  Fp8StagedScope(const Fp8StagedScope&) = delete;
+  Fp8StagedScope& operator=(const Fp8StagedScope&) = delete;
+  bool prev;
+};
 // y[r][o] = Σ_kb s_x[r][kb]·s_w[o/32][kb]·Σ x·w (scales 1 for unquantized inputs); y rows have
 // stride y_stride. W may be a row slice of a larger weight. With pair.W, the pair's linear too.
 void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const LinearInput& in, int64_t rows,
