@@ -3826,13 +3826,13 @@ template <int OPW, bool kExact>
 bool launch_fp8_staged(const Fp8Call& c) {
   static const int mode = env_choice("DSUF_FP8_STAGED", {"off", "attn", "all"});
   const bool on = mode == 2 || (mode == 1 && fp8_staged_scope);
-  static const int64_t budget = [] {
+  if (!on || c.rows != 1) return false;
+  static const int64_t budget = [] {  // read only when the staged kernel is on
     const char* v = std::getenv("DSUF_FP8_STAGED_KB");
     const int64_t kb = v ? std::atoll(v) : 160;
     DSUF_CHECK(kb >= 16 && kb <= 220, "DSUF_FP8_STAGED_KB=", v ? v : "", ": expected 16..220");
     return kb * 1024;
   }();
-  if (!on || c.rows != 1) return false;
   const int64_t nb = c.K / 32;
   auto aligned = [](const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) & (a - 1)) == 0; };
   if (c.K % 32 != 0 || nb % 4 != 0 || !aligned(c.W, 16) || !aligned(c.Ws, 4) ||
@@ -3847,7 +3847,10 @@ bool launch_fp8_staged(const Fp8Call& c) {
   const int bx = std::max(1, (sms - kStagedFreeSms) / c.groups);
   const size_t smem = size_t(8) * slots * slot;
   auto go = [&](auto k) {
-    set_smem(k, smem);
+    // The limit at the budget (≥ every launch's size), not at this launch's: one instantiation may be
+    // launched with several sizes in one captured graph, and a later, smaller limit must not fail an
+    // earlier node (review note).
+    set_smem(k, size_t(budget));
     launch_pdl(k, dim3(bx, 1, c.groups), dim3(256), smem, c.s, c.W, c.Ws, c.out, c.K, c.in.x, c.in.group_stride,
                c.in.scale, c.y, c.y_stride, c.r, c.pair, slot);
   };
