@@ -1178,7 +1178,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   // first and wq_b waits for the scores kernel (below); otherwise wq_b goes now, beside them.
   const bool wqb_gate = wqb_after_scores && lp.runs_indexer && branch() != stream;
   auto wq_b = [&] {
-    const cuda::Fp8StagedScope staged;  // DSUF_FP8_STAGED=attn
+    const cuda::Fp8StagedScope staged(180);  // DSUF_FP8_STAGED=attn; q_norm's 2 blocks beside it
     cuda::fp8_linear(d.wq_b.w, d.wq_b.s, Hr * hd, qr, qin, n, ws.q, Hr * hd, r, stream);
   };
   if (!wqb_gate) wq_b();
@@ -1214,7 +1214,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   mark(kAttention);
   const cuda::LinearInput oin = cuda::attention(aa, stream, gather_early);
   {
-    const cuda::Fp8StagedScope staged;  // DSUF_FP8_STAGED=attn
+    const cuda::Fp8StagedScope staged(112);  // DSUF_FP8_STAGED=attn; the P·V's 100 KB blocks beside it
     cuda::fp8_linear_groups(d.wo_a.w, d.wo_a.s, Gr, ol, gin, oin, n, ws.zg + g0 * ol, G * ol, r, stream);
   }
   cuda::gather_cols(comm, zg_split, ws.zg, n, G * ol, tp_send, tp_recv, stream);

@@ -3811,51 +3811,61 @@ int fp4_gemv_mode() {
   }();
   return mode;
 }
-thread_local bool fp8_staged_scope = false;  // Fp8StagedScope
+thread_local int fp8_staged_kb = 0;  // the innermost Fp8StagedScope's budget, 0: none
 }  // namespace
-Fp8StagedScope::Fp8StagedScope() : prev(fp8_staged_scope) { fp8_staged_scope = true; }
-Fp8StagedScope::~Fp8StagedScope() { fp8_staged_scope = prev; }
+Fp8StagedScope::Fp8StagedScope(int kb) : prev(fp8_staged_kb) { fp8_staged_kb = kb; }
+Fp8StagedScope::~Fp8StagedScope() { fp8_staged_kb = prev; }
 namespace {
 // DSUF_FP8_STAGED=off|attn|all (the v29 candidate, default off; attn: the launches inside an
 // Fp8StagedScope — wq_b and wo_a, each behind a latency-bound kernel): one-row FP8 linears through
-// k_fp8_gemv_staged, a ring of up to 4 tasks a warp in DSUF_FP8_STAGED_KB (default 160) KB of shared
-// memory a block, one block an SM but for kStagedFreeSms. Returns false (nothing launched) where the
-// shape does not fit: K % 128 ≠ 0, unaligned weights or scales, fewer than 2 slots.
+// k_fp8_gemv_staged, one block an SM but for kStagedFreeSms, a ring of 2, 4 or 8 tasks a warp in the
+// scope's shared-memory budget (DSUF_FP8_STAGED_KB overrides every budget; 112 KB outside a scope).
+// The budget leaves room for the predecessor's blocks to stay resident beside the staging ones
+// (the P·V kernel's 100 KB before wo_a). A task of OPW rows too large for two slots is split into
+// tasks of fewer rows (the rows' sums do not depend on how many a warp takes). Returns false
+// (nothing launched) where the shape does not fit: K % 128 ≠ 0, unaligned weights or scales.
 constexpr int kStagedFreeSms = 4;  // left to the side stream's latency kernels (the indexer's top-k)
+constexpr int64_t kStagedMaxKb = 220;
 template <int OPW, bool kExact>
 bool launch_fp8_staged(const Fp8Call& c) {
   static const int mode = env_choice("DSUF_FP8_STAGED", {"off", "attn", "all"});
-  const bool on = mode == 2 || (mode == 1 && fp8_staged_scope);
+  const bool on = mode == 2 || (mode == 1 && fp8_staged_kb > 0);
   if (!on || c.rows != 1) return false;
-  static const int64_t budget = [] {  // read only when the staged kernel is on
+  static const int64_t env_kb = [] {  // read only when the staged kernel is on
     const char* v = std::getenv("DSUF_FP8_STAGED_KB");
-    const int64_t kb = v ? std::atoll(v) : 160;
-    DSUF_CHECK(kb >= 16 && kb <= 220, "DSUF_FP8_STAGED_KB=", v ? v : "", ": expected 16..220");
-    return kb * 1024;
+    if (!v) return int64_t(0);
+    const int64_t kb = std::atoll(v);
+    DSUF_CHECK(kb >= 16 && kb <= kStagedMaxKb, "DSUF_FP8_STAGED_KB=", v, ": expected 16..", kStagedMaxKb);
+    return kb;
   }();
+  const int64_t budget = 1024 * (env_kb ? env_kb : fp8_staged_kb > 0 ? fp8_staged_kb : 112);
   const int64_t nb = c.K / 32;
   auto aligned = [](const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) & (a - 1)) == 0; };
   if (c.K % 32 != 0 || nb % 4 != 0 || !aligned(c.W, 16) || !aligned(c.Ws, 4) ||
       (c.pair.W && (!aligned(c.pair.W, 16) || !aligned(c.pair.Ws, 4))))
     return false;
   const int64_t slot = OPW * c.K + (nb + 15) / 16 * 16;
-  const int slots = int(std::min<int64_t>(4, budget / (8 * slot)));
-  if (slots < 2) return false;
+  const int64_t fit = budget / (8 * slot);
+  if (fit < 2) {
+    if constexpr (OPW > 1) return launch_fp8_staged<OPW / 2, kExact>(c);
+    return false;
+  }
+  const int slots = fit >= 8 ? 8 : fit >= 4 ? 4 : 2;
   int dev = 0, sms = 0;
   DSUF_CUDA(cudaGetDevice(&dev));
   DSUF_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   const int bx = std::max(1, (sms - kStagedFreeSms) / c.groups);
   const size_t smem = size_t(8) * slots * slot;
   auto go = [&](auto k) {
-    // The limit at the budget (≥ every launch's size), not at this launch's: one instantiation may be
-    // launched with several sizes in one captured graph, and a later, smaller limit must not fail an
-    // earlier node (review note).
-    set_smem(k, size_t(budget));
+    // The limit at the largest budget, not at this launch's size: one instantiation may be launched
+    // with several sizes in one captured graph, and a later, smaller limit must not fail an earlier
+    // node (review note).
+    set_smem(k, size_t(kStagedMaxKb * 1024));
     launch_pdl(k, dim3(bx, 1, c.groups), dim3(256), smem, c.s, c.W, c.Ws, c.out, c.K, c.in.x, c.in.group_stride,
                c.in.scale, c.y, c.y_stride, c.r, c.pair, slot);
   };
-  if (slots == 4) go(k_fp8_gemv_staged<OPW, kExact, 4>);
-  else if (slots == 3) go(k_fp8_gemv_staged<OPW, kExact, 3>);
+  if (slots == 8) go(k_fp8_gemv_staged<OPW, kExact, 8>);
+  else if (slots == 4) go(k_fp8_gemv_staged<OPW, kExact, 4>);
   else go(k_fp8_gemv_staged<OPW, kExact, 2>);
   return true;
 }

@@ -109,14 +109,15 @@ struct Fp8Pair {
   int64_t y_stride = 0;
 };
 // While one lives on the calling thread, DSUF_FP8_STAGED=attn sends one-row FP8 linears through the
-// shared-memory-staged kernel (k_fp8_gemv_staged, the v29 candidate): the backend opens one around
-// wq_b and wo_a.
+// shared-memory-staged kernel (k_fp8_gemv_staged, the v29 candidate) with `kb` KB of shared memory a
+// block: the backend opens one around wq_b (after q_norm's two small blocks: 180) and wo_a (beside the
+// P·V kernel's 100 KB blocks: 112).
 struct Fp8StagedScope {
-  Fp8StagedScope();
+  explicit Fp8StagedScope(int kb);
   ~Fp8StagedScope();
   Fp8StagedScope(const Fp8StagedScope&) = delete;
   Fp8StagedScope& operator=(const Fp8StagedScope&) = delete;
-  bool prev;
+  int prev;
 };
 // y[r][o] = Σ_kb s_x[r][kb]·s_w[o/32][kb]·Σ x·w (scales 1 for unquantized inputs); y rows have
 // stride y_stride. W may be a row slice of a larger weight. With pair.W, the pair's linear too.
