@@ -3813,7 +3813,10 @@ int fp4_gemv_mode() {
 }
 thread_local int fp8_staged_kb = 0;  // the innermost Fp8StagedScope's budget, 0: none
 }  // namespace
-Fp8StagedScope::Fp8StagedScope(int kb) : prev(fp8_staged_kb) { fp8_staged_kb = kb; }
+Fp8StagedScope::Fp8StagedScope(int kb) : prev(fp8_staged_kb) {
+  DSUF_CHECK(kb >= 16 && kb <= 220, "Fp8StagedScope: ", kb, " KB, expected 16..220");  // kStagedMaxKb
+  fp8_staged_kb = kb;
+}
 Fp8StagedScope::~Fp8StagedScope() { fp8_staged_kb = prev; }
 namespace {
 // DSUF_FP8_STAGED=off|attn|all (the v29 candidate, default off; attn: the launches inside an
