@@ -771,7 +771,8 @@ void CudaBackend::Impl::alloc_workspace() {
   ws.qc = alloc<int8_t>(w.qi), ws.qs = alloc<float>(w.qi / 32);
   score_stride = w.score_stride, bscore_stride = w.bscore_stride, mask_stride = w.bscore_stride;
   ws.scores = alloc<float>(w.scores), ws.bscores = alloc<float>(w.bscores);
-  ws.sel = alloc<int32_t>(w.sel), ws.picks = alloc<uint64_t>(w.sel), ws.cand = alloc<int32_t>(w.cand), ws.cand_mask = alloc<uint8_t>(w.cand_mask);
+  ws.sel = alloc<int32_t>(w.sel), ws.picks = alloc<uint64_t>(w.sel);
+  ws.cand = alloc<int32_t>(w.cand), ws.cand_mask = alloc<uint8_t>(w.cand_mask);
   // DSUF_TOPK=single: the single-block top-k for every row (the path before the multi-block one).
   // DSUF_TOPK_CHUNK=n: the multi-block top-k's smallest chunk (default topk::kDefaultChunk).
   const char* topk_mode = std::getenv("DSUF_TOPK");

@@ -2869,8 +2869,8 @@ __device__ __forceinline__ void for_range(const float* __restrict__ row, int64_t
 // The caller synchronizes before reading what emit wrote.
 // T threads (a multiple of 32, ≥ 256, ≤ 1024): the histogram and its scan take the first 256, the
 // passes over the row all T; the picks and their slots do not depend on T.
-// lean (DSUF_TOPK_SELECT=lean|classic, lean the default since v26: −0.016 ms; k_top_k only): the same digits and picks with fewer
-// barriers — no counting pass (the first histogram's total is the eligible count), the histograms
+// lean (DSUF_TOPK_SELECT=lean|classic, lean the default since v26: −0.016 ms; k_top_k only): the same
+// digits and picks with fewer barriers — no counting pass (the first histogram's total is the eligible count), the histograms
 // double-buffered (the next one zeroed during this pass), the digit found by the one thread whose bin
 // d has above[d] ≥ remaining > above[d + 1] (its scan value and its own bin give both) instead of an
 // atomicMax and two more barriers, and for rows under 2^15 entries the gather's two counts in one scan:
