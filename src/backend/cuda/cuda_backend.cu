@@ -164,11 +164,14 @@ struct CudaBackend::Impl {
   // place them by rank (cuda::top_k_picks; v27, −0.065 ms a batch-1 step; steps of up to 4 rows) or
   // the top-k sorts them (v26).
   bool rank_gather = true;
-  // DSUF_WQB_WAIT=none|scores (v29 candidate, default none): in an indexer layer, wq_b waits for the
-  // indexer's scores (an event) instead of streaming beside them. Its 1,024 blocks held the SMs the
-  // scores kernel needed (8.3 µs alone, ~22 in place), on the indexer layers' critical path, while
-  // wq_b's result is needed only after the selection.
-  bool wqb_after_scores = false;
+  // DSUF_WQB_WAIT=scores|none (v29, default scores: −0.05 ms a batch-1 step at 8K): in an indexer layer,
+  // wq_b waits for the indexer's scores (an event) instead of streaming beside them. Its 1,024 blocks
+  // held the SMs the scores kernel needed (8.3 µs alone, ~22 in place), on the indexer layers' critical
+  // path, while wq_b's result is needed only after the selection. DSUF_WQB_WAIT=mask (candidate):
+  // the event after the candidate blocks' mask instead (where the layer has one), so that the
+  // mask's one block a row does not queue behind wq_b's blocks either.
+  bool wqb_after_scores = true;
+  bool wqb_after_mask = false;
   bool comp_fork_early = true;  // DSUF_COMP_FORK=early|late (attention())
   bool idx_q_main = true;       // DSUF_IDX_Q=main|side (attention())
   bool idx_rope_fused = true;   // DSUF_IDX_ROPE=fused|split (indexer_query())
@@ -346,7 +349,8 @@ struct CudaBackend::Impl {
   void indexer_xn_part(int l, const Step& st, cudaStream_t stream);
   void indexer_query(int l, const Step& st, const cuda::LinearInput& qin, cudaStream_t stream);
   // Returns whether it left its selection as picks (ws.picks) for gather_keys to sort. after_scores:
-  // recorded on `stream` right after the scores kernel (null: none).
+  // recorded on `stream` right after the scores kernel, or after the candidate mask with
+  // DSUF_WQB_WAIT=mask (null: none).
   bool indexer_branch(int l, const Step& st, const cuda::LinearInput& qin, bool with_query, cudaStream_t stream,
                       cudaEvent_t after_scores = nullptr);
   void moe(int l, int n, const uint8_t* image, const cuda::LinearInput& xin, const float* expand_mix);
@@ -532,7 +536,11 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   shared_early = !env_picks("DSUF_SHARED_FORK", "early", "late");
   gather_early = !env_picks("DSUF_GATHER", "early", "late");
   rank_gather = !env_picks("DSUF_TOPK_RANK", "gather", "sort");
-  wqb_after_scores = env_picks("DSUF_WQB_WAIT", "none", "scores");
+  {
+    const int wqb_wait = env_choice("DSUF_WQB_WAIT", {"scores", "none", "mask"});
+    wqb_after_scores = wqb_wait != 1;
+    wqb_after_mask = wqb_wait == 2;
+  }
   comp_fork_early = !env_picks("DSUF_COMP_FORK", "early", "late");
   idx_q_main = !env_picks("DSUF_IDX_Q", "main", "side");
   idx_rope_fused = !env_picks("DSUF_IDX_ROPE", "fused", "split");
@@ -1101,7 +1109,7 @@ bool CudaBackend::Impl::indexer_branch(int l, const Step& st, const cuda::Linear
                             .cand_mask = lp.candidate_constrained ? ws.cand_mask : nullptr, .mask_stride = mask_stride,
                             .block = t.candidate_block_size, .scores = ws.scores, .score_stride = score_stride, .r = r};
     cuda::index_scores(ia, stream);
-    if (after_scores) DSUF_CUDA(cudaEventRecord(after_scores, stream));
+    if (after_scores && !(wqb_after_mask && lp.candidate_source)) DSUF_CUDA(cudaEventRecord(after_scores, stream));
     if (lp.candidate_source) {
       cuda::candidate_block_scores(ws.scores, score_stride, n, st.meta, ratio, t.candidate_block_size, ws.bscores,
                                    bscore_stride, stream);
@@ -1110,6 +1118,7 @@ bool CudaBackend::Impl::indexer_branch(int l, const Step& st, const cuda::Linear
       // Only the set of candidate blocks matters (the mask), not its order: no sort.
       cuda::top_k_mask(ws.bscores, bscore_stride, n, st.meta, ratio, t.candidate_block_size, t.candidate_topk_blocks,
                        ws.cand, ws.cand_mask, mask_stride, stream, ts);
+      if (after_scores && wqb_after_mask) DSUF_CUDA(cudaEventRecord(after_scores, stream));
     }
     cuda::TopkScratch ts = topk_scratch;
     ts.max_count = st.max_entries / ratio;
@@ -1178,10 +1187,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   // DSUF_WQB_WAIT=scores: in an indexer layer the side stream's compressor and indexer are enqueued
   // first and wq_b waits for the scores kernel (below); otherwise wq_b goes now, beside them.
   const bool wqb_gate = wqb_after_scores && lp.runs_indexer && branch() != stream;
-  auto wq_b = [&] {
-    const cuda::Fp8StagedScope staged(180);  // DSUF_FP8_STAGED=attn; q_norm's 2 blocks beside it
-    cuda::fp8_linear(d.wq_b.w, d.wq_b.s, Hr * hd, qr, qin, n, ws.q, Hr * hd, r, stream);
-  };
+  auto wq_b = [&] { cuda::fp8_linear(d.wq_b.w, d.wq_b.s, Hr * hd, qr, qin, n, ws.q, Hr * hd, r, stream); };
   if (!wqb_gate) wq_b();
 
   const int slot = layout.source_slot[l];
@@ -1214,10 +1220,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   join();
   mark(kAttention);
   const cuda::LinearInput oin = cuda::attention(aa, stream, gather_early);
-  {
-    const cuda::Fp8StagedScope staged(112);  // DSUF_FP8_STAGED=attn; the P·V's 100 KB blocks beside it
-    cuda::fp8_linear_groups(d.wo_a.w, d.wo_a.s, Gr, ol, gin, oin, n, ws.zg + g0 * ol, G * ol, r, stream);
-  }
+  cuda::fp8_linear_groups(d.wo_a.w, d.wo_a.s, Gr, ol, gin, oin, n, ws.zg + g0 * ol, G * ol, r, stream);
   cuda::gather_cols(comm, zg_split, ws.zg, n, G * ol, tp_send, tp_recv, stream);
   const cuda::LinearInput zin = cuda::linear_input(ws.zg, G * ol, n, G * ol, aq, ws.xq[1], ws.xs[1], stream);
   cuda::fp8_linear(d.wo_b.w, d.wo_b.s, Dr, G * ol, zin, n, out + d0, D, r, stream);

@@ -1074,97 +1074,6 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
     }
 }
 
-// The batch-1 FP8 linear with its weights staged through shared memory (DSUF_FP8_STAGED=on, the v29
-// candidate; one row, kRegs' arithmetic): a grid of resident blocks — one an SM, leaving a few SMs to
-// the latency kernels on the side stream — whose warps take tasks (OPW consecutive output rows of
-// the launch's grid.z slice) gw, gw + nw, … Each warp keeps a ring of SLOTS tasks in shared memory,
-// filled by cp.async (a task's OPW·K weight bytes, contiguous, and its nb scale codes): the first
-// SLOTS before the dependency wait — weights, which nothing in a step writes — so that the wait of a
-// latency-bound predecessor (q_norm before wq_b, the P·V before wo_a) streams weights instead of
-// idling, and each later one as its slot frees. A task's arithmetic is k_fp8_gemv's kRegs path read
-// from the slot instead of global memory: lane l's full rounds kb = l, l + 32, … through fp8_kb_mac
-// in order, the nb mod 32 last K-blocks spread over the lanes (RemainderTasks) when they fit, then
-// warp_sum: the same operations in the same order, so the same bits.
-template <int OPW, bool kExact, int SLOTS>
-__global__ void __launch_bounds__(256, 1) k_fp8_gemv_staged(const uint8_t* __restrict__ W,
-                                                            const uint8_t* __restrict__ Ws, int64_t out, int64_t K,
-                                                            const float* __restrict__ x, int64_t x_group,
-                                                            const float* __restrict__ xs, float* __restrict__ y,
-                                                            int64_t y_stride, bool r, Fp8Pair pair,
-                                                            int64_t slot_bytes) {
-  extern __shared__ __align__(16) uint8_t staged_sm[];
-  const int nb = int(K / 32);
-  fp8_slice(W, Ws, out, K, x, x_group, xs, y, y_stride, pair);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t ntasks = (out + OPW - 1) / OPW, gw = int64_t(blockIdx.x) * 8 + warp, nw = int64_t(gridDim.x) * 8;
-  pdl_trigger();
-  uint8_t* ring = staged_sm + int64_t(warp) * SLOTS * slot_bytes;
-  auto issue = [&](int64_t task, int slot) {  // every lane commits a group per call, empty or not
-    if (task < ntasks) {
-      const int64_t o0 = task * OPW;
-      uint8_t* dst = ring + slot * slot_bytes;
-#pragma unroll
-      for (int o = 0; o < OPW; ++o) {
-        const uint8_t* src = W + (o0 + o < out ? o0 + o : out - 1) * K;  // a tail repeats the last row
-        for (int64_t c = lane; c < K / 16; c += 32) cp_async16_to(smem_u32(dst + o * K + c * 16), src + c * 16);
-      }
-      const uint8_t* sc = Ws + (o0 / 32) * nb;  // the task's rows share one 32-row scale block
-      for (int c = lane; c < nb / 4; c += 32) cp_async4_to(smem_u32(dst + OPW * K + 4 * c), sc + 4 * c);
-    }
-    cp_async_commit();
-  };
-#pragma unroll
-  for (int sl = 0; sl < SLOTS; ++sl) issue(gw + sl * nw, sl);
-  pdl_wait();
-  const RemainderTasks rt(nb, OPW, lane);
-  for (int64_t i = 0;; ++i) {
-    const int64_t task = gw + i * nw;
-    if (task >= ntasks) break;
-    const int slot = int(i % SLOTS);
-    cp_async_wait_group<SLOTS - 1>();  // this lane's copies of the task have landed
-    __syncwarp();                      // and every lane's
-    const uint8_t* src = ring + slot * slot_bytes;
-    const uint8_t* sc = src + OPW * K;
-    const int64_t o0 = task * OPW;
-    float acc[OPW][1];
-#pragma unroll
-    for (int o = 0; o < OPW; ++o) acc[o][0] = 0.0f;
-    for (int kb = lane; !rt.ends_at(kb, nb); kb += 32) {
-      uint4 w[OPW][2];
-      float sw[OPW];
-#pragma unroll
-      for (int o = 0; o < OPW; ++o) {
-        const uint4* p = reinterpret_cast<const uint4*>(src + o * K + int64_t(kb) * 32);
-        w[o][0] = p[0], w[o][1] = p[1];
-        sw[o] = e8m0(sc[kb]);
-      }
-      fp8_kb_mac<OPW, 1, kExact>(w, sw, x, 0, xs, 0, kb, 1, acc);
-    }
-    if (rt.spread) {
-      float c[1][1] = {{0.0f}};
-      if (rt.mine) {
-        const uint4* p = reinterpret_cast<const uint4*>(src + rt.row * K + int64_t(rt.kb) * 32);
-        const uint4 tw1[1][2] = {{p[0], p[1]}};
-        const float tsw[1] = {e8m0(sc[rt.kb])};
-        fp8_kb_mac<1, 1, kExact, true>(tw1, tsw, x, 0, xs, 0, rt.kb, 1, c);
-      }
-#pragma unroll
-      for (int o = 0; o < OPW; ++o) {
-        const float v = __shfl_sync(0xffffffffu, c[0][0], rt.source(o));
-        if (rt.receives()) acc[o][0] += v;
-      }
-    }
-    __syncwarp();  // every lane has read the slot
-    issue(task + SLOTS * nw, slot);
-#pragma unroll
-    for (int o = 0; o < OPW; ++o) {
-      const float v = warp_sum(acc[o][0]);
-      if (lane == 0 && o0 + o < out) y[o0 + o] = rb(v, r);
-    }
-  }
-  cp_async_wait_group<0>();
-}
-
 // ---- FP8 linears of many rows: a tiled GEMM with the GEMV's bits --------------------------------
 // k_fp8_gemv reads each weight once per R ≤ 4 rows, so a 512-row prefill chunk reads every dense
 // weight 128 times and is bound by instruction issue at ~7 TFLOP/s. This kernel stages a K-block of
@@ -3116,7 +3025,7 @@ __global__ void __launch_bounds__(T) k_top_k(const float* x, int64_t stride, con
   sort_picks_write<T>(picks, want, out + int64_t(i) * out_stride, out_stride, reg_sort, idle_skip);
 }
 
-// top_k_picks over a cluster of kTopkCluster blocks a row (DSUF_TOPK_PICKS=cluster, the v29 candidate;
+// top_k_picks over a cluster of kTopkCluster blocks a row (DSUF_TOPK_PICKS=cluster, the default since v29;
 // rows ≤ kTopkClusterMaxCount entries, k ≥ 1): the same select as block_select's lean path, spread so
 // that each block reads an eighth of the row. Block c takes the contiguous entries [lo_c, hi_c) (a
 // multiple of 4 long). A radix pass: each block bins its entries into its own histogram (two buffers,
@@ -3811,72 +3720,9 @@ int fp4_gemv_mode() {
   }();
   return mode;
 }
-thread_local int fp8_staged_kb = 0;  // the innermost Fp8StagedScope's budget, 0: none
-}  // namespace
-Fp8StagedScope::Fp8StagedScope(int kb) : prev(fp8_staged_kb) {
-  DSUF_CHECK(kb >= 16 && kb <= 220, "Fp8StagedScope: ", kb, " KB, expected 16..220");  // kStagedMaxKb
-  fp8_staged_kb = kb;
-}
-Fp8StagedScope::~Fp8StagedScope() { fp8_staged_kb = prev; }
-namespace {
-// DSUF_FP8_STAGED=off|attn|all (the v29 candidate, default off; attn: the launches inside an
-// Fp8StagedScope — wq_b and wo_a, each behind a latency-bound kernel): one-row FP8 linears through
-// k_fp8_gemv_staged, one block an SM but for kStagedFreeSms, a ring of 2, 4 or 8 tasks a warp in the
-// scope's shared-memory budget (DSUF_FP8_STAGED_KB overrides every budget; 112 KB outside a scope).
-// The budget leaves room for the predecessor's blocks to stay resident beside the staging ones
-// (the P·V kernel's 100 KB before wo_a). A task of OPW rows too large for two slots is split into
-// tasks of fewer rows (the rows' sums do not depend on how many a warp takes). Returns false
-// (nothing launched) where the shape does not fit: K % 128 ≠ 0, unaligned weights or scales.
-constexpr int kStagedFreeSms = 4;  // left to the side stream's latency kernels (the indexer's top-k)
-constexpr int64_t kStagedMaxKb = 220;
-template <int OPW, bool kExact>
-bool launch_fp8_staged(const Fp8Call& c) {
-  static const int mode = env_choice("DSUF_FP8_STAGED", {"off", "attn", "all"});
-  const bool on = mode == 2 || (mode == 1 && fp8_staged_kb > 0);
-  if (!on || c.rows != 1) return false;
-  static const int64_t env_kb = [] {  // read only when the staged kernel is on
-    const char* v = std::getenv("DSUF_FP8_STAGED_KB");
-    if (!v) return int64_t(0);
-    const int64_t kb = std::atoll(v);
-    DSUF_CHECK(kb >= 16 && kb <= kStagedMaxKb, "DSUF_FP8_STAGED_KB=", v, ": expected 16..", kStagedMaxKb);
-    return kb;
-  }();
-  const int64_t budget = 1024 * (env_kb ? env_kb : fp8_staged_kb > 0 ? fp8_staged_kb : 112);
-  const int64_t nb = c.K / 32;
-  auto aligned = [](const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) & (a - 1)) == 0; };
-  if (c.K % 32 != 0 || nb % 4 != 0 || !aligned(c.W, 16) || !aligned(c.Ws, 4) ||
-      (c.pair.W && (!aligned(c.pair.W, 16) || !aligned(c.pair.Ws, 4))))
-    return false;
-  const int64_t slot = OPW * c.K + (nb + 15) / 16 * 16;
-  const int64_t fit = budget / (8 * slot);
-  if (fit < 2) {
-    if constexpr (OPW > 1) return launch_fp8_staged<OPW / 2, kExact>(c);
-    return false;
-  }
-  const int slots = fit >= 8 ? 8 : fit >= 4 ? 4 : 2;
-  int dev = 0, sms = 0;
-  DSUF_CUDA(cudaGetDevice(&dev));
-  DSUF_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  const int bx = std::max(1, (sms - kStagedFreeSms) / c.groups);
-  const size_t smem = size_t(8) * slots * slot;
-  auto go = [&](auto k) {
-    // The limit at the largest budget, not at this launch's size: one instantiation may be launched
-    // with several sizes in one captured graph, and a later, smaller limit must not fail an earlier
-    // node (review note).
-    set_smem(k, size_t(kStagedMaxKb * 1024));
-    launch_pdl(k, dim3(bx, 1, c.groups), dim3(256), smem, c.s, c.W, c.Ws, c.out, c.K, c.in.x, c.in.group_stride,
-               c.in.scale, c.y, c.y_stride, c.r, c.pair, slot);
-  };
-  if (slots == 8) go(k_fp8_gemv_staged<OPW, kExact, 8>);
-  else if (slots == 4) go(k_fp8_gemv_staged<OPW, kExact, 4>);
-  else go(k_fp8_gemv_staged<OPW, kExact, 2>);
-  return true;
-}
 template <int OPW, int R, bool kExact>
 void launch_fp8(const Fp8Call& c) {
   const int mode = gemv_mode();
-  if constexpr (R == 1)
-    if (mode == kRegs && launch_fp8_staged<OPW, kExact>(c)) return;
   // DSUF_FP8_EARLY=1|0: kRegs loads its first round (weights, scale codes, the spread task), kDeep
   // its first U rounds, before the dependency wait (1, the default since v22) or after it (0, v21).
   static const bool early = !env_picks("DSUF_FP8_EARLY", "1", "0");
@@ -4314,8 +4160,13 @@ void top_k_launch(const float* x, int64_t stride, int rows, const RowMeta* meta,
   if (rows <= 0) return;
   if (picks && cluster && block == 0 && k >= 1 && scratch.max_count > 0 &&
       scratch.max_count <= kTopkClusterMaxCount) {
-    launch_step_in(kTopkCluster, k_top_k_cluster, dim3(kTopkCluster, rows), dim3(kTopkClusterThreads), 0, s, x,
-                   stride, meta, ratio, k, out, out_stride, picks);
+    // DSUF_TOPK_CLUSTER=8|4|2 (v30 candidate; the kernel takes any cluster size): fewer blocks a row
+    // are scheduled sooner beside a linear's blocks (a cluster needs its SMs free at once in one GPC);
+    // 8 wherever a smaller cluster's blocks would exceed 16,384 entries each.
+    static const int env_c = std::array{8, 4, 2}[env_choice("DSUF_TOPK_CLUSTER", {"8", "4", "2"})];
+    const int C = scratch.max_count <= int64_t(env_c) * (kTopkClusterMaxCount / kTopkCluster) ? env_c : kTopkCluster;
+    launch_step_in(C, k_top_k_cluster, dim3(C, rows), dim3(kTopkClusterThreads), 0, s, x, stride, meta, ratio, k, out,
+                   out_stride, picks);
     *picked = true;
     return;
   }
@@ -4361,8 +4212,9 @@ void top_k(const float* x, int64_t stride, int rows, const RowMeta* meta, int ra
 bool top_k_picks(const float* x, int64_t stride, int rows, const RowMeta* meta, int ratio, int k, uint64_t* picks,
                  int32_t* out, int out_stride, cudaStream_t s, const TopkScratch& scratch, TopkPicks how) {
   DSUF_CHECK(picks && out_stride >= k, "top_k_picks: needs picks and out_stride (", out_stride, ") ≥ k (", k, ")");
-  // DSUF_TOPK_PICKS=block|cluster (how = kPicksAuto): one block a row, or a cluster of 8 (v29 candidate).
-  static const bool env_cluster = env_picks("DSUF_TOPK_PICKS", "block", "cluster");
+  // DSUF_TOPK_PICKS=cluster|block (how = kAuto): a cluster of 8 blocks a row (v29, the default: −0.033 ms
+  // a batch-1 step at 8K, −0.07 at 128K) or one block a row (v27/v28).
+  static const bool env_cluster = !env_picks("DSUF_TOPK_PICKS", "cluster", "block");
   // Asked for by name (the tests), the cluster form must be able to run: it never falls back silently.
   DSUF_CHECK(how != TopkPicks::kCluster || (k >= 1 && scratch.max_count > 0 && scratch.max_count <= kTopkClusterMaxCount),
              "top_k_picks: the cluster form needs k ≥ 1 and scratch.max_count in 1..", kTopkClusterMaxCount,

@@ -108,17 +108,6 @@ struct Fp8Pair {
   float* y = nullptr;
   int64_t y_stride = 0;
 };
-// While one lives on the calling thread, DSUF_FP8_STAGED=attn sends one-row FP8 linears through the
-// shared-memory-staged kernel (k_fp8_gemv_staged, the v29 candidate) with `kb` KB of shared memory a
-// block: the backend opens one around wq_b (after q_norm's two small blocks: 180) and wo_a (beside the
-// P·V kernel's 100 KB blocks: 112).
-struct Fp8StagedScope {
-  explicit Fp8StagedScope(int kb);
-  ~Fp8StagedScope();
-  Fp8StagedScope(const Fp8StagedScope&) = delete;
-  Fp8StagedScope& operator=(const Fp8StagedScope&) = delete;
-  int prev;
-};
 // y[r][o] = Σ_kb s_x[r][kb]·s_w[o/32][kb]·Σ x·w (scales 1 for unquantized inputs); y rows have
 // stride y_stride. W may be a row slice of a larger weight. With pair.W, the pair's linear too.
 void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const LinearInput& in, int64_t rows,
@@ -333,7 +322,7 @@ void top_k(const float* x, int64_t stride, int rows, const RowMeta* meta, int ra
 // rows take the multi-block path.
 // how: kBlock one block a row (k_top_k); kCluster a cluster of 8 blocks a row (k_top_k_cluster: each an
 // eighth of the row, for rows up to 131,072 entries with scratch.max_count set to their bound and
-// k ≥ 1, else kBlock's path); kAuto DSUF_TOPK_PICKS=block|cluster (v29 candidate; default block).
+// k ≥ 1, else kBlock's path); kAuto DSUF_TOPK_PICKS=cluster|block (default cluster since v29).
 enum class TopkPicks { kAuto, kBlock, kCluster };
 bool top_k_picks(const float* x, int64_t stride, int rows, const RowMeta* meta, int ratio, int k, uint64_t* picks,
                  int32_t* out, int out_stride, cudaStream_t s, const TopkScratch& scratch = {},
