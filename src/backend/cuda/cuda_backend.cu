@@ -167,11 +167,9 @@ struct CudaBackend::Impl {
   // DSUF_WQB_WAIT=scores|none (v29, default scores: −0.05 ms a batch-1 step at 8K): in an indexer layer,
   // wq_b waits for the indexer's scores (an event) instead of streaming beside them. Its 1,024 blocks
   // held the SMs the scores kernel needed (8.3 µs alone, ~22 in place), on the indexer layers' critical
-  // path, while wq_b's result is needed only after the selection. DSUF_WQB_WAIT=mask (candidate):
-  // the event after the candidate blocks' mask instead (where the layer has one), so that the
-  // mask's one block a row does not queue behind wq_b's blocks either.
+  // path, while wq_b's result is needed only after the selection. (The event after the candidate
+  // blocks' mask instead measured −0.007 ms, within noise: v29.)
   bool wqb_after_scores = true;
-  bool wqb_after_mask = false;
   bool comp_fork_early = true;  // DSUF_COMP_FORK=early|late (attention())
   bool idx_q_main = true;       // DSUF_IDX_Q=main|side (attention())
   bool idx_rope_fused = true;   // DSUF_IDX_ROPE=fused|split (indexer_query())
@@ -349,8 +347,7 @@ struct CudaBackend::Impl {
   void indexer_xn_part(int l, const Step& st, cudaStream_t stream);
   void indexer_query(int l, const Step& st, const cuda::LinearInput& qin, cudaStream_t stream);
   // Returns whether it left its selection as picks (ws.picks) for gather_keys to sort. after_scores:
-  // recorded on `stream` right after the scores kernel, or after the candidate mask with
-  // DSUF_WQB_WAIT=mask (null: none).
+  // recorded on `stream` right after the scores kernel (null: none).
   bool indexer_branch(int l, const Step& st, const cuda::LinearInput& qin, bool with_query, cudaStream_t stream,
                       cudaEvent_t after_scores = nullptr);
   void moe(int l, int n, const uint8_t* image, const cuda::LinearInput& xin, const float* expand_mix);
@@ -536,11 +533,7 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   shared_early = !env_picks("DSUF_SHARED_FORK", "early", "late");
   gather_early = !env_picks("DSUF_GATHER", "early", "late");
   rank_gather = !env_picks("DSUF_TOPK_RANK", "gather", "sort");
-  {
-    const int wqb_wait = env_choice("DSUF_WQB_WAIT", {"scores", "none", "mask"});
-    wqb_after_scores = wqb_wait != 1;
-    wqb_after_mask = wqb_wait == 2;
-  }
+  wqb_after_scores = !env_picks("DSUF_WQB_WAIT", "scores", "none");
   comp_fork_early = !env_picks("DSUF_COMP_FORK", "early", "late");
   idx_q_main = !env_picks("DSUF_IDX_Q", "main", "side");
   idx_rope_fused = !env_picks("DSUF_IDX_ROPE", "fused", "split");
@@ -1109,7 +1102,7 @@ bool CudaBackend::Impl::indexer_branch(int l, const Step& st, const cuda::Linear
                             .cand_mask = lp.candidate_constrained ? ws.cand_mask : nullptr, .mask_stride = mask_stride,
                             .block = t.candidate_block_size, .scores = ws.scores, .score_stride = score_stride, .r = r};
     cuda::index_scores(ia, stream);
-    if (after_scores && !(wqb_after_mask && lp.candidate_source)) DSUF_CUDA(cudaEventRecord(after_scores, stream));
+    if (after_scores) DSUF_CUDA(cudaEventRecord(after_scores, stream));
     if (lp.candidate_source) {
       cuda::candidate_block_scores(ws.scores, score_stride, n, st.meta, ratio, t.candidate_block_size, ws.bscores,
                                    bscore_stride, stream);
@@ -1118,7 +1111,6 @@ bool CudaBackend::Impl::indexer_branch(int l, const Step& st, const cuda::Linear
       // Only the set of candidate blocks matters (the mask), not its order: no sort.
       cuda::top_k_mask(ws.bscores, bscore_stride, n, st.meta, ratio, t.candidate_block_size, t.candidate_topk_blocks,
                        ws.cand, ws.cand_mask, mask_stride, stream, ts);
-      if (after_scores && wqb_after_mask) DSUF_CUDA(cudaEventRecord(after_scores, stream));
     }
     cuda::TopkScratch ts = topk_scratch;
     ts.max_count = st.max_entries / ratio;
