@@ -2079,10 +2079,14 @@ __device__ __forceinline__ int attention_keys(const AttentionArgs& a, int i, int
 // that more of the 8 × 80 blocks of a batch-1 step run at once: at 88 registers (MINB 0) two fit an
 // SM, three waves; 64 (4) two waves; 48 (5) one wave of 660 slots (DSUF_LOGITS_BLOCKS=5|4|0: 5 the
 // default since v26, −0.10 ms a step; no spills in either).
-// The block's 8 heads' queries of row i into qs ([kAttHeadsQK][hd], zero past nh heads) by
-// asynchronous copies (the caller waits for them).
-__device__ __forceinline__ void stage_queries(const AttentionArgs& a, int i, int h0, int nh, float* qs) {
+template <int MINB, bool kScatter>
+__global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(AttentionArgs a) {
+  pdl_entry(a.logits_late);
+  extern __shared__ float qs[];  // [kAttHeadsQK][hd]
+  __shared__ int first_free;
+  const int i = blockIdx.x, h0 = blockIdx.y * kAttHeadsQK;
   const int64_t hd = a.hd;
+  const int nh = min(kAttHeadsQK, a.H - h0);  // the last group may be partial
   const float* qsrc = a.q + (int64_t(i) * a.H + h0) * hd;
   if (a.stage16 && hd % 4 == 0 && (reinterpret_cast<uintptr_t>(qsrc) & 15) == 0) {  // 16 bytes a copy
     for (int64_t t = 4 * threadIdx.x; t < kAttHeadsQK * hd; t += 4 * blockDim.x) {
@@ -2099,83 +2103,55 @@ __device__ __forceinline__ void stage_queries(const AttentionArgs& a, int i, int
         qs[t] = 0.0f;
     }
   }
-}
-
-// The staged queries' rope (k_rope's arithmetic, a thread per pair), instead of a launch; after the
-// staging's wait and barrier, with its own barrier.
-__device__ __forceinline__ void rope_queries(const AttentionArgs& a, int i, int nh, float* qs) {
-  if (!a.q_rope.cs) return;
-  const FusedRope& f = a.q_rope;
-  for (int t = threadIdx.x; t < nh * f.half; t += blockDim.x) {
-    const int h = t / f.half, k = t % f.half;
-    float* v = qs + h * a.hd + a.hd - 2 * f.half;
-    const float c = f.cs[(int64_t(i) * f.half + k) * 2], s = f.sign * f.cs[(int64_t(i) * f.half + k) * 2 + 1];
-    const float x0 = v[2 * k], x1 = v[2 * k + 1];
-    v[2 * k] = rb(x0 * c - x1 * s, f.r);
-    v[2 * k + 1] = rb(x0 * s + x1 * c, f.r);
-  }
-  __syncthreads();
-}
-
-// One key's logits for the 8 staged heads, by a whole warp: lane l's partial dot[h] over the key's
-// values c = l, l + 32, … in order (its 16 values of a chunk loaded together: one round trip for
-// hd = 512), then the heads' warp sums — by one reduce-scatter butterfly (kScatter) or 8 warp_sums,
-// the same pairs added — scaled; put(h, v) for each of the nh heads.
-template <bool kScatter, typename Put>
-__device__ __forceinline__ void key_logits(const float* qs, const float* key, int64_t hd, int nh, float scale,
-                                           Put&& put) {
-  const int lane = threadIdx.x % 32;
-  float dot[kAttHeadsQK];
-#pragma unroll
-  for (int h = 0; h < kAttHeadsQK; ++h) dot[h] = 0.0f;
-  for (int64_t c = lane; c < hd; c += 32 * kAttLoads) {
-    float k[kAttLoads];
-#pragma unroll
-    for (int u = 0; u < kAttLoads; ++u) k[u] = c + 32 * u < hd ? key[c + 32 * u] : 0.0f;
-#pragma unroll
-    for (int u = 0; u < kAttLoads; ++u) {
-      if (c + 32 * u >= hd) break;
-#pragma unroll
-      for (int h = 0; h < kAttHeadsQK; ++h) dot[h] += qs[h * hd + c + 32 * u] * k[u];
-    }
-  }
-  if constexpr (kScatter) {
-    static_assert(kAttHeadsQK == 8, "warp_sum8_scatter sums 8 heads");
-    const float v = warp_sum8_scatter(dot, lane);
-    const int h = (lane >> 2) & 7;
-    if ((lane & 3) == 0 && h < nh) put(h, v * scale);
-  } else {
-#pragma unroll
-    for (int h = 0; h < kAttHeadsQK; ++h) {
-      const float v = warp_sum(dot[h]);
-      if (lane == h && h < nh) put(h, v * scale);
-    }
-  }
-}
-
-// MINB > 0: at least MINB blocks an SM (the compiler keeps the registers under 65536 / (256·MINB)), so
-// that more of the 8 × 80 blocks of a batch-1 step run at once: at 88 registers (MINB 0) two fit an
-// SM, three waves; 64 (4) two waves; 48 (5) one wave of 660 slots (DSUF_LOGITS_BLOCKS=5|4|0: 5 the
-// default since v26, −0.10 ms a step; no spills in either).
-template <int MINB, bool kScatter>
-__global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(AttentionArgs a) {
-  pdl_entry(a.logits_late);
-  extern __shared__ float qs[];  // [kAttHeadsQK][hd]
-  __shared__ int first_free;
-  const int i = blockIdx.x, h0 = blockIdx.y * kAttHeadsQK;
-  const int64_t hd = a.hd;
-  const int nh = min(kAttHeadsQK, a.H - h0);  // the last group may be partial
-  stage_queries(a, i, h0, nh, qs);
   const int nk = attention_keys(a, i, &first_free);
   cp_async_wait_all();
   __syncthreads();
-  rope_queries(a, i, nh, qs);
+  if (a.q_rope.cs) {  // the queries' rope (k_rope's arithmetic, a thread per pair), here instead of a launch
+    const FusedRope& f = a.q_rope;
+    for (int t = threadIdx.x; t < nh * f.half; t += blockDim.x) {
+      const int h = t / f.half, k = t % f.half;
+      float* v = qs + h * hd + hd - 2 * f.half;
+      const float c = f.cs[(int64_t(i) * f.half + k) * 2], s = f.sign * f.cs[(int64_t(i) * f.half + k) * 2 + 1];
+      const float x0 = v[2 * k], x1 = v[2 * k + 1];
+      v[2 * k] = rb(x0 * c - x1 * s, f.r);
+      v[2 * k + 1] = rb(x0 * s + x1 * c, f.r);
+    }
+    __syncthreads();
+  }
   const float scale = 1.0f / sqrtf(float(hd));
+  const int lane = threadIdx.x % 32;
   const int gw = blockIdx.z * (blockDim.x / 32) + threadIdx.x / 32, nw = gridDim.z * (blockDim.x / 32);
   const float* keys = a.keys + int64_t(i) * a.kmax * hd;
-  float* att = a.att + (int64_t(i) * a.H + h0) * a.kmax;
-  for (int j = gw; j < nk; j += nw)
-    key_logits<kScatter>(qs, keys + int64_t(j) * hd, hd, nh, scale, [&](int h, float v) { att[h * a.kmax + j] = v; });
+  for (int j = gw; j < nk; j += nw) {
+    float dot[kAttHeadsQK];
+#pragma unroll
+    for (int h = 0; h < kAttHeadsQK; ++h) dot[h] = 0.0f;
+    // A lane's 16 key values of a chunk are loaded together (one round trip for hd = 512), then
+    // added in the lane-strided order.
+    for (int64_t c = lane; c < hd; c += 32 * kAttLoads) {
+      float k[kAttLoads];
+#pragma unroll
+      for (int u = 0; u < kAttLoads; ++u) k[u] = c + 32 * u < hd ? keys[int64_t(j) * hd + c + 32 * u] : 0.0f;
+#pragma unroll
+      for (int u = 0; u < kAttLoads; ++u) {
+        if (c + 32 * u >= hd) break;
+#pragma unroll
+        for (int h = 0; h < kAttHeadsQK; ++h) dot[h] += qs[h * hd + c + 32 * u] * k[u];
+      }
+    }
+    if constexpr (kScatter) {
+      static_assert(kAttHeadsQK == 8, "warp_sum8_scatter sums 8 heads");
+      const float v = warp_sum8_scatter(dot, lane);
+      const int h = (lane >> 2) & 7;
+      if ((lane & 3) == 0 && h < nh) a.att[(int64_t(i) * a.H + h0 + h) * a.kmax + j] = v * scale;
+    } else {
+#pragma unroll
+      for (int h = 0; h < kAttHeadsQK; ++h) {
+        const float v = warp_sum(dot[h]);
+        if (lane == h && h < nh) a.att[(int64_t(i) * a.H + h0 + h) * a.kmax + j] = v * scale;
+      }
+    }
+  }
   pdl_exit(a.logits_late);
 }
 
@@ -2208,16 +2184,71 @@ __device__ __forceinline__ void emit_attention_out(const AttentionArgs& a, int i
              a.o_sink.quantize ? a.o_sink.xs + (int64_t(i) * groups + g) * nb + kb : nullptr, kb, lane);
 }
 
-// The second half of k_attention_pv (and of k_attention_fused): the softmax of the warp's HPW heads
-// from their logits in p ([kPvHeads][kp], turned into exp(logit − max) in place), then the P·V sums
-// over the row's nk keys from the key slice in kt (the first tile staged; stage_keys(j0) stages the
-// tile from key j0 when nk > tile), then the output. After the staging's wait and barrier.
-template <int HPW, int UNR, typename Stage>
-__device__ __forceinline__ void pv_softmax_sum(const AttentionArgs& a, int i, int h0, int d0, int nk, int nh, int kp,
-                                               int tile, float* p, const float* kt, const float (&sink_v)[HPW],
-                                               float* den_s, Stage&& stage_keys) {
+// UNR > 2: the P·V loop takes UNR groups of 4 keys at a time, all their shared loads issued before
+// the products (DSUF_PV_UNROLL: 8, the v23 candidate; 2: v22's loop alone); every accumulator adds
+// its keys in order either way.
+template <int HPW, int UNR>
+__global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionArgs a, int tile) {
+  constexpr int kThreads = 32 * kPvHeads / HPW;
+  // The warp's heads' attention sinks (weights: nothing in a step writes them) before the dependency
+  // wait, so that their DRAM latency is not paid after the softmax (DSUF_W_EARLY=1; 0: after it).
+  float sink_v[HPW];
+  auto load_sinks = [&] {
+#pragma unroll
+    for (int u = 0; u < HPW; ++u) {
+      const int h = HPW * int(threadIdx.x / 32) + u;
+      sink_v[u] = threadIdx.x % 32 == 0 && h < min(kPvHeads, a.H - int(blockIdx.y) * kPvHeads)
+                      ? a.sink[blockIdx.y * kPvHeads + h]
+                      : 0.0f;
+    }
+  };
+  if (a.w_early) load_sinks();
+  extern __shared__ float4 pv_smem4[];
+  const int kp = (a.kmax + 3) & ~3;
+  float* p = reinterpret_cast<float*>(pv_smem4);  // [kPvHeads][kp] logits, then exp(logit − max)
+  float* kt = p + kPvHeads * kp;                  // [tile][kPvDims] key slice
+  __shared__ float den_s[kPvHeads];
+  __shared__ int first_free;
+  const int i = blockIdx.x, h0 = blockIdx.y * kPvHeads, d0 = blockIdx.z * kPvDims;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t hd = a.hd;
+  // pv_keys_early: the key count and the first key tile before the wait (gather_keys wrote them at
+  // least two launches back; the logits kernel triggers this one only after its own wait).
+  if (!a.pv_keys_early) pdl_entry(a.pv_late);
+  if (!a.w_early) load_sinks();
+  const int nk = attention_keys(a, i, &first_free);
+  const int nh = min(kPvHeads, a.H - h0);
+  const float* keys = a.keys + int64_t(i) * a.kmax * hd + d0;
+  const bool vec = hd % 4 == 0 && d0 + kPvDims <= hd;
+  auto stage_keys = [&](int j0) {
+    const int n = min(tile, nk - j0);
+    if (vec) {
+      for (int t = threadIdx.x; t < n * (kPvDims / 4); t += kThreads)
+        cp_async16(kt + 4 * t, keys + int64_t(j0 + t / (kPvDims / 4)) * hd + 4 * (t % (kPvDims / 4)));
+    } else {
+      for (int t = threadIdx.x; t < n * kPvDims; t += kThreads)
+        kt[t] = d0 + t % kPvDims < hd ? keys[int64_t(j0 + t / kPvDims) * hd + t % kPvDims] : 0.0f;
+    }
+  };
+  if (a.pv_keys_early) {
+    stage_keys(0);
+    pdl_entry(a.pv_late);
+  }
+  const float* att = a.att + (int64_t(i) * a.H + h0) * a.kmax;
+  if (a.stage16 && a.kmax % 4 == 0 && (reinterpret_cast<uintptr_t>(att) & 15) == 0) {
+    // 16 bytes a copy: up to 3 entries past nk (within the row's kmax) land in p, never read.
+    const int n4 = (nk + 3) / 4;
+    for (int t = threadIdx.x; t < nh * n4; t += kThreads) {
+      const int h = t / n4, j = 4 * (t % n4);
+      cp_async16(p + h * kp + j, att + int64_t(h) * a.kmax + j);
+    }
+  } else {
+    for (int h = 0; h < nh; ++h)
+      for (int j = threadIdx.x; j < nk; j += kThreads) cp_async4(p + h * kp + j, att + int64_t(h) * a.kmax + j);
+  }
+  if (!a.pv_keys_early) stage_keys(0);
+  cp_async_wait_all();
+  __syncthreads();
 #pragma unroll
   for (int u = 0; u < HPW; ++u) {
     const int h = HPW * warp + u;
@@ -2311,126 +2342,6 @@ __device__ __forceinline__ void pv_softmax_sum(const AttentionArgs& a, int i, in
     for (int u = 0; u < HPW; ++u)
       if (HPW * warp + u < nh) o[(HPW * warp + u) * hd] = rb(acc[u] / den_s[HPW * warp + u], a.r);
   }
-}
-
-// UNR > 2: the P·V loop takes UNR groups of 4 keys at a time, all their shared loads issued before
-// the products (DSUF_PV_UNROLL: 8, the v23 candidate; 2: v22's loop alone); every accumulator adds
-// its keys in order either way.
-template <int HPW, int UNR>
-__global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionArgs a, int tile) {
-  constexpr int kThreads = 32 * kPvHeads / HPW;
-  // The warp's heads' attention sinks (weights: nothing in a step writes them) before the dependency
-  // wait, so that their DRAM latency is not paid after the softmax (DSUF_W_EARLY=1; 0: after it).
-  float sink_v[HPW];
-  auto load_sinks = [&] {
-#pragma unroll
-    for (int u = 0; u < HPW; ++u) {
-      const int h = HPW * int(threadIdx.x / 32) + u;
-      sink_v[u] = threadIdx.x % 32 == 0 && h < min(kPvHeads, a.H - int(blockIdx.y) * kPvHeads)
-                      ? a.sink[blockIdx.y * kPvHeads + h]
-                      : 0.0f;
-    }
-  };
-  if (a.w_early) load_sinks();
-  extern __shared__ float4 pv_smem4[];
-  const int kp = (a.kmax + 3) & ~3;
-  float* p = reinterpret_cast<float*>(pv_smem4);  // [kPvHeads][kp] logits, then exp(logit − max)
-  float* kt = p + kPvHeads * kp;                  // [tile][kPvDims] key slice
-  __shared__ float den_s[kPvHeads];
-  __shared__ int first_free;
-  const int i = blockIdx.x, h0 = blockIdx.y * kPvHeads, d0 = blockIdx.z * kPvDims;
-  const int64_t hd = a.hd;
-  // pv_keys_early: the key count and the first key tile before the wait (gather_keys wrote them at
-  // least two launches back; the logits kernel triggers this one only after its own wait).
-  if (!a.pv_keys_early) pdl_entry(a.pv_late);
-  if (!a.w_early) load_sinks();
-  const int nk = attention_keys(a, i, &first_free);
-  const int nh = min(kPvHeads, a.H - h0);
-  const float* keys = a.keys + int64_t(i) * a.kmax * hd + d0;
-  const bool vec = hd % 4 == 0 && d0 + kPvDims <= hd;
-  auto stage_keys = [&](int j0) {
-    const int n = min(tile, nk - j0);
-    if (vec) {
-      for (int t = threadIdx.x; t < n * (kPvDims / 4); t += kThreads)
-        cp_async16(kt + 4 * t, keys + int64_t(j0 + t / (kPvDims / 4)) * hd + 4 * (t % (kPvDims / 4)));
-    } else {
-      for (int t = threadIdx.x; t < n * kPvDims; t += kThreads)
-        kt[t] = d0 + t % kPvDims < hd ? keys[int64_t(j0 + t / kPvDims) * hd + t % kPvDims] : 0.0f;
-    }
-  };
-  if (a.pv_keys_early) {
-    stage_keys(0);
-    pdl_entry(a.pv_late);
-  }
-  const float* att = a.att + (int64_t(i) * a.H + h0) * a.kmax;
-  if (a.stage16 && a.kmax % 4 == 0 && (reinterpret_cast<uintptr_t>(att) & 15) == 0) {
-    // 16 bytes a copy: up to 3 entries past nk (within the row's kmax) land in p, never read.
-    const int n4 = (nk + 3) / 4;
-    for (int t = threadIdx.x; t < nh * n4; t += kThreads) {
-      const int h = t / n4, j = 4 * (t % n4);
-      cp_async16(p + h * kp + j, att + int64_t(h) * a.kmax + j);
-    }
-  } else {
-    for (int h = 0; h < nh; ++h)
-      for (int j = threadIdx.x; j < nk; j += kThreads) cp_async4(p + h * kp + j, att + int64_t(h) * a.kmax + j);
-  }
-  if (!a.pv_keys_early) stage_keys(0);
-  cp_async_wait_all();
-  __syncthreads();
-  pv_softmax_sum<HPW, UNR>(a, i, h0, d0, nk, nh, kp, tile, p, kt, sink_v, den_s, stage_keys);
-}
-
-// The whole attention of a row's 8 heads in one launch (DSUF_ATT_FUSED=1, the v30 candidate; rows
-// whose keys fit one P·V tile): grid (hd / 32 dim slices, head groups, rows), clusters of
-// kAttFusedCluster blocks along the dim slices. Block c of a cluster computes the logits of the
-// c-th eighth of the row's keys (k_attention_logits' arithmetic: key_logits) into its own shared
-// memory; after a cluster barrier every block copies the other eighths from its peers' shared
-// memory, and after a second one (no block overwrites its logits while a peer may still read them)
-// runs k_attention_pv's softmax and P·V for its 32 dims (pv_softmax_sum). The hd / 256 clusters of
-// a head group each compute the group's logits; no logits go through global memory and the
-// logits → P·V launch boundary is gone. Dynamic shared memory: the logits [kPvHeads][kp], the key
-// slice [kp][kPvDims], the queries [kAttHeadsQK][hd].
-constexpr int kAttFusedCluster = 8;
-template <int UNR>
-__global__ void __launch_bounds__(256) k_attention_fused(AttentionArgs a) {
-  namespace cg = cooperative_groups;
-  static_assert(kPvHeads == kAttHeadsQK, "one head group for the logits and the P·V");
-  cg::cluster_group cluster = cg::this_cluster();
-  const int i = blockIdx.z, h0 = blockIdx.y * kPvHeads, d0 = blockIdx.x * kPvDims;
-  const int warp = threadIdx.x / 32, nh = min(kPvHeads, a.H - h0);
-  float sink_v[1];
-  auto load_sinks = [&] { sink_v[0] = threadIdx.x % 32 == 0 && warp < nh ? a.sink[h0 + warp] : 0.0f; };
-  if (a.w_early) load_sinks();  // weights: nothing in a step writes them
-  pdl_entry(a.pv_late);
-  if (!a.w_early) load_sinks();
-  extern __shared__ float4 fused_smem4[];
-  const int64_t hd = a.hd;
-  const int kp = (a.kmax + 3) & ~3;
-  float* p = reinterpret_cast<float*>(fused_smem4);  // [kPvHeads][kp] logits, then exp(logit − max)
-  float* kt = p + kPvHeads * kp;                     // [kp][kPvDims] key slice
-  float* qs = kt + kp * kPvDims;                     // [kAttHeadsQK][hd] queries
-  __shared__ float den_s[kPvHeads];
-  __shared__ int first_free;
-  stage_queries(a, i, h0, nh, qs);
-  const int nk = attention_keys(a, i, &first_free);
-  const float* keys = a.keys + int64_t(i) * a.kmax * hd;
-  for (int t = threadIdx.x; t < nk * (kPvDims / 4); t += blockDim.x)  // attention() checks hd % 256 == 0
-    cp_async16(kt + 4 * t, keys + int64_t(t / (kPvDims / 4)) * hd + d0 + 4 * (t % (kPvDims / 4)));
-  cp_async_wait_all();
-  __syncthreads();
-  rope_queries(a, i, nh, qs);
-  const int c = int(cluster.block_rank()), per = (nk + kAttFusedCluster - 1) / kAttFusedCluster;
-  const int j1 = min(nk, (c + 1) * per);
-  const float scale = 1.0f / sqrtf(float(hd));
-  for (int j = c * per + warp; j < j1; j += int(blockDim.x / 32))
-    key_logits<true>(qs, keys + int64_t(j) * hd, hd, nh, scale, [&](int h, float v) { p[h * kp + j] = v; });
-  cluster.sync();  // every block's eighth written and visible
-  for (int t = threadIdx.x; t < nh * nk; t += blockDim.x) {
-    const int h = t / nk, j = t % nk, owner = j / per;
-    if (owner != c) p[h * kp + j] = cluster.map_shared_rank(p, owner)[h * kp + j];
-  }
-  cluster.sync();  // every peer has its copy: the softmax may overwrite p
-  pv_softmax_sum<1, UNR>(a, i, h0, d0, nk, nh, kp, kp, p, kt, sink_v, den_s, [](int) {});
 }
 
 // The tiled alternative (DSUF_PV=tiles; session 4's first rewrite, measured 711 µs a step at 8K against
@@ -4179,25 +4090,6 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   // DSUF_ATT_STAGE=4|16: 16-byte staging copies measured +0.02 ms a step (v27): 4 stays the default.
   static const bool stage16 = env_picks("DSUF_ATT_STAGE", "4", "16");
   la.stage16 = stage16;
-  // DSUF_PV_TRIGGER=entry (default) or late: −0.03 ms with the logits' trigger at entry, ±0 with it late.
-  static const bool pv_late = env_picks("DSUF_PV_TRIGGER", "entry", "late");
-  static const bool deep_unroll = !env_picks("DSUF_PV_UNROLL", "8", "2");
-  // DSUF_ATT_FUSED=0|1 (the v30 candidate, default 0): the logits, the softmax and the P·V in one
-  // launch (k_attention_fused), where the row's keys fit one P·V tile and the dims whole clusters.
-  static const bool fused = env_picks("DSUF_ATT_FUSED", "0", "1");
-  const int kp = (a.kmax + 3) & ~3;
-  if (fused && pv_kernel() == kPvOneHead && kp <= kPvMaxTile && a.hd % (kPvDims * kAttFusedCluster) == 0) {
-    const size_t smem = sizeof(float) * (size_t(kPvHeads + kPvDims) * kp + size_t(kAttHeadsQK) * a.hd);
-    AttentionArgs fa = la;
-    if (!emit) fa.o_sink = {};
-    fa.w_early = weights_early();
-    fa.pv_late = pv_late;
-    auto* k = deep_unroll ? k_attention_fused<8> : k_attention_fused<2>;
-    set_smem(k, smem);
-    launch_step_in(kAttFusedCluster, k, dim3(blocks_for(a.hd, kPvDims), blocks_for(a.H, kPvHeads), a.rows),
-                   dim3(256), smem, s, fa);
-    return layout();
-  }
   launch_step(logits_k, dim3(a.rows, blocks_for(a.H, kAttHeadsQK), attention_key_split(a.rows)), dim3(256), qk_smem,
               s, la);
   const dim3 pv_grid(a.rows, blocks_for(a.H, kPvHeads), blocks_for(a.hd, kPvDims));
@@ -4212,7 +4104,7 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
     launch_step(k_attention_pv_tiles, dim3(pv_grid), dim3(kPvTileThreads), smem, s, pa);
     return layout();
   }
-  const int tile = std::min(kp, kPvMaxTile);
+  const int kp = (a.kmax + 3) & ~3, tile = std::min(kp, kPvMaxTile);
   const size_t pv_smem = sizeof(float) * (size_t(kPvHeads) * kp + size_t(tile) * kPvDims);
   DSUF_CHECK(pv_smem <= 200 * 1024, "attention: ", a.kmax, " keys a row need too much shared memory");
   AttentionArgs pa = a;
@@ -4220,8 +4112,11 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   pa.w_early = weights_early();
   pa.stage16 = stage16;
   pa.pv_keys_early = pv_keys_early;
+  // DSUF_PV_TRIGGER=entry (default) or late: −0.03 ms with the logits' trigger at entry, ±0 with it late.
+  static const bool pv_late = env_picks("DSUF_PV_TRIGGER", "entry", "late");
   pa.pv_late = pv_late;
   const int hpw = pv_kernel() == kPvOneHead ? 1 : 2;
+  static const bool deep_unroll = !env_picks("DSUF_PV_UNROLL", "8", "2");
   auto* k = hpw == 2 ? (deep_unroll ? k_attention_pv<2, 8> : k_attention_pv<2, 2>)
                      : deep_unroll ? k_attention_pv<1, 8> : k_attention_pv<1, 2>;
   set_smem(k, pv_smem);
