@@ -163,13 +163,18 @@ TEST(CudaTopK, MultiBlockEqualsCpu) {
 // row's picks, and its out rows −1 from there (the rest is gather_keys' to write: the backend tests
 // check that placement against the CPU reference end to end). Rows with ties, −inf runs, fewer
 // eligible than k and count < k, as above.
+// Both forms: one block a row (k_top_k) and a cluster of 8 blocks a row (k_top_k_cluster, whose
+// eighths of the row and cross-block digit and offsets are what this checks; asked for by name it
+// cannot fall back), on rows up to the cluster's bound of 131,072 entries.
 TEST(CudaTopK, PicksAreTheSelection) {
   const uint64_t seed = fresh_seed("[topk picks]");
   std::mt19937_64 rng(seed);
   int bad = 0;
-  for (const int k : {512, 64, 61}) {
-    const std::vector<int64_t> counts = {8192, 8191, int64_t(k) + 1, int64_t(k), int64_t(k) - 1, 1, 0, 5000};
-    const int64_t stride = 8192 + 3, rows = int64_t(counts.size());
+  for (const cuda::TopkPicks how : {cuda::TopkPicks::kBlock, cuda::TopkPicks::kCluster})
+  for (const int k : {512, 64, 61, 1, 2048}) {
+    const std::vector<int64_t> counts = {8192, 8191, int64_t(k) + 1, int64_t(k), int64_t(k) - 1, 1, 0, 5000, 100003,
+                                         33, 131072};
+    const int64_t stride = 131072 + 3, rows = int64_t(counts.size());  // rows after the first unaligned
     std::vector<float> host(size_t(stride * rows), -7.0f);
     std::vector<std::vector<int32_t>> ref;
     for (int64_t i = 0; i < rows; ++i) {
@@ -188,7 +193,9 @@ TEST(CudaTopK, PicksAreTheSelection) {
     // Stale contents, as in a step's workspace: every slot must be written or left to gather_keys.
     DSUF_CUDA(cudaMemset(picks.p, 0x5a, size_t(rows * k) * 8));
     DSUF_CUDA(cudaMemset(out.p, 0x5a, size_t(rows * k) * 4));
-    ASSERT_TRUE(cuda::top_k_picks(x.p, stride, int(rows), dmeta.p, 1, k, picks.p, out.p, k, nullptr));
+    cuda::TopkScratch ts{};
+    ts.max_count = *std::max_element(counts.begin(), counts.end());  // the launch's bound (the cluster's ≤ 131,072)
+    ASSERT_TRUE(cuda::top_k_picks(x.p, stride, int(rows), dmeta.p, 1, k, picks.p, out.p, k, nullptr, ts, how));
     DSUF_CUDA(cudaDeviceSynchronize());
     std::vector<uint64_t> hp(size_t(rows * k));
     std::vector<int32_t> ho(size_t(rows * k));
@@ -203,7 +210,9 @@ TEST(CudaTopK, PicksAreTheSelection) {
       for (const uint64_t p : mine) idx.push_back(topk::pick_index(p));
       bool ok = idx == r && std::all_of(mine.begin(), mine.end(), [](uint64_t p) { return p != 0; });
       for (int j = want; j < k; ++j) ok = ok && hp[size_t(i * k + j)] == 0 && ho[size_t(i * k + j)] == -1;
-      if (!ok && ++bad <= 8) ADD_FAILURE() << "k " << k << " row " << i << " count " << counts[size_t(i)];
+      if (!ok && ++bad <= 8)
+        ADD_FAILURE() << (how == cuda::TopkPicks::kCluster ? "cluster" : "block") << " k " << k << " row " << i
+                      << " count " << counts[size_t(i)];
     }
   }
   EXPECT_EQ(bad, 0) << "seed " << seed;

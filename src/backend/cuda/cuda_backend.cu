@@ -139,6 +139,7 @@ struct CudaBackend::Impl {
   // overlap instead of queueing (DSUF_OVERLAP=0 turns it off; off while timing components).
   cudaStream_t side = nullptr;
   cudaEvent_t ev_fork = nullptr, ev_join = nullptr;
+  cudaEvent_t ev_scores = nullptr;  // an indexer layer's scores done (DSUF_WQB_WAIT=scores)
   bool overlap = true;
   // Work enqueued on branch() after fork() may run beside what `stream` gets next, until join().
   cudaStream_t branch() const { return overlap && !comp_timing ? side : stream; }
@@ -163,6 +164,12 @@ struct CudaBackend::Impl {
   // place them by rank (cuda::top_k_picks; v27, −0.065 ms a batch-1 step; steps of up to 4 rows) or
   // the top-k sorts them (v26).
   bool rank_gather = true;
+  // DSUF_WQB_WAIT=scores|none (v29, default scores: −0.05 ms a batch-1 step at 8K): in an indexer layer,
+  // wq_b waits for the indexer's scores (an event) instead of streaming beside them. Its 1,024 blocks
+  // held the SMs the scores kernel needed (8.3 µs alone, ~22 in place), on the indexer layers' critical
+  // path, while wq_b's result is needed only after the selection. (The event after the candidate
+  // blocks' mask instead measured −0.007 ms, within noise: v29.)
+  bool wqb_after_scores = true;
   bool comp_fork_early = true;  // DSUF_COMP_FORK=early|late (attention())
   bool idx_q_main = true;       // DSUF_IDX_Q=main|side (attention())
   bool idx_rope_fused = true;   // DSUF_IDX_ROPE=fused|split (indexer_query())
@@ -339,8 +346,10 @@ struct CudaBackend::Impl {
   void compressor_branch(int l, const Step& st, cudaStream_t stream);
   void indexer_xn_part(int l, const Step& st, cudaStream_t stream);
   void indexer_query(int l, const Step& st, const cuda::LinearInput& qin, cudaStream_t stream);
-  // Returns whether it left its selection as picks (ws.picks) for gather_keys to sort.
-  bool indexer_branch(int l, const Step& st, const cuda::LinearInput& qin, bool with_query, cudaStream_t stream);
+  // Returns whether it left its selection as picks (ws.picks) for gather_keys to sort. after_scores:
+  // recorded on `stream` right after the scores kernel (null: none).
+  bool indexer_branch(int l, const Step& st, const cuda::LinearInput& qin, bool with_query, cudaStream_t stream,
+                      cudaEvent_t after_scores = nullptr);
   void moe(int l, int n, const uint8_t* image, const cuda::LinearInput& xin, const float* expand_mix);
   // mHC mixes on a second stream (off the critical path: a site's mix is read only by its expansion,
   // after its attention/MoE, and by the next site's collapse); DSUF_HC_FORK=0 keeps them on `stream`.
@@ -519,10 +528,12 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   DSUF_CUDA(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
   DSUF_CUDA(cudaEventCreateWithFlags(&ev_fork, cudaEventDisableTiming));
   DSUF_CUDA(cudaEventCreateWithFlags(&ev_join, cudaEventDisableTiming));
+  DSUF_CUDA(cudaEventCreateWithFlags(&ev_scores, cudaEventDisableTiming));
   if (const char* v = std::getenv("DSUF_OVERLAP")) overlap = std::string(v) != "0";
   shared_early = !env_picks("DSUF_SHARED_FORK", "early", "late");
   gather_early = !env_picks("DSUF_GATHER", "early", "late");
   rank_gather = !env_picks("DSUF_TOPK_RANK", "gather", "sort");
+  wqb_after_scores = !env_picks("DSUF_WQB_WAIT", "scores", "none");
   comp_fork_early = !env_picks("DSUF_COMP_FORK", "early", "late");
   idx_q_main = !env_picks("DSUF_IDX_Q", "main", "side");
   idx_rope_fused = !env_picks("DSUF_IDX_ROPE", "fused", "split");
@@ -1075,7 +1086,7 @@ void CudaBackend::Impl::indexer_query(int l, const Step& st, const cuda::LinearI
 // The indexer's selection from its queries (made here first when with_query), its heads' weights and
 // the compressor's entries, on `stream`.
 bool CudaBackend::Impl::indexer_branch(int l, const Step& st, const cuda::LinearInput& qin, bool with_query,
-                                       cudaStream_t stream) {
+                                       cudaStream_t stream, cudaEvent_t after_scores) {
   const TextConfig& t = cfg.text;
   const LayerPlan& lp = cfg.layers[l];
   const bool r = opt.numerics.bf16_activations;
@@ -1091,6 +1102,7 @@ bool CudaBackend::Impl::indexer_branch(int l, const Step& st, const cuda::Linear
                             .cand_mask = lp.candidate_constrained ? ws.cand_mask : nullptr, .mask_stride = mask_stride,
                             .block = t.candidate_block_size, .scores = ws.scores, .score_stride = score_stride, .r = r};
     cuda::index_scores(ia, stream);
+    if (after_scores) DSUF_CUDA(cudaEventRecord(after_scores, stream));
     if (lp.candidate_source) {
       cuda::candidate_block_scores(ws.scores, score_stride, n, st.meta, ratio, t.candidate_block_size, ws.bscores,
                                    bscore_stride, stream);
@@ -1164,7 +1176,11 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   // KV's into kv_norm's, the queries' into the logits kernel's query staging (ws.q stays unrotated:
   // nothing else reads it), the output's inverse into the P·V kernel's layout of wo_a's input.
   fork();
-  cuda::fp8_linear(d.wq_b.w, d.wq_b.s, Hr * hd, qr, qin, n, ws.q, Hr * hd, r, stream);
+  // DSUF_WQB_WAIT=scores: in an indexer layer the side stream's compressor and indexer are enqueued
+  // first and wq_b waits for the scores kernel (below); otherwise wq_b goes now, beside them.
+  const bool wqb_gate = wqb_after_scores && lp.runs_indexer && branch() != stream;
+  auto wq_b = [&] { cuda::fp8_linear(d.wq_b.w, d.wq_b.s, Hr * hd, qr, qin, n, ws.q, Hr * hd, r, stream); };
+  if (!wqb_gate) wq_b();
 
   const int slot = layout.source_slot[l];
   const int ratio = lp.ratio;
@@ -1184,7 +1200,12 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
     compressor_branch(l, st, branch());
     if (!q_main) indexer_xn_part(l, st, branch());
   }
-  if (indexer_branch(l, st, qin, !q_main, branch())) aa.picks = ws.picks, aa.sel_out = ws.sel;
+  if (indexer_branch(l, st, qin, !q_main, branch(), wqb_gate ? ev_scores : nullptr))
+    aa.picks = ws.picks, aa.sel_out = ws.sel;
+  if (wqb_gate) {
+    DSUF_CUDA(cudaStreamWaitEvent(stream, ev_scores));
+    wq_b();
+  }
   // The keys decoded on the side stream after the selection, beside wq_b, instead of first on the
   // attention's path (DSUF_GATHER=late: the other way; −0.05 to −0.1 ms a step, docs/perf.md v19).
   if (gather_early) cuda::gather_keys(aa, branch());
@@ -1615,7 +1636,9 @@ CudaBackend::~CudaBackend() {
     if (im.mix_ev_fork) cudaEventDestroy(im.mix_ev_fork), cudaEventDestroy(im.ev_mix);
     if (im.mix_side) cudaStreamDestroy(im.mix_side);
     if (im.stream) cudaStreamDestroy(im.stream);
-    if (im.side) cudaStreamDestroy(im.side), cudaEventDestroy(im.ev_fork), cudaEventDestroy(im.ev_join);
+    if (im.side)
+      cudaStreamDestroy(im.side), cudaEventDestroy(im.ev_fork), cudaEventDestroy(im.ev_join),
+          cudaEventDestroy(im.ev_scores);
     ranks_[r].reset();
   }
   tp_.reset();

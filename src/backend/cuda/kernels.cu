@@ -164,6 +164,18 @@ __device__ __forceinline__ void cp_async16(float* dst, const float* src) {
                "l"(src));
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void cp_async16_to(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async4_to(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
 
 // Block-wide sum (blockDim.x a multiple of 32, ≤ 1024); every thread gets the result.
 __device__ float block_sum(float v) {
@@ -1547,18 +1559,6 @@ constexpr int kImmaMaxNb = 256;
 __device__ uint32_t kImmaTables[4] = {0x06040200u, 0x18100C08u, 0xFDFEFF00u, 0xF4F8FAFCu};  // det::Fp4Tables
 size_t imma_smem(int64_t nb, int stages, int warps, bool tiled) {
   return (tiled ? 0 : size_t(warps) * stages * 512) + size_t(nb) * (128 + 4) + size_t(warps) * 16 * nb;
-}
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void cp_async16_to(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
-__device__ __forceinline__ void cp_async4_to(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait_group() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -3025,6 +3025,122 @@ __global__ void __launch_bounds__(T) k_top_k(const float* x, int64_t stride, con
   sort_picks_write<T>(picks, want, out + int64_t(i) * out_stride, out_stride, reg_sort, idle_skip);
 }
 
+// top_k_picks over a cluster of kTopkCluster blocks a row (DSUF_TOPK_PICKS=cluster, the default since v29;
+// rows ≤ kTopkClusterMaxCount entries, k ≥ 1): the same select as block_select's lean path, spread so
+// that each block reads an eighth of the row. Block c takes the contiguous entries [lo_c, hi_c) (a
+// multiple of 4 long). A radix pass: each block bins its entries into its own histogram (two buffers,
+// alternating), one cluster.sync, then every block adds the cluster's histograms bin by bin through
+// distributed shared memory and scans them — the same sums in every block, so every block decides the
+// same digit (topk::digit_is_mine) with no further exchange. The buffer a pass writes was last read by
+// the other blocks two passes back, before the previous pass's cluster.sync; it is zeroed after this
+// pass's. The gather: each block counts its entries above the threshold and its ties (a packed scan,
+// each count < 2^15), publishes its totals, and after a cluster.sync offsets them by the lower ranks'
+// totals, so the ties taken are the lowest indices of the row, as in block_select. The picks land in
+// [0, want) in no particular order (top_k_picks' contract); the last cluster.sync keeps every block
+// until the others have read its totals.
+constexpr int kTopkCluster = 8, kTopkClusterThreads = 512;
+constexpr int64_t kTopkClusterMaxCount = int64_t(kTopkCluster) * 16384;
+__global__ void __launch_bounds__(kTopkClusterThreads) k_top_k_cluster(const float* x, int64_t stride,
+                                                                       const RowMeta* meta, int ratio, int k,
+                                                                       int32_t* out, int out_stride,
+                                                                       uint64_t* picks_out) {
+  namespace cg = cooperative_groups;
+  constexpr int T = kTopkClusterThreads;
+  cg::cluster_group cluster = cg::this_cluster();
+  pdl_entry();
+  const int c = int(cluster.block_rank()), C = int(cluster.num_blocks()), i = blockIdx.y, t = threadIdx.x;
+  const int64_t count = top_k_count(meta, i, ratio, 0);
+  const int64_t per = ((count + C - 1) / C + 3) / 4 * 4;
+  const int64_t lo = min(int64_t(c) * per, count), hi = min(lo + per, count);
+  const float* row = x + int64_t(i) * stride;
+  const uint32_t neg_inf_key = fkey(-INFINITY);
+  __shared__ int hist[2][256];
+  __shared__ int warp_tot[T / 32];
+  __shared__ int s_remaining, s_eligible, s_gt, s_eq;
+  __shared__ uint32_t s_prefix, s_mask;
+  if (t < 256) hist[0][t] = 0, hist[1][t] = 0;
+  __syncthreads();
+  uint32_t prefix = 0, mask = 0;
+  int rem = k, eligible = 0;
+  bool selected = true;
+  for (int pass = 0, shift = 24; shift >= 0; ++pass, shift -= 8) {
+    int* h = hist[pass & 1];
+    if (shift == 24) {  // sign and exponent: few bins, one atomic per distinct bin of a warp
+      for (int64_t j = lo + t; j < hi; j += T) {
+        const uint32_t key = fkey(row[j]);
+        const bool in = key > neg_inf_key;
+        const int bin = in ? int(key >> 24) : 256;
+        const unsigned same = __match_any_sync(__activemask(), bin);
+        if (in && t % 32 == __ffs(same) - 1) atomicAdd(&h[bin], __popc(same));
+      }
+    } else {
+      for (int64_t j = lo + t; j < hi; j += T) {
+        const uint32_t key = fkey(row[j]);
+        if (key > neg_inf_key && (key & mask) == prefix) atomicAdd(&h[(key >> shift) & 255], 1);
+      }
+    }
+    cluster.sync();  // every block's histogram of this pass complete and visible
+    int hv = 0;  // bin 255 − t of the cluster's histogram
+    if (t < 256)
+      for (int r = 0; r < C; ++r) hv += cluster.map_shared_rank(h, r)[255 - t];
+    const int rev = block_scan<T>(hv, warp_tot);  // above[255 − t]
+    if (t < 256) {
+      const int d = 255 - t;
+      if (shift == 24 && d == 0) s_eligible = rev;
+      if (topk::digit_is_mine(d, rev, hv, rem)) {
+        s_remaining = rem - (rev - hv);
+        s_prefix = prefix | uint32_t(d) << shift;
+        s_mask = mask | 255u << shift;
+      }
+      hist[(pass + 1) & 1][t] = 0;  // read by the other blocks two passes back, before this pass's sync
+    }
+    __syncthreads();
+    prefix = s_prefix, mask = s_mask, rem = s_remaining;
+    if (shift == 24) {
+      eligible = s_eligible;
+      if (eligible <= k) {  // the same in every block: no selection
+        selected = false;
+        break;
+      }
+    }
+  }
+  const uint32_t threshold = selected ? prefix : neg_inf_key + 1;
+  const int ties_to_take = selected ? rem : 0;
+  const int want = eligible < k ? eligible : k;
+  // This thread's contiguous part of the block's entries, a multiple of 4 long.
+  const int64_t tper = ((hi - lo + T - 1) / T + 3) / 4 * 4;
+  const int64_t tlo = min(lo + t * tper, hi), thi = min(tlo + tper, hi);
+  auto is_gt = [&](uint32_t key) { return key > neg_inf_key && (!selected || key > threshold); };
+  auto is_tie = [&](uint32_t key) { return selected && key == threshold; };
+  int n_gt = 0, n_eq = 0;
+  for_range(row, tlo, thi, [&](int64_t, float v) {
+    const uint32_t key = fkey(v);
+    n_gt += is_gt(key), n_eq += is_tie(key);
+  });
+  const int inc = block_scan<T>(n_gt | (n_eq << 16), warp_tot);  // each block total < 2^15
+  if (t == T - 1) s_gt = inc & 0xffff, s_eq = inc >> 16;
+  cluster.sync();  // every block's totals written
+  int base_gt = 0, base_eq = 0;
+  for (int r = 0; r < c; ++r) {
+    base_gt += *cluster.map_shared_rank(&s_gt, r);
+    base_eq += *cluster.map_shared_rank(&s_eq, r);
+  }
+  int og = base_gt + (inc & 0xffff) - n_gt, oe = base_eq + (inc >> 16) - n_eq;
+  const int n_gt_total = want - ties_to_take;
+  uint64_t* po = picks_out + int64_t(i) * out_stride;
+  for_range(row, tlo, thi, [&](int64_t j, float v) {
+    const uint32_t key = fkey(v);
+    if (is_gt(key)) {
+      po[og++] = topk::pick(key, j);
+    } else if (is_tie(key) && oe < ties_to_take) {
+      po[n_gt_total + oe++] = topk::pick(key, j);
+    }
+  });
+  int32_t* o = out + int64_t(i) * out_stride;
+  for (int j = want + c * T + t; j < out_stride; j += C * T) po[j] = 0, o[j] = -1;
+  cluster.sync();  // no block leaves while another may still read its totals
+}
+
 // Multi-block top-k, stage 1 (topk_plan.h): grid (g_launch, rows). Block (g, i) selects the top k
 // of chunk g of row i and writes them — values and row indices — to slots [g·ks, g·ks + want) of
 // the row's candidates (stride cand_stride), the rest of its ks = slot_stride(k) slots −inf / −1.
@@ -4039,9 +4155,18 @@ void candidate_block_scores(const float* scores, int64_t score_stride, int rows,
 namespace {
 void top_k_launch(const float* x, int64_t stride, int rows, const RowMeta* meta, int ratio, int block, int k,
                   int32_t* out, int out_stride, cudaStream_t s, const TopkScratch& scratch, uint64_t* picks,
-                  bool* picked) {
+                  bool* picked, bool cluster = false) {
   *picked = false;
   if (rows <= 0) return;
+  if (picks && cluster && block == 0 && k >= 1 && scratch.max_count > 0 &&
+      scratch.max_count <= kTopkClusterMaxCount) {
+    // (Clusters of 4 or 2 blocks, the kernel being generic in its cluster size, measured the same as
+    // 8 at 8K: v29.)
+    launch_step_in(kTopkCluster, k_top_k_cluster, dim3(kTopkCluster, rows), dim3(kTopkClusterThreads), 0, s, x,
+                   stride, meta, ratio, k, out, out_stride, picks);
+    *picked = true;
+    return;
+  }
   int npow = 1;
   while (npow < k) npow <<= 1;
   const size_t smem = sizeof(uint64_t) * npow;
@@ -4082,10 +4207,18 @@ void top_k(const float* x, int64_t stride, int rows, const RowMeta* meta, int ra
   top_k_launch(x, stride, rows, meta, ratio, block, k, out, out_stride, s, scratch, nullptr, &picked);
 }
 bool top_k_picks(const float* x, int64_t stride, int rows, const RowMeta* meta, int ratio, int k, uint64_t* picks,
-                 int32_t* out, int out_stride, cudaStream_t s, const TopkScratch& scratch) {
+                 int32_t* out, int out_stride, cudaStream_t s, const TopkScratch& scratch, TopkPicks how) {
   DSUF_CHECK(picks && out_stride >= k, "top_k_picks: needs picks and out_stride (", out_stride, ") ≥ k (", k, ")");
+  // DSUF_TOPK_PICKS=cluster|block (how = kAuto): a cluster of 8 blocks a row (v29, the default: −0.033 ms
+  // a batch-1 step at 8K, −0.07 at 128K) or one block a row (v27/v28).
+  static const bool env_cluster = !env_picks("DSUF_TOPK_PICKS", "cluster", "block");
+  // Asked for by name (the tests), the cluster form must be able to run: it never falls back silently.
+  DSUF_CHECK(how != TopkPicks::kCluster || (k >= 1 && scratch.max_count > 0 && scratch.max_count <= kTopkClusterMaxCount),
+             "top_k_picks: the cluster form needs k ≥ 1 and scratch.max_count in 1..", kTopkClusterMaxCount,
+             " (k ", k, ", max_count ", scratch.max_count, ")");
+  const bool cluster = how == TopkPicks::kCluster || (how == TopkPicks::kAuto && env_cluster);
   bool picked;
-  top_k_launch(x, stride, rows, meta, ratio, 0, k, out, out_stride, s, scratch, picks, &picked);
+  top_k_launch(x, stride, rows, meta, ratio, 0, k, out, out_stride, s, scratch, picks, &picked, cluster);
   return picked;
 }
 void mask_from_selection(const int32_t* sel, int sel_stride, int n, uint8_t* mask, int64_t mask_stride, cudaStream_t s) {

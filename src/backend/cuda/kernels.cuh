@@ -320,8 +320,13 @@ void top_k(const float* x, int64_t stride, int rows, const RowMeta* meta, int ra
 // rank, spread over its blocks, instead of one block per row sorting 512 picks on one SM.
 // out_stride ≥ k. Returns false, having run top_k (sorted into out; picks untouched), where the
 // rows take the multi-block path.
+// how: kBlock one block a row (k_top_k); kCluster a cluster of 8 blocks a row (k_top_k_cluster: each an
+// eighth of the row, for rows up to 131,072 entries with scratch.max_count set to their bound and
+// k ≥ 1, else kBlock's path); kAuto DSUF_TOPK_PICKS=cluster|block (default cluster since v29).
+enum class TopkPicks { kAuto, kBlock, kCluster };
 bool top_k_picks(const float* x, int64_t stride, int rows, const RowMeta* meta, int ratio, int k, uint64_t* picks,
-                 int32_t* out, int out_stride, cudaStream_t s, const TopkScratch& scratch = {});
+                 int32_t* out, int out_stride, cudaStream_t s, const TopkScratch& scratch = {},
+                 TopkPicks how = TopkPicks::kAuto);
 void mask_from_selection(const int32_t* sel, int sel_stride, int n, uint8_t* mask, int64_t mask_stride,
                          cudaStream_t s);
 // mask_from_selection of top_k's selection, without its order: mask[row][j] = 1 for the selected j,
