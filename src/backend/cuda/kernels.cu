@@ -4153,13 +4153,16 @@ void candidate_block_scores(const float* scores, int64_t score_stride, int rows,
               meta, ratio, block, bscores, b_stride);
 }
 namespace {
+// Whether k_top_k_cluster can take a picks launch of k picks over rows of at most scratch.max_count.
+bool cluster_fits(int k, const TopkScratch& scratch) {
+  return k >= 1 && scratch.max_count > 0 && scratch.max_count <= kTopkClusterMaxCount;
+}
 void top_k_launch(const float* x, int64_t stride, int rows, const RowMeta* meta, int ratio, int block, int k,
                   int32_t* out, int out_stride, cudaStream_t s, const TopkScratch& scratch, uint64_t* picks,
                   bool* picked, bool cluster = false) {
   *picked = false;
   if (rows <= 0) return;
-  if (picks && cluster && block == 0 && k >= 1 && scratch.max_count > 0 &&
-      scratch.max_count <= kTopkClusterMaxCount) {
+  if (picks && cluster && block == 0 && cluster_fits(k, scratch)) {
     // (Clusters of 4 or 2 blocks, the kernel being generic in its cluster size, measured the same as
     // 8 at 8K: v29.)
     launch_step_in(kTopkCluster, k_top_k_cluster, dim3(kTopkCluster, rows), dim3(kTopkClusterThreads), 0, s, x,
@@ -4213,7 +4216,7 @@ bool top_k_picks(const float* x, int64_t stride, int rows, const RowMeta* meta, 
   // a batch-1 step at 8K, −0.07 at 128K) or one block a row (v27/v28).
   static const bool env_cluster = !env_picks("DSUF_TOPK_PICKS", "cluster", "block");
   // Asked for by name (the tests), the cluster form must be able to run: it never falls back silently.
-  DSUF_CHECK(how != TopkPicks::kCluster || (k >= 1 && scratch.max_count > 0 && scratch.max_count <= kTopkClusterMaxCount),
+  DSUF_CHECK(how != TopkPicks::kCluster || cluster_fits(k, scratch),
              "top_k_picks: the cluster form needs k ≥ 1 and scratch.max_count in 1..", kTopkClusterMaxCount,
              " (k ", k, ", max_count ", scratch.max_count, ")");
   const bool cluster = how == TopkPicks::kCluster || (how == TopkPicks::kAuto && env_cluster);
