@@ -791,9 +791,11 @@ constexpr int deep_u() { return 256 / BytesPerKb > 8 ? 8 : 256 / BytesPerKb; }
 
 // K-block kb of an interleaved input row as 8 float4 (the quantized ones are x·2^64).
 __device__ __forceinline__ void load_x(const float* __restrict__ xr, int kb, float4 (&xv)[8]) {
-  const float4* p = reinterpret_cast<const float4*>(xr);
+  // xpos4(kb, j) = xpos4(kb, 0) + 32·j: one address, constant offsets (from xpos4 per j, nvcc
+  // rebuilt the 64-bit address of each of the 8 loads).
+  const float4* p = reinterpret_cast<const float4*>(xr) + xpos4(kb, 0);
 #pragma unroll
-  for (int j = 0; j < 8; ++j) xv[j] = __ldg(p + xpos4(kb, j));
+  for (int j = 0; j < 8; ++j) xv[j] = __ldg(p + 32 * j);
 }
 
 // One lane's K-block kb for OPW outputs (weights w, scales sw) and nr ≤ R rows of inputs: added to
@@ -849,9 +851,9 @@ __device__ __forceinline__ void fp4_kb_mac(const uint4 (&w)[OPW], const float (&
                                            const float* xs, const uint8_t* xp, int kb, float (&acc)[OPW]) {
   if constexpr (kExact) {
     uint4 xv[6];  // lo words 0-7 in xv[0..1], mid in xv[2..3], hi in xv[4..5]
-    const uint4* p = reinterpret_cast<const uint4*>(xp);
+    const uint4* p = reinterpret_cast<const uint4*>(xp) + ppos16(kb, 0);  // ppos16(kb, j) = that + 32·j
 #pragma unroll
-    for (int j = 0; j < 6; ++j) xv[j] = __ldg(p + ppos16(kb, j));
+    for (int j = 0; j < 6; ++j) xv[j] = __ldg(p + 32 * j);
     det::Fp4Acc a[OPW];
 #pragma unroll
     for (int m = 0; m < 8; ++m) {
@@ -911,8 +913,10 @@ struct RemainderTasks {
   }
   __device__ int source(int o) const { return o * rem + (lane < rem ? lane : 0); }
   __device__ bool receives() const { return lane < rem; }
-  // The lane's rounds over K-blocks kb = lane, lane + 32, …: with spread tasks only the full ones.
-  __device__ bool ends_at(int kb, int nb) const { return kb >= nb || (spread && kb >= 32 * full); }
+  // The lane's rounds over K-blocks kb = lane, lane + 32, … < end(nb): with spread tasks only the
+  // full ones (32·full ≤ nb), one compare a round.
+  __device__ int end(int nb) const { return spread ? 32 * full : nb; }
+  __device__ bool ends_at(int kb, int nb) const { return kb >= end(nb); }
   // What a double-buffered lane loads during round kb: the next round's blocks, or, after the last
   // full round of a spread warp, its task's.
   template <typename Load, typename LoadTask>
@@ -959,6 +963,10 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
   pdl_trigger();
   if (o0 >= out) return;
   auto clamp = [&](int o) { return o0 + o < out ? o0 + o : out - 1; };  // a tail repeats the last row
+  // The warp's rows o0..o0+OPW−1 (OPW divides 32, o0 a multiple of OPW; a clamped tail row is
+  // out − 1 < o0 + OPW) lie in one 32-row scale block: one scale code a K-block for all of them.
+  static_assert(32 % OPW == 0, "a warp's rows share a scale block");
+  const uint8_t* __restrict__ ws_row = Ws + (o0 / 32) * nb;
   uint4 w[OPW][2], wn[OPW][2];
   float sw[OPW];
   auto load = [&](int kb) {
@@ -979,7 +987,7 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
     const uint8_t* wr = W + clamp(rt.row) * K + int64_t(rt.kb) * 32;
     tw[0] = __ldg(reinterpret_cast<const uint4*>(wr));
     tw[1] = __ldg(reinterpret_cast<const uint4*>(wr + 16));
-    tsc = __ldg(Ws + (clamp(rt.row) / 32) * nb + rt.kb);
+    tsc = __ldg(ws_row + rt.kb);
   };
   // kDeep: a lane's K-blocks kb0, kb0 + 32, … (U of them) loaded at once.
   constexpr int U = kMode == kDeep ? deep_u<32 * OPW>() : 1;
@@ -995,8 +1003,10 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
         const uint8_t* wr = W + clamp(o) * K + int64_t(kb) * 32;
         wu[u][o][0] = __ldg(reinterpret_cast<const uint4*>(wr));
         wu[u][o][1] = __ldg(reinterpret_cast<const uint4*>(wr + 16));
-        su[u][o] = e8m0(__ldg(Ws + (clamp(o) / 32) * nb + kb));
       }
+      const float s = e8m0(__ldg(ws_row + kb));
+#pragma unroll
+      for (int o = 0; o < OPW; ++o) su[u][o] = s;
     }
   };
   // Weights only before the wait (nothing in a step writes them). With `early` (DSUF_FP8_EARLY,
@@ -1004,13 +1014,12 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
   // their DRAM round trip overlaps the previous kernel's run instead of following it; kDeep: its
   // first U rounds (a small linear's whole share: wq_a+wkv). kRegsPipe: the first round's weights.
   const bool first_early = kMode == kRegs && early;
-  uint8_t sc0[OPW] = {};
+  uint8_t sc0 = 0;
   if (kMode == kRegsPipe && lane < nb) load(lane);
   if (first_early) {
     if (!rt.ends_at(lane, nb)) {  // the lane has a full round (its first loop iteration uses these)
       load(lane);
-#pragma unroll
-      for (int o = 0; o < OPW; ++o) sc0[o] = __ldg(Ws + (clamp(o) / 32) * nb + lane);
+      sc0 = __ldg(ws_row + lane);
     }
     if (rt.mine) load_task();
   }
@@ -1037,14 +1046,16 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
     // early; kRegsPipe when there is no full round), so its DRAM round trip overlaps theirs instead
     // of following the last round.
     if ((kMode == kRegs || rt.full == 0) && rt.mine && !first_early) load_task();
-    for (int kb = lane; !rt.ends_at(kb, nb); kb += 32) {
+    const int kb_end = rt.end(nb);
+    for (int kb = lane; kb < kb_end; kb += 32) {
       const bool pre = first_early && kb == lane;  // this round's bytes came before the wait
       if (kMode == kRegs && !pre) load(kb);
 #pragma unroll
       for (int o = 0; o < OPW; ++o) w[o][0] = wn[o][0], w[o][1] = wn[o][1];
       if (kMode == kRegsPipe) rt.prefetch(kb, nb, load, load_task);
+      const float s = e8m0(pre ? sc0 : __ldg(ws_row + kb));
 #pragma unroll
-      for (int o = 0; o < OPW; ++o) sw[o] = e8m0(pre ? sc0[o] : __ldg(Ws + (clamp(o) / 32) * nb + kb));
+      for (int o = 0; o < OPW; ++o) sw[o] = s;
       fp8_kb_mac<OPW, R, kExact>(w, sw, x, x_stride, xs, xs_stride, kb, nr, acc);
     }
     if (rt.spread) {
@@ -1293,7 +1304,8 @@ __global__ void __launch_bounds__(256) k_fp4_gemv(const uint8_t* const* W, const
       tsc = __ldg(Se + clamp(rt.row) * nb + rt.kb);
     };
     if ((kMode == kRegs || rt.full == 0) && rt.mine) load_task();  // as in k_fp8_gemv
-    for (int kb = lane; !rt.ends_at(kb, nb); kb += 32) {
+    const int kb_end = rt.end(nb);
+    for (int kb = lane; kb < kb_end; kb += 32) {
       if (kMode == kRegs) load(kb);
 #pragma unroll
       for (int o = 0; o < OPW; ++o) w[o] = wn[o];
@@ -1620,14 +1632,16 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
         make_uint4(0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u);
   for (int i = threadIdx.x; i < nb; i += blockDim.x) cp_async4_to(smem_u32(ssa + i), xs + i);
   if (active) {
-    if ((reinterpret_cast<uintptr_t>(Se) & 3) == 0) {
-      const int n4 = nb / 4;
-      for (int i = lane; i < 16 * n4; i += 32) {
-        const int rr = i / n4, c4 = i % n4;
-        cp_async4_to(smem_u32(codes + rr * nb + 4 * c4), Se + clamp(o0 + rr) * nb + 4 * c4);
+    // Row by row (no runtime division a copy: over i = row·n + c it cost ~36 instructions a copy).
+    const bool aligned = (reinterpret_cast<uintptr_t>(Se) & 3) == 0;
+    for (int rr = 0; rr < 16; ++rr) {
+      const uint8_t* src = Se + clamp(o0 + rr) * nb;
+      uint8_t* dst = codes + rr * nb;
+      if (aligned) {
+        for (int c4 = lane; c4 < nb / 4; c4 += 32) cp_async4_to(smem_u32(dst + 4 * c4), src + 4 * c4);
+      } else {
+        for (int c = lane; c < nb; c += 32) dst[c] = __ldg(src + c);
       }
-    } else {
-      for (int i = lane; i < 16 * nb; i += 32) codes[i] = __ldg(Se + clamp(o0 + i / nb) * nb + i % nb);
     }
   }
   cp_async_commit();
