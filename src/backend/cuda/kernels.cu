@@ -1085,87 +1085,6 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
     }
 }
 
-// ---- One-row FP8 linears, a lane per output row (DSUF_FP8_LANES=4|8; off by default) -----------
-// k_fp8_gemv spends a warp on OPW rows: every lane a K-block of each, then a shuffle tree per row,
-// the remainder tasks' shuffles, the per-warp setup — Nsight (docs/perf.md, session 16): cutting
-// 12–23 % of its executed instructions left its time unchanged, and a third of wq_b's warp time
-// waits on its one round of weights. Here lane l of a warp owns row base + l outright, and the S
-// warps of a row group split its K-blocks by residue: warp s takes kb ≡ s (mod S), in order, U at a
-// time (loaded together; the first U before the dependency wait). The sums are k_fp8_gemv's: the
-// reference's lane class c = kb mod 32 is accumulator (c / S) of warp c mod S, fed the same block
-// terms (fp8_kb_mac) in the same order; warp_sum's xor tree pairs classes c and c + 16, 8, …, so its
-// levels 16 … S pair accumulators inside a warp (done in registers) and its levels S/2 … 1 pair
-// warps (done through shared memory by warp 0 of the group). No shuffles, no remainder tasks.
-// A warp's 32 rows share one 32-row scale block (base is a multiple of 32): one code a K-block.
-template <int S, bool kExact>
-__global__ void __launch_bounds__(256) k_fp8_gemv_lanes(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws,
-                                                         int64_t out, int64_t K, const float* __restrict__ x,
-                                                         int64_t x_group, const float* __restrict__ xs,
-                                                         float* __restrict__ y, bool r, Fp8Pair pair, bool early) {
-  constexpr int A = 32 / S, U = 4, G = 8 / S;  // classes a warp, K-blocks a load, row groups a block
-  static_assert(32 % S == 0 && 8 % S == 0 && A % U == 0, "S warps a row group, U dividing a warp's classes");
-  const int nb = int(K / 32);
-  int64_t y_stride = 0;  // one row: unused
-  fp8_slice(W, Ws, out, K, x, x_group, xs, y, y_stride, pair);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, s = warp % S, g = warp / S;
-  const int64_t base = (int64_t(blockIdx.x) * G + g) * 32, o = base + lane;
-  __shared__ float part_s[8][32];
-  pdl_trigger();
-  if (base >= out) return;  // the group's S warps together (named barrier below: no other group waits)
-  const uint8_t* __restrict__ wr = W + (o < out ? o : out - 1) * K;  // a tail repeats the last row
-  const uint8_t* __restrict__ ws_row = Ws + (base / 32) * nb;
-  uint4 wv[U][2];
-  uint8_t sc[U];
-  auto load = [&](int t) {  // the lane's K-blocks s + S·(t + u), u < U
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int kb = s + S * (t + u);
-      if (kb >= nb) break;
-      wv[u][0] = __ldg(reinterpret_cast<const uint4*>(wr + int64_t(kb) * 32));
-      wv[u][1] = __ldg(reinterpret_cast<const uint4*>(wr + int64_t(kb) * 32 + 16));
-      sc[u] = __ldg(ws_row + kb);
-    }
-  };
-  if (early) load(0);  // weights: nothing in a step writes them
-  pdl_wait();
-  float acc[A];
-#pragma unroll
-  for (int i = 0; i < A; ++i) acc[i] = 0.0f;
-  for (int t0 = 0; s + S * t0 < nb; t0 += A) {  // rounds of 32 K-blocks over the S warps
-#pragma unroll
-    for (int c0 = 0; c0 < A; c0 += U) {
-      const int t = t0 + c0;
-      if (s + S * t >= nb) break;
-      if (!early || t > 0) load(t);
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int kb = s + S * (t + u);
-        if (kb >= nb) break;
-        const uint4 w1[1][2] = {{wv[u][0], wv[u][1]}};
-        const float sw[1] = {e8m0(sc[u])};
-        float c[1][1];
-        fp8_kb_mac<1, 1, kExact, true>(w1, sw, x, 0, xs, 0, kb, 1, c);
-        acc[c0 + u] += c[0][0];  // class (kb mod 32) / S
-      }
-    }
-  }
-#pragma unroll
-  for (int h = A / 2; h >= 1; h /= 2)  // warp_sum's levels 16 … S
-#pragma unroll
-    for (int i = 0; i < h; ++i) acc[i] += acc[i + h];
-  part_s[warp][lane] = acc[0];
-  asm volatile("bar.sync %0, %1;" ::"r"(1 + g), "r"(32 * S) : "memory");
-  if (s != 0) return;
-  float v[S];
-#pragma unroll
-  for (int q = 0; q < S; ++q) v[q] = part_s[g * S + q][lane];
-#pragma unroll
-  for (int h = S / 2; h >= 1; h /= 2)  // its levels S/2 … 1
-#pragma unroll
-    for (int q = 0; q < h; ++q) v[q] += v[q + h];
-  if (o < out) y[o] = rb(v[0], r);
-}
-
 // ---- FP8 linears of many rows: a tiled GEMM with the GEMV's bits --------------------------------
 // k_fp8_gemv reads each weight once per R ≤ 4 rows, so a 512-row prefill chunk reads every dense
 // weight 128 times and is bound by instruction issue at ~7 TFLOP/s. This kernel stages a K-block of
@@ -1713,17 +1632,14 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
         make_uint4(0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u);
   for (int i = threadIdx.x; i < nb; i += blockDim.x) cp_async4_to(smem_u32(ssa + i), xs + i);
   if (active) {
-    // Copy i = row·n + c of the 16 rows' codes (n = nb / 4 words, or nb bytes when Se is not 4-byte
-    // aligned), lane-strided, with (row, c) stepped instead of divided: i / n and i % n a copy cost
-    // ~36 instructions; row by row left lanes idle at n < 32 (w2: +1.6 % at batch 64).
-    const bool aligned = (reinterpret_cast<uintptr_t>(Se) & 3) == 0;
-    const int n = aligned ? nb / 4 : nb;
-    int rr = lane / n, c = lane % n;
-    const uint8_t* src = Se + clamp(o0 + rr) * nb;
-    while (rr < 16) {
-      if (aligned) cp_async4_to(smem_u32(codes + rr * nb + 4 * c), src + 4 * c);
-      else codes[rr * nb + c] = __ldg(src + c);
-      for (c += 32; c >= n && rr < 16; c -= n) src = Se + clamp(o0 + ++rr) * nb;
+    if ((reinterpret_cast<uintptr_t>(Se) & 3) == 0) {
+      const int n4 = nb / 4;
+      for (int i = lane; i < 16 * n4; i += 32) {
+        const int rr = i / n4, c4 = i % n4;
+        cp_async4_to(smem_u32(codes + rr * nb + 4 * c4), Se + clamp(o0 + rr) * nb + 4 * c4);
+      }
+    } else {
+      for (int i = lane; i < 16 * nb; i += 32) codes[i] = __ldg(Se + clamp(o0 + i / nb) * nb + i % nb);
     }
   }
   cp_async_commit();
@@ -3851,12 +3767,6 @@ int64_t fp8_gemm_rows() {
   }();
   return v;
 }
-// DSUF_FP8_LANES=off|4|8: one-row FP8 linears as k_fp8_gemv_lanes with S = 4 or 8 warps a row group
-// (off: k_fp8_gemv).
-int fp8_lanes() {
-  static const int v = std::array<int, 3>{0, 4, 8}[env_choice("DSUF_FP8_LANES", {"off", "4", "8"})];
-  return v;
-}
 template <bool kExact>
 void launch_fp8_rows(const Fp8Call& c) {
   if (fp8_gemm_rows() > 0 && c.rows >= fp8_gemm_rows()) {
@@ -3870,15 +3780,6 @@ void launch_fp8_rows(const Fp8Call& c) {
     if (square) launch(k_fp8_gemm<kExact, 64, 64>, 64, 64);
     else launch(k_fp8_gemm<kExact, 128, 32>, 128, 32);
     DSUF_CUDA(cudaGetLastError());
-    return;
-  }
-  if (c.rows == 1 && fp8_lanes() > 0) {
-    static const bool early = !env_picks("DSUF_FP8_EARLY", "1", "0");  // as launch_fp8's
-    const int64_t out = std::max(c.out, c.pair.out);
-    auto k = fp8_lanes() == 8 ? k_fp8_gemv_lanes<8, kExact> : k_fp8_gemv_lanes<4, kExact>;
-    const int rows_a_block = 32 * (8 / fp8_lanes());
-    launch_pdl(k, dim3(blocks_for(out, rows_a_block), 1, c.groups), dim3(256), 0, c.s, c.W, c.Ws, c.out, c.K,
-               c.in.x, c.in.group_stride, c.in.scale, c.y, c.r, c.pair, early);
     return;
   }
   // Rows per block: each weight row is read once per group of R rows.
