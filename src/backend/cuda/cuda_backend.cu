@@ -202,6 +202,7 @@ struct CudaBackend::Impl {
     float* qs;
     float* mix_part;          // hc_mix scratch: warp sums
     unsigned* mix_count;      // hc_mix scratch: one counter per row tile (kept zero between launches)
+    unsigned* route_count;    // the fused router's counters: one per row (kept zero between launches)
     float* sample_w;          // [sample_chunk][V] sampling weights
     uint32_t* sample_max;     // [max_rows]
     int32_t* sample_out;      // [max_rows] sampled tokens, one per sampling job
@@ -657,7 +658,7 @@ struct WorkspaceSizes {
                            wts + scores + bscores + router + ids /*rw*/ + 2 * h + ye + vecD /*ys*/ + 2 * hs + emb + ekv +
                            logits + keys + att + sample_w + 2 * (aq + aq / 32) + aq_shared + aq_shared / 32 + qi / 32 +
                            mix_part + row_groups;
-    return size_t(floats) * 4 + size_t(sel + cand + ids + 2 * sample + sample /*mix counters*/) * 4 +
+    return size_t(floats) * 4 + size_t(sel + cand + ids + 2 * sample + 2 * sample /*mix, route counters*/) * 4 +
            size_t(cand_mask + qi) + size_t(topk + sel /*picks*/) * 8 + size_t(2 * aqp);
   }
 };
@@ -791,6 +792,8 @@ void CudaBackend::Impl::alloc_workspace() {
   ws.keys = alloc<float>(w.keys);
   ws.mix_part = alloc<float>(w.mix_part), ws.mix_count = alloc<unsigned>(w.sample);
   DSUF_CUDA(cudaMemset(ws.mix_count, 0, size_t(w.sample) * sizeof(unsigned)));
+  ws.route_count = alloc<unsigned>(w.sample);
+  DSUF_CUDA(cudaMemset(ws.route_count, 0, size_t(w.sample) * sizeof(unsigned)));
   ws.att = alloc<float>(w.att);
   const TpScratch tps = tp_scratch(t, part, max_rows);
   if (tps.recv) tp_send = alloc<float>(tps.send), tp_recv = alloc<float>(tps.recv), tp_send_floats = tps.send;
@@ -1245,9 +1248,8 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
     cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, hsin, n, ws.ys, D, r, s2);
   };
   if (shared_early) shared_expert();
-  cuda::bf16_linear(d.gate, E, D, ws.xn, D, n, ws.router, E, false, stream);
-  cuda::route(ws.router, n, E, K, d.bias, d.bias_vl, image, float(t.gate_temp), float(t.routed_scaling_factor),
-              ws.ids, ws.rw, stream);
+  cuda::router(d.gate, D, ws.xn, D, n, E, K, d.bias, d.bias_vl, image, float(t.gate_temp),
+               float(t.routed_scaling_factor), ws.router, ws.ids, ws.rw, ws.route_count, stream);
   run_deferred_mix();  // DSUF_MIX_FORK=late
   if (!shared_early) shared_expert();
   const int64_t rows = int64_t(n) * K;

@@ -1884,12 +1884,11 @@ constexpr int kBf16Deep = 20;
 // One warp per output; lane l takes 8-element chunks l, l+32, … (chunk_lane_sum<8>): one 16-byte
 // weight load and two float4 input loads per chunk when K and the strides allow, else scalars in
 // the same order.
-__global__ void k_bf16_linear(const uint16_t* __restrict__ W, int64_t out, int64_t K, const float* __restrict__ x,
-                              int64_t x_stride, float* __restrict__ y, int64_t y_stride, bool r, bool deep) {
-  pdl_trigger();
-  const int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  const int row = blockIdx.y, lane = threadIdx.x % 32;
-  if (o >= out) return;  // a whole warp; the grid's other warps wait
+// Output o of input row `row`, summed over the warp (every lane holds it); waits for the step's earlier
+// kernels (pdl_wait) after loading the weights.
+__device__ __forceinline__ float bf16_row_dot(const uint16_t* __restrict__ W, int64_t o, int64_t K,
+                                              const float* __restrict__ x, int64_t x_stride, int row, int lane,
+                                              bool deep) {
   const uint16_t* wr = W + o * K;
   const float* xr = x + int64_t(row) * x_stride;
   float acc = 0.0f;
@@ -1923,7 +1922,15 @@ __global__ void k_bf16_linear(const uint16_t* __restrict__ W, int64_t out, int64
     for (int64_t c = lane; c * 8 < K; c += 32)
       for (int64_t k = c * 8; k < c * 8 + 8 && k < K; ++k) acc += bf16_load(wr, k) * xr[k];
   }
-  acc = warp_sum(acc);
+  return warp_sum(acc);
+}
+__global__ void k_bf16_linear(const uint16_t* __restrict__ W, int64_t out, int64_t K, const float* __restrict__ x,
+                              int64_t x_stride, float* __restrict__ y, int64_t y_stride, bool r, bool deep) {
+  pdl_trigger();
+  const int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int row = blockIdx.y, lane = threadIdx.x % 32;
+  if (o >= out) return;  // a whole warp; the grid's other warps wait
+  const float acc = bf16_row_dot(W, o, K, x, x_stride, row, lane, deep);
   if (lane == 0) y[int64_t(row) * y_stride + o] = rb(acc, r);
 }
 
@@ -3228,34 +3235,29 @@ __global__ void k_mask_from_selection(const int32_t* sel, int sel_stride, uint8_
 // One block per token (a thread per expert, up to 1,024): scores computed once per expert in
 // parallel, then warp 0's k rounds of argmax (largest score + bias among the experts not yet taken,
 // ties to the lower id — the reference's sequential scan picks the same one for any non-NaN scores).
-__global__ void k_route(const float* logits, int E, int k, const float* bias, const float* bias_vl,
-                        const uint8_t* image, float temp, float route_scale, int32_t* ids, float* w,
-                        bool w_early, bool late) {
-  // A thread's first expert's two biases before the dependency wait (w_early, DSUF_W_EARLY=1: weights;
-  // which one applies depends on the step's image flags, read after it).
-  const bool early = w_early && threadIdx.x < E;
-  const float b0 = early ? bias[threadIdx.x] : 0.0f;
-  const float bv0 = early && bias_vl ? bias_vl[threadIdx.x] : 0.0f;
-  pdl_entry(late);
-  extern __shared__ float sv[];  // [E] score s, [E] s + bias, [E] taken flags
-  __shared__ float picked[32];
-  const int i = blockIdx.x, lane = threadIdx.x;
-  const float* l = logits + int64_t(i) * E;
-  const bool vl = image && image[i];
-  const float* b = vl ? bias_vl : bias;
-  float* sc = sv;
-  float* val = sv + E;
-  float* taken = sv + 2 * E;
-  // The scores a thread per expert (each a software exp and log1p: ~3 in a row on one warp at 96
-  // experts, 12 at 384, were most of the kernel's time on the step's chain), then the picks by warp 0.
+// One token's routing, in two parts: route_scores, the scores a thread per expert (each a software exp
+// and log1p: ~3 in a row on one warp at 96 experts, 12 at 384, were most of k_route's time on the
+// step's chain) into sv (3·E floats of shared memory: score, score + bias_of(e), taken flag), by the
+// whole block; then route_picks by warp 0 alone (the caller returns the other threads first, so that
+// the compiler sees a converged warp around the shuffles). kL2: the logits read through L2 (the fused
+// router's come from its other blocks).
+template <bool kL2, typename Bias>
+__device__ __forceinline__ void route_scores(const float* l, int E, Bias bias_of, float temp, float* sv) {
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    const float x = l[e] / temp;
-    sc[e] = sqrtf(det::softplus(x));
-    val[e] = sc[e] + (early && e == threadIdx.x ? (vl ? bv0 : b0) : b[e]);
-    taken[e] = 0.0f;
+    const float x = (kL2 ? __ldcg(l + e) : l[e]) / temp;
+    sv[e] = sqrtf(det::softplus(x));
+    sv[E + e] = sv[e] + bias_of(e);
+    sv[2 * E + e] = 0.0f;
   }
   __syncthreads();
-  if (threadIdx.x >= 32) return;
+}
+__device__ __forceinline__ void route_picks(int E, int k, float route_scale, int i, int32_t* ids, float* w,
+                                            float* sv) {
+  __shared__ float picked[32];
+  const int lane = threadIdx.x;
+  const float* sc = sv;
+  const float* val = sv + E;
+  float* taken = sv + 2 * E;
   float sum = 0.0f;
   for (int j = 0; j < k; ++j) {
     int best = -1;
@@ -3277,7 +3279,67 @@ __global__ void k_route(const float* logits, int E, int k, const float* bias, co
     __syncwarp();
   }
   if (lane < k) w[i * k + lane] = picked[lane] / (sum + 1e-20f) * route_scale;
+}
+
+__global__ void k_route(const float* logits, int E, int k, const float* bias, const float* bias_vl,
+                        const uint8_t* image, float temp, float route_scale, int32_t* ids, float* w,
+                        bool w_early, bool late) {
+  // A thread's first expert's two biases before the dependency wait (w_early, DSUF_W_EARLY=1: weights;
+  // which one applies depends on the step's image flags, read after it).
+  const bool early = w_early && threadIdx.x < E;
+  const float b0 = early ? bias[threadIdx.x] : 0.0f;
+  const float bv0 = early && bias_vl ? bias_vl[threadIdx.x] : 0.0f;
+  pdl_entry(late);
+  extern __shared__ float sv[];  // [E] score s, [E] s + bias, [E] taken flags
+  const int i = blockIdx.x;
+  const bool vl = image && image[i];
+  const float* b = vl ? bias_vl : bias;
+  route_scores<false>(logits + int64_t(i) * E, E,
+                      [&](int e) { return early && e == int(threadIdx.x) ? (vl ? bv0 : b0) : b[e]; }, temp, sv);
+  if (threadIdx.x >= 32) return;
+  route_picks(E, k, route_scale, i, ids, w, sv);
   pdl_exit(late);
+}
+
+// The router's linear and the routing in one launch (DSUF_ROUTER=fused): k_bf16_linear's warps a
+// logit each, then the last of a row's blocks to finish (a counter a row, k_hc_mix's hand-off)
+// routes the row with k_route's code: one kernel boundary fewer on the FFN site's chain.
+struct RouteArgs {
+  int k;
+  const float* bias;
+  const float* bias_vl;
+  const uint8_t* image;
+  float temp, route_scale;
+  int32_t* ids;
+  float* w;
+};
+__global__ void __launch_bounds__(256) k_router(const uint16_t* __restrict__ W, int E, int64_t K,
+                                                const float* __restrict__ x, int64_t x_stride, float* logits,
+                                                bool deep, RouteArgs a, unsigned* count) {
+  pdl_trigger();
+  extern __shared__ float sv[];  // route_row's 3·E floats
+  __shared__ bool last;
+  const int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int row = blockIdx.y, lane = threadIdx.x % 32;
+  // Every warp sums a row (a tail warp repeats the last: E % 8 = 0 at V4.1's 384 and the bench's 96),
+  // so that no warp-collective code sits under a branch and every thread has waited (pdl_wait) before
+  // the routing reads the step's image flags.
+  const float acc = bf16_row_dot(W, o < E ? o : E - 1, K, x, x_stride, row, lane, deep);
+  if (lane == 0 && o < E) logits[int64_t(row) * E + o] = acc;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned done = atomicAdd(count + row, 1u);
+    last = done == gridDim.x - 1;
+    if (last) count[row] = 0;  // every other block of the row has counted itself in
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const float* b = a.image && a.image[row] ? a.bias_vl : a.bias;
+  route_scores<true>(logits + int64_t(row) * E, E, [&](int e) { return b[e]; }, a.temp, sv);
+  if (threadIdx.x >= 32) return;
+  route_picks(E, a.k, a.route_scale, row, a.ids, a.w, sv);
 }
 
 __global__ void k_swiglu(float* h1, const float* h3, int64_t rows, int64_t F, const float* weight, float limit,
@@ -4018,9 +4080,13 @@ void fp4_tile_in_place(uint8_t* W, int64_t out, int64_t K, uint8_t* scratch, cud
   DSUF_CUDA(cudaGetLastError());
   DSUF_CUDA(cudaMemcpyAsync(W, scratch, size_t(bytes), cudaMemcpyDeviceToDevice, s));
 }
+bool bf16_deep() {
+  static const bool deep = !env_picks("DSUF_BF16", "deep", "loop");
+  return deep;
+}
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows, float* y,
                  int64_t y_stride, bool r, cudaStream_t s) {
-  static const bool deep = !env_picks("DSUF_BF16", "deep", "loop");
+  const bool deep = bf16_deep();
   // A warp per output, 8 warps a block (v21 tried blocks of ⌈outputs·rows/132⌉ warps, so that the
   // router's 96 rows are read by 96 SMs instead of 12: the same step time, docs/perf.md).
   launch_step(k_bf16_linear, dim3(blocks_for(out, 8), rows), dim3(256), 0, s, W, out, K, x, x_stride, y, y_stride, r,
@@ -4253,6 +4319,23 @@ void top_k_mask(const float* x, int64_t stride, int rows, const RowMeta* meta, i
 void gather_rows(const float* X, const float* pre, const int32_t* rows, int n, int hc, int64_t D, float* Xo,
                  float* preo, cudaStream_t s) {
   launch_step(k_gather_rows, dim3(n), dim3(256), 0, s, X, pre, rows, hc, D, Xo, preo);
+}
+void router(const uint16_t* W, int64_t K, const float* x, int64_t x_stride, int n, int E, int k, const float* bias,
+            const float* bias_vl, const uint8_t* image, float temp, float route_scale, float* logits, int32_t* ids,
+            float* w, unsigned* count, cudaStream_t s) {
+  // DSUF_ROUTER=split|fused: k_bf16_linear then k_route (split, the default until measured), or k_router.
+  static const bool fused = env_picks("DSUF_ROUTER", "split", "fused");
+  if (!fused || !count) {
+    bf16_linear(W, E, K, x, x_stride, n, logits, E, false, s);
+    route(logits, n, E, k, bias, bias_vl, image, temp, route_scale, ids, w, s);
+    return;
+  }
+  DSUF_CHECK(k <= 32 && k <= E, "route: top-", k, " of ", E, " experts");
+  const size_t smem = sizeof(float) * 3 * E;
+  set_smem(k_router, smem);
+  if (n)
+    launch_step(k_router, dim3(blocks_for(E, 8), n), dim3(256), smem, s, W, E, K, x, x_stride, logits, bf16_deep(),
+                RouteArgs{k, bias, bias_vl, image, temp, route_scale, ids, w}, count);
 }
 void route(const float* logits, int n, int E, int k, const float* bias, const float* bias_vl, const uint8_t* image,
            float temp, float route_scale, int32_t* ids, float* w, cudaStream_t s) {
