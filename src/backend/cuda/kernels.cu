@@ -944,17 +944,40 @@ __device__ __forceinline__ void fp8_slice(const uint8_t* __restrict__& W, const 
   }
 }
 
+// DSUF_FP8_PF=on (off by default; session 16, not yet measured): the weight rows of the block `ahead`
+// launch slots after this one (x fastest, then y, then z: the order blocks are dispatched in), pulled
+// into L2 by one bulk prefetch at this block's start, before the dependency wait — with `ahead` the
+// blocks resident at once, the block that will take this one's slot in the next wave. A launch of
+// several waves (wq_b: 1,024 blocks at 2 an SM) pays a DRAM round trip a wave (docs/perf.md v30:
+// a third of wq_b's warp time waits on it); its later waves would find their rows in L2. Row groups
+// y > 0 read the y = 0 rows again and are skipped.
+__device__ __forceinline__ void fp8_prefetch_ahead(const uint8_t* W, int64_t out, int64_t K, const Fp8Pair& pair,
+                                                   int ahead, int rows_a_block) {
+  const unsigned gx = gridDim.x, gy = gridDim.y;  // a launch's blocks fit 32 bits
+  const unsigned lin = blockIdx.x + gx * (blockIdx.y + gy * blockIdx.z) + unsigned(ahead);
+  const unsigned x = lin % gx, y = lin / gx % gy, z = lin / (gx * gy);
+  if (z >= gridDim.z || y != 0) return;
+  if (!pair.W) W += int64_t(z) * out * K;  // group z (fp8_slice's offsets)
+  else if (z == 1) W = pair.W, out = pair.out;
+  const int64_t r0 = int64_t(x) * rows_a_block;
+  if (r0 >= out) return;
+  const uint32_t bytes = uint32_t((min(out, r0 + rows_a_block) - r0) * K);  // K % 32 == 0: a multiple of 16
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(W + r0 * K), "r"(bytes) : "memory");
+}
+
 // Block of 8 warps; warp w takes outputs o0..o0+OPW-1 and the block's R rows (grid.y: row groups).
 // grid.z: independent groups (the grouped o-projection): group g uses weight rows g·out.., inputs
 // g·K.. of each row (at x_group in the interleaved row, scales g·K/32..) and outputs g·out.. ; or,
 // with pair.W set, z = 1 is a second linear of the same inputs (its own weights, outputs, y).
-template <int OPW, int R, bool kExact, int kMode>
+template <int OPW, int R, bool kExact, int kMode, bool kPf = false>
 __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws,
                                                    int64_t out, int64_t K, const float* __restrict__ x,
                                                    int64_t x_stride, int64_t x_group, const float* __restrict__ xs,
                                                    int64_t xs_stride, int rows, float* __restrict__ y,
-                                                   int64_t y_stride, bool r, Fp8Pair pair, bool early) {
+                                                   int64_t y_stride, bool r, Fp8Pair pair, bool early, int pf) {
   const int nb = int(K / 32);
+  if constexpr (kPf)  // DSUF_FP8_PF=on, kRegs only: its own instantiation, the default's code untouched
+    if (pf > 0 && threadIdx.x == 0) fp8_prefetch_ahead(W, out, K, pair, pf, 8 * OPW);
   fp8_slice(W, Ws, out, K, x, x_group, xs, y, y_stride, pair);
   const int row0 = blockIdx.y * R, nr = min(R, rows - row0);
   x += int64_t(row0) * x_stride, xs += int64_t(row0) * xs_stride;
@@ -3805,13 +3828,24 @@ void launch_fp8(const Fp8Call& c) {
   // whole weight share is loaded before the wait (deep: the v22 candidate; regs: as the others).
   static const bool small_deep = !env_picks("DSUF_FP8_SMALL", "deep", "regs");
   const bool deep = mode == kDeep || (small_deep && mode == kRegs && OPW == 1 && c.K / 32 <= 32 * deep_u<32>());
+  // DSUF_FP8_PF=off|on: kRegs blocks prefetch the rows of the block one wave later (fp8_prefetch_ahead).
+  static const bool pf_on = env_picks("DSUF_FP8_PF", "off", "on");
   auto k = deep                 ? k_fp8_gemv<OPW, R, kExact, kDeep>
            : mode == kRegsPipe ? k_fp8_gemv<OPW, R, kExact, kRegsPipe>
+           : pf_on             ? k_fp8_gemv<OPW, R, kExact, kRegs, true>
                                : k_fp8_gemv<OPW, R, kExact, kRegs>;
   const int64_t out = std::max(c.out, c.pair.out);
-  launch_pdl(k, dim3(blocks_for(out, 8 * OPW), blocks_for(c.rows, R), c.groups), dim3(256), 0, c.s, c.W, c.Ws,
-             c.out, c.K, c.in.x, c.in.stride, c.in.group_stride, c.in.scale, c.in.scale_stride, int(c.rows), c.y,
-             c.y_stride, c.r, c.pair, early);
+  const dim3 grid(blocks_for(out, 8 * OPW), blocks_for(c.rows, R), c.groups);
+  int ahead = 0;
+  if (pf_on && !deep && mode == kRegs) {
+    int per_sm = 0, dev = 0, sms = 0;
+    DSUF_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, 256, 0));
+    DSUF_CUDA(cudaGetDevice(&dev));
+    DSUF_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    if (int64_t(grid.x) * grid.y * grid.z > int64_t(per_sm) * sms) ahead = per_sm * sms;  // several waves only
+  }
+  launch_pdl(k, grid, dim3(256), 0, c.s, c.W, c.Ws, c.out, c.K, c.in.x, c.in.stride, c.in.group_stride, c.in.scale,
+             c.in.scale_stride, int(c.rows), c.y, c.y_stride, c.r, c.pair, early, ahead);
 }
 template <int R, bool kExact>
 void launch_fp8_opw(const Fp8Call& c) {
