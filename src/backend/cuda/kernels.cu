@@ -3326,7 +3326,10 @@ __global__ void k_route(const float* logits, int E, int k, const float* bias, co
 
 // The router's linear and the routing in one launch (DSUF_ROUTER=fused): k_bf16_linear's warps a
 // logit each, then the last of a row's blocks to finish (a counter a row, k_hc_mix's hand-off)
-// routes the row with k_route's code: one kernel boundary fewer on the FFN site's chain.
+// routes the row with k_route's code: one kernel boundary fewer on the FFN site's chain. Blocks of
+// 256 threads, or one a expert up to 512 (V4.1's 384: one score a thread, as k_route). Unlike
+// k_route it ignores DSUF_LATE_TRIGGER=route (it triggers at entry, route's default) and
+// DSUF_W_EARLY (its biases are read after the linear, off the weights' round trip).
 struct RouteArgs {
   int k;
   const float* bias;
@@ -3336,11 +3339,11 @@ struct RouteArgs {
   int32_t* ids;
   float* w;
 };
-__global__ void __launch_bounds__(256) k_router(const uint16_t* __restrict__ W, int E, int64_t K,
+__global__ void __launch_bounds__(512) k_router(const uint16_t* __restrict__ W, int E, int64_t K,
                                                 const float* __restrict__ x, int64_t x_stride, float* logits,
                                                 bool deep, RouteArgs a, unsigned* count) {
   pdl_trigger();
-  extern __shared__ float sv[];  // route_row's 3·E floats
+  extern __shared__ float sv[];  // route_scores' 3·E floats
   __shared__ bool last;
   const int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int row = blockIdx.y, lane = threadIdx.x % 32;
@@ -3838,11 +3841,16 @@ void launch_fp8(const Fp8Call& c) {
   const dim3 grid(blocks_for(out, 8 * OPW), blocks_for(c.rows, R), c.groups);
   int ahead = 0;
   if (pf_on && !deep && mode == kRegs) {
-    int per_sm = 0, dev = 0, sms = 0;
-    DSUF_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, 256, 0));
-    DSUF_CUDA(cudaGetDevice(&dev));
-    DSUF_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    if (int64_t(grid.x) * grid.y * grid.z > int64_t(per_sm) * sms) ahead = per_sm * sms;  // several waves only
+    // The blocks resident at once: this instantiation's occupancy × the SMs, asked once (the
+    // devices of a host are alike).
+    static const int resident = [&] {
+      int per_sm = 0, dev = 0, sms = 0;
+      DSUF_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, 256, 0));
+      DSUF_CUDA(cudaGetDevice(&dev));
+      DSUF_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+      return per_sm * sms;
+    }();
+    if (int64_t(grid.x) * grid.y * grid.z > resident) ahead = resident;  // several waves only
   }
   launch_pdl(k, grid, dim3(256), 0, c.s, c.W, c.Ws, c.out, c.K, c.in.x, c.in.stride, c.in.group_stride, c.in.scale,
              c.in.scale_stride, int(c.rows), c.y, c.y_stride, c.r, c.pair, early, ahead);
@@ -4114,10 +4122,12 @@ void fp4_tile_in_place(uint8_t* W, int64_t out, int64_t K, uint8_t* scratch, cud
   DSUF_CUDA(cudaGetLastError());
   DSUF_CUDA(cudaMemcpyAsync(W, scratch, size_t(bytes), cudaMemcpyDeviceToDevice, s));
 }
+namespace {
 bool bf16_deep() {
   static const bool deep = !env_picks("DSUF_BF16", "deep", "loop");
   return deep;
 }
+}  // namespace
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows, float* y,
                  int64_t y_stride, bool r, cudaStream_t s) {
   const bool deep = bf16_deep();
@@ -4367,9 +4377,10 @@ void router(const uint16_t* W, int64_t K, const float* x, int64_t x_stride, int 
   DSUF_CHECK(k <= 32 && k <= E, "route: top-", k, " of ", E, " experts");
   const size_t smem = sizeof(float) * 3 * E;
   set_smem(k_router, smem);
+  const int threads = int(std::clamp<int64_t>((E + 31) / 32 * 32, 256, 512));
   if (n)
-    launch_step(k_router, dim3(blocks_for(E, 8), n), dim3(256), smem, s, W, E, K, x, x_stride, logits, bf16_deep(),
-                RouteArgs{k, bias, bias_vl, image, temp, route_scale, ids, w}, count);
+    launch_step(k_router, dim3(blocks_for(E, threads / 32), n), dim3(threads), smem, s, W, E, K, x, x_stride, logits,
+                bf16_deep(), RouteArgs{k, bias, bias_vl, image, temp, route_scale, ids, w}, count);
 }
 void route(const float* logits, int n, int E, int k, const float* bias, const float* bias_vl, const uint8_t* image,
            float temp, float route_scale, int32_t* ids, float* w, cudaStream_t s) {
