@@ -3347,7 +3347,8 @@ __global__ void __launch_bounds__(512) k_router(const uint16_t* __restrict__ W, 
   __shared__ bool last;
   const int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int row = blockIdx.y, lane = threadIdx.x % 32;
-  // Every warp sums a row (a tail warp repeats the last: E % 8 = 0 at V4.1's 384 and the bench's 96),
+  // Every warp sums a row (a tail warp repeats the last; none at V4.1's 384 experts, 12 warps a block,
+  // or the bench's 96, 8),
   // so that no warp-collective code sits under a branch and every thread has waited (pdl_wait) before
   // the routing reads the step's image flags.
   const float acc = bf16_row_dot(W, o < E ? o : E - 1, K, x, x_stride, row, lane, deep);
