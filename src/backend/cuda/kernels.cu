@@ -3821,6 +3821,19 @@ int fp4_gemv_mode() {
   }();
   return mode;
 }
+// The blocks of kernel K (256 threads, no dynamic shared memory) resident at once: its occupancy × the
+// SMs, asked once (the devices of a host are alike).
+template <auto K>
+int resident_blocks() {
+  static const int n = [] {
+    int per_sm = 0, dev = 0, sms = 0;
+    DSUF_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, K, 256, 0));
+    DSUF_CUDA(cudaGetDevice(&dev));
+    DSUF_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return per_sm * sms;
+  }();
+  return n;
+}
 template <int OPW, int R, bool kExact>
 void launch_fp8(const Fp8Call& c) {
   const int mode = gemv_mode();
@@ -3831,34 +3844,52 @@ void launch_fp8(const Fp8Call& c) {
   // (wq_a+wkv, the indexer's wq_b) takes kDeep under the default regs mode, so that with `early` its
   // whole weight share is loaded before the wait (deep: the v22 candidate; regs: as the others).
   static const bool small_deep = !env_picks("DSUF_FP8_SMALL", "deep", "regs");
-  const bool deep = mode == kDeep || (small_deep && mode == kRegs && OPW == 1 && c.K / 32 <= 32 * deep_u<32>());
+  // DSUF_FP8_LONG=regs|pipe|deep (session 17, measuring): under the default regs mode, the linears of
+  // at least DSUF_FP8_LONG_NB K-blocks (default 200: wo_b's 256; wo_a has 128, the shared expert's
+  // w1/w3 160) run as kRegsPipe or kDeep — several rounds of weights in flight a lane where a lane
+  // has many rounds (wo_b: 8 at batch 1, one wave of ~2.4 blocks an SM).
+  static const int long_mode = env_choice("DSUF_FP8_LONG", {"regs", "pipe", "deep"});
+  static const int64_t long_nb = [] {
+    const char* e = std::getenv("DSUF_FP8_LONG_NB");
+    return e ? std::atoll(e) : int64_t(200);
+  }();
+  const bool long_k = mode == kRegs && long_mode != kRegs && c.K / 32 >= long_nb;
+  const bool deep = mode == kDeep || (long_k && long_mode == kDeep) ||
+                    (small_deep && mode == kRegs && OPW == 1 && c.K / 32 <= 32 * deep_u<32>());
   // DSUF_FP8_PF=off|on: kRegs blocks prefetch the rows of the block one wave later (fp8_prefetch_ahead).
   static const bool pf_on = env_picks("DSUF_FP8_PF", "off", "on");
   auto k = deep                 ? k_fp8_gemv<OPW, R, kExact, kDeep>
-           : mode == kRegsPipe ? k_fp8_gemv<OPW, R, kExact, kRegsPipe>
+           : mode == kRegsPipe || (long_k && long_mode == kRegsPipe) ? k_fp8_gemv<OPW, R, kExact, kRegsPipe>
            : pf_on             ? k_fp8_gemv<OPW, R, kExact, kRegs, true>
                                : k_fp8_gemv<OPW, R, kExact, kRegs>;
   const int64_t out = std::max(c.out, c.pair.out);
   const dim3 grid(blocks_for(out, 8 * OPW), blocks_for(c.rows, R), c.groups);
   int ahead = 0;
-  if (pf_on && !deep && mode == kRegs) {
-    // The blocks resident at once: this instantiation's occupancy × the SMs, asked once (the
-    // devices of a host are alike).
-    static const int resident = [&] {
-      int per_sm = 0, dev = 0, sms = 0;
-      DSUF_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, 256, 0));
-      DSUF_CUDA(cudaGetDevice(&dev));
-      DSUF_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-      return per_sm * sms;
-    }();
+  if (pf_on && !deep && mode == kRegs && !long_k) {
+    const int resident = resident_blocks<k_fp8_gemv<OPW, R, kExact, kRegs, true>>();  // k here
     if (int64_t(grid.x) * grid.y * grid.z > resident) ahead = resident;  // several waves only
   }
   launch_pdl(k, grid, dim3(256), 0, c.s, c.W, c.Ws, c.out, c.K, c.in.x, c.in.stride, c.in.group_stride, c.in.scale,
              c.in.scale_stride, int(c.rows), c.y, c.y_stride, c.r, c.pair, early, ahead);
 }
+// DSUF_FP8_WAVES=any|fit (session 17, measuring): with fit, a kRegs linear given 2 outputs a warp whose
+// grid needs a second wave while 4 a warp fit in one takes 4 (at batch 1 `wo_a`: 512 blocks of 80
+// registers, 396 resident, against 256 of 99 registers, 264 resident) — no tail wave of ~a third of
+// the SMs' slots behind the first.
+bool fp8_fit_waves() {
+  static const bool fit = env_picks("DSUF_FP8_WAVES", "any", "fit");
+  return fit;
+}
 template <int R, bool kExact>
 void launch_fp8_opw(const Fp8Call& c) {
-  switch (outputs_per_warp((c.out * (c.pair.W ? 1 : c.groups) + c.pair.out) * blocks_for(c.rows, R))) {
+  int opw = outputs_per_warp((c.out * (c.pair.W ? 1 : c.groups) + c.pair.out) * blocks_for(c.rows, R));
+  if (opw == 2 && fp8_fit_waves() && gemv_mode() == kRegs) {
+    const int64_t out = std::max(c.out, c.pair.out), y = blocks_for(c.rows, R) * c.groups;
+    if (blocks_for(out, 16) * y > resident_blocks<k_fp8_gemv<2, R, kExact, kRegs>>() &&
+        blocks_for(out, 32) * y <= resident_blocks<k_fp8_gemv<4, R, kExact, kRegs>>())
+      opw = 4;
+  }
+  switch (opw) {
     case 4: return launch_fp8<4, R, kExact>(c);
     case 2: return launch_fp8<2, R, kExact>(c);
     default: return launch_fp8<1, R, kExact>(c);
