@@ -944,45 +944,23 @@ __device__ __forceinline__ void fp8_slice(const uint8_t* __restrict__& W, const 
   }
 }
 
-// DSUF_FP8_PF=on (off by default; session 16, not yet measured): the weight rows of the block `ahead`
-// launch slots after this one (x fastest, then y, then z: the order blocks are dispatched in), pulled
-// into L2 by one bulk prefetch at this block's start, before the dependency wait — with `ahead` the
-// blocks resident at once, the block that will take this one's slot in the next wave. A launch of
-// several waves (wq_b: 1,024 blocks at 2 an SM) pays a DRAM round trip a wave (docs/perf.md v30:
-// a third of wq_b's warp time waits on it); its later waves would find their rows in L2. Row groups
-// y > 0 read the y = 0 rows again and are skipped.
-__device__ __forceinline__ void fp8_prefetch_ahead(const uint8_t* W, int64_t out, int64_t K, const Fp8Pair& pair,
-                                                   int ahead, int rows_a_block) {
-  const unsigned gx = gridDim.x, gy = gridDim.y;  // a launch's blocks fit 32 bits
-  const unsigned lin = blockIdx.x + gx * (blockIdx.y + gy * blockIdx.z) + unsigned(ahead);
-  const unsigned x = lin % gx, y = lin / gx % gy, z = lin / (gx * gy);
-  if (z >= gridDim.z || y != 0) return;
-  if (!pair.W) W += int64_t(z) * out * K;  // group z (fp8_slice's offsets)
-  else if (z == 1) W = pair.W, out = pair.out;
-  const int64_t r0 = int64_t(x) * rows_a_block;
-  if (r0 >= out) return;
-  const uint32_t bytes = uint32_t((min(out, r0 + rows_a_block) - r0) * K);  // K % 32 == 0: a multiple of 16
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(W + r0 * K), "r"(bytes) : "memory");
-}
-
-// Block of 8 warps; warp w takes outputs o0..o0+OPW-1 and the block's R rows (grid.y: row groups).
+// Block of kWarps warps (fp8_block_warps: 8 for one row, 4 for the R-row forms); warp w takes outputs
+// o0..o0+OPW-1 and the block's R rows (grid.y: row groups).
 // grid.z: independent groups (the grouped o-projection): group g uses weight rows g·out.., inputs
 // g·K.. of each row (at x_group in the interleaved row, scales g·K/32..) and outputs g·out.. ; or,
 // with pair.W set, z = 1 is a second linear of the same inputs (its own weights, outputs, y).
-template <int OPW, int R, bool kExact, int kMode, bool kPf = false>
+template <int OPW, int R, bool kExact, int kMode, int kWarps = 8>
 __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws,
                                                    int64_t out, int64_t K, const float* __restrict__ x,
                                                    int64_t x_stride, int64_t x_group, const float* __restrict__ xs,
                                                    int64_t xs_stride, int rows, float* __restrict__ y,
-                                                   int64_t y_stride, bool r, Fp8Pair pair, bool early, int pf) {
+                                                   int64_t y_stride, bool r, Fp8Pair pair, bool early) {
   const int nb = int(K / 32);
-  if constexpr (kPf)  // DSUF_FP8_PF=on, kRegs only: its own instantiation, the default's code untouched
-    if (pf > 0 && threadIdx.x == 0) fp8_prefetch_ahead(W, out, K, pair, pf, 8 * OPW);
   fp8_slice(W, Ws, out, K, x, x_group, xs, y, y_stride, pair);
   const int row0 = blockIdx.y * R, nr = min(R, rows - row0);
   x += int64_t(row0) * x_stride, xs += int64_t(row0) * xs_stride;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t o0 = (int64_t(blockIdx.x) * 8 + warp) * OPW;
+  const int64_t o0 = (int64_t(blockIdx.x) * kWarps + warp) * OPW;
   pdl_trigger();
   if (o0 >= out) return;
   auto clamp = [&](int o) { return o0 + o < out ? o0 + o : out - 1; };  // a tail repeats the last row
@@ -3327,9 +3305,10 @@ __global__ void k_route(const float* logits, int E, int k, const float* bias, co
 // The router's linear and the routing in one launch (DSUF_ROUTER=fused): k_bf16_linear's warps a
 // logit each, then the last of a row's blocks to finish (a counter a row, k_hc_mix's hand-off)
 // routes the row with k_route's code: one kernel boundary fewer on the FFN site's chain. Blocks of
-// 256 threads, or one a expert up to 512 (V4.1's 384: one score a thread, as k_route). Unlike
-// k_route it ignores DSUF_LATE_TRIGGER=route (it triggers at entry, route's default) and
-// DSUF_W_EARLY (its biases are read after the linear, off the weights' round trip).
+// 256 threads, or one a expert up to 512 (V4.1's 384: one score a thread, as k_route). It triggers
+// its dependents when the linear is done (the last block, before routing: k_route's default moment,
+// after its wait) and ignores DSUF_LATE_TRIGGER=route and DSUF_W_EARLY (its biases are read after
+// the linear, off the weights' round trip).
 struct RouteArgs {
   int k;
   const float* bias;
@@ -3342,7 +3321,6 @@ struct RouteArgs {
 __global__ void __launch_bounds__(512) k_router(const uint16_t* __restrict__ W, int E, int64_t K,
                                                 const float* __restrict__ x, int64_t x_stride, float* logits,
                                                 bool deep, RouteArgs a, unsigned* count) {
-  pdl_trigger();
   extern __shared__ float sv[];  // route_scores' 3·E floats
   __shared__ bool last;
   const int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
@@ -3361,7 +3339,11 @@ __global__ void __launch_bounds__(512) k_router(const uint16_t* __restrict__ W, 
     if (last) count[row] = 0;  // every other block of the row has counted itself in
   }
   __syncthreads();
-  if (!last) return;
+  if (!last) return;  // an exit counts as the block's trigger
+  // The dependents (the routed experts' 512-thread blocks, one an SM, which can load nothing before
+  // the routing) launch only now: triggered at entry, they took the SMs while the linear ran and kept
+  // the other stream's shared expert and mHC mix off them (session 17: +0.34 ms a step at 8K).
+  pdl_trigger();
   __threadfence();
   const float* b = a.image && a.image[row] ? a.bias_vl : a.bias;
   route_scores<true>(logits + int64_t(row) * E, E, [&](int e) { return b[e]; }, a.temp, sv);
@@ -3821,18 +3803,14 @@ int fp4_gemv_mode() {
   }();
   return mode;
 }
-// The blocks of kernel K (256 threads, no dynamic shared memory) resident at once: its occupancy × the
-// SMs, asked once (the devices of a host are alike).
-template <auto K>
-int resident_blocks() {
-  static const int n = [] {
-    int per_sm = 0, dev = 0, sms = 0;
-    DSUF_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, K, 256, 0));
-    DSUF_CUDA(cudaGetDevice(&dev));
-    DSUF_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    return per_sm * sms;
-  }();
-  return n;
+// The warps of a kRegs FP8 GEMV block: DSUF_FP8_BLOCK=auto|8|4|2; auto (the default) is 8 for one row
+// and 4 for the R-row forms (session 17: batch 4 at 8K 19.19 → 17.80 ms gpu, batch 16 61.02 → 59.54,
+// batch 1 and 64 ±0 with 4 everywhere; the R-row kernels hold more registers, fewer blocks an SM, and
+// smaller blocks spread them more evenly over the SMs).
+int fp8_block_warps(int rows_a_block) {
+  static const int pick = env_choice("DSUF_FP8_BLOCK", {"auto", "8", "4", "2"});
+  constexpr int warps[] = {0, 8, 4, 2};
+  return pick ? warps[pick] : rows_a_block > 1 ? 4 : 8;
 }
 template <int OPW, int R, bool kExact>
 void launch_fp8(const Fp8Call& c) {
@@ -3844,52 +3822,21 @@ void launch_fp8(const Fp8Call& c) {
   // (wq_a+wkv, the indexer's wq_b) takes kDeep under the default regs mode, so that with `early` its
   // whole weight share is loaded before the wait (deep: the v22 candidate; regs: as the others).
   static const bool small_deep = !env_picks("DSUF_FP8_SMALL", "deep", "regs");
-  // DSUF_FP8_LONG=regs|pipe|deep (session 17, measuring): under the default regs mode, the linears of
-  // at least DSUF_FP8_LONG_NB K-blocks (default 200: wo_b's 256; wo_a has 128, the shared expert's
-  // w1/w3 160) run as kRegsPipe or kDeep — several rounds of weights in flight a lane where a lane
-  // has many rounds (wo_b: 8 at batch 1, one wave of ~2.4 blocks an SM).
-  static const int long_mode = env_choice("DSUF_FP8_LONG", {"regs", "pipe", "deep"});
-  static const int64_t long_nb = [] {
-    const char* e = std::getenv("DSUF_FP8_LONG_NB");
-    return e ? std::atoll(e) : int64_t(200);
-  }();
-  const bool long_k = mode == kRegs && long_mode != kRegs && c.K / 32 >= long_nb;
-  const bool deep = mode == kDeep || (long_k && long_mode == kDeep) ||
-                    (small_deep && mode == kRegs && OPW == 1 && c.K / 32 <= 32 * deep_u<32>());
-  // DSUF_FP8_PF=off|on: kRegs blocks prefetch the rows of the block one wave later (fp8_prefetch_ahead).
-  static const bool pf_on = env_picks("DSUF_FP8_PF", "off", "on");
+  const bool deep = mode == kDeep || (small_deep && mode == kRegs && OPW == 1 && c.K / 32 <= 32 * deep_u<32>());
+  const int warps = deep || mode != kRegs ? 8 : fp8_block_warps(R);
   auto k = deep                 ? k_fp8_gemv<OPW, R, kExact, kDeep>
-           : mode == kRegsPipe || (long_k && long_mode == kRegsPipe) ? k_fp8_gemv<OPW, R, kExact, kRegsPipe>
-           : pf_on             ? k_fp8_gemv<OPW, R, kExact, kRegs, true>
+           : mode == kRegsPipe ? k_fp8_gemv<OPW, R, kExact, kRegsPipe>
+           : warps == 4        ? k_fp8_gemv<OPW, R, kExact, kRegs, 4>
+           : warps == 2        ? k_fp8_gemv<OPW, R, kExact, kRegs, 2>
                                : k_fp8_gemv<OPW, R, kExact, kRegs>;
   const int64_t out = std::max(c.out, c.pair.out);
-  const dim3 grid(blocks_for(out, 8 * OPW), blocks_for(c.rows, R), c.groups);
-  int ahead = 0;
-  if (pf_on && !deep && mode == kRegs && !long_k) {
-    const int resident = resident_blocks<k_fp8_gemv<OPW, R, kExact, kRegs, true>>();  // k here
-    if (int64_t(grid.x) * grid.y * grid.z > resident) ahead = resident;  // several waves only
-  }
-  launch_pdl(k, grid, dim3(256), 0, c.s, c.W, c.Ws, c.out, c.K, c.in.x, c.in.stride, c.in.group_stride, c.in.scale,
-             c.in.scale_stride, int(c.rows), c.y, c.y_stride, c.r, c.pair, early, ahead);
-}
-// DSUF_FP8_WAVES=any|fit (session 17, measuring): with fit, a kRegs linear given 2 outputs a warp whose
-// grid needs a second wave while 4 a warp fit in one takes 4 (at batch 1 `wo_a`: 512 blocks of 80
-// registers, 396 resident, against 256 of 99 registers, 264 resident) — no tail wave of ~a third of
-// the SMs' slots behind the first.
-bool fp8_fit_waves() {
-  static const bool fit = env_picks("DSUF_FP8_WAVES", "any", "fit");
-  return fit;
+  const dim3 grid(blocks_for(out, warps * OPW), blocks_for(c.rows, R), c.groups);
+  launch_pdl(k, grid, dim3(32 * warps), 0, c.s, c.W, c.Ws, c.out, c.K, c.in.x, c.in.stride, c.in.group_stride, c.in.scale,
+             c.in.scale_stride, int(c.rows), c.y, c.y_stride, c.r, c.pair, early);
 }
 template <int R, bool kExact>
 void launch_fp8_opw(const Fp8Call& c) {
-  int opw = outputs_per_warp((c.out * (c.pair.W ? 1 : c.groups) + c.pair.out) * blocks_for(c.rows, R));
-  if (opw == 2 && fp8_fit_waves() && gemv_mode() == kRegs) {
-    const int64_t out = std::max(c.out, c.pair.out), y = blocks_for(c.rows, R) * c.groups;
-    if (blocks_for(out, 16) * y > resident_blocks<k_fp8_gemv<2, R, kExact, kRegs>>() &&
-        blocks_for(out, 32) * y <= resident_blocks<k_fp8_gemv<4, R, kExact, kRegs>>())
-      opw = 4;
-  }
-  switch (opw) {
+  switch (outputs_per_warp((c.out * (c.pair.W ? 1 : c.groups) + c.pair.out) * blocks_for(c.rows, R))) {
     case 4: return launch_fp8<4, R, kExact>(c);
     case 2: return launch_fp8<2, R, kExact>(c);
     default: return launch_fp8<1, R, kExact>(c);
