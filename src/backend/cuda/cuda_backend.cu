@@ -202,7 +202,6 @@ struct CudaBackend::Impl {
     float* qs;
     float* mix_part;          // hc_mix scratch: warp sums
     unsigned* mix_count;      // hc_mix scratch: one counter per row tile (kept zero between launches)
-    unsigned* route_count;    // the fused router's counters: one per row (kept zero between launches)
     float* sample_w;          // [sample_chunk][V] sampling weights
     uint32_t* sample_max;     // [max_rows]
     int32_t* sample_out;      // [max_rows] sampled tokens, one per sampling job
@@ -792,8 +791,6 @@ void CudaBackend::Impl::alloc_workspace() {
   ws.keys = alloc<float>(w.keys);
   ws.mix_part = alloc<float>(w.mix_part), ws.mix_count = alloc<unsigned>(w.sample);
   DSUF_CUDA(cudaMemset(ws.mix_count, 0, size_t(w.sample) * sizeof(unsigned)));
-  ws.route_count = alloc<unsigned>(w.sample);
-  DSUF_CUDA(cudaMemset(ws.route_count, 0, size_t(w.sample) * sizeof(unsigned)));
   ws.att = alloc<float>(w.att);
   const TpScratch tps = tp_scratch(t, part, max_rows);
   if (tps.recv) tp_send = alloc<float>(tps.send), tp_recv = alloc<float>(tps.recv), tp_send_floats = tps.send;
@@ -1249,7 +1246,7 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
   };
   if (shared_early) shared_expert();
   cuda::router(d.gate, D, ws.xn, D, n, E, K, d.bias, d.bias_vl, image, float(t.gate_temp),
-               float(t.routed_scaling_factor), ws.router, ws.ids, ws.rw, ws.route_count, stream);
+               float(t.routed_scaling_factor), ws.router, ws.ids, ws.rw, stream);
   run_deferred_mix();  // DSUF_MIX_FORK=late
   if (!shared_early) shared_expert();
   const int64_t rows = int64_t(n) * K;

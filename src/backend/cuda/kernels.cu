@@ -3240,12 +3240,11 @@ __global__ void k_mask_from_selection(const int32_t* sel, int sel_stride, uint8_
 // and log1p: ~3 in a row on one warp at 96 experts, 12 at 384, were most of k_route's time on the
 // step's chain) into sv (3·E floats of shared memory: score, score + bias_of(e), taken flag), by the
 // whole block; then route_picks by warp 0 alone (the caller returns the other threads first, so that
-// the compiler sees a converged warp around the shuffles). kL2: the logits read through L2 (the fused
-// router's come from its other blocks).
-template <bool kL2, typename Bias>
+// the compiler sees a converged warp around the shuffles).
+template <typename Bias>
 __device__ __forceinline__ void route_scores(const float* l, int E, Bias bias_of, float temp, float* sv) {
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    const float x = (kL2 ? __ldcg(l + e) : l[e]) / temp;
+    const float x = l[e] / temp;
     sv[e] = sqrtf(det::softplus(x));
     sv[E + e] = sv[e] + bias_of(e);
     sv[2 * E + e] = 0.0f;
@@ -3295,60 +3294,11 @@ __global__ void k_route(const float* logits, int E, int k, const float* bias, co
   const int i = blockIdx.x;
   const bool vl = image && image[i];
   const float* b = vl ? bias_vl : bias;
-  route_scores<false>(logits + int64_t(i) * E, E,
+  route_scores(logits + int64_t(i) * E, E,
                       [&](int e) { return early && e == int(threadIdx.x) ? (vl ? bv0 : b0) : b[e]; }, temp, sv);
   if (threadIdx.x >= 32) return;
   route_picks(E, k, route_scale, i, ids, w, sv);
   pdl_exit(late);
-}
-
-// The router's linear and the routing in one launch (DSUF_ROUTER=fused): k_bf16_linear's warps a
-// logit each, then the last of a row's blocks to finish (a counter a row, k_hc_mix's hand-off)
-// routes the row with k_route's code: one kernel boundary fewer on the FFN site's chain. Blocks of
-// 256 threads, or one a expert up to 512 (V4.1's 384: one score a thread, as k_route). It triggers
-// its dependents when the linear is done (the last block, before routing: k_route's default moment,
-// after its wait) and ignores DSUF_LATE_TRIGGER=route and DSUF_W_EARLY (its biases are read after
-// the linear, off the weights' round trip).
-struct RouteArgs {
-  int k;
-  const float* bias;
-  const float* bias_vl;
-  const uint8_t* image;
-  float temp, route_scale;
-  int32_t* ids;
-  float* w;
-};
-__global__ void __launch_bounds__(512) k_router(const uint16_t* __restrict__ W, int E, int64_t K,
-                                                const float* __restrict__ x, int64_t x_stride, float* logits,
-                                                bool deep, RouteArgs a, unsigned* count) {
-  extern __shared__ float sv[];  // route_scores' 3·E floats
-  __shared__ bool last;
-  const int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  const int row = blockIdx.y, lane = threadIdx.x % 32;
-  // Every warp sums a row (a tail warp repeats the last; none at V4.1's 384 experts, 12 warps a block,
-  // or the bench's 96, 8),
-  // so that no warp-collective code sits under a branch and every thread has waited (pdl_wait) before
-  // the routing reads the step's image flags.
-  const float acc = bf16_row_dot(W, o < E ? o : E - 1, K, x, x_stride, row, lane, deep);
-  if (lane == 0 && o < E) logits[int64_t(row) * E + o] = acc;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const unsigned done = atomicAdd(count + row, 1u);
-    last = done == gridDim.x - 1;
-    if (last) count[row] = 0;  // every other block of the row has counted itself in
-  }
-  __syncthreads();
-  if (!last) return;  // an exit counts as the block's trigger
-  // The dependents (the routed experts' 512-thread blocks, one an SM, which can load nothing before
-  // the routing) launch only now: triggered at entry, they took the SMs while the linear ran and kept
-  // the other stream's shared expert and mHC mix off them (session 17: +0.34 ms a step at 8K).
-  pdl_trigger();
-  __threadfence();
-  const float* b = a.image && a.image[row] ? a.bias_vl : a.bias;
-  route_scores<true>(logits + int64_t(row) * E, E, [&](int e) { return b[e]; }, a.temp, sv);
-  if (threadIdx.x >= 32) return;
-  route_picks(E, a.k, a.route_scale, row, a.ids, a.w, sv);
 }
 
 __global__ void k_swiglu(float* h1, const float* h3, int64_t rows, int64_t F, const float* weight, float limit,
@@ -4345,21 +4295,9 @@ void gather_rows(const float* X, const float* pre, const int32_t* rows, int n, i
 }
 void router(const uint16_t* W, int64_t K, const float* x, int64_t x_stride, int n, int E, int k, const float* bias,
             const float* bias_vl, const uint8_t* image, float temp, float route_scale, float* logits, int32_t* ids,
-            float* w, unsigned* count, cudaStream_t s) {
-  // DSUF_ROUTER=split|fused: k_bf16_linear then k_route (split, the default until measured), or k_router.
-  static const bool fused = env_picks("DSUF_ROUTER", "split", "fused");
-  if (!fused || !count) {
-    bf16_linear(W, E, K, x, x_stride, n, logits, E, false, s);
-    route(logits, n, E, k, bias, bias_vl, image, temp, route_scale, ids, w, s);
-    return;
-  }
-  DSUF_CHECK(k <= 32 && k <= E, "route: top-", k, " of ", E, " experts");
-  const size_t smem = sizeof(float) * 3 * E;
-  set_smem(k_router, smem);
-  const int threads = int(std::clamp<int64_t>((E + 31) / 32 * 32, 256, 512));
-  if (n)
-    launch_step(k_router, dim3(blocks_for(E, threads / 32), n), dim3(threads), smem, s, W, E, K, x, x_stride, logits,
-                bf16_deep(), RouteArgs{k, bias, bias_vl, image, temp, route_scale, ids, w}, count);
+            float* w, cudaStream_t s) {
+  bf16_linear(W, E, K, x, x_stride, n, logits, E, false, s);
+  route(logits, n, E, k, bias, bias_vl, image, temp, route_scale, ids, w, s);
 }
 void route(const float* logits, int n, int E, int k, const float* bias, const float* bias_vl, const uint8_t* image,
            float temp, float route_scale, int32_t* ids, float* w, cudaStream_t s) {
