@@ -3786,11 +3786,12 @@ void launch_fp8(const Fp8Call& c) {
 }
 template <int R, bool kExact>
 void launch_fp8_opw(const Fp8Call& c) {
-  switch (outputs_per_warp((c.out * (c.pair.W ? 1 : c.groups) + c.pair.out) * blocks_for(c.rows, R))) {
-    case 4: return launch_fp8<4, R, kExact>(c);
-    case 2: return launch_fp8<2, R, kExact>(c);
-    default: return launch_fp8<1, R, kExact>(c);
-  }
+  const int opw = outputs_per_warp((c.out * (c.pair.W ? 1 : c.groups) + c.pair.out) * blocks_for(c.rows, R));
+  // 8 rows: at most 2 outputs a warp (4 × 8 sums a lane took 251-255 registers; 2 × 8, 168-171).
+  if constexpr (R < 8)
+    if (opw == 4) return launch_fp8<4, R, kExact>(c);
+  if (opw >= 2) return launch_fp8<2, R, kExact>(c);
+  launch_fp8<1, R, kExact>(c);
 }
 // DSUF_FP8_GEMM_ROWS: rows from which an FP8 linear runs as the tiled k_fp8_gemm (0: never).
 int64_t fp8_gemm_rows() {
@@ -3815,7 +3816,11 @@ void launch_fp8_rows(const Fp8Call& c) {
     DSUF_CUDA(cudaGetLastError());
     return;
   }
-  // Rows per block: each weight row is read once per group of R rows.
+  // Rows per block: each weight row is read once per group of R rows. DSUF_FP8_R8=off|on (session 17,
+  // off by default, compiled, not yet run): 8 rows a block from 8 rows on, so that batch 16 reads each
+  // weight twice (grid.y = 2) instead of four times — more accumulators a lane (OPW × 8).
+  static const bool r8 = env_picks("DSUF_FP8_R8", "off", "on");
+  if (r8 && c.rows >= 8) return launch_fp8_opw<8, kExact>(c);
   if (c.rows >= 4) return launch_fp8_opw<4, kExact>(c);
   if (c.rows >= 2) return launch_fp8_opw<2, kExact>(c);
   launch_fp8_opw<1, kExact>(c);
