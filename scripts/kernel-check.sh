@@ -22,6 +22,10 @@
 #                                    then the defaults' timeline (bench_decode --timeline, CSV to the
 #                                    log folder). ~3.5 s a run (9 values × 3 rounds: ~2 minutes)
 #
+#   scripts/kernel-check.sh sets     batch 1 at 8K (or $BENCH's bench_decode arguments) for each setting
+#                                    of $SETS (';'-separated; each a space-separated list of NAME=value,
+#                                    empty for the defaults), $ROUNDS (3) rounds interleaved: settings
+#                                    that combine several knobs, which `decode` cannot
 #   scripts/kernel-check.sh probe    bench/stream_probe: plain reads of the experts' bytes, one launch at
 #                                    each linear's size, launch boundaries (~20 s)
 #   scripts/kernel-check.sh pair A B two bench_decode binaries, batch 1 at 8K, $ROUNDS rounds interleaved
@@ -125,6 +129,20 @@ decode)
   echo "== defaults: timeline"
   bd --steps 10 --warmup 3 --timeline "$L/timeline" | tail -36
   ;;
+sets)
+  export CUDA_VISIBLE_DEVICES=0
+  IFS=';' read -r -a sets <<< "${SETS:?SETS=';'-separated settings}"
+  # shellcheck disable=SC2206
+  args=(${BENCH:---contexts 8192 --batches 1 --steps 30 --warmup 3})
+  for rep in $(seq "${ROUNDS:-3}"); do
+    for set in "${sets[@]}"; do
+      echo "== [${set:-defaults}] (round $rep): ${args[*]}"
+      # shellcheck disable=SC2086
+      env $set timeout 150 "$B/bench_decode" --engram-vocab 100000 "${args[@]}" 2>&1 |
+        grep -v '^model:\|^head:\|^routed experts\|^setup:' | tail -n "${TAIL:-1}"
+    done
+  done
+  ;;
 pair)
   # Two bench_decode binaries (e.g. main's and a branch's) at batch 1 and 8K, $ROUNDS rounds
   # interleaved: scripts/kernel-check.sh pair A/bench_decode B/bench_decode
@@ -187,7 +205,7 @@ source)
   done
   ;;
 *)
-  echo "usage: scripts/kernel-check.sh verify|time|decode|probe|pair A B|small|step" >&2
+  echo "usage: scripts/kernel-check.sh verify|time|decode|sets|probe|pair A B|small|step|source" >&2
   exit 2
   ;;
 esac

@@ -3753,8 +3753,8 @@ int fp4_gemv_mode() {
   }();
   return mode;
 }
-// The warps of a kRegs FP8 GEMV block: DSUF_FP8_BLOCK=auto|8|4|2; auto (the default) is 8 for one row
-// and 4 for the R-row forms (session 17: batch 4 at 8K 19.19 → 17.80 ms gpu, batch 16 61.02 → 59.54,
+// The warps of a kRegs or kRegsPipe FP8 GEMV block (kDeep: 8): DSUF_FP8_BLOCK=auto|8|4|2; auto (the
+// default) is 8 for one row and 4 for the R-row forms (session 17: batch 4 at 8K 19.19 → 17.80 ms gpu, batch 16 61.02 → 59.54,
 // batch 1 and 64 ±0 with 4 everywhere; the R-row kernels hold more registers, fewer blocks an SM, and
 // smaller blocks spread them more evenly over the SMs).
 int fp8_block_warps(int rows_a_block) {
@@ -3773,9 +3773,11 @@ void launch_fp8(const Fp8Call& c) {
   // whole weight share is loaded before the wait (deep: the v22 candidate; regs: as the others).
   static const bool small_deep = !env_picks("DSUF_FP8_SMALL", "deep", "regs");
   const bool deep = mode == kDeep || (small_deep && mode == kRegs && OPW == 1 && c.K / 32 <= 32 * deep_u<32>());
-  const int warps = deep || mode != kRegs ? 8 : fp8_block_warps(R);
+  const int warps = deep ? 8 : fp8_block_warps(R);
   auto k = deep                 ? k_fp8_gemv<OPW, R, kExact, kDeep>
-           : mode == kRegsPipe ? k_fp8_gemv<OPW, R, kExact, kRegsPipe>
+           : mode == kRegsPipe ? (warps == 4   ? k_fp8_gemv<OPW, R, kExact, kRegsPipe, 4>
+                                  : warps == 2 ? k_fp8_gemv<OPW, R, kExact, kRegsPipe, 2>
+                                               : k_fp8_gemv<OPW, R, kExact, kRegsPipe>)
            : warps == 4        ? k_fp8_gemv<OPW, R, kExact, kRegs, 4>
            : warps == 2        ? k_fp8_gemv<OPW, R, kExact, kRegs, 2>
                                : k_fp8_gemv<OPW, R, kExact, kRegs>;
@@ -3786,7 +3788,10 @@ void launch_fp8(const Fp8Call& c) {
 }
 template <int R, bool kExact>
 void launch_fp8_opw(const Fp8Call& c) {
-  const int opw = outputs_per_warp((c.out * (c.pair.W ? 1 : c.groups) + c.pair.out) * blocks_for(c.rows, R));
+  // DSUF_FP8_OPW_MAX=4|2|1 (a measuring aid, 4 by default): at most that many outputs a warp.
+  static const int opw_max = std::array<int, 3>{4, 2, 1}[env_choice("DSUF_FP8_OPW_MAX", {"4", "2", "1"})];
+  const int opw = std::min(opw_max, outputs_per_warp((c.out * (c.pair.W ? 1 : c.groups) + c.pair.out) *
+                                                     blocks_for(c.rows, R)));
   // 8 rows: at most 2 outputs a warp (4 × 8 sums a lane took 251-255 registers; 2 × 8, 168-171).
   if constexpr (R < 8)
     if (opw == 4) return launch_fp8<4, R, kExact>(c);
