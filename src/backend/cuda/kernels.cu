@@ -2629,6 +2629,8 @@ __device__ __forceinline__ uint32_t e2m1x2_4(uint32_t s) {
   return (pos & ~sel) | (neg & sel);
 }
 
+// k_index_scores_heads' pieces of k_index_scores (the same operations; k_index_scores keeps its own
+// copy, its SASS as measured, until DSUF_IDX_HEADS is measured and one of the two removed).
 // A key tile entry decoded: kc[w] holds dims 4w..4w+3 as int8 2c' (word u of the packed key is dims
 // 8u..8u+7), ks its block scales.
 __device__ __forceinline__ void idx_decode_key(const uint32_t* kt, uint32_t (&kc)[kIdxDim / 4], float (&ks)[kIdxBlocks]) {
@@ -2671,14 +2673,97 @@ __device__ __forceinline__ float idx_head_term(const uint32_t (&kc)[kIdxDim / 4]
   return wv[h] * fmaxf(dot, 0.0f) * dim_scale;
 }
 
-// kHG head groups an entry (DSUF_IDX_HEADS=split: 4; default 1). With 1, a thread owns an entry and
-// adds its IH head terms in order. With kHG > 1 a tile holds kIdxEntries / kHG entries and thread
-// (group g, entry el) computes the terms of heads g·IH/kHG.. into shared memory; then the entry's
-// group-0 thread adds all IH of them in head order — the same terms, the same sequential sum, so the
-// same bits — and a short row's entries take kHG times the blocks (8K context at ratio 4: 2,048
-// entries, 16 blocks of one 32-head chain a thread, against 64 blocks of 8-head chains).
-template <int kHG>
 __global__ void __launch_bounds__(kIdxEntries) k_index_scores(IndexScoreArgs a) {
+  pdl_entry();
+  extern __shared__ __align__(16) uint32_t ism[];
+  const int IH = a.IH, i = blockIdx.y, t = threadIdx.x;
+  const RowMeta m = a.meta[i];
+  const int64_t vis = (m.pos + 1) / a.ratio;
+  if (int64_t(blockIdx.x) * kIdxEntries >= vis) return;  // the whole block: nothing visible here
+  uint32_t* tile = ism;                                          // [kIdxEntries][17] packed keys
+  uint32_t* qw = tile + kIdxEntries * kIdxKeyWords;              // [IH][32] query codes, 4 per word
+  float* qs4 = reinterpret_cast<float*>(qw + IH * kIdxDim / 4);  // [IH][4] 0.25·s_q
+  float* wv = qs4 + IH * kIdxBlocks;                             // [IH] rb(weight)·head_scale
+  const float head_scale = 1.0f / sqrtf(float(IH)), dim_scale = 1.0f / sqrtf(float(kIdxDim));
+  const uint4* qsrc = reinterpret_cast<const uint4*>(a.qc + int64_t(i) * IH * kIdxDim);  // rows 16-byte aligned
+  for (int k = t; k < IH * kIdxDim / 16; k += kIdxEntries) reinterpret_cast<uint4*>(qw)[k] = qsrc[k];
+  for (int k = t; k < IH * kIdxBlocks; k += kIdxEntries) qs4[k] = 0.25f * a.qs[int64_t(i) * IH * kIdxBlocks + k];
+  for (int h = t; h < IH; h += kIdxEntries) wv[h] = rb(a.wts[int64_t(i) * IH + h], a.r) * head_scale;
+  const uint8_t* keys = a.seqs[m.seq].ikey[a.src];
+  // Tiles of kIdxEntries entries, grid-strided (the launcher caps the grid; the queries stay).
+  for (int64_t e0 = int64_t(blockIdx.x) * kIdxEntries; e0 < vis; e0 += int64_t(gridDim.x) * kIdxEntries) {
+    // Stage the tile's visible keys (n_e·68 bytes from a 16-byte aligned offset when keys is).
+    const int n_e = int(vis - e0 < kIdxEntries ? vis - e0 : kIdxEntries);
+    const uint32_t* src = reinterpret_cast<const uint32_t*>(keys + e0 * (kIdxKeyWords * 4));
+    const int words = n_e * kIdxKeyWords;
+    int done = 0;
+    __syncthreads();  // the previous tile is read
+    if ((reinterpret_cast<uintptr_t>(src) & 15u) == 0) {
+      done = words / 4 * 4;
+      for (int k = t; k < words / 4; k += kIdxEntries)
+        reinterpret_cast<uint4*>(tile)[k] = __ldg(reinterpret_cast<const uint4*>(src) + k);
+    }
+    for (int k = done + t; k < words; k += kIdxEntries) tile[k] = __ldg(src + k);
+    __syncthreads();
+    if (t >= n_e) continue;
+    const int64_t e = e0 + t;
+    float* out = a.scores + int64_t(i) * a.score_stride + e;
+    if (a.cand_mask && !a.cand_mask[int64_t(i) * a.mask_stride + e / a.block]) {
+      *out = -INFINITY;
+      continue;
+    }
+    // The key: kc[w] holds dims 4w..4w+3 as int8 2c' (word u of the packed key is dims 8u..8u+7).
+    const uint32_t* kt = tile + t * kIdxKeyWords;  // odd stride: conflict-free
+    uint32_t kc[kIdxDim / 4];
+#pragma unroll
+    for (int u = 0; u < kIdxDim / 8; ++u) {
+      const uint32_t w = kt[u];
+      kc[2 * u] = e2m1x2_4(w);
+      kc[2 * u + 1] = e2m1x2_4(w >> 16);
+    }
+    float ks[kIdxBlocks];
+    const uint32_t sw = kt[kIdxDim / 8];
+#pragma unroll
+    for (int j = 0; j < kIdxBlocks; ++j) ks[j] = e8m0(uint8_t(sw >> (8 * j)));
+    float s = 0.0f;
+#pragma unroll 4
+    for (int h = 0; h < IH; ++h) {
+      const uint4* q = reinterpret_cast<const uint4*>(qw + h * (kIdxDim / 4));
+      const float4 qsc = reinterpret_cast<const float4*>(qs4)[h];
+      const float qsj[kIdxBlocks] = {qsc.x, qsc.y, qsc.z, qsc.w};
+      int isum[kIdxBlocks];
+#pragma unroll
+      for (int j = 0; j < kIdxBlocks; ++j) {
+        const uint4 q0 = q[2 * j], q1 = q[2 * j + 1];
+        const uint32_t* k = kc + 8 * j;
+        int acc = __dp4a(int(k[0]), int(q0.x), 0);
+        acc = __dp4a(int(k[1]), int(q0.y), acc);
+        acc = __dp4a(int(k[2]), int(q0.z), acc);
+        acc = __dp4a(int(k[3]), int(q0.w), acc);
+        acc = __dp4a(int(k[4]), int(q1.x), acc);
+        acc = __dp4a(int(k[5]), int(q1.y), acc);
+        acc = __dp4a(int(k[6]), int(q1.z), acc);
+        isum[j] = __dp4a(int(k[7]), int(q1.w), acc);
+      }
+      // det::seq_sum of det::fp4_block_dot(isum, s_q, s_k) = float(isum)·((0.25·s_q)·s_k); qs4
+      // holds the same 0.25·s_q (exact).
+      float dot = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kIdxBlocks; ++j) dot += float(isum[j]) * (qsj[j] * ks[j]);
+      s += wv[h] * fmaxf(dot, 0.0f) * dim_scale;
+    }
+    *out = s;
+  }
+}
+
+// DSUF_IDX_HEADS=split (session 17, off by default, compiled, not yet run): kHG head groups an entry.
+// A tile holds kIdxEntries / kHG entries and thread (group g, entry el) computes the terms of heads
+// g·IH/kHG.. into shared memory (idx_head_term: k_index_scores' operations); then the entry's group-0
+// thread adds all IH of them in head order — the same terms, the same sequential sum, so the same
+// bits — and a short row's entries take kHG times the blocks (8K context at ratio 4: 2,048 entries,
+// 16 blocks of one 32-head chain a thread in k_index_scores, 64 blocks of 8-head chains here).
+template <int kHG>
+__global__ void __launch_bounds__(kIdxEntries) k_index_scores_heads(IndexScoreArgs a) {
   constexpr int kEPB = kIdxEntries / kHG;  // entries a tile
   pdl_entry();
   extern __shared__ __align__(16) uint32_t ism[];
@@ -2690,7 +2775,7 @@ __global__ void __launch_bounds__(kIdxEntries) k_index_scores(IndexScoreArgs a) 
   uint32_t* qw = tile + kEPB * kIdxKeyWords;                     // [IH][32] query codes, 4 per word
   float* qs4 = reinterpret_cast<float*>(qw + IH * kIdxDim / 4);  // [IH][4] 0.25·s_q
   float* wv = qs4 + IH * kIdxBlocks;                             // [IH] rb(weight)·head_scale
-  float* terms = wv + IH;                                        // kHG > 1: [kEPB][IH + 1] head terms
+  float* terms = wv + IH;                                        // [kEPB][IH + 1] head terms
   const float head_scale = 1.0f / sqrtf(float(IH)), dim_scale = 1.0f / sqrtf(float(kIdxDim));
   const uint4* qsrc = reinterpret_cast<const uint4*>(a.qc + int64_t(i) * IH * kIdxDim);  // rows 16-byte aligned
   for (int k = t; k < IH * kIdxDim / 16; k += kIdxEntries) reinterpret_cast<uint4*>(qw)[k] = qsrc[k];
@@ -2698,14 +2783,12 @@ __global__ void __launch_bounds__(kIdxEntries) k_index_scores(IndexScoreArgs a) 
   for (int h = t; h < IH; h += kIdxEntries) wv[h] = rb(a.wts[int64_t(i) * IH + h], a.r) * head_scale;
   const uint8_t* keys = a.seqs[m.seq].ikey[a.src];
   const int el = t % kEPB, g = t / kEPB, hpg = IH / kHG;
-  // Tiles of kEPB entries, grid-strided (the launcher caps the grid; the queries stay).
   for (int64_t e0 = int64_t(blockIdx.x) * kEPB; e0 < vis; e0 += int64_t(gridDim.x) * kEPB) {
-    // Stage the tile's visible keys (n_e·68 bytes from a 16-byte aligned offset when keys is).
     const int n_e = int(vis - e0 < kEPB ? vis - e0 : kEPB);
     const uint32_t* src = reinterpret_cast<const uint32_t*>(keys + e0 * (kIdxKeyWords * 4));
     const int words = n_e * kIdxKeyWords;
     int done = 0;
-    __syncthreads();  // the previous tile (and its terms) is read
+    __syncthreads();  // the previous tile and its terms are read
     if ((reinterpret_cast<uintptr_t>(src) & 15u) == 0) {
       done = words / 4 * 4;
       for (int k = t; k < words / 4; k += kIdxEntries)
@@ -2714,36 +2797,21 @@ __global__ void __launch_bounds__(kIdxEntries) k_index_scores(IndexScoreArgs a) 
     for (int k = done + t; k < words; k += kIdxEntries) tile[k] = __ldg(src + k);
     __syncthreads();
     const int64_t e = e0 + el;
-    float* out = a.scores + int64_t(i) * a.score_stride + e;
     const bool live = el < n_e;
     const bool masked = live && a.cand_mask && !a.cand_mask[int64_t(i) * a.mask_stride + e / a.block];
-    if constexpr (kHG == 1) {
-      if (!live) continue;
-      if (masked) {
-        *out = -INFINITY;
-        continue;
-      }
+    if (live && !masked) {
       uint32_t kc[kIdxDim / 4];
       float ks[kIdxBlocks];
-      idx_decode_key(tile + t * kIdxKeyWords, kc, ks);  // odd stride: conflict-free
+      idx_decode_key(tile + el * kIdxKeyWords, kc, ks);  // a warp's lanes: consecutive entries (odd stride)
+      for (int h = g * hpg; h < (g + 1) * hpg; ++h)
+        terms[el * (IH + 1) + h] = idx_head_term(kc, ks, qw, qs4, wv, h, dim_scale);
+    }
+    __syncthreads();
+    if (g == 0 && live) {
       float s = 0.0f;
-#pragma unroll 4
-      for (int h = 0; h < IH; ++h) s += idx_head_term(kc, ks, qw, qs4, wv, h, dim_scale);
-      *out = s;
-    } else {
-      if (live && !masked) {
-        uint32_t kc[kIdxDim / 4];
-        float ks[kIdxBlocks];
-        idx_decode_key(tile + el * kIdxKeyWords, kc, ks);  // a warp's lanes: consecutive entries
-        for (int h = g * hpg; h < (g + 1) * hpg; ++h) terms[el * (IH + 1) + h] = idx_head_term(kc, ks, qw, qs4, wv, h, dim_scale);
-      }
-      __syncthreads();
-      if (g == 0 && live) {
-        float s = 0.0f;
-        if (!masked)
-          for (int h = 0; h < IH; ++h) s += terms[el * (IH + 1) + h];
-        *out = masked ? -INFINITY : s;
-      }
+      if (!masked)
+        for (int h = 0; h < IH; ++h) s += terms[el * (IH + 1) + h];
+      a.scores[int64_t(i) * a.score_stride + e] = masked ? -INFINITY : s;
     }
   }
 }
@@ -4237,13 +4305,13 @@ void index_scores(const IndexScoreArgs& a, cudaStream_t s) {
   if (a.max_entries <= 0 || a.rows <= 0) return;
   DSUF_CHECK(a.ihd == kIdxDim, "index_scores: index_head_dim ", a.ihd, " (the kernel is built for ", kIdxDim, ")");
   // DSUF_IDX_HEADS=entry|split (session 17, off by default, compiled, not yet run): a thread an entry,
-  // or 4 head groups an entry (k_index_scores<4>; IH % 4 == 0).
+  // or 4 head groups an entry (k_index_scores_heads<4>; IH % 4 == 0).
   static const bool split_pick = env_picks("DSUF_IDX_HEADS", "entry", "split");
   const int hg = split_pick && a.IH % 4 == 0 ? 4 : 1, epb = kIdxEntries / hg;
   const size_t smem = sizeof(uint32_t) * epb * kIdxKeyWords + size_t(a.IH) * (kIdxDim + sizeof(float) * (kIdxBlocks + 1)) +
                       (hg > 1 ? sizeof(float) * epb * (a.IH + 1) : 0);
   DSUF_CHECK(smem <= 200 * 1024, "index_scores: ", a.IH, " heads need too much shared memory");
-  auto k = hg > 1 ? k_index_scores<4> : k_index_scores<1>;
+  auto k = hg > 1 ? k_index_scores_heads<4> : k_index_scores;
   set_smem(k, smem);
   // About kIdxGridBlocks blocks in all (a few waves); a row's tiles beyond its blocks are strided.
   const int bx = int(std::min<int64_t>(blocks_for(a.max_entries, epb), std::max(1, kIdxGridBlocks / a.rows)));
