@@ -2765,6 +2765,9 @@ __global__ void __launch_bounds__(kIdxEntries) k_index_scores(IndexScoreArgs a) 
 template <int kHG>
 __global__ void __launch_bounds__(kIdxEntries) k_index_scores_heads(IndexScoreArgs a) {
   constexpr int kEPB = kIdxEntries / kHG;  // entries a tile
+  // A warp within one head group (its lanes consecutive entries), the queries' 16-byte stores aligned
+  // after the keys; the launcher picks kHG only where IH % kHG == 0.
+  static_assert(kIdxEntries % kHG == 0 && kEPB % 32 == 0 && kEPB * kIdxKeyWords % 4 == 0, "tile shape");
   pdl_entry();
   extern __shared__ __align__(16) uint32_t ism[];
   const int IH = a.IH, i = blockIdx.y, t = threadIdx.x;
@@ -4307,11 +4310,12 @@ void index_scores(const IndexScoreArgs& a, cudaStream_t s) {
   // DSUF_IDX_HEADS=entry|split (session 17, off by default, compiled, not yet run): a thread an entry,
   // or 4 head groups an entry (k_index_scores_heads<4>; IH % 4 == 0).
   static const bool split_pick = env_picks("DSUF_IDX_HEADS", "entry", "split");
-  const int hg = split_pick && a.IH % 4 == 0 ? 4 : 1, epb = kIdxEntries / hg;
+  constexpr int kSplit = 4;
+  const int hg = split_pick && a.IH % kSplit == 0 ? kSplit : 1, epb = kIdxEntries / hg;
   const size_t smem = sizeof(uint32_t) * epb * kIdxKeyWords + size_t(a.IH) * (kIdxDim + sizeof(float) * (kIdxBlocks + 1)) +
                       (hg > 1 ? sizeof(float) * epb * (a.IH + 1) : 0);
   DSUF_CHECK(smem <= 200 * 1024, "index_scores: ", a.IH, " heads need too much shared memory");
-  auto k = hg > 1 ? k_index_scores_heads<4> : k_index_scores;
+  auto k = hg > 1 ? k_index_scores_heads<kSplit> : k_index_scores;
   set_smem(k, smem);
   // About kIdxGridBlocks blocks in all (a few waves); a row's tiles beyond its blocks are strided.
   const int bx = int(std::min<int64_t>(blocks_for(a.max_entries, epb), std::max(1, kIdxGridBlocks / a.rows)));
