@@ -657,7 +657,7 @@ struct WorkspaceSizes {
                            wts + scores + bscores + router + ids /*rw*/ + 2 * h + ye + vecD /*ys*/ + 2 * hs + emb + ekv +
                            logits + keys + att + sample_w + 2 * (aq + aq / 32) + aq_shared + aq_shared / 32 + qi / 32 +
                            mix_part + row_groups;
-    return size_t(floats) * 4 + size_t(sel + cand + ids + 2 * sample + 2 * sample /*mix, route counters*/) * 4 +
+    return size_t(floats) * 4 + size_t(sel + cand + ids + 2 * sample + sample /*mix counters*/) * 4 +
            size_t(cand_mask + qi) + size_t(topk + sel /*picks*/) * 8 + size_t(2 * aqp);
   }
 };
@@ -1245,8 +1245,9 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
     cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, hsin, n, ws.ys, D, r, s2);
   };
   if (shared_early) shared_expert();
-  cuda::router(d.gate, D, ws.xn, D, n, E, K, d.bias, d.bias_vl, image, float(t.gate_temp),
-               float(t.routed_scaling_factor), ws.router, ws.ids, ws.rw, stream);
+  cuda::bf16_linear(d.gate, E, D, ws.xn, D, n, ws.router, E, false, stream);
+  cuda::route(ws.router, n, E, K, d.bias, d.bias_vl, image, float(t.gate_temp), float(t.routed_scaling_factor),
+              ws.ids, ws.rw, stream);
   run_deferred_mix();  // DSUF_MIX_FORK=late
   if (!shared_early) shared_expert();
   const int64_t rows = int64_t(n) * K;

@@ -1885,11 +1885,12 @@ constexpr int kBf16Deep = 20;
 // One warp per output; lane l takes 8-element chunks l, l+32, … (chunk_lane_sum<8>): one 16-byte
 // weight load and two float4 input loads per chunk when K and the strides allow, else scalars in
 // the same order.
-// Output o of input row `row`, summed over the warp (every lane holds it); waits for the step's earlier
-// kernels (pdl_wait) after loading the weights.
-__device__ __forceinline__ float bf16_row_dot(const uint16_t* __restrict__ W, int64_t o, int64_t K,
-                                              const float* __restrict__ x, int64_t x_stride, int row, int lane,
-                                              bool deep) {
+__global__ void k_bf16_linear(const uint16_t* __restrict__ W, int64_t out, int64_t K, const float* __restrict__ x,
+                              int64_t x_stride, float* __restrict__ y, int64_t y_stride, bool r, bool deep) {
+  pdl_trigger();
+  const int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int row = blockIdx.y, lane = threadIdx.x % 32;
+  if (o >= out) return;  // a whole warp; the grid's other warps wait
   const uint16_t* wr = W + o * K;
   const float* xr = x + int64_t(row) * x_stride;
   float acc = 0.0f;
@@ -1923,15 +1924,7 @@ __device__ __forceinline__ float bf16_row_dot(const uint16_t* __restrict__ W, in
     for (int64_t c = lane; c * 8 < K; c += 32)
       for (int64_t k = c * 8; k < c * 8 + 8 && k < K; ++k) acc += bf16_load(wr, k) * xr[k];
   }
-  return warp_sum(acc);
-}
-__global__ void k_bf16_linear(const uint16_t* __restrict__ W, int64_t out, int64_t K, const float* __restrict__ x,
-                              int64_t x_stride, float* __restrict__ y, int64_t y_stride, bool r, bool deep) {
-  pdl_trigger();
-  const int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  const int row = blockIdx.y, lane = threadIdx.x % 32;
-  if (o >= out) return;  // a whole warp; the grid's other warps wait
-  const float acc = bf16_row_dot(W, o, K, x, x_stride, row, lane, deep);
+  acc = warp_sum(acc);
   if (lane == 0) y[int64_t(row) * y_stride + o] = rb(acc, r);
 }
 
@@ -3343,28 +3336,34 @@ __global__ void k_mask_from_selection(const int32_t* sel, int sel_stride, uint8_
 // One block per token (a thread per expert, up to 1,024): scores computed once per expert in
 // parallel, then warp 0's k rounds of argmax (largest score + bias among the experts not yet taken,
 // ties to the lower id — the reference's sequential scan picks the same one for any non-NaN scores).
-// One token's routing, in two parts: route_scores, the scores a thread per expert (each a software exp
-// and log1p: ~3 in a row on one warp at 96 experts, 12 at 384, were most of k_route's time on the
-// step's chain) into sv (3·E floats of shared memory: score, score + bias_of(e), taken flag), by the
-// whole block; then route_picks by warp 0 alone (the caller returns the other threads first, so that
-// the compiler sees a converged warp around the shuffles).
-template <typename Bias>
-__device__ __forceinline__ void route_scores(const float* l, int E, Bias bias_of, float temp, float* sv) {
+__global__ void k_route(const float* logits, int E, int k, const float* bias, const float* bias_vl,
+                        const uint8_t* image, float temp, float route_scale, int32_t* ids, float* w,
+                        bool w_early, bool late) {
+  // A thread's first expert's two biases before the dependency wait (w_early, DSUF_W_EARLY=1: weights;
+  // which one applies depends on the step's image flags, read after it).
+  const bool early = w_early && threadIdx.x < E;
+  const float b0 = early ? bias[threadIdx.x] : 0.0f;
+  const float bv0 = early && bias_vl ? bias_vl[threadIdx.x] : 0.0f;
+  pdl_entry(late);
+  extern __shared__ float sv[];  // [E] score s, [E] s + bias, [E] taken flags
+  __shared__ float picked[32];
+  const int i = blockIdx.x, lane = threadIdx.x;
+  const float* l = logits + int64_t(i) * E;
+  const bool vl = image && image[i];
+  const float* b = vl ? bias_vl : bias;
+  float* sc = sv;
+  float* val = sv + E;
+  float* taken = sv + 2 * E;
+  // The scores a thread per expert (each a software exp and log1p: ~3 in a row on one warp at 96
+  // experts, 12 at 384, were most of the kernel's time on the step's chain), then the picks by warp 0.
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
     const float x = l[e] / temp;
-    sv[e] = sqrtf(det::softplus(x));
-    sv[E + e] = sv[e] + bias_of(e);
-    sv[2 * E + e] = 0.0f;
+    sc[e] = sqrtf(det::softplus(x));
+    val[e] = sc[e] + (early && e == threadIdx.x ? (vl ? bv0 : b0) : b[e]);
+    taken[e] = 0.0f;
   }
   __syncthreads();
-}
-__device__ __forceinline__ void route_picks(int E, int k, float route_scale, int i, int32_t* ids, float* w,
-                                            float* sv) {
-  __shared__ float picked[32];
-  const int lane = threadIdx.x;
-  const float* sc = sv;
-  const float* val = sv + E;
-  float* taken = sv + 2 * E;
+  if (threadIdx.x >= 32) return;
   float sum = 0.0f;
   for (int j = 0; j < k; ++j) {
     int best = -1;
@@ -3386,25 +3385,6 @@ __device__ __forceinline__ void route_picks(int E, int k, float route_scale, int
     __syncwarp();
   }
   if (lane < k) w[i * k + lane] = picked[lane] / (sum + 1e-20f) * route_scale;
-}
-
-__global__ void k_route(const float* logits, int E, int k, const float* bias, const float* bias_vl,
-                        const uint8_t* image, float temp, float route_scale, int32_t* ids, float* w,
-                        bool w_early, bool late) {
-  // A thread's first expert's two biases before the dependency wait (w_early, DSUF_W_EARLY=1: weights;
-  // which one applies depends on the step's image flags, read after it).
-  const bool early = w_early && threadIdx.x < E;
-  const float b0 = early ? bias[threadIdx.x] : 0.0f;
-  const float bv0 = early && bias_vl ? bias_vl[threadIdx.x] : 0.0f;
-  pdl_entry(late);
-  extern __shared__ float sv[];  // [E] score s, [E] s + bias, [E] taken flags
-  const int i = blockIdx.x;
-  const bool vl = image && image[i];
-  const float* b = vl ? bias_vl : bias;
-  route_scores(logits + int64_t(i) * E, E,
-                      [&](int e) { return early && e == int(threadIdx.x) ? (vl ? bv0 : b0) : b[e]; }, temp, sv);
-  if (threadIdx.x >= 32) return;
-  route_picks(E, k, route_scale, i, ids, w, sv);
   pdl_exit(late);
 }
 
@@ -3861,9 +3841,9 @@ int fp4_gemv_mode() {
   return mode;
 }
 // The warps of a kRegs or kRegsPipe FP8 GEMV block (kDeep: 8): DSUF_FP8_BLOCK=auto|8|4|2; auto (the
-// default) is 8 for one row and 4 for the R-row forms (session 17: batch 4 at 8K 19.19 → 17.80 ms gpu, batch 16 61.02 → 59.54,
-// batch 1 and 64 ±0 with 4 everywhere; the R-row kernels hold more registers, fewer blocks an SM, and
-// smaller blocks spread them more evenly over the SMs).
+// default) is 8 for one row and 4 for the R-row forms (session 17: batch 4 at 8K 19.19 → 17.80 ms gpu,
+// batch 16 61.02 → 59.54, batch 1 and 64 ±0 with 4 everywhere; the R-row kernels hold more registers,
+// fewer blocks an SM, and smaller blocks spread them more evenly over the SMs).
 int fp8_block_warps(int rows_a_block) {
   static const int pick = env_choice("DSUF_FP8_BLOCK", {"auto", "8", "4", "2"});
   constexpr int warps[] = {0, 8, 4, 2};
@@ -4168,15 +4148,9 @@ void fp4_tile_in_place(uint8_t* W, int64_t out, int64_t K, uint8_t* scratch, cud
   DSUF_CUDA(cudaGetLastError());
   DSUF_CUDA(cudaMemcpyAsync(W, scratch, size_t(bytes), cudaMemcpyDeviceToDevice, s));
 }
-namespace {
-bool bf16_deep() {
-  static const bool deep = !env_picks("DSUF_BF16", "deep", "loop");
-  return deep;
-}
-}  // namespace
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows, float* y,
                  int64_t y_stride, bool r, cudaStream_t s) {
-  const bool deep = bf16_deep();
+  static const bool deep = !env_picks("DSUF_BF16", "deep", "loop");
   // A warp per output, 8 warps a block (v21 tried blocks of ⌈outputs·rows/132⌉ warps, so that the
   // router's 96 rows are read by 96 SMs instead of 12: the same step time, docs/perf.md).
   launch_step(k_bf16_linear, dim3(blocks_for(out, 8), rows), dim3(256), 0, s, W, out, K, x, x_stride, y, y_stride, r,
@@ -4415,12 +4389,6 @@ void top_k_mask(const float* x, int64_t stride, int rows, const RowMeta* meta, i
 void gather_rows(const float* X, const float* pre, const int32_t* rows, int n, int hc, int64_t D, float* Xo,
                  float* preo, cudaStream_t s) {
   launch_step(k_gather_rows, dim3(n), dim3(256), 0, s, X, pre, rows, hc, D, Xo, preo);
-}
-void router(const uint16_t* W, int64_t K, const float* x, int64_t x_stride, int n, int E, int k, const float* bias,
-            const float* bias_vl, const uint8_t* image, float temp, float route_scale, float* logits, int32_t* ids,
-            float* w, cudaStream_t s) {
-  bf16_linear(W, E, K, x, x_stride, n, logits, E, false, s);
-  route(logits, n, E, k, bias, bias_vl, image, temp, route_scale, ids, w, s);
 }
 void route(const float* logits, int n, int E, int k, const float* bias, const float* bias_vl, const uint8_t* image,
            float temp, float route_scale, int32_t* ids, float* w, cudaStream_t s) {

@@ -339,11 +339,6 @@ void top_k_mask(const float* x, int64_t stride, int rows, const RowMeta* meta, i
 void gather_rows(const float* X, const float* pre, const int32_t* rows, int n, int hc, int64_t D, float* Xo,
                  float* preo, cudaStream_t s);
 
-// The router: logits = W·x (BF16 weights, E outputs, FP32 sums as bf16_linear), then route(): two
-// launches (one fused launch, the last block routing, measured +0.045 ms a step: docs/perf.md v31).
-void router(const uint16_t* W, int64_t K, const float* x, int64_t x_stride, int n, int E, int k, const float* bias,
-            const float* bias_vl, const uint8_t* image, float temp, float route_scale, float* logits, int32_t* ids,
-            float* w, cudaStream_t s);
 // MoE routing per token: sqrt(softplus(logit/temp)) scores, top-k of score + bias (bias_vl for
 // image tokens), weights normalized (+1e-20) and scaled.
 void route(const float* logits, int n, int E, int k, const float* bias, const float* bias_vl,
