@@ -464,7 +464,7 @@ __global__ void __launch_bounds__(256) k_hc_mix(const float* __restrict__ fn, co
                                                 int64_t N, int R, float norm_eps, const float* __restrict__ base,
                                                 const float* __restrict__ scale, int iters, float hc_eps,
                                                 float* __restrict__ out, float* __restrict__ part,
-                                                unsigned* __restrict__ count) {
+                                                unsigned* __restrict__ count, bool pin) {
   constexpr int M = (2 + HC) * HC, T = M + 1;
   extern __shared__ float sm[];
   __shared__ bool last;
@@ -478,11 +478,25 @@ __global__ void __launch_bounds__(256) k_hc_mix(const float* __restrict__ fn, co
   // This warp's fn values first, before the dependency wait (weights: nothing in a step writes
   // them): their latency (DRAM) overlaps the previous kernel's end and the staging of the stream
   // values (L2).
+  // pin (DSUF_MIX_W=pin, session 18, measuring): as written above, these predicated loads share
+  // the wait's basic block and ptxas issues them after it (SASS: no load before the wait); pinned,
+  // they are unconditional (an index past the end reloads fn's last value, never used) in a block of
+  // their own, which stays before the wait (k_bf16_linear's staged path).
   float f[kMixChunk];
+  if (pin) {
+    if (in_regs && m < M) {
 #pragma unroll
-  for (int j = 0; j < kMixChunk; ++j) {
-    const int64_t idx = t + 1024 * int64_t(j);
-    f[j] = in_regs && m < M && j < J && idx < N ? __ldg(fn + int64_t(m) * N + idx) : 0.0f;
+      for (int j = 0; j < kMixChunk; ++j) {
+        const int64_t idx = t + 1024 * int64_t(j);
+        f[j] = __ldg(fn + int64_t(m) * N + (idx < N ? idx : N - 1));
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kMixChunk; ++j) {
+      const int64_t idx = t + 1024 * int64_t(j);
+      f[j] = in_regs && m < M && j < J && idx < N ? __ldg(fn + int64_t(m) * N + idx) : 0.0f;
+    }
   }
   pdl_entry();
   float* xs = sm;  // [R][J][32]: x[32v + l + 1024j] at (r·J + j)·32 + l
@@ -1882,20 +1896,75 @@ __device__ __forceinline__ float bf16_chunk(float acc, const uint4& wv, const fl
 // the indexer projections and the head at the real dimensions), so that a warp's row is one DRAM
 // round trip instead of one per 4 chunks; DSUF_BF16=loop keeps the 4-deep loop (measuring aid).
 constexpr int kBf16Deep = 20;
+// DSUF_BF16=staged (session 18): the input row staged in shared memory by the whole block after the
+// dependency wait — its kBf16Deep / 4 16-byte loads a thread issued together, one L2 round trip —
+// instead of each lane loading its chunks' inputs one chunk at a time in the sum's loop (the compiler
+// cannot hoist them past the loop's exit test: 16 dependent L2 round trips a warp at K = 4096, the
+// router's ~7 µs after its input is ready). Stored so that a warp's reads are conflict-free: chunk c's
+// two float4 halves at float4 index (c / 32 · 2 + half) · 32 + c mod 32.
+__device__ __forceinline__ int bf16_stage_slot(int j) {  // j: the row's float4 index
+  const int c = j / 2, half = j % 2;
+  return ((c / 32) * 2 + half) * 32 + c % 32;
+}
+size_t bf16_linear_smem(int64_t K, bool staged) { return staged && K <= 8 * 32 * kBf16Deep ? size_t(K) * 4 : 0; }
 // One warp per output; lane l takes 8-element chunks l, l+32, … (chunk_lane_sum<8>): one 16-byte
 // weight load and two float4 input loads per chunk when K and the strides allow, else scalars in
 // the same order.
 __global__ void k_bf16_linear(const uint16_t* __restrict__ W, int64_t out, int64_t K, const float* __restrict__ x,
-                              int64_t x_stride, float* __restrict__ y, int64_t y_stride, bool r, bool deep) {
+                              int64_t x_stride, float* __restrict__ y, int64_t y_stride, bool r, bool deep,
+                              bool staged) {
+  extern __shared__ float4 bf16_xs[];  // staged: the input row, bf16_stage_slot's order
   pdl_trigger();
   const int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int row = blockIdx.y, lane = threadIdx.x % 32;
-  if (o >= out) return;  // a whole warp; the grid's other warps wait
+  const bool active = o < out;  // warp-uniform
   const uint16_t* wr = W + o * K;
   const float* xr = x + int64_t(row) * x_stride;
   float acc = 0.0f;
   const bool vec = K % 8 == 0 && x_stride % 4 == 0 && (reinterpret_cast<uintptr_t>(W) & 15) == 0 &&
                    (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+  if (vec && staged && K <= 8 * 32 * kBf16Deep) {
+    // The row's weights before the wait, for real (session 18): the deep path's loads below are
+    // issued after it — ptxas moves griddepcontrol.wait to the top of its basic block, and those
+    // loads, predicated on c·8 < K, share the wait's block (SASS). Here the loads are unconditional
+    // (a lane past the row's end reloads its last chunk) in a block of their own (`if (active)`),
+    // which ptxas leaves before the wait.
+    uint4 wv[kBf16Deep];
+    const int64_t nc = K / 8;
+    if (active) {
+#pragma unroll
+      for (int i = 0; i < kBf16Deep; ++i) {
+        const int64_t c = lane + 32 * i;
+        wv[i] = __ldg(reinterpret_cast<const uint4*>(wr + (c < nc ? c : nc - 1) * 8));
+      }
+    }
+    pdl_wait();
+    constexpr int kPer = 8 * 32 * kBf16Deep / 4 / 256;  // float4s a thread stages (blocks of 256)
+    const int n4 = int(K / 4);
+    float4 t[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = int(threadIdx.x) + 256 * j;
+      if (i < n4) t[j] = reinterpret_cast<const float4*>(xr)[i];
+    }
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = int(threadIdx.x) + 256 * j;
+      if (i < n4) bf16_xs[bf16_stage_slot(i)] = t[j];
+    }
+    __syncthreads();  // every warp meets it; one past `out` loaded no weights and stores nothing
+    if (!active) return;
+#pragma unroll
+    for (int i = 0; i < kBf16Deep; ++i) {
+      if (lane + 32 * i >= nc) break;
+      float4 xc[2] = {bf16_xs[(2 * i) * 32 + lane], bf16_xs[(2 * i + 1) * 32 + lane]};
+      acc = bf16_chunk(acc, wv[i], reinterpret_cast<const float*>(xc));
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) y[int64_t(row) * y_stride + o] = rb(acc, r);
+    return;
+  }
+  if (!active) return;  // a whole warp; the grid's other warps wait
   if (vec && deep && K <= 8 * 32 * kBf16Deep) {
     // The row's weights before the dependency wait (nothing in a step writes them), as the FP8
     // GEMVs do: their DRAM round trip overlaps the previous kernel's end.
@@ -3336,6 +3405,17 @@ __global__ void k_mask_from_selection(const int32_t* sel, int sel_stride, uint8_
 // One block per token (a thread per expert, up to 1,024): scores computed once per expert in
 // parallel, then warp 0's k rounds of argmax (largest score + bias among the experts not yet taken,
 // ties to the lower id — the reference's sequential scan picks the same one for any non-NaN scores).
+// DSUF_ROUTE=redux (session 18, measuring; kRedux): warp 0 holds the values in registers (expert
+// lane + 32m in slot m, at most 32·kRouteSlots experts) and finds each pick with two warp reductions
+// (redux.sync: the largest value as an order-preserving key, then the lowest index holding it) instead
+// of the shared-memory scan and five shuffle rounds of two — the same pick for every finite value
+// (the largest, ties to the lowest index; −0 is keyed as +0, as == treats them).
+constexpr int kRouteSlots = 16;
+__device__ __forceinline__ uint32_t route_key(float v) {
+  const uint32_t u = __float_as_uint(v == 0.0f ? 0.0f : v);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+template <bool kRedux>
 __global__ void k_route(const float* logits, int E, int k, const float* bias, const float* bias_vl,
                         const uint8_t* image, float temp, float route_scale, int32_t* ids, float* w,
                         bool w_early, bool late) {
@@ -3365,24 +3445,54 @@ __global__ void k_route(const float* logits, int E, int k, const float* bias, co
   __syncthreads();
   if (threadIdx.x >= 32) return;
   float sum = 0.0f;
-  for (int j = 0; j < k; ++j) {
-    int best = -1;
-    float bv = -INFINITY;
-    for (int e = lane; e < E; e += 32)
-      if (taken[e] == 0.0f && (best < 0 || val[e] > bv)) best = e, bv = val[e];
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int ob = __shfl_xor_sync(0xffffffffu, best, o);
-      if (ob >= 0 && (best < 0 || ov > bv || (ov == bv && ob < best))) best = ob, bv = ov;
+  if constexpr (kRedux) {
+    float vr[kRouteSlots];
+    uint32_t avail = 0;
+#pragma unroll
+    for (int m = 0; m < kRouteSlots; ++m) {
+      const int e = lane + 32 * m;
+      vr[m] = e < E ? val[e] : 0.0f;
+      if (e < E) avail |= 1u << m;
     }
-    const float bs = sc[best];
-    sum += bs;
-    if (lane == 0) {
-      ids[i * k + j] = best;
-      picked[j] = bs;
-      taken[best] = 1.0f;
+    for (int j = 0; j < k; ++j) {
+      int lm = -1;
+      float lb = 0.0f;
+#pragma unroll
+      for (int m = 0; m < kRouteSlots; ++m)
+        if (((avail >> m) & 1u) && (lm < 0 || vr[m] > lb)) lb = vr[m], lm = m;
+      const uint32_t key = lm < 0 ? 0u : route_key(lb);
+      const uint32_t kmax = __reduce_max_sync(0xffffffffu, key);
+      const uint32_t best =
+          __reduce_min_sync(0xffffffffu, lm >= 0 && key == kmax ? uint32_t(lane + 32 * lm) : 0xffffffffu);
+      if (int(best % 32) == lane) avail &= ~(1u << (best / 32));
+      const float bs = sc[best];
+      sum += bs;
+      if (lane == 0) {
+        ids[i * k + j] = int32_t(best);
+        picked[j] = bs;
+      }
     }
     __syncwarp();
+  } else {
+    for (int j = 0; j < k; ++j) {
+      int best = -1;
+      float bv = -INFINITY;
+      for (int e = lane; e < E; e += 32)
+        if (taken[e] == 0.0f && (best < 0 || val[e] > bv)) best = e, bv = val[e];
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int ob = __shfl_xor_sync(0xffffffffu, best, o);
+        if (ob >= 0 && (best < 0 || ov > bv || (ov == bv && ob < best))) best = ob, bv = ov;
+      }
+      const float bs = sc[best];
+      sum += bs;
+      if (lane == 0) {
+        ids[i * k + j] = best;
+        picked[j] = bs;
+        taken[best] = 1.0f;
+      }
+      __syncwarp();
+    }
   }
   if (lane < k) w[i * k + lane] = picked[lane] / (sum + 1e-20f) * route_scale;
   pdl_exit(late);
@@ -3722,8 +3832,9 @@ void hc_mix(const float* fn, const float* base, const float* scale, const float*
   with_hc(hc, [&](auto H) {
     auto* k = k_hc_mix<decltype(H)::value>;
     set_smem(k, smem);
+    static const bool pin = env_picks("DSUF_MIX_W", "pred", "pin");
     launch_step(k, dim3(32 * groups, (n + R - 1) / R), dim3(32 * G), smem, s, fn, X, n, N, R, norm_eps, base, scale,
-                iters, hc_eps, out, part, count);
+                iters, hc_eps, out, part, count, pin);
   });
 }
 void hc_collapse(const float* pre, int pre_stride, const float* X, int n, int hc, int64_t D, float* u, bool r,
@@ -4150,11 +4261,14 @@ void fp4_tile_in_place(uint8_t* W, int64_t out, int64_t K, uint8_t* scratch, cud
 }
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows, float* y,
                  int64_t y_stride, bool r, cudaStream_t s) {
-  static const bool deep = !env_picks("DSUF_BF16", "deep", "loop");
+  // DSUF_BF16=staged (the default since v32) | deep (v15-v31) | loop (measuring aids): see kBf16Deep
+  // and the staged path.
+  static const int mode = env_choice("DSUF_BF16", {"staged", "deep", "loop"});
+  const bool deep = mode != 2, staged = mode == 0;
   // A warp per output, 8 warps a block (v21 tried blocks of ⌈outputs·rows/132⌉ warps, so that the
   // router's 96 rows are read by 96 SMs instead of 12: the same step time, docs/perf.md).
-  launch_step(k_bf16_linear, dim3(blocks_for(out, 8), rows), dim3(256), 0, s, W, out, K, x, x_stride, y, y_stride, r,
-              deep);
+  launch_step(k_bf16_linear, dim3(blocks_for(out, 8), rows), dim3(256), bf16_linear_smem(K, staged), s, W, out, K,
+              x, x_stride, y, y_stride, r, deep, staged);
 }
 void rope(float* x, int64_t rows, int heads, int64_t dim, const float* cs, int half, float sign, bool r,
           cudaStream_t s) {
@@ -4394,9 +4508,11 @@ void route(const float* logits, int n, int E, int k, const float* bias, const fl
            float temp, float route_scale, int32_t* ids, float* w, cudaStream_t s) {
   DSUF_CHECK(k <= 32 && k <= E, "route: top-", k, " of ", E, " experts");
   const size_t smem = sizeof(float) * 3 * E;
-  set_smem(k_route, smem);
+  static const bool redux_pick = !env_picks("DSUF_ROUTE", "redux", "scan");  // redux: the default since v32
+  auto* kern = redux_pick && E <= 32 * kRouteSlots ? k_route<true> : k_route<false>;
+  set_smem(kern, smem);
   const int threads = int(std::clamp<int64_t>((E + 31) / 32 * 32, 32, 1024));
-  if (n) launch_step(k_route, dim3(n), dim3(threads), smem, s, logits, E, k, bias, bias_vl, image, temp, route_scale,
+  if (n) launch_step(kern, dim3(n), dim3(threads), smem, s, logits, E, k, bias, bias_vl, image, temp, route_scale,
                      ids, w, weights_early(), late_trigger(kLateRoute));
 }
 void swiglu(float* h1, const float* h3, int64_t rows, int64_t F, const float* weight, float limit, bool clamp, bool r,
