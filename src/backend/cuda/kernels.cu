@@ -464,7 +464,7 @@ __global__ void __launch_bounds__(256) k_hc_mix(const float* __restrict__ fn, co
                                                 int64_t N, int R, float norm_eps, const float* __restrict__ base,
                                                 const float* __restrict__ scale, int iters, float hc_eps,
                                                 float* __restrict__ out, float* __restrict__ part,
-                                                unsigned* __restrict__ count, bool pin) {
+                                                unsigned* __restrict__ count) {
   constexpr int M = (2 + HC) * HC, T = M + 1;
   extern __shared__ float sm[];
   __shared__ bool last;
@@ -478,24 +478,16 @@ __global__ void __launch_bounds__(256) k_hc_mix(const float* __restrict__ fn, co
   // This warp's fn values first, before the dependency wait (weights: nothing in a step writes
   // them): their latency (DRAM) overlaps the previous kernel's end and the staging of the stream
   // values (L2).
-  // pin (DSUF_MIX_W=pin, session 18, measuring): as written above, these predicated loads share
-  // the wait's basic block and ptxas issues them after it (SASS: no load before the wait); pinned,
-  // they are unconditional (an index past the end reloads fn's last value, never used) in a block of
-  // their own, which stays before the wait (k_bf16_linear's staged path).
+  // Written as predicated loads (in_regs && m < M && j < J && idx < N), these shared the wait's basic
+  // block and ptxas issued them after it (SASS, session 18: no load before the wait). Unconditional
+  // (an index past the end reloads fn's last value, never used) in a block of their own, they stay
+  // before it (as k_bf16_linear's weights).
   float f[kMixChunk];
-  if (pin) {
-    if (in_regs && m < M) {
-#pragma unroll
-      for (int j = 0; j < kMixChunk; ++j) {
-        const int64_t idx = t + 1024 * int64_t(j);
-        f[j] = __ldg(fn + int64_t(m) * N + (idx < N ? idx : N - 1));
-      }
-    }
-  } else {
+  if (in_regs && m < M) {
 #pragma unroll
     for (int j = 0; j < kMixChunk; ++j) {
       const int64_t idx = t + 1024 * int64_t(j);
-      f[j] = in_regs && m < M && j < J && idx < N ? __ldg(fn + int64_t(m) * N + idx) : 0.0f;
+      f[j] = __ldg(fn + int64_t(m) * N + (idx < N ? idx : N - 1));
     }
   }
   pdl_entry();
@@ -2691,50 +2683,6 @@ __device__ __forceinline__ uint32_t e2m1x2_4(uint32_t s) {
   return (pos & ~sel) | (neg & sel);
 }
 
-// k_index_scores_heads' pieces of k_index_scores (the same operations; k_index_scores keeps its own
-// copy, its SASS as measured, until DSUF_IDX_HEADS is measured and one of the two removed).
-// A key tile entry decoded: kc[w] holds dims 4w..4w+3 as int8 2c' (word u of the packed key is dims
-// 8u..8u+7), ks its block scales.
-__device__ __forceinline__ void idx_decode_key(const uint32_t* kt, uint32_t (&kc)[kIdxDim / 4], float (&ks)[kIdxBlocks]) {
-#pragma unroll
-  for (int u = 0; u < kIdxDim / 8; ++u) {
-    const uint32_t w = kt[u];
-    kc[2 * u] = e2m1x2_4(w);
-    kc[2 * u + 1] = e2m1x2_4(w >> 16);
-  }
-  const uint32_t sw = kt[kIdxDim / 8];
-#pragma unroll
-  for (int j = 0; j < kIdxBlocks; ++j) ks[j] = e8m0(uint8_t(sw >> (8 * j)));
-}
-
-// Head h's term of an entry's score: wv[h]·relu(q_h·k)·dim_scale, the dot as det::seq_sum of
-// det::fp4_block_dot(isum, s_q, s_k) = float(isum)·((0.25·s_q)·s_k); qs4 holds the same 0.25·s_q (exact).
-__device__ __forceinline__ float idx_head_term(const uint32_t (&kc)[kIdxDim / 4], const float (&ks)[kIdxBlocks],
-                                               const uint32_t* qw, const float* qs4, const float* wv, int h,
-                                               float dim_scale) {
-  const uint4* q = reinterpret_cast<const uint4*>(qw + h * (kIdxDim / 4));
-  const float4 qsc = reinterpret_cast<const float4*>(qs4)[h];
-  const float qsj[kIdxBlocks] = {qsc.x, qsc.y, qsc.z, qsc.w};
-  int isum[kIdxBlocks];
-#pragma unroll
-  for (int j = 0; j < kIdxBlocks; ++j) {
-    const uint4 q0 = q[2 * j], q1 = q[2 * j + 1];
-    const uint32_t* k = kc + 8 * j;
-    int acc = __dp4a(int(k[0]), int(q0.x), 0);
-    acc = __dp4a(int(k[1]), int(q0.y), acc);
-    acc = __dp4a(int(k[2]), int(q0.z), acc);
-    acc = __dp4a(int(k[3]), int(q0.w), acc);
-    acc = __dp4a(int(k[4]), int(q1.x), acc);
-    acc = __dp4a(int(k[5]), int(q1.y), acc);
-    acc = __dp4a(int(k[6]), int(q1.z), acc);
-    isum[j] = __dp4a(int(k[7]), int(q1.w), acc);
-  }
-  float dot = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kIdxBlocks; ++j) dot += float(isum[j]) * (qsj[j] * ks[j]);
-  return wv[h] * fmaxf(dot, 0.0f) * dim_scale;
-}
-
 __global__ void __launch_bounds__(kIdxEntries) k_index_scores(IndexScoreArgs a) {
   pdl_entry();
   extern __shared__ __align__(16) uint32_t ism[];
@@ -2815,69 +2763,6 @@ __global__ void __launch_bounds__(kIdxEntries) k_index_scores(IndexScoreArgs a) 
       s += wv[h] * fmaxf(dot, 0.0f) * dim_scale;
     }
     *out = s;
-  }
-}
-
-// DSUF_IDX_HEADS=split (session 17, off by default, compiled, not yet run): kHG head groups an entry.
-// A tile holds kIdxEntries / kHG entries and thread (group g, entry el) computes the terms of heads
-// g·IH/kHG.. into shared memory (idx_head_term: k_index_scores' operations); then the entry's group-0
-// thread adds all IH of them in head order — the same terms, the same sequential sum, so the same
-// bits — and a short row's entries take kHG times the blocks (8K context at ratio 4: 2,048 entries,
-// 16 blocks of one 32-head chain a thread in k_index_scores, 64 blocks of 8-head chains here).
-template <int kHG>
-__global__ void __launch_bounds__(kIdxEntries) k_index_scores_heads(IndexScoreArgs a) {
-  constexpr int kEPB = kIdxEntries / kHG;  // entries a tile
-  // A warp within one head group (its lanes consecutive entries), the queries' 16-byte stores aligned
-  // after the keys; the launcher picks kHG only where IH % kHG == 0.
-  static_assert(kIdxEntries % kHG == 0 && kEPB % 32 == 0 && kEPB * kIdxKeyWords % 4 == 0, "tile shape");
-  pdl_entry();
-  extern __shared__ __align__(16) uint32_t ism[];
-  const int IH = a.IH, i = blockIdx.y, t = threadIdx.x;
-  const RowMeta m = a.meta[i];
-  const int64_t vis = (m.pos + 1) / a.ratio;
-  if (int64_t(blockIdx.x) * kEPB >= vis) return;  // the whole block: nothing visible here
-  uint32_t* tile = ism;                                          // [kEPB][17] packed keys
-  uint32_t* qw = tile + kEPB * kIdxKeyWords;                     // [IH][32] query codes, 4 per word
-  float* qs4 = reinterpret_cast<float*>(qw + IH * kIdxDim / 4);  // [IH][4] 0.25·s_q
-  float* wv = qs4 + IH * kIdxBlocks;                             // [IH] rb(weight)·head_scale
-  float* terms = wv + IH;                                        // [kEPB][IH + 1] head terms
-  const float head_scale = 1.0f / sqrtf(float(IH)), dim_scale = 1.0f / sqrtf(float(kIdxDim));
-  const uint4* qsrc = reinterpret_cast<const uint4*>(a.qc + int64_t(i) * IH * kIdxDim);  // rows 16-byte aligned
-  for (int k = t; k < IH * kIdxDim / 16; k += kIdxEntries) reinterpret_cast<uint4*>(qw)[k] = qsrc[k];
-  for (int k = t; k < IH * kIdxBlocks; k += kIdxEntries) qs4[k] = 0.25f * a.qs[int64_t(i) * IH * kIdxBlocks + k];
-  for (int h = t; h < IH; h += kIdxEntries) wv[h] = rb(a.wts[int64_t(i) * IH + h], a.r) * head_scale;
-  const uint8_t* keys = a.seqs[m.seq].ikey[a.src];
-  const int el = t % kEPB, g = t / kEPB, hpg = IH / kHG;
-  for (int64_t e0 = int64_t(blockIdx.x) * kEPB; e0 < vis; e0 += int64_t(gridDim.x) * kEPB) {
-    const int n_e = int(vis - e0 < kEPB ? vis - e0 : kEPB);
-    const uint32_t* src = reinterpret_cast<const uint32_t*>(keys + e0 * (kIdxKeyWords * 4));
-    const int words = n_e * kIdxKeyWords;
-    int done = 0;
-    __syncthreads();  // the previous tile and its terms are read
-    if ((reinterpret_cast<uintptr_t>(src) & 15u) == 0) {
-      done = words / 4 * 4;
-      for (int k = t; k < words / 4; k += kIdxEntries)
-        reinterpret_cast<uint4*>(tile)[k] = __ldg(reinterpret_cast<const uint4*>(src) + k);
-    }
-    for (int k = done + t; k < words; k += kIdxEntries) tile[k] = __ldg(src + k);
-    __syncthreads();
-    const int64_t e = e0 + el;
-    const bool live = el < n_e;
-    const bool masked = live && a.cand_mask && !a.cand_mask[int64_t(i) * a.mask_stride + e / a.block];
-    if (live && !masked) {
-      uint32_t kc[kIdxDim / 4];
-      float ks[kIdxBlocks];
-      idx_decode_key(tile + el * kIdxKeyWords, kc, ks);  // a warp's lanes: consecutive entries (odd stride)
-      for (int h = g * hpg; h < (g + 1) * hpg; ++h)
-        terms[el * (IH + 1) + h] = idx_head_term(kc, ks, qw, qs4, wv, h, dim_scale);
-    }
-    __syncthreads();
-    if (g == 0 && live) {
-      float s = 0.0f;
-      if (!masked)
-        for (int h = 0; h < IH; ++h) s += terms[el * (IH + 1) + h];
-      a.scores[int64_t(i) * a.score_stride + e] = masked ? -INFINITY : s;
-    }
   }
 }
 
@@ -3832,9 +3717,8 @@ void hc_mix(const float* fn, const float* base, const float* scale, const float*
   with_hc(hc, [&](auto H) {
     auto* k = k_hc_mix<decltype(H)::value>;
     set_smem(k, smem);
-    static const bool pin = env_picks("DSUF_MIX_W", "pred", "pin");
     launch_step(k, dim3(32 * groups, (n + R - 1) / R), dim3(32 * G), smem, s, fn, X, n, N, R, norm_eps, base, scale,
-                iters, hc_eps, out, part, count, pin);
+                iters, hc_eps, out, part, count);
   });
 }
 void hc_collapse(const float* pre, int pre_stride, const float* X, int n, int hc, int64_t D, float* u, bool r,
@@ -3951,10 +3835,11 @@ int fp4_gemv_mode() {
   }();
   return mode;
 }
-// The warps of a kRegs or kRegsPipe FP8 GEMV block (kDeep: 8): DSUF_FP8_BLOCK=auto|8|4|2; auto (the
+// The warps of a kRegs FP8 GEMV block (kDeep, kRegsPipe: 8): DSUF_FP8_BLOCK=auto|8|4|2; auto (the
 // default) is 8 for one row and 4 for the R-row forms (session 17: batch 4 at 8K 19.19 → 17.80 ms gpu,
 // batch 16 61.02 → 59.54, batch 1 and 64 ±0 with 4 everywhere; the R-row kernels hold more registers,
-// fewer blocks an SM, and smaller blocks spread them more evenly over the SMs).
+// fewer blocks an SM, and smaller blocks spread them more evenly over the SMs; pipe with 4 or 2 warps
+// and at most 2 or 1 outputs a warp lost +0.27 to +0.40 ms at batch 1 in session 18).
 int fp8_block_warps(int rows_a_block) {
   static const int pick = env_choice("DSUF_FP8_BLOCK", {"auto", "8", "4", "2"});
   constexpr int warps[] = {0, 8, 4, 2};
@@ -3971,11 +3856,9 @@ void launch_fp8(const Fp8Call& c) {
   // whole weight share is loaded before the wait (deep: the v22 candidate; regs: as the others).
   static const bool small_deep = !env_picks("DSUF_FP8_SMALL", "deep", "regs");
   const bool deep = mode == kDeep || (small_deep && mode == kRegs && OPW == 1 && c.K / 32 <= 32 * deep_u<32>());
-  const int warps = deep ? 8 : fp8_block_warps(R);
+  const int warps = deep || mode != kRegs ? 8 : fp8_block_warps(R);
   auto k = deep                 ? k_fp8_gemv<OPW, R, kExact, kDeep>
-           : mode == kRegsPipe ? (warps == 4   ? k_fp8_gemv<OPW, R, kExact, kRegsPipe, 4>
-                                  : warps == 2 ? k_fp8_gemv<OPW, R, kExact, kRegsPipe, 2>
-                                               : k_fp8_gemv<OPW, R, kExact, kRegsPipe>)
+           : mode == kRegsPipe ? k_fp8_gemv<OPW, R, kExact, kRegsPipe>
            : warps == 4        ? k_fp8_gemv<OPW, R, kExact, kRegs, 4>
            : warps == 2        ? k_fp8_gemv<OPW, R, kExact, kRegs, 2>
                                : k_fp8_gemv<OPW, R, kExact, kRegs>;
@@ -3986,15 +3869,11 @@ void launch_fp8(const Fp8Call& c) {
 }
 template <int R, bool kExact>
 void launch_fp8_opw(const Fp8Call& c) {
-  // DSUF_FP8_OPW_MAX=4|2|1 (a measuring aid, 4 by default): at most that many outputs a warp.
-  static const int opw_max = std::array<int, 3>{4, 2, 1}[env_choice("DSUF_FP8_OPW_MAX", {"4", "2", "1"})];
-  const int opw = std::min(opw_max, outputs_per_warp((c.out * (c.pair.W ? 1 : c.groups) + c.pair.out) *
-                                                     blocks_for(c.rows, R)));
-  // 8 rows: at most 2 outputs a warp (4 × 8 sums a lane took 251-255 registers; 2 × 8, 168-171).
-  if constexpr (R < 8)
-    if (opw == 4) return launch_fp8<4, R, kExact>(c);
-  if (opw >= 2) return launch_fp8<2, R, kExact>(c);
-  launch_fp8<1, R, kExact>(c);
+  switch (outputs_per_warp((c.out * (c.pair.W ? 1 : c.groups) + c.pair.out) * blocks_for(c.rows, R))) {
+    case 4: return launch_fp8<4, R, kExact>(c);
+    case 2: return launch_fp8<2, R, kExact>(c);
+    default: return launch_fp8<1, R, kExact>(c);
+  }
 }
 // DSUF_FP8_GEMM_ROWS: rows from which an FP8 linear runs as the tiled k_fp8_gemm (0: never).
 int64_t fp8_gemm_rows() {
@@ -4019,11 +3898,8 @@ void launch_fp8_rows(const Fp8Call& c) {
     DSUF_CUDA(cudaGetLastError());
     return;
   }
-  // Rows per block: each weight row is read once per group of R rows. DSUF_FP8_R8=off|on (session 17,
-  // off by default, compiled, not yet run): 8 rows a block from 8 rows on, so that batch 16 reads each
-  // weight twice (grid.y = 2) instead of four times — more accumulators a lane (OPW × 8).
-  static const bool r8 = env_picks("DSUF_FP8_R8", "off", "on");
-  if (r8 && c.rows >= 8) return launch_fp8_opw<8, kExact>(c);
+  // Rows per block: each weight row is read once per group of R rows (8 rows a block from 8 rows,
+  // DSUF_FP8_R8 in session 17-18: batch 16 59.5 → 67.0 ms gpu; removed).
   if (c.rows >= 4) return launch_fp8_opw<4, kExact>(c);
   if (c.rows >= 2) return launch_fp8_opw<2, kExact>(c);
   launch_fp8_opw<1, kExact>(c);
@@ -4395,19 +4271,13 @@ void update_pending(const float* ag, const PendingJob* jobs, int n_jobs, const S
 void index_scores(const IndexScoreArgs& a, cudaStream_t s) {
   if (a.max_entries <= 0 || a.rows <= 0) return;
   DSUF_CHECK(a.ihd == kIdxDim, "index_scores: index_head_dim ", a.ihd, " (the kernel is built for ", kIdxDim, ")");
-  // DSUF_IDX_HEADS=entry|split (session 17, off by default, compiled, not yet run): a thread an entry,
-  // or 4 head groups an entry (k_index_scores_heads<4>; IH % 4 == 0).
-  static const bool split_pick = env_picks("DSUF_IDX_HEADS", "entry", "split");
-  constexpr int kSplit = 4;
-  const int hg = split_pick && a.IH % kSplit == 0 ? kSplit : 1, epb = kIdxEntries / hg;
-  const size_t smem = sizeof(uint32_t) * epb * kIdxKeyWords + size_t(a.IH) * (kIdxDim + sizeof(float) * (kIdxBlocks + 1)) +
-                      (hg > 1 ? sizeof(float) * epb * (a.IH + 1) : 0);
+  const size_t smem = sizeof(uint32_t) * kIdxEntries * kIdxKeyWords +
+                      size_t(a.IH) * (kIdxDim + sizeof(float) * (kIdxBlocks + 1));
   DSUF_CHECK(smem <= 200 * 1024, "index_scores: ", a.IH, " heads need too much shared memory");
-  auto k = hg > 1 ? k_index_scores_heads<kSplit> : k_index_scores;
-  set_smem(k, smem);
+  set_smem(k_index_scores, smem);
   // About kIdxGridBlocks blocks in all (a few waves); a row's tiles beyond its blocks are strided.
-  const int bx = int(std::min<int64_t>(blocks_for(a.max_entries, epb), std::max(1, kIdxGridBlocks / a.rows)));
-  launch_step(k, dim3(bx, a.rows), dim3(kIdxEntries), smem, s, a);
+  const int bx = int(std::min<int64_t>(blocks_for(a.max_entries, kIdxEntries), std::max(1, kIdxGridBlocks / a.rows)));
+  launch_step(k_index_scores, dim3(bx, a.rows), dim3(kIdxEntries), smem, s, a);
 }
 void candidate_block_scores(const float* scores, int64_t score_stride, int rows, const RowMeta* meta, int ratio,
                             int block, float* bscores, int64_t b_stride, cudaStream_t s) {
