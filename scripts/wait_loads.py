@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Which kernels issue global loads before their dependency wait (session 18, docs/perf.md v32).
+
+ptxas moves `griddepcontrol.wait` (SASS: ACQBULK) up within its basic block, so a load written before
+pdl_wait() in the source may still be issued after it. This reads `cuobjdump -sass` output (a file, or
+`-` for stdin) and prints, per kernel that waits, for each of its waits (a kernel with several code
+paths may have one a path) the global loads (LDG, LDGSTS) that can run before it — reached backwards
+through the control flow (BRA targets, fall-through, EXIT) without crossing another wait — then the
+kernel's name; --expect NAME=MIN (repeatable) fails unless every kernel whose demangled name contains
+NAME has a wait with at least MIN loads before it.
+
+  cuobjdump -sass build-gpu/bin/bench_decode > /tmp/b.sass
+  scripts/wait_loads.py /tmp/b.sass --grep bf16_linear --expect k_bf16_linear=20 --expect k_hc_mix=1
+"""
+import argparse
+import re
+import subprocess
+import sys
+
+
+def demangle(name):
+    try:
+        out = subprocess.run(["c++filt"], input=name, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return name
+    return re.sub(r"\(anonymous namespace\)::|dsuf::cuda::", "", out)
+
+
+INS = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s*(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+
+
+def waits_of(body):
+    """body: [(address, predicated, opcode, operands)] of one kernel; the loads before each wait."""
+    index = {addr: i for i, (addr, *_) in enumerate(body)}
+    leaders = {0}
+    for i, (_, pred, op, args) in enumerate(body):
+        if op.startswith(("BRA", "EXIT")):
+            leaders.add(i + 1)
+            m = re.search(r"0x([0-9a-f]+)\s*$", args.strip()) if op.startswith("BRA") else None
+            if m and int(m.group(1), 16) in index:
+                leaders.add(index[int(m.group(1), 16)])
+    starts = sorted(x for x in leaders if x < len(body))
+    blocks = [(a, b) for a, b in zip(starts, starts[1:] + [len(body)])]
+    block_of = {a: k for k, (a, _) in enumerate(blocks)}
+    preds = {k: set() for k in range(len(blocks))}
+    for k, (a, b) in enumerate(blocks):
+        _, pred, op, args = body[b - 1]
+        succ = []
+        if op.startswith("BRA"):
+            m = re.search(r"0x([0-9a-f]+)\s*$", args.strip())
+            if m and int(m.group(1), 16) in index:
+                succ.append(block_of[index[int(m.group(1), 16)]])
+            if pred or not m:
+                succ.append(k + 1)
+        elif not (op.startswith("EXIT") and not pred):
+            succ.append(k + 1)
+        for t in succ:
+            if t < len(blocks):
+                preds[t].add(k)
+    load = lambda op: op.startswith(("LDG", "LDGSTS"))
+    wait = lambda op: op == "ACQBULK"
+    out = []
+    for k, (a, b) in enumerate(blocks):
+        for i in range(a, b):
+            if not wait(body[i][2]):
+                continue
+            j = i - 1  # this block, back to its start or an earlier wait
+            n = 0
+            while j >= a and not wait(body[j][2]):
+                n += load(body[j][2])
+                j -= 1
+            if j < a:  # then the blocks that can run before it, each back to its last wait
+                seen, todo = {k}, list(preds[k])
+                while todo:
+                    p = todo.pop()
+                    if p in seen:
+                        continue
+                    seen.add(p)
+                    pa, pb = blocks[p]
+                    j = pb - 1
+                    while j >= pa and not wait(body[j][2]):
+                        n += load(body[j][2])
+                        j -= 1
+                    if j < pa:
+                        todo.extend(preds[p])
+            out.append(n)
+    return out
+
+
+def count(lines):
+    """{kernel: [loads that can run before each of its waits]} in file order ([]: never waits)."""
+    kernels, cur = {}, None
+    for line in lines:
+        m = re.search(r"Function : (\S+)", line)
+        if m:
+            cur = kernels.setdefault(m.group(1), [])
+            continue
+        m = INS.match(line)
+        if cur is not None and m:
+            cur.append((int(m.group(1), 16), bool(m.group(2)), m.group(3), m.group(4)))
+    return {k: waits_of(v) for k, v in kernels.items()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("sass", help="cuobjdump -sass output, or - for stdin")
+    ap.add_argument("--grep", default="", help="only kernels whose demangled name contains this")
+    ap.add_argument("--expect", action="append", default=[], metavar="NAME=MIN")
+    a = ap.parse_args()
+    text = sys.stdin.read() if a.sass == "-" else open(a.sass).read()
+    rows = [(demangle(k), v) for k, v in count(text.splitlines()).items() if v]
+    for name, waits in rows:
+        if a.grep in name:
+            print(f"{','.join(map(str, waits)):>12}  {name}")
+    bad = 0
+    for e in a.expect:
+        sub, _, low = e.partition("=")
+        hits = [(n, max(v)) for n, v in rows if sub in n]
+        if not hits:
+            print(f"expect {e}: no waiting kernel matches", file=sys.stderr)
+            bad += 1
+        for n, pre in hits:
+            if pre < int(low or 1):
+                print(f"expect {e}: {n} loads {pre} before its wait", file=sys.stderr)
+                bad += 1
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
