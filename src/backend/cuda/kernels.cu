@@ -2244,21 +2244,6 @@ __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(A
 // 1.6× the instructions of a block: 0.06 ms a step faster (v18). k_attention_pv_tiles below
 // (DSUF_PV=tiles) tiles the keys 64 rows at a time.
 constexpr int kPvHeads = 8, kPvDims = 32, kPvMaxTile = 640;
-// kT (DSUF_PV=trans, session 18, measuring): the key slice staged transposed, [dim][key] with a row
-// stride ≡ 4 (mod 32) floats, and thread (warp w, lane l) adding dim 8·(w mod 4) + l mod 8 of head
-// 4·(w / 4) + l / 8 over the keys in order: one 16-byte shared load brings 4 keys of its dim, one more
-// the 4 probabilities of its head (the logits' row stride ≡ 8 (mod 32): a warp's 4 heads in distinct
-// banks), so a warp's 4 keys cost 2 wavefronts instead of 5 (the loop was bound by the SM's shared
-// loads: 8 warps each reading every key of the slice, ~6,400 wavefronts at 640 keys). The sums go
-// through shared memory back to a head a warp for the output. The same products in the same order.
-struct PvStrides {
-  int kp, ktp;  // the logits' row stride and the key slice's (kT: dim-major) row stride, in floats
-};
-__host__ __device__ inline PvStrides pv_strides(int kmax, int tile, bool kT) {
-  const int kp = (kmax + 3) & ~3;
-  if (!kT) return {kp, kPvDims};
-  return {(kp + 31) / 32 * 32 + 8, (tile + 31) / 32 * 32 + 4};
-}
 
 // The attention output v of row i, head h (of the rank's H), dim d, held by lane `lane` of a warp
 // that holds 32 consecutive dims of the head, laid out as wo_a's input: k_linear_input's arithmetic
@@ -2276,10 +2261,9 @@ __device__ __forceinline__ void emit_attention_out(const AttentionArgs& a, int i
 // UNR > 2: the P·V loop takes UNR groups of 4 keys at a time, all their shared loads issued before
 // the products (DSUF_PV_UNROLL: 8, the v23 candidate; 2: v22's loop alone); every accumulator adds
 // its keys in order either way.
-template <int HPW, int UNR, bool kT = false>
+template <int HPW, int UNR>
 __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionArgs a, int tile) {
   constexpr int kThreads = 32 * kPvHeads / HPW;
-  static_assert(!kT || (HPW == 1 && kPvHeads == 8 && kPvDims == 32), "kT: 8 warps of 4 heads × 8 dims");
   // The warp's heads' attention sinks (weights: nothing in a step writes them) before the dependency
   // wait, so that their DRAM latency is not paid after the softmax (DSUF_W_EARLY=1; 0: after it).
   float sink_v[HPW];
@@ -2294,10 +2278,9 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
   };
   if (a.w_early) load_sinks();
   extern __shared__ float4 pv_smem4[];
-  const PvStrides strides = pv_strides(a.kmax, tile, kT);
-  const int kp = strides.kp, ktp = strides.ktp;
+  const int kp = (a.kmax + 3) & ~3;
   float* p = reinterpret_cast<float*>(pv_smem4);  // [kPvHeads][kp] logits, then exp(logit − max)
-  float* kt = p + kPvHeads * kp;                  // [tile][kPvDims] key slice (kT: [kPvDims][ktp])
+  float* kt = p + kPvHeads * kp;                  // [tile][kPvDims] key slice
   __shared__ float den_s[kPvHeads];
   __shared__ int first_free;
   const int i = blockIdx.x, h0 = blockIdx.y * kPvHeads, d0 = blockIdx.z * kPvDims;
@@ -2313,17 +2296,6 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
   const bool vec = hd % 4 == 0 && d0 + kPvDims <= hd;
   auto stage_keys = [&](int j0) {
     const int n = min(tile, nk - j0);
-    if constexpr (kT) {
-      // A warp's copy: 4 keys × 8 dims, lane l → dim 8·db + l mod 8 of key 4·jg + l / 8, stored at
-      // [dim][key]: banks 4·dim + key, all 32 distinct (ktp ≡ 4 mod 32).
-      for (int e = threadIdx.x; e < (n + 3) / 4 * 128; e += kThreads) {
-        const int g = e / 32, l = e % 32, d = 8 * (g % 4) + l % 8, j = 4 * (g / 4) + l / 8;
-        if (j >= n) continue;
-        if (d0 + d < hd) cp_async4(kt + d * ktp + j, keys + int64_t(j0 + j) * hd + d);
-        else kt[d * ktp + j] = 0.0f;
-      }
-      return;
-    }
     if (vec) {
       for (int t = threadIdx.x; t < n * (kPvDims / 4); t += kThreads)
         cp_async16(kt + 4 * t, keys + int64_t(j0 + t / (kPvDims / 4)) * hd + 4 * (t % (kPvDims / 4)));
@@ -2376,42 +2348,6 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
   float acc[HPW];
 #pragma unroll
   for (int u = 0; u < HPW; ++u) ph[u] = p + (HPW * warp + u) * kp, acc[u] = 0.0f;
-  if constexpr (kT) {
-    const int th = 4 * (warp / 4) + lane / 8, td = 8 * (warp % 4) + lane % 8;  // this thread's sum
-    const float* pt = p + th * kp;
-    const float* kd = kt + td * ktp;
-    float sum = 0.0f;
-    for (int j0 = 0; j0 < nk; j0 += tile) {
-      if (j0 > 0) {
-        __syncthreads();
-        stage_keys(j0);
-        cp_async_wait_all();
-        __syncthreads();
-      }
-      const int n = min(tile, nk - j0);
-      int jj = 0;
-      for (; jj + 16 <= n; jj += 16) {  // 4 groups of 4 keys: the loads first, then the sums in order
-        float4 w[4], k[4];
-#pragma unroll
-        for (int g = 0; g < 4; ++g) {
-          w[g] = *reinterpret_cast<const float4*>(pt + j0 + jj + 4 * g);
-          k[g] = *reinterpret_cast<const float4*>(kd + jj + 4 * g);
-        }
-#pragma unroll
-        for (int g = 0; g < 4; ++g) {
-          sum += w[g].x * k[g].x;
-          sum += w[g].y * k[g].y;
-          sum += w[g].z * k[g].z;
-          sum += w[g].w * k[g].w;
-        }
-      }
-      for (; jj < n; ++jj) sum += pt[j0 + jj] * kd[jj];
-    }
-    __syncthreads();  // every warp is done with the key slice: it takes the sums, a head a row
-    kt[th * kPvDims + td] = sum;
-    __syncthreads();
-    acc[0] = kt[warp * kPvDims + lane];
-  } else
   for (int j0 = 0; j0 < nk; j0 += tile) {
     if (j0 > 0) {
       __syncthreads();
@@ -4232,14 +4168,13 @@ void pack_window(const float* kv, int rows, const RowMeta* meta, const SeqMeta* 
   const int64_t t = int64_t(rows) * (hd / 32);
   if (t > 0) launch_step(k_pack_window, dim3(blocks_for(t, 8)), dim3(256), 0, s, kv, rows, meta, seqs, layer, hd, W);
 }
-// DSUF_PV=warps|cp|tiles|trans picks the softmax + P·V kernel: k_attention_pv<1, UNR> (the default, a
-// head a warp: v18 measured 0.06 ms a step faster than two; UNR by DSUF_PV_UNROLL), k_attention_pv<2,
-// UNR> (two heads a thread: each key slice value loaded once for both, half the shared-memory
-// wavefronts of the loop, twice each warp's softmax), k_attention_pv_tiles, or k_attention_pv<1, 8,
-// true> (the key slice transposed, 4 heads × 8 dims a warp in the loop: see kT).
-enum PvKernel { kPvOneHead = 0, kPvTwoHeads = 1, kPvTiles = 2, kPvTrans = 3 };
+// DSUF_PV=warps|cp|tiles picks the softmax + P·V kernel: k_attention_pv<1, UNR> (the default, a head
+// a warp: v18 measured 0.06 ms a step faster than two; UNR by DSUF_PV_UNROLL), k_attention_pv<2, UNR>
+// (two heads a thread: each key slice value loaded once for both, half the shared-memory wavefronts
+// of the loop, twice each warp's softmax) or k_attention_pv_tiles.
+enum PvKernel { kPvOneHead = 0, kPvTwoHeads = 1, kPvTiles = 2 };
 int pv_kernel() {
-  static const int k = env_choice("DSUF_PV", {"warps", "cp", "tiles", "trans"});  // in PvKernel's order
+  static const int k = env_choice("DSUF_PV", {"warps", "cp", "tiles"});  // in PvKernel's order
   return k;
 }
 void gather_keys(const AttentionArgs& a, cudaStream_t s) {
@@ -4301,11 +4236,8 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
     launch_step(k_attention_pv_tiles, dim3(pv_grid), dim3(kPvTileThreads), smem, s, pa);
     return layout();
   }
-  const int hpw = pv_kernel() == kPvOneHead || pv_kernel() == kPvTrans ? 1 : 2;
-  const bool trans = pv_kernel() == kPvTrans;
-  const int tile = std::min((a.kmax + 3) & ~3, kPvMaxTile);
-  const PvStrides st = pv_strides(a.kmax, tile, trans);
-  const size_t pv_smem = sizeof(float) * (size_t(kPvHeads) * st.kp + size_t(trans ? kPvDims * st.ktp : tile * kPvDims));
+  const int kp = (a.kmax + 3) & ~3, tile = std::min(kp, kPvMaxTile);
+  const size_t pv_smem = sizeof(float) * (size_t(kPvHeads) * kp + size_t(tile) * kPvDims);
   DSUF_CHECK(pv_smem <= 200 * 1024, "attention: ", a.kmax, " keys a row need too much shared memory");
   AttentionArgs pa = a;
   if (!emit) pa.o_sink = {};
@@ -4315,10 +4247,10 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   // DSUF_PV_TRIGGER=entry (default) or late: −0.03 ms with the logits' trigger at entry, ±0 with it late.
   static const bool pv_late = env_picks("DSUF_PV_TRIGGER", "entry", "late");
   pa.pv_late = pv_late;
+  const int hpw = pv_kernel() == kPvOneHead ? 1 : 2;
   static const bool deep_unroll = !env_picks("DSUF_PV_UNROLL", "8", "2");
-  auto* k = trans      ? k_attention_pv<1, 8, true>
-            : hpw == 2 ? (deep_unroll ? k_attention_pv<2, 8> : k_attention_pv<2, 2>)
-                       : deep_unroll ? k_attention_pv<1, 8> : k_attention_pv<1, 2>;
+  auto* k = hpw == 2 ? (deep_unroll ? k_attention_pv<2, 8> : k_attention_pv<2, 2>)
+                     : deep_unroll ? k_attention_pv<1, 8> : k_attention_pv<1, 2>;
   set_smem(k, pv_smem);
   launch_step(k, dim3(pv_grid), dim3(32 * kPvHeads / hpw), pv_smem, s, pa, tile);
   return layout();
