@@ -11,7 +11,8 @@ APT_PACKAGES := cmake ninja-build g++ pkg-config nlohmann-json3-dev libgtest-dev
   libhiredis-dev redis-server libxxhash-dev libssl-dev libucx-dev ucx-utils
 VENV := .venv
 PY_PACKAGES := numpy safetensors tokenizers==0.22.2 deepseek-recipe==0.2.0 pytest==9.2.0 openai==3.57.0 \
-  kubernetes-validate==1.37.0 yamllint==1.38.0
+  kubernetes-validate==1.37.0 yamllint==1.38.0 nvidia-cuda-cuobjdump==13.5.37 \
+  nvidia-cuda-nvdisasm==13.5.37
 
 .PHONY: deps pydeps configure build test run clean format
 
@@ -24,7 +25,7 @@ deps:
 
 pydeps: deps
 	@[ -x $(VENV)/bin/python ] || python3 -m venv $(VENV)
-	@$(VENV)/bin/python -c "import numpy, safetensors, tokenizers, deepseek_recipe, pytest, openai, kubernetes_validate, yamllint" 2>/dev/null || \
+	@$(VENV)/bin/python -c "import numpy, safetensors, tokenizers, deepseek_recipe, pytest, openai, kubernetes_validate, yamllint, glob, nvidia; assert any(glob.glob(d + '/cu*/bin/nvdisasm') for d in nvidia.__path__)" 2>/dev/null || \
 	  $(VENV)/bin/pip install -q $(PY_PACKAGES)
 
 configure: deps

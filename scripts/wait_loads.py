@@ -9,11 +9,20 @@ through the control flow (BRA targets, fall-through, EXIT) without crossing anot
 kernel's name; --expect NAME=MIN (repeatable) fails unless every kernel whose demangled name contains
 NAME has a wait with at least MIN loads before it.
 
-  cuobjdump -sass build-gpu/bin/bench_decode > /tmp/b.sass
-  scripts/wait_loads.py /tmp/b.sass --grep bf16_linear --expect k_bf16_linear=20 --expect k_hc_mix=1
+  scripts/wait_loads.py build/src/backend/cuda/libdsuf_backend_cuda.a --grep bf16_linear --expect k_bf16_linear=20
+  cuobjdump -sass build-gpu/bin/bench_decode | scripts/wait_loads.py - --expect k_hc_mix=1
+
+A binary, object or library (ELF or ar archive) is read through `cuobjdump -sass`: $CUOBJDUMP, else
+cuobjdump on PATH, else the one pip's nvidia-cuda-cuobjdump puts beside this interpreter (with
+nvidia-cuda-nvdisasm, which it runs; `make pydeps` installs both; this machine's CUDA toolkit has
+neither). The CTest cuda_wait_loads runs
+this on the CUDA backend's library with the kernels' expectations (tests/backend/CMakeLists.txt).
 """
 import argparse
+import glob
+import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -101,14 +110,50 @@ def count(lines):
     return {k: waits_of(v) for k, v in kernels.items()}
 
 
+def cuobjdump():
+    """The cuobjdump to run (see the module note), or exit with a clear error."""
+    found = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
+    if not found:
+        try:
+            import nvidia  # nvidia-cuda-cuobjdump: nvidia/cu*/bin/cuobjdump
+            hits = [h for d in nvidia.__path__ for h in sorted(glob.glob(os.path.join(d, "cu*", "bin", "cuobjdump")))]
+            found = hits[-1] if hits else None
+        except ImportError:
+            found = None
+    if not found:
+        sys.exit("wait_loads: no cuobjdump (set CUOBJDUMP, put it on PATH, or "
+                 "`pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm`)")
+    return found
+
+
+def read_sass(path):
+    """SASS text: stdin for -, a text file as it is, a binary through cuobjdump -sass."""
+    if path == "-":
+        return sys.stdin.read()
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if head.startswith(b"\x7fELF") or head.startswith(b"!<arch>"):
+        tool = cuobjdump()  # it runs nvdisasm, which pip puts beside it
+        env = dict(os.environ, PATH=os.path.dirname(tool) + os.pathsep + os.environ.get("PATH", ""))
+        p = subprocess.run([tool, "-sass", path], capture_output=True, text=True, env=env)
+        if p.returncode != 0:
+            sys.exit(f"wait_loads: cuobjdump -sass {path} failed: {p.stderr.strip()}")
+        return p.stdout
+    with open(path) as f:
+        return f.read()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("sass", help="cuobjdump -sass output, or - for stdin")
+    ap.add_argument("sass", help="cuobjdump -sass output, - for stdin, or a CUDA binary, object or library")
     ap.add_argument("--grep", default="", help="only kernels whose demangled name contains this")
     ap.add_argument("--expect", action="append", default=[], metavar="NAME=MIN")
     a = ap.parse_args()
-    text = sys.stdin.read() if a.sass == "-" else open(a.sass).read()
+    text = read_sass(a.sass)
     rows = [(demangle(k), v) for k, v in count(text.splitlines()).items() if v]
+    if not rows:
+        print("wait_loads: no kernel with a dependency wait in the input", file=sys.stderr)
+        return 1
     for name, waits in rows:
         if a.grep in name:
             print(f"{','.join(map(str, waits)):>12}  {name}")
