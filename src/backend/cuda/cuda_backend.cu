@@ -140,7 +140,6 @@ struct CudaBackend::Impl {
   cudaStream_t side = nullptr;
   cudaEvent_t ev_fork = nullptr, ev_join = nullptr;
   cudaEvent_t ev_scores = nullptr;  // an indexer layer's scores done (DSUF_WQB_WAIT=scores)
-  cudaEvent_t ev_w13 = nullptr;     // the routed experts' w1/w3 launched (DSUF_SHARED_W2=late)
   bool overlap = true;
   // Work enqueued on branch() after fork() may run beside what `stream` gets next, until join().
   cudaStream_t branch() const { return overlap && !comp_timing ? side : stream; }
@@ -160,7 +159,6 @@ struct CudaBackend::Impl {
   // 1 routed row per expert (batch 16) lost 9 %, 4 (batch 64) gained 6 %, a 512-token chunk 12 %.
   int64_t group_rows_per_expert = 4;
   bool shared_early = true;  // DSUF_SHARED_FORK=early|late (moe())
-  bool shared_w2_late = false;  // DSUF_SHARED_W2=beside|late (moe())
   bool gather_early = true;  // DSUF_GATHER=early|late (attention())
   // DSUF_TOPK_RANK=gather|sort: the indexer's top-k leaves its picks unsorted and gather_keys' blocks
   // place them by rank (cuda::top_k_picks; v27, −0.065 ms a batch-1 step; steps of up to 4 rows) or
@@ -531,10 +529,8 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   DSUF_CUDA(cudaEventCreateWithFlags(&ev_fork, cudaEventDisableTiming));
   DSUF_CUDA(cudaEventCreateWithFlags(&ev_join, cudaEventDisableTiming));
   DSUF_CUDA(cudaEventCreateWithFlags(&ev_scores, cudaEventDisableTiming));
-  DSUF_CUDA(cudaEventCreateWithFlags(&ev_w13, cudaEventDisableTiming));
   if (const char* v = std::getenv("DSUF_OVERLAP")) overlap = std::string(v) != "0";
   shared_early = !env_picks("DSUF_SHARED_FORK", "early", "late");
-  shared_w2_late = env_picks("DSUF_SHARED_W2", "beside", "late");
   gather_early = !env_picks("DSUF_GATHER", "early", "late");
   rank_gather = !env_picks("DSUF_TOPK_RANK", "gather", "sort");
   wqb_after_scores = !env_picks("DSUF_WQB_WAIT", "scores", "none");
@@ -1237,24 +1233,16 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
   // forked before the router (DSUF_SHARED_FORK=early, the default), so that its 35 MB stream while
   // the router's latency-bound kernels run, not only beside the routed experts' (v18: −0.28 ms at
   // batch 1), or after the routing (DSUF_SHARED_FORK=late).
-  // DSUF_SHARED_W2=late (session 18, measuring): the shared expert's w2 waits for the routed experts'
-  // w1/w3 (an event on the main stream), so that it streams beside the routed w2, which alone runs
-  // below the copy rate, instead of beside the routed w1/w3 (v32, layer 21: those two together ~2.75
-  // TB/s, the routed w2 alone ~2.1). Not on width-split TP ranks (their exchanges sit between).
-  const bool w2_late = shared_w2_late && part.owns_shared(l) && branch() != stream &&
-                       !(part.world > 1 && part.width_experts());
-  const cuda::InputSink hssink{ws.xq[2], ws.xs[2], aq};
-  auto shared_w2 = [&] {
-    cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, cuda::sink_input(hssink, F), n, ws.ys, D, r, branch());
-  };
   auto shared_expert = [&] {
     if (!part.owns_shared(l)) return;
     fork();
     cudaStream_t s2 = branch();
     cuda::fp8_linear(d.sw1.w, d.sw1.s, F, D, xin, n, ws.h1s, F, r, s2,
                      {.W = d.sw3.w, .Ws = d.sw3.s, .out = F, .y = ws.h3s, .y_stride = F});
+    const cuda::InputSink hssink{ws.xq[2], ws.xs[2], aq};
     cuda::swiglu(ws.h1s, ws.h3s, n, F, nullptr, limit, opt.numerics.shared_expert_clamp, r, s2, hssink);
-    if (!w2_late) shared_w2();
+    const cuda::LinearInput hsin = cuda::sink_input(hssink, F);
+    cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, hsin, n, ws.ys, D, r, s2);
   };
   if (shared_early) shared_expert();
   cuda::bf16_linear(d.gate, E, D, ws.xn, D, n, ws.router, E, false, stream);
@@ -1296,11 +1284,6 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
   } else {
     cuda::fp4_linear_grouped(d.experts.w1, d.experts.s1, ws.ids, F, D, xin, K, rows, ws.h1, r, stream,
                              {.W = d.experts.w3, .Ws = d.experts.s3, .y = ws.h3}, grouped, experts_tiled);
-    if (w2_late) {
-      DSUF_CUDA(cudaEventRecord(ev_w13, stream));
-      DSUF_CUDA(cudaStreamWaitEvent(side, ev_w13));
-      shared_w2();
-    }
     cuda::swiglu(ws.h1, ws.h3, rows, F, ws.rw, limit, true, r, stream, hsink);
     cuda::fp4_linear_grouped(d.experts.w2, d.experts.s2, ws.ids, D, F, hin, 1, rows, ws.ye, r, stream, {},
                              grouped, experts_tiled);
@@ -1655,7 +1638,7 @@ CudaBackend::~CudaBackend() {
     if (im.stream) cudaStreamDestroy(im.stream);
     if (im.side)
       cudaStreamDestroy(im.side), cudaEventDestroy(im.ev_fork), cudaEventDestroy(im.ev_join),
-          cudaEventDestroy(im.ev_scores), cudaEventDestroy(im.ev_w13);
+          cudaEventDestroy(im.ev_scores);
     ranks_[r].reset();
   }
   tp_.reset();
