@@ -699,9 +699,12 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
 // its first kRmsRegs values and weights in registers, so the output needs no second read. y may
 // equal x (a thread rewrites only what it read).
 // (8 values a thread in registers, so that V4.1's q_lora_rank of 1,280 needs no second read, measured
-// +0.027 ms a step in v28: not kept.)
-constexpr int kRmsRegs = 4;
+// +0.027 ms a step in v28: not kept. DSUF_RMS_REGS=5, session 18, off by default, compiled, NOT run:
+// exactly 1,280's share, so that the q norm's fifth value is neither loaded after the first four
+// return nor reloaded with its weight after the block sum — two dependent L2 round trips on the
+// attention chain in the 4-register form's SASS.)
 // w_early (DSUF_W_EARLY=1, the default): the norm weights are loaded before the dependency wait.
+template <int kRmsRegs = 4>
 __global__ void __launch_bounds__(256) k_rmsnorm(RmsJob a, RmsJob b, float eps, bool r, bool w_early, bool late) {
   const RmsJob jb = blockIdx.y == 0 ? a : b;
   const int64_t dim = jb.dim;
@@ -3777,9 +3780,16 @@ void collapse_norm(const float* pre, int pre_stride, const float* emix, int emix
                    X, D, w, eps, y, r, sink, weights_early(), late_trigger(kLateCollapse));
   });
 }
+namespace {
+// DSUF_RMS_REGS=4|5: the values a k_rmsnorm thread keeps in registers (4, the default; 5: see there).
+auto rmsnorm_kernel() {
+  static const bool five = env_picks("DSUF_RMS_REGS", "4", "5");
+  return five ? k_rmsnorm<5> : k_rmsnorm<4>;
+}
+}  // namespace
 void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s) {
   const RmsJob j{x, dim, w, y};
-  if (rows > 0) launch_step(k_rmsnorm, dim3(unsigned(rows), 1), dim3(256), 0, s, j, j, eps, r, weights_early(),
+  if (rows > 0) launch_step(rmsnorm_kernel(), dim3(unsigned(rows), 1), dim3(256), 0, s, j, j, eps, r, weights_early(),
                             late_trigger(kLateRmsnorm));
 }
 namespace {
@@ -3796,7 +3806,7 @@ void rmsnorm2(const RmsJob& a, const RmsJob& b, int64_t rows, float eps, bool r,
     DSUF_CHECK(!j->fq_rope.cs || (j->fake_quant && j->fq_rope.heads == 1 && j->fq_rope.dim == j->dim),
                "rmsnorm2: a fused rope goes with fake_quant, one head of dim values");
   }
-  if (rows > 0) launch_step(k_rmsnorm, dim3(unsigned(rows), 2), dim3(256), 0, s, a, b, eps, r, weights_early(),
+  if (rows > 0) launch_step(rmsnorm_kernel(), dim3(unsigned(rows), 2), dim3(256), 0, s, a, b, eps, r, weights_early(),
                             late_trigger(kLateRmsnorm));
 }
 namespace {
