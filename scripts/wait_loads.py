@@ -27,12 +27,16 @@ import subprocess
 import sys
 
 
-def demangle(name):
+def demangle(names):
+    """The demangled names (one c++filt run for all; the names as they are without c++filt)."""
     try:
-        out = subprocess.run(["c++filt"], input=name, capture_output=True, text=True, check=True).stdout.strip()
+        out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True,
+                             check=True).stdout.splitlines()
     except (OSError, subprocess.CalledProcessError):
-        return name
-    return re.sub(r"\(anonymous namespace\)::|dsuf::cuda::", "", out)
+        out = []
+    if len(out) != len(names):
+        out = list(names)
+    return [re.sub(r"\(anonymous namespace\)::|dsuf::cuda::", "", n) for n in out]
 
 
 INS = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s*(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
@@ -41,57 +45,53 @@ INS = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s*(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;
 def waits_of(body):
     """body: [(address, predicated, opcode, operands)] of one kernel; the loads before each wait."""
     index = {addr: i for i, (addr, *_) in enumerate(body)}
+
+    def target(op, args):  # a BRA's target instruction index, or None
+        m = re.search(r"0x([0-9a-f]+)\s*$", args.strip()) if op.startswith("BRA") else None
+        return index.get(int(m.group(1), 16)) if m else None
+
     leaders = {0}
-    for i, (_, pred, op, args) in enumerate(body):
+    for i, (_, _, op, args) in enumerate(body):
         if op.startswith(("BRA", "EXIT")):
             leaders.add(i + 1)
-            m = re.search(r"0x([0-9a-f]+)\s*$", args.strip()) if op.startswith("BRA") else None
-            if m and int(m.group(1), 16) in index:
-                leaders.add(index[int(m.group(1), 16)])
+            if target(op, args) is not None:
+                leaders.add(target(op, args))
     starts = sorted(x for x in leaders if x < len(body))
-    blocks = [(a, b) for a, b in zip(starts, starts[1:] + [len(body)])]
+    blocks = list(zip(starts, starts[1:] + [len(body)]))
     block_of = {a: k for k, (a, _) in enumerate(blocks)}
     preds = {k: set() for k in range(len(blocks))}
     for k, (a, b) in enumerate(blocks):
         _, pred, op, args = body[b - 1]
-        succ = []
-        if op.startswith("BRA"):
-            m = re.search(r"0x([0-9a-f]+)\s*$", args.strip())
-            if m and int(m.group(1), 16) in index:
-                succ.append(block_of[index[int(m.group(1), 16)]])
-            if pred or not m:
-                succ.append(k + 1)
-        elif not (op.startswith("EXIT") and not pred):
+        t = target(op, args)
+        succ = [] if t is None else [block_of[t]]
+        if pred or not (op.startswith("EXIT") or t is not None):  # falls through
             succ.append(k + 1)
-        for t in succ:
-            if t < len(blocks):
-                preds[t].add(k)
-    load = lambda op: op.startswith(("LDG", "LDGSTS"))
-    wait = lambda op: op == "ACQBULK"
+        for s in succ:
+            if s < len(blocks):
+                preds[s].add(k)
+    wait = lambda i: body[i][2] == "ACQBULK"
+
+    def back(lo, hi):  # loads in body[lo:hi] after its last wait, and whether it has none
+        n, j = 0, hi - 1
+        while j >= lo and not wait(j):
+            n += body[j][2].startswith(("LDG", "LDGSTS"))
+            j -= 1
+        return n, j < lo
+
     out = []
     for k, (a, b) in enumerate(blocks):
-        for i in range(a, b):
-            if not wait(body[i][2]):
-                continue
-            j = i - 1  # this block, back to its start or an earlier wait
-            n = 0
-            while j >= a and not wait(body[j][2]):
-                n += load(body[j][2])
-                j -= 1
-            if j < a:  # then the blocks that can run before it, each back to its last wait
-                seen, todo = {k}, list(preds[k])
-                while todo:
-                    p = todo.pop()
-                    if p in seen:
-                        continue
-                    seen.add(p)
-                    pa, pb = blocks[p]
-                    j = pb - 1
-                    while j >= pa and not wait(body[j][2]):
-                        n += load(body[j][2])
-                        j -= 1
-                    if j < pa:
-                        todo.extend(preds[p])
+        for i in (i for i in range(a, b) if wait(i)):
+            n, open_ = back(a, i)  # this block, back to its start or an earlier wait
+            seen, todo = {k}, list(preds[k]) if open_ else []
+            while todo:  # then the blocks that can run before it, each back to its last wait
+                p = todo.pop()
+                if p in seen:
+                    continue
+                seen.add(p)
+                m, open_ = back(*blocks[p])
+                n += m
+                if open_:
+                    todo.extend(preds[p])
             out.append(n)
     return out
 
@@ -150,7 +150,8 @@ def main():
     ap.add_argument("--expect", action="append", default=[], metavar="NAME=MIN")
     a = ap.parse_args()
     text = read_sass(a.sass)
-    rows = [(demangle(k), v) for k, v in count(text.splitlines()).items() if v]
+    waiting = {k: v for k, v in count(text.splitlines()).items() if v}
+    rows = list(zip(demangle(list(waiting)), waiting.values()))
     if not rows:
         print("wait_loads: no kernel with a dependency wait in the input", file=sys.stderr)
         return 1
