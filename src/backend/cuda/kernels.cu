@@ -177,6 +177,31 @@ __device__ __forceinline__ void cp_async_wait_group() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// Bulk copies (the copy engine: one instruction a chunk, no registers) completing on an mbarrier of
+// the block's shared memory. A phase of the barrier: one arrival that announces the chunk's bytes,
+// then the copy's completion; waiters poll its parity.
+__device__ __forceinline__ void mbar_init(uint32_t bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
+}
+// Makes barrier inits visible to the copy engine (the async proxy).
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+// Orders this thread's earlier shared-memory accesses (and, after a __syncwarp, its warp's) before
+// its later bulk copies' writes: a slot is refilled only after every lane has read it.
+__device__ __forceinline__ void async_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_to_smem(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n .reg .pred done;\n"
+      " poll:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n @!done bra poll;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
 // Block-wide sum (blockDim.x a multiple of 32, ≤ 1024); every thread gets the result.
 __device__ float block_sum(float v) {
   __shared__ float part[32];
@@ -1579,8 +1604,12 @@ __global__ void __launch_bounds__(32 * kMmaMaxRounds) k_fp4_mma(const uint8_t* c
 // l, l+32, … and warp_sum, so the same bits.
 constexpr int kImmaMaxNb = 256;
 __device__ uint32_t kImmaTables[4] = {0x06040200u, 0x18100C08u, 0xFDFEFF00u, 0xF4F8FAFCu};  // det::Fp4Tables
-size_t imma_smem(int64_t nb, int stages, int warps, bool tiled) {
-  return (tiled ? 0 : size_t(warps) * stages * 512) + size_t(nb) * (128 + 4) + size_t(warps) * 16 * nb;
+// kBulk (tiled only, DSUF_TILED=b<slots>,<warps>): a warp's ring of `slots` chunks of kBulkStages
+// stages, filled by bulk copies, and a barrier a slot.
+constexpr int kBulkStages = 4;  // 2 KB a copy
+size_t imma_smem(int64_t nb, int stages, int warps, bool tiled, int bulk = 0) {
+  return (tiled ? 0 : size_t(warps) * stages * 512) + size_t(warps) * bulk * (kBulkStages * 512 + 8) +
+         size_t(nb) * (128 + 4) + size_t(warps) * 16 * nb;
 }
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -1591,7 +1620,13 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
 // kTiled (DSUF_FP4=tiled, k_fp4_imma<…, true>): the weights in det::fp4_tiled_offset's layout (laid out
 // so at load, fp4_tile_in_place), so that a lane's stage is one 16-byte load of a contiguous 512-byte
 // warp load straight into registers — kImmaStages − 1 stages in flight, no ring, no ldmatrix.
-template <int kImmaStages, int kImmaWarps, bool kTiled>
+// kBulk > 0 (tiled): the warp's stages (contiguous: nst · 512 bytes) come through a ring of kBulk
+// chunks of kBulkStages stages in shared memory instead, each chunk one bulk copy issued by lane 0
+// (up to kBulk · 2 KB in flight a warp, 16 warps: 128 KB an SM at kBulk = 4, against 24 KB of
+// registers at 4,16), read back with one 16-byte shared load a lane a stage: the same words.
+// kSplit: a stage's two K-blocks' MMA pairs accumulate apart and are added after (integers: the same
+// sums), two dependent MMAs a stage instead of four.
+template <int kImmaStages, int kImmaWarps, bool kTiled, int kBulk = 0, bool kSplit = false>
 __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(const uint8_t* const* W, const uint8_t* const* Ws,
                                                                  const int32_t* ids, int64_t out, int64_t K,
                                                                  const float* __restrict__ xs, int64_t xs_stride,
@@ -1606,7 +1641,11 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const int64_t o0 = (int64_t(blockIdx.x) * kImmaWarps + w) * 16;
   const int64_t row_bytes = K / 2;
-  uint8_t* sB = imma_sm + (kTiled ? 0 : kImmaWarps * kImmaStages * 512);  // [kb][lo, mid, hi + 4, ones][32 B]
+  static_assert(kBulk == 0 || kTiled, "bulk copies of the tiled layout only");
+  constexpr int kChunk = kBulkStages * 512;
+  uint8_t* ring = imma_sm + (threadIdx.x / 32) * kBulk * kChunk;  // kBulk: this warp's slots
+  const uint32_t bars = smem_u32(imma_sm + kImmaWarps * kBulk * kChunk) + (threadIdx.x / 32) * kBulk * 8;
+  uint8_t* sB = imma_sm + (kTiled ? 0 : kImmaWarps * kImmaStages * 512) + kImmaWarps * kBulk * (kChunk + 8);  // [kb][lo, mid, hi + 4, ones][32 B]
   float* ssa = reinterpret_cast<float*>(sB + nb * 128);    // [kb]: the input scales
   uint8_t* codes = reinterpret_cast<uint8_t*>(ssa + nb) + w * 16 * nb;  // [row][kb]: the weight scale codes
   pdl_trigger();
@@ -1626,6 +1665,24 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   // Tiled: the warp's 16 rows are nst contiguous 512-byte stages; lane L's 16 bytes at L·16.
   const uint4* wt = reinterpret_cast<const uint4*>(We + (active ? o0 / 16 : 0) * int64_t(nst) * 512) + lane;
   uint4 buf[kImmaStages];
+  // kBulk: chunk c (stages kBulkStages·c..) into slot c mod kBulk, completing on that slot's barrier.
+  const int my_chunks = active ? (nst + kBulkStages - 1) / kBulkStages : 0;
+  auto bulk_issue = [&](int c) {  // lane 0
+    if (c < my_chunks) {
+      const int slot = c % (kBulk > 0 ? kBulk : 1);
+      const uint32_t bytes = uint32_t(min(kBulkStages, nst - kBulkStages * c)) * 512;
+      bulk_to_smem(smem_u32(ring + slot * kChunk), reinterpret_cast<const uint8_t*>(wt - lane) + int64_t(c) * kChunk,
+                   bytes, bars + slot * 8);
+    }
+  };
+  if constexpr (kBulk > 0) {  // before the inputs' staging: the weights' round trip is the long one
+    if (lane == 0) {
+      for (int i = 0; i < kBulk; ++i) mbar_init(bars + i * 8);
+      mbar_init_fence();
+      for (int c = 0; c < kBulk; ++c) bulk_issue(c);
+    }
+    __syncwarp();
+  }
   auto issue = [&](int st, int slot) {
     if constexpr (kTiled) {
       if (st < my_nst) buf[slot] = __ldg(wt + int64_t(st) * 32);
@@ -1653,8 +1710,10 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
     }
   }
   cp_async_commit();
+  if constexpr (kBulk == 0) {
 #pragma unroll
-  for (int st = 0; st < kImmaStages - 1; ++st) issue(st, st);
+    for (int st = 0; st < kImmaStages - 1; ++st) issue(st, st);
+  }
   if constexpr (kTiled) cp_async_wait_group<0>();  // the first group, the only one
   else cp_async_wait_group<kImmaStages - 1>();
   __syncthreads();
@@ -1690,7 +1749,19 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
       const int st = base + s;
       if (kTail && st >= nst) break;
       uint32_t wr[4];
-      if constexpr (kTiled) {
+      if constexpr (kBulk > 0) {  // base is a multiple of kBulkStages
+        const int c = st / kBulkStages, slot = c % kBulk;
+        if (s % kBulkStages == 0) mbar_wait(bars + slot * 8, uint32_t(c / kBulk) & 1u);
+        const uint4 v = *reinterpret_cast<const uint4*>(ring + slot * kChunk + (s % kBulkStages) * 512 + lane * 16);
+        wr[0] = v.x, wr[1] = v.y, wr[2] = v.z, wr[3] = v.w;
+        if (s % kBulkStages == kBulkStages - 1) {  // the chunk is read (a partial last one needs no refill)
+          __syncwarp();
+          if (lane == 0) {
+            async_proxy_fence();
+            bulk_issue(c + kBulk);
+          }
+        }
+      } else if constexpr (kTiled) {
         const uint4 v = buf[s % kImmaStages];  // base is a multiple of kImmaStages
         wr[0] = v.x, wr[1] = v.y, wr[2] = v.z, wr[3] = v.w;
         issue(st + kImmaStages - 1, (s + kImmaStages - 1) % kImmaStages);
@@ -1709,8 +1780,16 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
       int32_t d[4] = {0, 0, 0, 0};
       mma_s8u8(d, a0.pos, b0, b1);
       mma_s8u8(d, a0.neg, b0, b1);
-      mma_s8u8(d, a1.pos, c0, c1);
-      mma_s8u8(d, a1.neg, c0, c1);
+      if constexpr (kSplit) {
+        int32_t e[4] = {0, 0, 0, 0};
+        mma_s8u8(e, a1.pos, c0, c1);
+        mma_s8u8(e, a1.neg, c0, c1);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) d[i] += e[i];
+      } else {
+        mma_s8u8(d, a1.pos, c0, c1);
+        mma_s8u8(d, a1.neg, c0, c1);
+      }
       const uint32_t tg = det::fp4_imma_term(uint32_t(d[0]), uint32_t(d[1]), f);
       const uint32_t tg8 = det::fp4_imma_term(uint32_t(d[2]), uint32_t(d[3]), f);
       const int32_t S =
@@ -3989,21 +4068,25 @@ bool tiled_rows_mma(int64_t rows, int64_t experts) {
   return rows >= per_expert * experts;
 }
 // k_fp4_imma's launch: DSUF_IMMA=stages,warps (the ring's depth in stages of 2 K-blocks, the warps a
-// block) or, tiled, DSUF_TILED=stages,warps (stages − 1 in flight); the first value is the default.
+// block) or, tiled, DSUF_TILED=stages,warps (stages − 1 in flight) or bS,warps (a ring of S bulk-copied
+// chunks a warp); the first value is the default.
 // (v18 also tried per launch the fewest warps whose grid fits one block an SM: the same time as 4,16.)
 template <bool kTiled>
 void launch_imma(const Fp4Call& c) {
   struct Shape {
     decltype(&k_fp4_imma<8, 8, kTiled>) k;
-    int stages, warps;
+    int stages, warps, bulk = 0;
   };
-  static const int pick = kTiled ? env_choice("DSUF_TILED", {"4,16", "4,8", "2,16", "8,8"}) : 0;
+  static const int pick = kTiled ? env_choice("DSUF_TILED", {"4,16", "4,8", "2,16", "8,8", "b4,16", "b2,16", "b3,16", "s4,16", "sb2,16"}) : 0;
   static const Shape shape = [] {
     Shape sh{};
     if constexpr (kTiled)
-      sh = std::array<Shape, 4>{Shape{k_fp4_imma<4, 16, true>, 4, 16}, Shape{k_fp4_imma<4, 8, true>, 4, 8},
-                                Shape{k_fp4_imma<2, 16, true>, 2, 16},
-                                Shape{k_fp4_imma<8, 8, true>, 8, 8}}[pick];
+      sh = std::array<Shape, 9>{Shape{k_fp4_imma<4, 16, true>, 4, 16}, Shape{k_fp4_imma<4, 8, true>, 4, 8},
+                                Shape{k_fp4_imma<2, 16, true>, 2, 16},  Shape{k_fp4_imma<8, 8, true>, 8, 8},
+                                Shape{k_fp4_imma<4, 16, true, 4>, 4, 16, 4}, Shape{k_fp4_imma<4, 16, true, 2>, 4, 16, 2},
+                                Shape{k_fp4_imma<4, 16, true, 3>, 4, 16, 3},
+                                Shape{k_fp4_imma<4, 16, true, 0, true>, 4, 16},
+                                Shape{k_fp4_imma<4, 16, true, 2, true>, 4, 16, 2}}[pick];
     else
       sh = std::array<Shape, 4>{Shape{k_fp4_imma<8, 8, false>, 8, 8}, Shape{k_fp4_imma<8, 4, false>, 8, 4},
                                 Shape{k_fp4_imma<16, 4, false>, 16, 4},
@@ -4012,7 +4095,8 @@ void launch_imma(const Fp4Call& c) {
   }();
   const Shape sh = shape;
   // Every call, not once: the attribute is per device, and tensor-parallel ranks launch on several.
-  set_smem(sh.k, imma_smem(kImmaMaxNb, sh.stages, sh.warps, kTiled));
+  // (A bulk ring of 4 slots at the largest K would pass the 227 KB an SM has: this call's K.)
+  set_smem(sh.k, imma_smem(sh.bulk ? c.K / 32 : kImmaMaxNb, sh.stages, sh.warps, kTiled, sh.bulk));
   // grid.y holds at most 65535 rows: a long prefill chunk (rows = tokens × top-k) goes in slices of
   // whole input rows (a multiple of x_div), each with its ids, outputs and inputs offset — or, in
   // expert order, its piece of the order (which names absolute rows).
@@ -4022,7 +4106,7 @@ void launch_imma(const Fp4Call& c) {
     Fp4Pair pair = c.pair;
     if (pair.y) pair.y += rb0 * c.out;
     launch_pdl(sh.k, dim3(blocks_for(c.out, 16 * sh.warps), int(n), c.pair.W ? 2 : 1), dim3(32 * sh.warps),
-               imma_smem(c.K / 32, sh.stages, sh.warps, kTiled), c.s, c.W, c.Ws,
+               imma_smem(c.K / 32, sh.stages, sh.warps, kTiled, sh.bulk), c.s, c.W, c.Ws,
                c.ids ? c.ids + rb0 : nullptr, c.out, c.K, c.in.scale + xr * c.in.scale_stride, c.in.scale_stride,
                c.in.planes + xr * c.in.plane_stride, c.in.plane_stride, c.x_div, c.y + rb0 * c.out, c.r, pair,
                c.order ? c.order + b : nullptr);
