@@ -724,10 +724,10 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
 // its first kRmsRegs values and weights in registers, so the output needs no second read. y may
 // equal x (a thread rewrites only what it read).
 // (8 values a thread in registers, so that V4.1's q_lora_rank of 1,280 needs no second read, measured
-// +0.027 ms a step in v28: not kept. DSUF_RMS_REGS=5, session 18, off by default, compiled, NOT run:
-// exactly 1,280's share, so that the q norm's fifth value is neither loaded after the first four
-// return nor reloaded with its weight after the block sum — two dependent L2 round trips on the
-// attention chain in the 4-register form's SASS.)
+// +0.027 ms a step in v28: not kept. 5 (DSUF_RMS_REGS, the default since session 19: −0.007 ms a
+// step at 8K, lower in 4 of 4 interleaved rounds): exactly 1,280's share, so that the q norm's fifth
+// value is neither loaded after the first four return nor reloaded with its weight after the block
+// sum — two dependent L2 round trips on the attention chain in the 4-register form's SASS.)
 // w_early (DSUF_W_EARLY=1, the default): the norm weights are loaded before the dependency wait.
 template <int kRmsRegs = 4>
 __global__ void __launch_bounds__(256) k_rmsnorm(RmsJob a, RmsJob b, float eps, bool r, bool w_early, bool late) {
@@ -1624,9 +1624,7 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
 // chunks of kBulkStages stages in shared memory instead, each chunk one bulk copy issued by lane 0
 // (up to kBulk · 2 KB in flight a warp, 16 warps: 128 KB an SM at kBulk = 4, against 24 KB of
 // registers at 4,16), read back with one 16-byte shared load a lane a stage: the same words.
-// kSplit: a stage's two K-blocks' MMA pairs accumulate apart and are added after (integers: the same
-// sums), two dependent MMAs a stage instead of four.
-template <int kImmaStages, int kImmaWarps, bool kTiled, int kBulk = 0, bool kSplit = false>
+template <int kImmaStages, int kImmaWarps, bool kTiled, int kBulk = 0>
 __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(const uint8_t* const* W, const uint8_t* const* Ws,
                                                                  const int32_t* ids, int64_t out, int64_t K,
                                                                  const float* __restrict__ xs, int64_t xs_stride,
@@ -1780,16 +1778,8 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
       int32_t d[4] = {0, 0, 0, 0};
       mma_s8u8(d, a0.pos, b0, b1);
       mma_s8u8(d, a0.neg, b0, b1);
-      if constexpr (kSplit) {
-        int32_t e[4] = {0, 0, 0, 0};
-        mma_s8u8(e, a1.pos, c0, c1);
-        mma_s8u8(e, a1.neg, c0, c1);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) d[i] += e[i];
-      } else {
-        mma_s8u8(d, a1.pos, c0, c1);
-        mma_s8u8(d, a1.neg, c0, c1);
-      }
+      mma_s8u8(d, a1.pos, c0, c1);
+      mma_s8u8(d, a1.neg, c0, c1);
       const uint32_t tg = det::fp4_imma_term(uint32_t(d[0]), uint32_t(d[1]), f);
       const uint32_t tg8 = det::fp4_imma_term(uint32_t(d[2]), uint32_t(d[3]), f);
       const int32_t S =
@@ -3861,10 +3851,11 @@ void collapse_norm(const float* pre, int pre_stride, const float* emix, int emix
   });
 }
 namespace {
-// DSUF_RMS_REGS=4|5: the values a k_rmsnorm thread keeps in registers (4, the default; 5: see there).
+// DSUF_RMS_REGS=5|4: the values a k_rmsnorm thread keeps in registers (5, the default since session 19;
+// 4 before: see there).
 auto rmsnorm_kernel() {
-  static const bool five = env_picks("DSUF_RMS_REGS", "4", "5");
-  return five ? k_rmsnorm<5> : k_rmsnorm<4>;
+  static const bool four = env_picks("DSUF_RMS_REGS", "5", "4");
+  return four ? k_rmsnorm<4> : k_rmsnorm<5>;
 }
 }  // namespace
 void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s) {
@@ -4077,16 +4068,13 @@ void launch_imma(const Fp4Call& c) {
     decltype(&k_fp4_imma<8, 8, kTiled>) k;
     int stages, warps, bulk = 0;
   };
-  static const int pick = kTiled ? env_choice("DSUF_TILED", {"4,16", "4,8", "2,16", "8,8", "b4,16", "b2,16", "b3,16", "s4,16", "sb2,16"}) : 0;
+  static const int pick = kTiled ? env_choice("DSUF_TILED", {"4,16", "4,8", "2,16", "8,8", "b2,16", "b4,16"}) : 0;
   static const Shape shape = [] {
     Shape sh{};
     if constexpr (kTiled)
-      sh = std::array<Shape, 9>{Shape{k_fp4_imma<4, 16, true>, 4, 16}, Shape{k_fp4_imma<4, 8, true>, 4, 8},
+      sh = std::array<Shape, 6>{Shape{k_fp4_imma<4, 16, true>, 4, 16}, Shape{k_fp4_imma<4, 8, true>, 4, 8},
                                 Shape{k_fp4_imma<2, 16, true>, 2, 16},  Shape{k_fp4_imma<8, 8, true>, 8, 8},
-                                Shape{k_fp4_imma<4, 16, true, 4>, 4, 16, 4}, Shape{k_fp4_imma<4, 16, true, 2>, 4, 16, 2},
-                                Shape{k_fp4_imma<4, 16, true, 3>, 4, 16, 3},
-                                Shape{k_fp4_imma<4, 16, true, 0, true>, 4, 16},
-                                Shape{k_fp4_imma<4, 16, true, 2, true>, 4, 16, 2}}[pick];
+                                Shape{k_fp4_imma<4, 16, true, 2>, 4, 16, 2}, Shape{k_fp4_imma<4, 16, true, 4>, 4, 16, 4}}[pick];
     else
       sh = std::array<Shape, 4>{Shape{k_fp4_imma<8, 8, false>, 8, 8}, Shape{k_fp4_imma<8, 4, false>, 8, 4},
                                 Shape{k_fp4_imma<16, 4, false>, 16, 4},
