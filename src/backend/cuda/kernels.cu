@@ -188,18 +188,11 @@ __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier
 // Orders this thread's earlier shared-memory accesses (and, after a __syncwarp, its warp's) before
 // its later bulk copies' writes: a slot is refilled only after every lane has read it.
 __device__ __forceinline__ void async_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// The barrier's one arrival, announcing `bytes` of copies (issued before or after it).
-__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
+__device__ __forceinline__ void bulk_to_smem(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
-}
-__device__ __forceinline__ void bulk_to_smem(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  mbar_expect(bar, bytes);
-  bulk_copy(dst, src, bytes, bar);
 }
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
@@ -1126,87 +1119,6 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
       if (lane == 0 && rr < nr && o0 + o < out) y[int64_t(row0 + rr) * y_stride + o0 + o] = rb(v, r);
     }
 }
-
-// One-row FP8 linears of long K (DSUF_FP8_BULK, off by default): k_fp8_gemv's kRegs arithmetic in
-// its order (lane l adds K-blocks l, l + 32, … with fp8_kb_mac, then warp_sum), but a warp's weights
-// come through a ring of kSlots rounds in shared memory (a round: its OPW rows' 32 K-blocks, one
-// 1 KB bulk copy a row, one barrier), so that kSlots rounds are in flight without registers — the
-// register forms of that (DSUF_FP8_LONG, v31) needed a second wave — and the first kSlots are
-// issued, with every round's scale codes, before the dependency wait. nb a multiple of 32 (no
-// remainder tasks), at most kBulkMaxRounds rounds; one input row; grid.z as k_fp8_gemv's.
-constexpr int kBulkMaxRounds = 8, kBulkWarps = 8;
-template <int OPW, bool kExact, int kSlots>
-__global__ void __launch_bounds__(32 * kBulkWarps) k_fp8_gemv_bulk(const uint8_t* __restrict__ W,
-                                                                   const uint8_t* __restrict__ Ws, int64_t out,
-                                                                   int64_t K, const float* __restrict__ x,
-                                                                   int64_t x_group, const float* __restrict__ xs,
-                                                                   float* __restrict__ y, bool r, Fp8Pair pair) {
-  extern __shared__ __align__(128) uint8_t fp8_ring[];
-  constexpr uint32_t kRound = 1024;  // a row's 32 K-blocks
-  int64_t y_stride = 0;
-  const int nb = int(K / 32), rounds = nb / 32;
-  fp8_slice(W, Ws, out, K, x, x_group, xs, y, y_stride, pair);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t o0 = (int64_t(blockIdx.x) * kBulkWarps + warp) * OPW;
-  pdl_trigger();
-  if (o0 >= out) return;
-  auto clamp = [&](int o) { return o0 + o < out ? o0 + o : out - 1; };  // a tail repeats the last row
-  const uint32_t ring = smem_u32(fp8_ring) + warp * kSlots * OPW * kRound;
-  const uint32_t bars = smem_u32(fp8_ring) + kBulkWarps * kSlots * OPW * kRound + warp * kSlots * 8;
-  auto issue = [&](int rd) {  // lane 0: round rd into slot rd mod kSlots
-    if (rd < rounds) {
-      const int slot = rd % kSlots;
-      mbar_expect(bars + slot * 8, OPW * kRound);
-#pragma unroll
-      for (int o = 0; o < OPW; ++o)
-        bulk_copy(ring + (slot * OPW + o) * kRound, W + clamp(o) * K + int64_t(rd) * kRound, kRound, bars + slot * 8);
-    }
-  };
-  if (lane == 0) {
-    for (int i = 0; i < kSlots; ++i) mbar_init(bars + i * 8);
-    mbar_init_fence();
-    for (int rd = 0; rd < kSlots; ++rd) issue(rd);
-  }
-  const uint8_t* __restrict__ ws_row = Ws + (o0 / 32) * nb;  // the warp's rows share a scale block
-  uint8_t sc[kBulkMaxRounds];
-#pragma unroll
-  for (int rd = 0; rd < kBulkMaxRounds; ++rd) sc[rd] = rd < rounds ? __ldg(ws_row + 32 * rd + lane) : 0;
-  __syncwarp();
-  pdl_wait();
-  float acc[OPW][1];
-#pragma unroll
-  for (int o = 0; o < OPW; ++o) acc[o][0] = 0.0f;
-#pragma unroll
-  for (int rd = 0; rd < kBulkMaxRounds; ++rd) {
-    if (rd >= rounds) break;
-    const int slot = rd % kSlots;
-    mbar_wait(bars + slot * 8, uint32_t(rd / kSlots) & 1u);
-    uint4 w[OPW][2];
-#pragma unroll
-    for (int o = 0; o < OPW; ++o) {
-      const uint32_t a = ring + (slot * OPW + o) * kRound + lane * 32;
-      asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                   : "=r"(w[o][0].x), "=r"(w[o][0].y), "=r"(w[o][0].z), "=r"(w[o][0].w) : "r"(a) : "memory");
-      asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                   : "=r"(w[o][1].x), "=r"(w[o][1].y), "=r"(w[o][1].z), "=r"(w[o][1].w) : "r"(a + 16) : "memory");
-    }
-    float sw[OPW];
-#pragma unroll
-    for (int o = 0; o < OPW; ++o) sw[o] = e8m0(sc[rd]);
-    fp8_kb_mac<OPW, 1, kExact>(w, sw, x, 0, xs, 0, 32 * rd + lane, 1, acc);
-    __syncwarp();  // every lane has used the slot's words: refill it
-    if (lane == 0) {
-      async_proxy_fence();
-      issue(rd + kSlots);
-    }
-  }
-#pragma unroll
-  for (int o = 0; o < OPW; ++o) {
-    const float v = warp_sum(acc[o][0]);
-    if (lane == 0 && o0 + o < out) y[o0 + o] = rb(v, r);
-  }
-}
-size_t fp8_bulk_smem(int slots, int opw) { return size_t(kBulkWarps) * slots * (opw * 1024 + 8); }
 
 // ---- FP8 linears of many rows: a tiled GEMM with the GEMV's bits --------------------------------
 // k_fp8_gemv reads each weight once per R ≤ 4 rows, so a 512-row prefill chunk reads every dense
@@ -4026,23 +3938,6 @@ void launch_fp8(const Fp8Call& c) {
   static const bool small_deep = !env_picks("DSUF_FP8_SMALL", "deep", "regs");
   const bool deep = mode == kDeep || (small_deep && mode == kRegs && OPW == 1 && c.K / 32 <= 32 * deep_u<32>());
   const int warps = deep || mode != kRegs ? 8 : fp8_block_warps(R);
-  // DSUF_FP8_BULK=off|wo_b|long: one-row linears of at least 200 (wo_b) or 128 (wo_a too) K-blocks,
-  // a multiple of 32 and at most 256, through k_fp8_gemv_bulk's ring of 4 rounds (off: k_fp8_gemv).
-  if constexpr (R == 1 && OPW == 2) {
-    static const int bulk = env_choice("DSUF_FP8_BULK", {"off", "wo_b", "long"});
-    const int64_t nb = c.K / 32;
-    if (bulk && mode == kRegs && !deep && c.rows == 1 && nb % 32 == 0 && nb <= 32 * kBulkMaxRounds &&
-        nb >= (bulk == 1 ? 200 : 128)) {
-      constexpr int kSlots = 4;
-      auto kb = k_fp8_gemv_bulk<OPW, kExact, kSlots>;
-      set_smem(kb, fp8_bulk_smem(kSlots, OPW));
-      const int64_t out = std::max(c.out, c.pair.out);
-      launch_pdl(kb, dim3(blocks_for(out, kBulkWarps * OPW), 1, c.groups), dim3(32 * kBulkWarps),
-                 fp8_bulk_smem(kSlots, OPW), c.s, c.W, c.Ws, c.out, c.K, c.in.x, c.in.group_stride, c.in.scale, c.y,
-                 c.r, c.pair);
-      return;
-    }
-  }
   auto k = deep                 ? k_fp8_gemv<OPW, R, kExact, kDeep>
            : mode == kRegsPipe ? k_fp8_gemv<OPW, R, kExact, kRegsPipe>
            : warps == 4        ? k_fp8_gemv<OPW, R, kExact, kRegs, 4>
