@@ -4059,8 +4059,11 @@ bool tiled_rows_mma(int64_t rows, int64_t experts) {
   return rows >= per_expert * experts;
 }
 // k_fp4_imma's launch: DSUF_IMMA=stages,warps (the ring's depth in stages of 2 K-blocks, the warps a
-// block) or, tiled, DSUF_TILED=stages,warps (stages − 1 in flight) or bS,warps (a ring of S bulk-copied
-// chunks a warp); the first value is the default.
+// block) or, tiled, DSUF_TILED=auto|stages,warps (stages − 1 in flight)|bS,warps (a ring of S
+// bulk-copied chunks a warp). auto (the default since session 19): b2,16 for up to kImmaBulkRows
+// routed rows, 4,16 above (docs/perf.md v33: b2,16 measured −0.008 ms at batch 1, −0.9 % at batch 4,
+// −0.8 % at 16, +0.8 % at 64 — 384 rows).
+constexpr int64_t kImmaBulkRows = 128;
 // (v18 also tried per launch the fewest warps whose grid fits one block an SM: the same time as 4,16.)
 template <bool kTiled>
 void launch_imma(const Fp4Call& c) {
@@ -4068,20 +4071,18 @@ void launch_imma(const Fp4Call& c) {
     decltype(&k_fp4_imma<8, 8, kTiled>) k;
     int stages, warps, bulk = 0;
   };
-  static const int pick = kTiled ? env_choice("DSUF_TILED", {"4,16", "4,8", "2,16", "8,8", "b2,16", "b4,16"}) : 0;
-  static const Shape shape = [] {
-    Shape sh{};
-    if constexpr (kTiled)
-      sh = std::array<Shape, 6>{Shape{k_fp4_imma<4, 16, true>, 4, 16}, Shape{k_fp4_imma<4, 8, true>, 4, 8},
-                                Shape{k_fp4_imma<2, 16, true>, 2, 16},  Shape{k_fp4_imma<8, 8, true>, 8, 8},
-                                Shape{k_fp4_imma<4, 16, true, 2>, 4, 16, 2}, Shape{k_fp4_imma<4, 16, true, 4>, 4, 16, 4}}[pick];
-    else
-      sh = std::array<Shape, 4>{Shape{k_fp4_imma<8, 8, false>, 8, 8}, Shape{k_fp4_imma<8, 4, false>, 8, 4},
-                                Shape{k_fp4_imma<16, 4, false>, 16, 4},
-                                Shape{k_fp4_imma<16, 8, false>, 16, 8}}[env_choice("DSUF_IMMA", {"8,8", "8,4", "16,4", "16,8"})];
-    return sh;
-  }();
-  const Shape sh = shape;
+  static const int pick = kTiled ? env_choice("DSUF_TILED", {"auto", "4,16", "4,8", "2,16", "8,8", "b2,16", "b4,16"}) : 0;
+  static const std::array<Shape, 7> tiled{Shape{},
+                                          Shape{k_fp4_imma<4, 16, true>, 4, 16},
+                                          Shape{k_fp4_imma<4, 8, true>, 4, 8},
+                                          Shape{k_fp4_imma<2, 16, true>, 2, 16},
+                                          Shape{k_fp4_imma<8, 8, true>, 8, 8},
+                                          Shape{k_fp4_imma<4, 16, true, 2>, 4, 16, 2},
+                                          Shape{k_fp4_imma<4, 16, true, 4>, 4, 16, 4}};
+  static const std::array<Shape, 4> ring{Shape{k_fp4_imma<8, 8, false>, 8, 8}, Shape{k_fp4_imma<8, 4, false>, 8, 4},
+                                         Shape{k_fp4_imma<16, 4, false>, 16, 4}, Shape{k_fp4_imma<16, 8, false>, 16, 8}};
+  static const int ring_pick = kTiled ? 0 : env_choice("DSUF_IMMA", {"8,8", "8,4", "16,4", "16,8"});
+  const Shape sh = !kTiled ? ring[ring_pick] : pick ? tiled[pick] : tiled[c.rows <= kImmaBulkRows ? 5 : 1];
   // Every call, not once: the attribute is per device, and tensor-parallel ranks launch on several.
   // (A bulk ring of 4 slots at the largest K would pass the 227 KB an SM has: this call's K.)
   set_smem(sh.k, imma_smem(sh.bulk ? c.K / 32 : kImmaMaxNb, sh.stages, sh.warps, kTiled, sh.bulk));
