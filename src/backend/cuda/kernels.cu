@@ -1629,7 +1629,8 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
 // 2s + h, s < 8) in warp 2i, stages 8–15 (s ≥ 8) in warp 2i + 1 — which meet at the tree's first level
 // (det::fp4_imma_tree_halves: class c + class c + 16, in that order) through shared memory: the same
 // sums in the same order, twice the warps with half the stages each, so that the work spreads over
-// more SMs in smaller blocks (8 rows · 2 warps a row set, 92 registers: 4-warp blocks fit 5 an SM).
+// more SMs in smaller blocks (16 rows · 2 warps a row set, 83 registers: 4-warp blocks fit 5 an SM at
+// K = 5,120 — 44.7 KB of shared memory and 11K registers each).
 template <int kImmaStages, int kImmaWarps, bool kTiled, int kBulk = 0, int kHalves = 1>
 __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(const uint8_t* const* W, const uint8_t* const* Ws,
                                                                  const int32_t* ids, int64_t out, int64_t K,
