@@ -725,7 +725,7 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
 // equal x (a thread rewrites only what it read).
 // (8 values a thread in registers, so that V4.1's q_lora_rank of 1,280 needs no second read, measured
 // +0.027 ms a step in v28: not kept. 5 (DSUF_RMS_REGS, the default since session 19: −0.007 ms a
-// step at 8K, lower in 4 of 4 interleaved rounds): exactly 1,280's share, so that the q norm's fifth
+// step at 8K, lower in 7 of 7 interleaved rounds): exactly 1,280's share, so that the q norm's fifth
 // value is neither loaded after the first four return nor reloaded with its weight after the block
 // sum — two dependent L2 round trips on the attention chain in the 4-register form's SASS.)
 // w_early (DSUF_W_EARLY=1, the default): the norm weights are loaded before the dependency wait.
