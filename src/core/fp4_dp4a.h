@@ -190,25 +190,11 @@ DSUF_HD int32_t fp4_imma_isum(uint32_t t_g, uint32_t t_g8, int odd_q, uint32_t p
 // warp_sum's xor tree (offsets 16, 8, 4, 2, 1) over 32 class sums, of which one lane holds the 16 of
 // one parity h (acc[s]: class 2s + h): levels 16, 8, 4 and 2 stay inside the lane; this is its value
 // before level 1, which adds the other parity's (lane q ^ 2 in k_fp4_imma).
-// The same from the two halves of acc held apart (lo: acc[0..7], hi: acc[8..15]; k_fp4_imma's class
-// split, where two warps hold them).
-DSUF_HD float fp4_imma_tree_halves(const float* lo, const float* hi) {
+DSUF_HD float fp4_imma_tree(const float (&acc)[16]) {
   float a8[8], b4[4];
-  for (int s = 0; s < 8; ++s) a8[s] = lo[s] + hi[s];
+  for (int s = 0; s < 8; ++s) a8[s] = acc[s] + acc[s + 8];
   for (int s = 0; s < 4; ++s) b4[s] = a8[s] + a8[s + 4];
   return (b4[0] + b4[2]) + (b4[1] + b4[3]);
-}
-DSUF_HD float fp4_imma_tree(const float (&acc)[16]) { return fp4_imma_tree_halves(acc, acc + 8); }
-
-// k_fp4_imma's class halves (kHalves = 2): a row set's stages (two K-blocks each) come in chunks of
-// kImmaChunkStages, and stages s mod 16 < 8 (classes 2s + h, s < 8) belong to half 0, the rest to
-// half 1 — so half `half`'s chunk c (its own count) is the row set's chunk fp4_half_chunk(c, half), and
-// of the row set's chunks over nst stages it streams fp4_half_chunks(nst, half).
-constexpr int kImmaChunkStages = 4;
-DSUF_HD int fp4_half_chunk(int c, int half) { return 4 * (c / 2) + 2 * half + c % 2; }
-DSUF_HD int fp4_half_chunks(int nst, int half) {
-  const int all = (nst + kImmaChunkStages - 1) / kImmaChunkStages, rest = all % 4 - 2 * half;
-  return 2 * (all / 4) + (rest < 0 ? 0 : rest > 2 ? 2 : rest);
 }
 
 // ---- k_fp4_imma<…, true>'s weight layout (DSUF_FP4=tiled) -------------------------------------------

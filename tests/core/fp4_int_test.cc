@@ -10,7 +10,6 @@
 
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -686,44 +685,6 @@ TEST(Fp4Tiled, WarpEqualsTheReferenceRowSums) {
       EXPECT_EQ(std::memcmp(&got, &want[row], 4), 0) << "nb " << nb << ", row " << row << ": " << got << " vs " << want[row];
     }
   }
-}
-
-
-// k_fp4_imma's class halves: the consumption loop's schedule (a chunk of 16 stages at `base`, half h
-// taking stages 8h + sp, sp < 8, its own stage count (base / 16)·8 + sp, chunks of kImmaChunkStages)
-// read against det::fp4_half_chunk / fp4_half_chunks, which pick the bytes each half copies: every
-// stage of the row set is read once, by the half that owns its class, from the chunk and offset its
-// half copied it to, and each half reads every chunk it copies (none left in flight at exit).
-TEST(Fp4IntMma, ClassHalvesReadEveryStageOnceFromItsChunk) {
-  int cases = 0;
-  for (int nst = 1; nst <= 200; ++nst) {
-    std::vector<int> seen(size_t(nst), 0);
-    for (int h = 0; h < 2; ++h) {
-      const int chunks = det::fp4_half_chunks(nst, h);
-      std::vector<int> read(size_t(chunks), 0);
-      int previous = -1;
-      for (int base = 0; base < nst; base += 16)
-        for (int sp = 0; sp < 8; ++sp) {
-          const int st = base + 8 * h + sp;
-          if (st >= nst) break;
-          const int j = ((base / 16) * 8 + sp) / det::kImmaChunkStages;  // the half's own chunk
-          ASSERT_LT(j, chunks) << "nst " << nst << ", half " << h << ", stage " << st;
-          ASSERT_GE(j, previous) << "chunks read in the order they are copied";
-          previous = j;
-          const int gc = det::fp4_half_chunk(j, h), off = sp % det::kImmaChunkStages;
-          EXPECT_EQ(gc * det::kImmaChunkStages + off, st) << "nst " << nst << ", half " << h;
-          EXPECT_LT(off, std::min(det::kImmaChunkStages, nst - det::kImmaChunkStages * gc));  // within its bytes
-          EXPECT_EQ((st % 16) / 8, h);  // classes 2s + parity: s < 8 in half 0
-          ++seen[size_t(st)];
-          read[size_t(j)] = 1;
-          ++cases;
-        }
-      for (int j = 0; j < chunks; ++j) EXPECT_EQ(read[size_t(j)], 1) << "nst " << nst << ", half " << h << ", chunk " << j;
-    }
-    for (int st = 0; st < nst; ++st) EXPECT_EQ(seen[size_t(st)], 1) << "nst " << nst << ", stage " << st;
-    EXPECT_EQ(det::fp4_half_chunks(nst, 0) + det::fp4_half_chunks(nst, 1), (nst + 3) / 4);
-  }
-  EXPECT_EQ(cases, 200 * 201 / 2);
 }
 
 }  // namespace

@@ -1606,10 +1606,10 @@ constexpr int kImmaMaxNb = 256;
 __device__ uint32_t kImmaTables[4] = {0x06040200u, 0x18100C08u, 0xFDFEFF00u, 0xF4F8FAFCu};  // det::Fp4Tables
 // kBulk (tiled only, DSUF_TILED=b<slots>,<warps>): a warp's ring of `slots` chunks of kBulkStages
 // stages, filled by bulk copies, and a barrier a slot.
-constexpr int kBulkStages = det::kImmaChunkStages;  // 2 KB a copy
-size_t imma_smem(int64_t nb, int stages, int warps, bool tiled, int bulk = 0, int halves = 1) {
+constexpr int kBulkStages = 4;  // 2 KB a copy
+size_t imma_smem(int64_t nb, int stages, int warps, bool tiled, int bulk = 0) {
   return (tiled ? 0 : size_t(warps) * stages * 512) + size_t(warps) * bulk * (kBulkStages * 512 + 8) +
-         size_t(nb) * (128 + 4) + size_t(warps / halves) * 16 * nb + (halves > 1 ? size_t(warps / 2) * 8 * 32 * 4 : 0);
+         size_t(nb) * (128 + 4) + size_t(warps) * 16 * nb;
 }
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -1624,14 +1624,7 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
 // chunks of kBulkStages stages in shared memory instead, each chunk one bulk copy issued by lane 0
 // (up to kBulk · 2 KB in flight a warp, 16 warps: 128 KB an SM at kBulk = 4, against 24 KB of
 // registers at 4,16), read back with one 16-byte shared load a lane a stage: the same words.
-// kHalves = 2 (with kBulk; DSUF_TILED=h2,W, off by default, session 19: compiled, NOT run on a GPU):
-// a row set's K-blocks split by class between a pair of warps — stages 0–7 of every 16 (classes
-// 2s + h, s < 8) in warp 2i, stages 8–15 (s ≥ 8) in warp 2i + 1 — which meet at the tree's first level
-// (det::fp4_imma_tree_halves: class c + class c + 16, in that order) through shared memory: the same
-// sums in the same order, twice the warps with half the stages each, so that the work spreads over
-// more SMs in smaller blocks (16 rows · 2 warps a row set, 83 registers: 4-warp blocks fit 5 an SM at
-// K = 5,120 — 44.7 KB of shared memory and 11K registers each).
-template <int kImmaStages, int kImmaWarps, bool kTiled, int kBulk = 0, int kHalves = 1>
+template <int kImmaStages, int kImmaWarps, bool kTiled, int kBulk = 0>
 __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(const uint8_t* const* W, const uint8_t* const* Ws,
                                                                  const int32_t* ids, int64_t out, int64_t K,
                                                                  const float* __restrict__ xs, int64_t xs_stride,
@@ -1644,10 +1637,7 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   int row = blockIdx.y;
   if (blockIdx.z == 1) W = pair.W, Ws = pair.Ws, y = pair.y;
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-  static_assert(kHalves == 1 || (kHalves == 2 && kBulk > 0 && kImmaWarps % 2 == 0), "class halves: bulk, warp pairs");
-  constexpr int kGroups = kImmaWarps / kHalves;                  // row sets (16 rows) a block
-  const int half = kHalves == 1 ? 0 : w % 2, rg = w / kHalves;  // this warp's class half and row set
-  const int64_t o0 = (int64_t(blockIdx.x) * kGroups + rg) * 16;
+  const int64_t o0 = (int64_t(blockIdx.x) * kImmaWarps + w) * 16;
   const int64_t row_bytes = K / 2;
   static_assert(kBulk == 0 || kTiled, "bulk copies of the tiled layout only");
   constexpr int kChunk = kBulkStages * 512;
@@ -1655,9 +1645,7 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   const uint32_t bars = smem_u32(imma_sm + kImmaWarps * kBulk * kChunk) + (threadIdx.x / 32) * kBulk * 8;
   uint8_t* sB = imma_sm + (kTiled ? 0 : kImmaWarps * kImmaStages * 512) + kImmaWarps * kBulk * (kChunk + 8);  // [kb][lo, mid, hi + 4, ones][32 B]
   float* ssa = reinterpret_cast<float*>(sB + nb * 128);    // [kb]: the input scales
-  uint8_t* codes = reinterpret_cast<uint8_t*>(ssa + nb) + rg * 16 * nb;  // [row][kb]: the weight scale codes
-  // kHalves: the odd warps' class sums for the even ones, [row set][s][lane].
-  float* xch = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(ssa + nb) + kGroups * 16 * nb) + rg * 8 * 32;
+  uint8_t* codes = reinterpret_cast<uint8_t*>(ssa + nb) + w * 16 * nb;  // [row][kb]: the weight scale codes
   pdl_trigger();
   if (order) {  // grid.y walks the routed rows in expert order (RowGroups::order, from this step's router)
     pdl_wait();
@@ -1675,20 +1663,13 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   // Tiled: the warp's 16 rows are nst contiguous 512-byte stages; lane L's 16 bytes at L·16.
   const uint4* wt = reinterpret_cast<const uint4*>(We + (active ? o0 / 16 : 0) * int64_t(nst) * 512) + lane;
   uint4 buf[kImmaStages];
-  // kBulk: the warp's chunk c (stages kBulkStages·c.. of its own) into slot c mod kBulk, completing on
-  // that slot's barrier. With kHalves, the warp's chunks are chunks 2·half, 2·half + 1 of every four.
-  const int my_chunks = [&] {
-    if constexpr (kHalves == 1) {
-      return active ? (nst + kBulkStages - 1) / kBulkStages : 0;
-    } else {
-      return active ? det::fp4_half_chunks(nst, half) : 0;
-    }
-  }();
+  // kBulk: chunk c (stages kBulkStages·c..) into slot c mod kBulk, completing on that slot's barrier.
+  const int my_chunks = active ? (nst + kBulkStages - 1) / kBulkStages : 0;
   auto bulk_issue = [&](int c) {  // lane 0
     if (c < my_chunks) {
-      const int slot = c % (kBulk > 0 ? kBulk : 1), gc = kHalves == 1 ? c : det::fp4_half_chunk(c, half);
-      const uint32_t bytes = uint32_t(min(kBulkStages, nst - kBulkStages * gc)) * 512;
-      bulk_to_smem(smem_u32(ring + slot * kChunk), reinterpret_cast<const uint8_t*>(wt - lane) + int64_t(gc) * kChunk,
+      const int slot = c % (kBulk > 0 ? kBulk : 1);
+      const uint32_t bytes = uint32_t(min(kBulkStages, nst - kBulkStages * c)) * 512;
+      bulk_to_smem(smem_u32(ring + slot * kChunk), reinterpret_cast<const uint8_t*>(wt - lane) + int64_t(c) * kChunk,
                    bytes, bars + slot * 8);
     }
   };
@@ -1715,7 +1696,7 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
     *reinterpret_cast<uint4*>(sB + (i / 2) * 128 + 96 + (i % 2) * 16) =
         make_uint4(0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u);
   for (int i = threadIdx.x; i < nb; i += blockDim.x) cp_async4_to(smem_u32(ssa + i), xs + i);
-  if (active && half == 0) {  // a row set's codes, once
+  if (active) {
     if ((reinterpret_cast<uintptr_t>(Se) & 3) == 0) {
       const int n4 = nb / 4;
       for (int i = lane; i < 16 * n4; i += 32) {
@@ -1756,24 +1737,22 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   for (int s = 0; s < 16; ++s) acc[s] = 0.0f;
   // 16 stages = 32 K-blocks a chunk, so that lane parity h's class 2s + h is acc[s]; kTail: the last,
   // partial chunk (its stages and K-blocks checked).
-  // kHalves: this warp's stages of the chunk are kS from 8·half on, its acc[sp] class 2(8·half + sp) + h.
-  constexpr int kS = 16 / kHalves;
   auto chunk = [&](int base, auto tail) {
     constexpr bool kTail = decltype(tail)::value;
     const uint8_t* bsrc = sB + (g / 4) * 128 + (g % 4) * 32 + q * 8 + base * 256;
     const uint8_t* mycodes = codes + my_row * nb + 2 * base + h;
     const float* mysa = ssa + 2 * base + h;
 #pragma unroll
-    for (int sp = 0; sp < kS; ++sp) {
-      const int s = kS * half + sp, st = base + s;
+    for (int s = 0; s < 16; ++s) {
+      const int st = base + s;
       if (kTail && st >= nst) break;
       uint32_t wr[4];
-      if constexpr (kBulk > 0) {  // the warp's own stage (base / 16)·kS + sp: its chunks hold kBulkStages each
-        const int c = (kHalves == 1 ? st : (base / 16) * kS + sp) / kBulkStages, slot = c % kBulk;
-        if (sp % kBulkStages == 0) mbar_wait(bars + slot * 8, uint32_t(c / kBulk) & 1u);
-        const uint4 v = *reinterpret_cast<const uint4*>(ring + slot * kChunk + (sp % kBulkStages) * 512 + lane * 16);
+      if constexpr (kBulk > 0) {  // base is a multiple of kBulkStages
+        const int c = st / kBulkStages, slot = c % kBulk;
+        if (s % kBulkStages == 0) mbar_wait(bars + slot * 8, uint32_t(c / kBulk) & 1u);
+        const uint4 v = *reinterpret_cast<const uint4*>(ring + slot * kChunk + (s % kBulkStages) * 512 + lane * 16);
         wr[0] = v.x, wr[1] = v.y, wr[2] = v.z, wr[3] = v.w;
-        if (sp % kBulkStages == kBulkStages - 1) {  // the chunk is read (a partial last one needs no refill)
+        if (s % kBulkStages == kBulkStages - 1) {  // the chunk is read (a partial last one needs no refill)
           __syncwarp();
           if (lane == 0) {
             async_proxy_fence();
@@ -1808,29 +1787,14 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
       // An odd nb's last stage has no second K-block: read in range, add nothing.
       const int off = kTail && 2 * st + h >= nb ? 2 * s - 1 : 2 * s;
       const float c = det::fp4_act_block_part(S) * (mysa[off] * e8m0(mycodes[off]));
-      if (!kTail || 2 * st + h < nb) acc[sp] = acc[sp] + c;
+      if (!kTail || 2 * st + h < nb) acc[s] = acc[s] + c;
     }
   };
   int base = 0;
   for (; base + 16 <= nb / 2; base += 16) chunk(base, std::false_type{});
   if (base < nst) chunk(base, std::true_type{});
   // warp_sum's tree: levels 16 to 2 inside the lane (det::fp4_imma_tree), level 1 across the parities.
-  // kHalves: the odd warp hands its 8 class sums to the even one, which adds them at level 16.
-  float dd;
-  if constexpr (kHalves == 2) {
-    if (half == 1) {
-#pragma unroll
-      for (int sp = 0; sp < 8; ++sp) xch[sp * 32 + lane] = acc[sp];
-    }
-    asm volatile("bar.sync %0, 64;\n" ::"r"(1 + rg) : "memory");  // the row set's two warps
-    if (half == 1) return;
-    float hi[8];
-#pragma unroll
-    for (int sp = 0; sp < 8; ++sp) hi[sp] = xch[sp * 32 + lane];
-    dd = det::fp4_imma_tree_halves(acc, hi);
-  } else {
-    dd = det::fp4_imma_tree(acc);
-  }
+  const float dd = det::fp4_imma_tree(acc);
   const float v = dd + __shfl_xor_sync(0xffffffffu, dd, 2);
   if (h == 0 && o0 + my_row < out) y[int64_t(row) * out + o0 + my_row] = rb(v, r);
 }
@@ -4105,26 +4069,23 @@ template <bool kTiled>
 void launch_imma(const Fp4Call& c) {
   struct Shape {
     decltype(&k_fp4_imma<8, 8, kTiled>) k;
-    int stages, warps, bulk = 0, halves = 1;
+    int stages, warps, bulk = 0;
   };
-  static const int pick =
-      kTiled ? env_choice("DSUF_TILED", {"auto", "4,16", "4,8", "2,16", "8,8", "b2,16", "b4,16", "h2,4", "h2,8"}) : 0;
-  static const std::array<Shape, 9> tiled{Shape{},
+  static const int pick = kTiled ? env_choice("DSUF_TILED", {"auto", "4,16", "4,8", "2,16", "8,8", "b2,16", "b4,16"}) : 0;
+  static const std::array<Shape, 7> tiled{Shape{},
                                           Shape{k_fp4_imma<4, 16, true>, 4, 16},
                                           Shape{k_fp4_imma<4, 8, true>, 4, 8},
                                           Shape{k_fp4_imma<2, 16, true>, 2, 16},
                                           Shape{k_fp4_imma<8, 8, true>, 8, 8},
                                           Shape{k_fp4_imma<4, 16, true, 2>, 4, 16, 2},
-                                          Shape{k_fp4_imma<4, 16, true, 4>, 4, 16, 4},
-                                          Shape{k_fp4_imma<4, 4, true, 2, 2>, 4, 4, 2, 2},
-                                          Shape{k_fp4_imma<4, 8, true, 2, 2>, 4, 8, 2, 2}};
+                                          Shape{k_fp4_imma<4, 16, true, 4>, 4, 16, 4}};
   static const std::array<Shape, 4> ring{Shape{k_fp4_imma<8, 8, false>, 8, 8}, Shape{k_fp4_imma<8, 4, false>, 8, 4},
                                          Shape{k_fp4_imma<16, 4, false>, 16, 4}, Shape{k_fp4_imma<16, 8, false>, 16, 8}};
   static const int ring_pick = kTiled ? 0 : env_choice("DSUF_IMMA", {"8,8", "8,4", "16,4", "16,8"});
   const Shape sh = !kTiled ? ring[ring_pick] : pick ? tiled[pick] : tiled[c.rows <= kImmaBulkRows ? 5 : 1];
   // Every call, not once: the attribute is per device, and tensor-parallel ranks launch on several.
   // (A bulk ring of 4 slots at the largest K would pass the 227 KB an SM has: this call's K.)
-  set_smem(sh.k, imma_smem(sh.bulk ? c.K / 32 : kImmaMaxNb, sh.stages, sh.warps, kTiled, sh.bulk, sh.halves));
+  set_smem(sh.k, imma_smem(sh.bulk ? c.K / 32 : kImmaMaxNb, sh.stages, sh.warps, kTiled, sh.bulk));
   // grid.y holds at most 65535 rows: a long prefill chunk (rows = tokens × top-k) goes in slices of
   // whole input rows (a multiple of x_div), each with its ids, outputs and inputs offset — or, in
   // expert order, its piece of the order (which names absolute rows).
@@ -4133,8 +4094,8 @@ void launch_imma(const Fp4Call& c) {
     const int64_t n = std::min(slice, c.rows - b), rb0 = c.order ? 0 : b, xr = rb0 / c.x_div;
     Fp4Pair pair = c.pair;
     if (pair.y) pair.y += rb0 * c.out;
-    launch_pdl(sh.k, dim3(blocks_for(c.out, 16 * sh.warps / sh.halves), int(n), c.pair.W ? 2 : 1), dim3(32 * sh.warps),
-               imma_smem(c.K / 32, sh.stages, sh.warps, kTiled, sh.bulk, sh.halves), c.s, c.W, c.Ws,
+    launch_pdl(sh.k, dim3(blocks_for(c.out, 16 * sh.warps), int(n), c.pair.W ? 2 : 1), dim3(32 * sh.warps),
+               imma_smem(c.K / 32, sh.stages, sh.warps, kTiled, sh.bulk), c.s, c.W, c.Ws,
                c.ids ? c.ids + rb0 : nullptr, c.out, c.K, c.in.scale + xr * c.in.scale_stride, c.in.scale_stride,
                c.in.planes + xr * c.in.plane_stride, c.in.plane_stride, c.x_div, c.y + rb0 * c.out, c.r, pair,
                c.order ? c.order + b : nullptr);
