@@ -197,6 +197,13 @@ DSUF_HD float fp4_imma_tree(const float (&acc)[16]) {
   return (b4[0] + b4[2]) + (b4[1] + b4[3]);
 }
 
+// k_fp4_imma's staged inputs, padded so that a lane's B registers of a stage are one 16-byte shared
+// load with the zeros in place: stage st's 512 bytes hold lane L = 4g + q's b0, b1, c0, c1 at L·16 —
+// for g < 4 plane g of K-block 2·st (bytes 8q..8q+7) then 8 zero bytes, for g ≥ 4 8 zero bytes then
+// plane g − 4 of K-block 2·st + 1 (the stage's B columns 0-3 and 4-7, each MMA pair seeing zeros in
+// the other half). The byte offset of plane p's 8-byte piece q of K-block kb (its zeros at offset ^ 8):
+DSUF_HD int fp4_imma_bpos(int kb, int p, int q) { return (kb / 2) * 512 + (4 * (4 * (kb % 2) + p) + q) * 16 + (kb % 2) * 8; }
+
 // ---- k_fp4_imma<…, true>'s weight layout (DSUF_FP4=tiled) -------------------------------------------
 // An E2M1 matrix of `rows` rows (a multiple of 16) and nb K-blocks (even) as tiles of 16 rows × 2
 // K-blocks, 512 bytes each, tile (t, st) at (t·nb/2 + st)·512, so that a warp's 16 rows stream as one

@@ -638,6 +638,22 @@ TEST(Fp4Tiled, WarpEqualsTheReferenceRowSums) {
         const float part = det::fp4_act_block_part(det::fp4_act_block_isum(X.data() + kb * 32, w.data() + r * row_bytes + kb * 16));
         return part * (sa[size_t(kb)] * std::ldexp(1.0f, int(codes[size_t(r * nb + kb)]) - 127));
       });
+    // The block's staged inputs as k_fp4_imma lays them out (det::fp4_imma_bpos): 8-byte pieces of
+    // the planes (hi + 4, ones for plane 3), 8 zero bytes beside each; every byte written once.
+    std::vector<uint8_t> staged(size_t(nb / 2 * 512), 0xA5);
+    std::vector<int> writes(staged.size(), 0);
+    for (int i = 0; i < int(nb) * 16; ++i) {
+      const int kb = i / 16, p = (i / 4) % 4, q = i % 4, at = det::fp4_imma_bpos(kb, p, q);
+      uint8_t bytes[8];
+      for (int j = 0; j < 8; ++j) bytes[j] = p == 3 ? 1 : det::x512_plane(X[size_t(kb * 32 + 8 * q + j)], p);
+      uint32_t v[2];
+      std::memcpy(v, bytes, 8);
+      if (p == 2) v[0] = det::fp4_mma_hi4(v[0]), v[1] = det::fp4_mma_hi4(v[1]);
+      std::memcpy(staged.data() + at, v, 8);
+      std::memset(staged.data() + (at ^ 8), 0, 8);
+      for (int j = 0; j < 8; ++j) ++writes[size_t(at + j)], ++writes[size_t((at ^ 8) + j)];
+    }
+    for (size_t j = 0; j < writes.size(); ++j) ASSERT_EQ(writes[j], 1) << "nb " << nb << ", staged byte " << j;
     // The kernel, lane by lane.
     float acc[32][16] = {};
     for (int64_t st = 0; st < nb / 2; ++st) {
@@ -656,8 +672,15 @@ TEST(Fp4Tiled, WarpEqualsTheReferenceRowSums) {
         uint32_t v[2];
         std::memcpy(v, bytes, 8);
         if (plane == 2) v[0] = det::fp4_mma_hi4(v[0]), v[1] = det::fp4_mma_hi4(v[1]);
+        // B of the two MMA pairs: the fragment (column gg: plane gg mod 4 of K-block gg / 4, zeros in
+        // the other pair's columns), which the lane reads as one 16-byte load of the staged inputs.
+        uint32_t got[4];
+        std::memcpy(got, staged.data() + st * 512 + L * 16, 16);
         for (int h = 0; h < 2; ++h)
-          for (int r = 0; r < 2; ++r) b[h][L][r] = (gg / 4 == h) ? v[r] : 0u;
+          for (int r = 0; r < 2; ++r) {
+            b[h][L][r] = got[2 * h + r];
+            ASSERT_EQ(b[h][L][r], (gg / 4 == h) ? v[r] : 0u) << "nb " << nb << ", stage " << st << ", lane " << L;
+          }
       }
       int32_t d[32][4] = {};
       for (int h = 0; h < 2; ++h) emulate_mma(pos[h], b[h], d), emulate_mma(neg[h], b[h], d);

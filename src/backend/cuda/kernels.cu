@@ -171,6 +171,9 @@ __device__ __forceinline__ void cp_async16_to(uint32_t dst, const void* src) {
 __device__ __forceinline__ void cp_async4_to(uint32_t dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
 }
+__device__ __forceinline__ void cp_async8_to(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait_group() {
@@ -1591,8 +1594,10 @@ __global__ void __launch_bounds__(32 * kMmaMaxRounds) k_fp4_mma(const uint8_t* c
 // memory by cp.async (a stage: 2 K-blocks × 16 rows × 16 bytes, one 16-byte copy a lane, 7 stages
 // in flight) and reads a stage back with one ldmatrix.x4, which hands lane (g, q) word q of rows g
 // and g+8 of both K-blocks — the A fragment layout of k_fp4_mma (det::fp4_mma_a). The block stages
-// the input row's byte planes once (plane 2 as hi + 4, a fourth plane of ones), so B is one 8-byte
-// shared load. The stage's two K-blocks share one accumulator: the first K-block's planes in B's
+// the input row's byte planes once (plane 2 as hi + 4, a fourth plane of ones), as each lane's B
+// registers of a stage with the zeros in place (det::fp4_imma_bpos), so B is one 16-byte shared load
+// and no selects (v34: 4 SELs a stage fewer, at twice the staging's shared memory). The stage's two
+// K-blocks share one accumulator: the first K-block's planes in B's
 // columns 0-3 and the second's in columns 4-7 (each MMA pair sees zeros in the other half), so the
 // quad's lanes q = 0, 1 hold the first K-block's column sums and q = 2, 3 the second's, and one
 // shuffle gives each lane one exact block sum S (det::fp4_mma_isum's algebra): lane (g, q) row
@@ -1609,7 +1614,7 @@ __device__ uint32_t kImmaTables[4] = {0x06040200u, 0x18100C08u, 0xFDFEFF00u, 0xF
 constexpr int kBulkStages = 4;  // 2 KB a copy
 size_t imma_smem(int64_t nb, int stages, int warps, bool tiled, int bulk = 0) {
   return (tiled ? 0 : size_t(warps) * stages * 512) + size_t(warps) * bulk * (kBulkStages * 512 + 8) +
-         size_t(nb) * (128 + 4) + size_t(warps) * 16 * nb;
+         size_t((nb + 1) / 2) * 512 + size_t(nb) * 4 + size_t(warps) * 16 * nb;
 }
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -1643,8 +1648,9 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   constexpr int kChunk = kBulkStages * 512;
   uint8_t* ring = imma_sm + (threadIdx.x / 32) * kBulk * kChunk;  // kBulk: this warp's slots
   const uint32_t bars = smem_u32(imma_sm + kImmaWarps * kBulk * kChunk) + (threadIdx.x / 32) * kBulk * 8;
-  uint8_t* sB = imma_sm + (kTiled ? 0 : kImmaWarps * kImmaStages * 512) + kImmaWarps * kBulk * (kChunk + 8);  // [kb][lo, mid, hi + 4, ones][32 B]
-  float* ssa = reinterpret_cast<float*>(sB + nb * 128);    // [kb]: the input scales
+  // [stage][lane][16 B]: lane L's B registers of the stage, zeros in place (det::fp4_imma_bpos)
+  uint8_t* sB = imma_sm + (kTiled ? 0 : kImmaWarps * kImmaStages * 512) + kImmaWarps * kBulk * (kChunk + 8);
+  float* ssa = reinterpret_cast<float*>(sB + nst * 512);  // [kb]: the input scales
   uint8_t* codes = reinterpret_cast<uint8_t*>(ssa + nb) + w * 16 * nb;  // [row][kb]: the weight scale codes
   pdl_trigger();
   if (order) {  // grid.y walks the routed rows in expert order (RowGroups::order, from this step's router)
@@ -1690,11 +1696,14 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
     }
   };
   // The input planes, scales and the 16 rows' scale codes: one group, before the ring's stages.
-  for (int i = threadIdx.x; i < nb * 6; i += blockDim.x)  // 16-byte piece j = i % 6: plane j / 2, half j % 2
-    cp_async16_to(smem_u32(sB + (i / 6) * 128 + (i % 6) * 16), xp + ppos16(i / 6, i % 6) * 16);
-  for (int i = threadIdx.x; i < nb * 2; i += blockDim.x)  // plane 3: ones
-    *reinterpret_cast<uint4*>(sB + (i / 2) * 128 + 96 + (i % 2) * 16) =
-        make_uint4(0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u);
+  // Input piece i: K-block i / 16, plane (i / 4) mod 4, bytes 8·(i mod 4).. — 8 bytes of the 16-byte
+  // piece 2·plane + (i mod 4) / 2 (ppos16), plane 3 the ones — and its 8 zero bytes beside it.
+  for (int i = threadIdx.x; i < nb * 16; i += blockDim.x) {
+    const int kb = i / 16, p = (i / 4) % 4, q = i % 4, at = det::fp4_imma_bpos(kb, p, q);
+    if (p < 3) cp_async8_to(smem_u32(sB + at), xp + ppos16(kb, 2 * p + q / 2) * 16 + (q % 2) * 8);
+    else *reinterpret_cast<uint2*>(sB + at) = make_uint2(0x01010101u, 0x01010101u);
+    *reinterpret_cast<uint2*>(sB + (at ^ 8)) = make_uint2(0u, 0u);
+  }
   for (int i = threadIdx.x; i < nb; i += blockDim.x) cp_async4_to(smem_u32(ssa + i), xs + i);
   if (active) {
     if ((reinterpret_cast<uintptr_t>(Se) & 3) == 0) {
@@ -1715,10 +1724,10 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   if constexpr (kTiled) cp_async_wait_group<0>();  // the first group, the only one
   else cp_async_wait_group<kImmaStages - 1>();
   __syncthreads();
-  for (int i = threadIdx.x; i < nb * 2; i += blockDim.x) {  // plane 2 → hi + 4, in place
-    uint4* p = reinterpret_cast<uint4*>(sB + (i / 2) * 128 + 64 + (i % 2) * 16);
-    const uint4 v = *p;
-    *p = make_uint4(det::fp4_mma_hi4(v.x), det::fp4_mma_hi4(v.y), det::fp4_mma_hi4(v.z), det::fp4_mma_hi4(v.w));
+  for (int i = threadIdx.x; i < nb * 4; i += blockDim.x) {  // plane 2 → hi + 4, in place
+    uint2* p = reinterpret_cast<uint2*>(sB + det::fp4_imma_bpos(i / 4, 2, i % 4));
+    const uint2 v = *p;
+    *p = make_uint2(det::fp4_mma_hi4(v.x), det::fp4_mma_hi4(v.y));
   }
   __syncthreads();
   if (!active) {
@@ -1727,7 +1736,6 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   }
   const int h = q / 2, odd = q % 2, my_row = g + 8 * odd;
   const det::Fp4ImmaFactors f = det::fp4_imma_factors(odd);  // lane (g, q)'s term of each row's S
-  const bool low_cols = g < 4;  // B column g: plane g mod 4 of the stage's K-block g / 4
   // The permute tables as loaded values: as immediates the compiler rebuilt them before every prmt.
   det::Fp4Tables tab;
   tab.pos_lo = __ldg(kImmaTables + 0), tab.pos_hi = __ldg(kImmaTables + 1);
@@ -1739,7 +1747,7 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   // partial chunk (its stages and K-blocks checked).
   auto chunk = [&](int base, auto tail) {
     constexpr bool kTail = decltype(tail)::value;
-    const uint8_t* bsrc = sB + (g / 4) * 128 + (g % 4) * 32 + q * 8 + base * 256;
+    const uint8_t* bsrc = sB + base * 512 + lane * 16;
     const uint8_t* mycodes = codes + my_row * nb + 2 * base + h;
     const float* mysa = ssa + 2 * base + h;
 #pragma unroll
@@ -1769,9 +1777,8 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
         issue(st + kImmaStages - 1, (s + kImmaStages - 1) % kImmaStages);
         ldmatrix_x4(wr, slot0 + (s % kImmaStages) * 512);
       }
-      const uint2 bv = *reinterpret_cast<const uint2*>(bsrc + s * 256);
-      const uint32_t b0 = low_cols ? bv.x : 0u, b1 = low_cols ? bv.y : 0u;
-      const uint32_t c0 = low_cols ? 0u : bv.x, c1 = low_cols ? 0u : bv.y;
+      const uint4 bv = *reinterpret_cast<const uint4*>(bsrc + s * 512);  // B column g: plane g mod 4 of K-block g / 4
+      const uint32_t b0 = bv.x, b1 = bv.y, c0 = bv.z, c1 = bv.w;
       det::Fp4MmaA a0, a1;
       det::fp4_mma_a(wr[0], wr[1], a0, tab);
       det::fp4_mma_a(wr[2], wr[3], a1, tab);
