@@ -173,19 +173,22 @@ DSUF_HD int32_t fp4_mma_isum(uint32_t s_lo, uint32_t s_mid, uint32_t s_hi4, uint
 // B's columns 0-3 hold the first K-block's lo, mid, hi + 4 and ones, columns 4-7 the second's (each
 // block's MMAs see zeros in the other half), so lane (g, q) of D holds K-block q / 2's columns
 // 2·(q mod 2) and 2·(q mod 2) + 1 for rows g (registers 0, 1) and g + 8 (registers 2, 3). Its term of
-// fp4_mma_isum, modulo 2^32: lo + 2^8·mid for even q, 2^16·(hi4 − 4·ones) for odd q, as d0·f0 + d1·f1.
+// fp4_mma_isum, modulo 2^32: F·(d0 + k·d1) — lo + 2^8·mid for even q (k = 2^8, F = 1), 2^16·(hi4 −
+// 4·ones) for odd q (k = −4, F = 2^16). A lane takes its two rows' partials u = d0 + k·d1, sends the
+// partner's row's times F, and ends with its own row's as F·u + the partner's: one multiply-add
+// fewer than forming both terms first (v34).
 struct Fp4ImmaFactors {
-  uint32_t f0, f1;
+  uint32_t k, F;
 };
-DSUF_HD Fp4ImmaFactors fp4_imma_factors(int odd_q) {
-  return {odd_q ? 65536u : 1u, odd_q ? uint32_t(-262144) : 256u};
+DSUF_HD Fp4ImmaFactors fp4_imma_factors(int odd_q) { return {odd_q ? uint32_t(-4) : 256u, odd_q ? 65536u : 1u}; }
+DSUF_HD uint32_t fp4_imma_partial(uint32_t d0, uint32_t d1, Fp4ImmaFactors f) { return d0 + d1 * f.k; }
+// The block sum lane (g, q) ends with — row g + 8·(q mod 2), K-block q / 2 — from its partials u_g
+// (row g) and u_g8 (row g + 8) and `partner`, the value lane q ^ 1 sent: fp4_imma_send.
+DSUF_HD uint32_t fp4_imma_send(uint32_t u_g, uint32_t u_g8, int odd_q, Fp4ImmaFactors f) {
+  return (odd_q ? u_g : u_g8) * f.F;
 }
-DSUF_HD uint32_t fp4_imma_term(uint32_t d0, uint32_t d1, Fp4ImmaFactors f) { return d0 * f.f0 + d1 * f.f1; }
-// The block sum lane (g, q) ends with — row g + 8·(q mod 2), K-block q / 2 — from its own terms t_g
-// (row g) and t_g8 (row g + 8) and `partner`, the value lane q ^ 1 sent: fp4_imma_send.
-DSUF_HD uint32_t fp4_imma_send(uint32_t t_g, uint32_t t_g8, int odd_q) { return odd_q ? t_g : t_g8; }
-DSUF_HD int32_t fp4_imma_isum(uint32_t t_g, uint32_t t_g8, int odd_q, uint32_t partner) {
-  return int32_t((odd_q ? t_g8 : t_g) + partner);
+DSUF_HD int32_t fp4_imma_isum(uint32_t u_g, uint32_t u_g8, int odd_q, Fp4ImmaFactors f, uint32_t partner) {
+  return int32_t((odd_q ? u_g8 : u_g) * f.F + partner);
 }
 // warp_sum's xor tree (offsets 16, 8, 4, 2, 1) over 32 class sums, of which one lane holds the 16 of
 // one parity h (acc[s]: class 2s + h): levels 16, 8, 4 and 2 stay inside the lane; this is its value

@@ -464,7 +464,7 @@ TEST(Fp4IntMma, BrokenVariantsFail) {
 // k_fp4_imma's stage: two K-blocks of 16 rows in one accumulator, the first block's planes in B's
 // columns 0-3 (lo, mid, hi + 4, ones) and the second's in 4-7, each block's MMAs against zeros in the
 // other half; lane (g, q) gets word q of rows g and g+8 of both blocks (ldmatrix.x4), then its terms
-// (det::fp4_imma_term), one exchange with lane q ^ 1 (det::fp4_imma_send) and its S
+// (det::fp4_imma_partial), one exchange with lane q ^ 1 (det::fp4_imma_send) and its S
 // (det::fp4_imma_isum): row g + 8·(q mod 2) of block q / 2. `split` off: both blocks' planes in all
 // eight columns, the broken variant the test must catch.
 std::vector<int32_t> imma_stage_isums(const uint8_t (&a)[2][32], const uint8_t (&w)[2][16][16], bool split = true) {
@@ -500,12 +500,13 @@ std::vector<int32_t> imma_stage_isums(const uint8_t (&a)[2][32], const uint8_t (
   for (int L = 0; L < 32; ++L) {
     const int odd = L % 2;
     const det::Fp4ImmaFactors f = det::fp4_imma_factors(odd);
-    tg[L] = det::fp4_imma_term(uint32_t(d[L][0]), uint32_t(d[L][1]), f);
-    tg8[L] = det::fp4_imma_term(uint32_t(d[L][2]), uint32_t(d[L][3]), f);
-    send[L] = det::fp4_imma_send(tg[L], tg8[L], odd);
+    tg[L] = det::fp4_imma_partial(uint32_t(d[L][0]), uint32_t(d[L][1]), f);
+    tg8[L] = det::fp4_imma_partial(uint32_t(d[L][2]), uint32_t(d[L][3]), f);
+    send[L] = det::fp4_imma_send(tg[L], tg8[L], odd, f);
   }
   std::vector<int32_t> s(32);
-  for (int L = 0; L < 32; ++L) s[size_t(L)] = det::fp4_imma_isum(tg[L], tg8[L], L % 2, send[L ^ 1]);
+  for (int L = 0; L < 32; ++L)
+    s[size_t(L)] = det::fp4_imma_isum(tg[L], tg8[L], L % 2, det::fp4_imma_factors(L % 2), send[L ^ 1]);
   return s;
 }
 
@@ -687,14 +688,14 @@ TEST(Fp4Tiled, WarpEqualsTheReferenceRowSums) {
       uint32_t tg[32], tg8[32], send[32];
       for (int L = 0; L < 32; ++L) {
         const det::Fp4ImmaFactors f = det::fp4_imma_factors(L % 2);
-        tg[L] = det::fp4_imma_term(uint32_t(d[L][0]), uint32_t(d[L][1]), f);
-        tg8[L] = det::fp4_imma_term(uint32_t(d[L][2]), uint32_t(d[L][3]), f);
-        send[L] = det::fp4_imma_send(tg[L], tg8[L], L % 2);
+        tg[L] = det::fp4_imma_partial(uint32_t(d[L][0]), uint32_t(d[L][1]), f);
+        tg8[L] = det::fp4_imma_partial(uint32_t(d[L][2]), uint32_t(d[L][3]), f);
+        send[L] = det::fp4_imma_send(tg[L], tg8[L], L % 2, f);
       }
       for (int L = 0; L < 32; ++L) {
         const int h = (L % 4) / 2, row = L / 4 + 8 * (L % 2);
         const int64_t kb = 2 * st + h;
-        const int32_t S = det::fp4_imma_isum(tg[L], tg8[L], L % 2, send[L ^ 1]);
+        const int32_t S = det::fp4_imma_isum(tg[L], tg8[L], L % 2, det::fp4_imma_factors(L % 2), send[L ^ 1]);
         const float sw = std::ldexp(1.0f, int(codes[size_t(row * nb + kb)]) - 127);
         const float c = det::fp4_act_block_part(S) * (sa[size_t(kb)] * sw);
         acc[L][(st % 16)] = acc[L][(st % 16)] + c;  // class 2·(st mod 16) + h
