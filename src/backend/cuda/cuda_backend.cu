@@ -1212,9 +1212,16 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   join();
   mark(kAttention);
   const cuda::LinearInput oin = cuda::attention(aa, stream, gather_early);
-  cuda::fp8_linear_groups(d.wo_a.w, d.wo_a.s, Gr, ol, gin, oin, n, ws.zg + g0 * ol, G * ol, r, stream);
-  cuda::gather_cols(comm, zg_split, ws.zg, n, G * ol, tp_send, tp_recv, stream);
-  const cuda::LinearInput zin = cuda::linear_input(ws.zg, G * ol, n, G * ol, aq, ws.xq[1], ws.xs[1], stream);
+  cuda::LinearInput zin;
+  if (cuda::fp8_sink_mode() != 0 && Gr == G) {  // wo_b's input laid out by wo_a (one rank: nothing to gather)
+    const cuda::InputSink zs{.xq = ws.xq[1], .xs = ws.xs[1], .quantize = aq};
+    cuda::fp8_linear_groups(d.wo_a.w, d.wo_a.s, Gr, ol, gin, oin, n, ws.zg, G * ol, r, stream, zs);
+    zin = cuda::sink_input(zs, G * ol);
+  } else {
+    cuda::fp8_linear_groups(d.wo_a.w, d.wo_a.s, Gr, ol, gin, oin, n, ws.zg + g0 * ol, G * ol, r, stream);
+    cuda::gather_cols(comm, zg_split, ws.zg, n, G * ol, tp_send, tp_recv, stream);
+    zin = cuda::linear_input(ws.zg, G * ol, n, G * ol, aq, ws.xq[1], ws.xs[1], stream);
+  }
   cuda::fp8_linear(d.wo_b.w, d.wo_b.s, Dr, G * ol, zin, n, out + d0, D, r, stream);
   cuda::gather_cols(comm, hidden_split, out, n, D, tp_send, tp_recv, stream);
   // The window ring's copy of this step's KV (ws.kvw) is enqueued with the FFN site's mix, off the

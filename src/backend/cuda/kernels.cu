@@ -990,20 +990,25 @@ __device__ __forceinline__ void fp8_slice(const uint8_t* __restrict__& W, const 
 // grid.z: independent groups (the grouped o-projection): group g uses weight rows g·out.., inputs
 // g·K.. of each row (at x_group in the interleaved row, scales g·K/32..) and outputs g·out.. ; or,
 // with pair.W set, z = 1 is a second linear of the same inputs (its own weights, outputs, y).
-template <int OPW, int R, bool kExact, int kMode, int kWarps = 8>
-__global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws,
-                                                   int64_t out, int64_t K, const float* __restrict__ x,
-                                                   int64_t x_stride, int64_t x_group, const float* __restrict__ xs,
-                                                   int64_t xs_stride, int rows, float* __restrict__ y,
-                                                   int64_t y_stride, bool r, Fp8Pair pair, bool early) {
+// kSink (v34, DSUF_WOB_INPUT=fused, the default, or fused_late; one row, OPW·kWarps = 32 outputs):
+// the block also lays its 32 outputs out as one K-block of the next linear's input through `sink`
+// (linear_input's arithmetic on the same rounded values: wo_a's outputs as wo_b's input, one launch
+// fewer), triggering its dependents at entry (1) or at its end (2).
+template <int OPW, int R, bool kExact, int kMode, int kWarps = 8, int kSink = 0>
+__global__ void __launch_bounds__(kWarps > 8 ? 32 * kWarps : 256)
+    k_fp8_gemv(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws, int64_t out, int64_t K,
+               const float* __restrict__ x, int64_t x_stride, int64_t x_group, const float* __restrict__ xs,
+               int64_t xs_stride, int rows, float* __restrict__ y, int64_t y_stride, bool r, Fp8Pair pair, bool early,
+               InputSink sink) {
+  static_assert(kSink == 0 || (R == 1 && OPW * kWarps == 32), "a sink block's outputs are one K-block");
   const int nb = int(K / 32);
   fp8_slice(W, Ws, out, K, x, x_group, xs, y, y_stride, pair);
   const int row0 = blockIdx.y * R, nr = min(R, rows - row0);
   x += int64_t(row0) * x_stride, xs += int64_t(row0) * xs_stride;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t o0 = (int64_t(blockIdx.x) * kWarps + warp) * OPW;
-  pdl_trigger();
-  if (o0 >= out) return;
+  if (kSink != 2) pdl_trigger();
+  if (o0 >= out) return;  // (never with kSink: out is a multiple of 32, so no warp leaves the barrier)
   auto clamp = [&](int o) { return o0 + o < out ? o0 + o : out - 1; };  // a tail repeats the last row
   // The warp's rows o0..o0+OPW−1 (OPW divides 32, o0 a multiple of OPW; a clamped tail row is
   // out − 1 < o0 + OPW) lie in one 32-row scale block: one scale code a K-block for all of them.
@@ -1118,13 +1123,26 @@ __global__ void __launch_bounds__(256) k_fp8_gemv(const uint8_t* __restrict__ W,
         }
     }
   }
+  float vo[OPW];  // kSink: the warp's rounded outputs (R = 1)
 #pragma unroll
   for (int o = 0; o < OPW; ++o)
 #pragma unroll
     for (int rr = 0; rr < R; ++rr) {
       const float v = warp_sum(acc[o][rr]);
+      if (rr == 0) vo[o] = rb(v, r);
       if (lane == 0 && rr < nr && o0 + o < out) y[int64_t(row0 + rr) * y_stride + o0 + o] = rb(v, r);
     }
+  if constexpr (kSink != 0) {
+    __shared__ float so[32];
+    if (lane == 0)
+#pragma unroll
+      for (int o = 0; o < OPW; ++o) so[warp * OPW + o] = vo[o];
+    __syncthreads();
+    // Output blockIdx.x·32 + lane of group blockIdx.z is input column z·out + that of the next linear.
+    if (warp == 0)
+      emit_input(sink, int64_t(gridDim.z) * out, row0, int((int64_t(blockIdx.z) * out) / 32) + int(blockIdx.x), lane,
+                 so[lane]);
+  }
 }
 
 // ---- FP8 linears of many rows: a tiled GEMM with the GEMV's bits --------------------------------
@@ -3957,7 +3975,7 @@ void launch_fp8(const Fp8Call& c) {
   const int64_t out = std::max(c.out, c.pair.out);
   const dim3 grid(blocks_for(out, warps * OPW), blocks_for(c.rows, R), c.groups);
   launch_pdl(k, grid, dim3(32 * warps), 0, c.s, c.W, c.Ws, c.out, c.K, c.in.x, c.in.stride, c.in.group_stride, c.in.scale,
-             c.in.scale_stride, int(c.rows), c.y, c.y_stride, c.r, c.pair, early);
+             c.in.scale_stride, int(c.rows), c.y, c.y_stride, c.r, c.pair, early, InputSink{});
 }
 template <int R, bool kExact>
 void launch_fp8_opw(const Fp8Call& c) {
@@ -3974,6 +3992,19 @@ int64_t fp8_gemm_rows() {
     return e ? std::atoll(e) : int64_t(64);
   }();
   return v;
+}
+// One-row k_fp8_gemv with a sink (kSink): 16 warps of 2 outputs (the OPW the launch would pick for
+// wo_a at batch 1) so that a block holds one K-block of outputs; false where that shape does not apply.
+template <bool kExact>
+bool launch_fp8_sink(const Fp8Call& c, const InputSink& sink, bool late) {
+  if (c.rows != 1 || c.pair.W || c.out % 32 != 0 || gemv_mode() != kRegs || c.K / 32 < 32 ||
+      outputs_per_warp(c.out * c.groups) != 2 || (fp8_gemm_rows() > 0 && c.rows >= fp8_gemm_rows()))
+    return false;
+  static const bool early = !env_picks("DSUF_FP8_EARLY", "1", "0");
+  auto k = late ? k_fp8_gemv<2, 1, kExact, kRegs, 16, 2> : k_fp8_gemv<2, 1, kExact, kRegs, 16, 1>;
+  launch_pdl(k, dim3(int(c.out / 32), 1, c.groups), dim3(512), 0, c.s, c.W, c.Ws, c.out, c.K, c.in.x, c.in.stride,
+             c.in.group_stride, c.in.scale, c.in.scale_stride, int(c.rows), c.y, c.y_stride, c.r, c.pair, early, sink);
+  return true;
 }
 template <bool kExact>
 void launch_fp8_rows(const Fp8Call& c) {
@@ -4154,14 +4185,24 @@ LinearInput sink_input(const InputSink& sink, int64_t K) {
           planes ? interleaved_planes(K) : 0};
 }
 void fp8_linear_groups(const uint8_t* W, const uint8_t* Ws, int groups, int64_t out, int64_t K,
-                       const LinearInput& in, int64_t rows, float* y, int64_t y_stride, bool r, cudaStream_t s) {
+                       const LinearInput& in, int64_t rows, float* y, int64_t y_stride, bool r, cudaStream_t s,
+                       const InputSink& sink) {
   DSUF_CHECK(K % 32 == 0 && groups >= 1 && (groups == 1 || out % 32 == 0) && in.group_stride == interleaved_k(K),
              "fp8_linear: K = ", K, ", groups = ", groups, ", out = ", out, ", input laid out for ",
              in.group_stride, " per group");
   if (rows <= 0) return;
   const Fp8Call c{W, Ws, out, K, in, rows, y, y_stride, groups, r, s};
-  if (in.scale) return launch_fp8_rows<true>(c);
-  launch_fp8_rows<false>(c);
+  if (sink.xq) {
+    const bool late = fp8_sink_mode() == 2;
+    if (in.scale ? launch_fp8_sink<true>(c, sink, late) : launch_fp8_sink<false>(c, sink, late)) return;
+  }
+  if (in.scale) launch_fp8_rows<true>(c);
+  else launch_fp8_rows<false>(c);
+  if (sink.xq) linear_input(y, y_stride, rows, groups * out, sink.quantize, sink.xq, sink.xs, s);
+}
+int fp8_sink_mode() {  // fused by default since v34 (−0.10 ms at batch 1 and 8K; fused_late −0.05)
+  static const int v = std::array{1, 0, 2}[size_t(env_choice("DSUF_WOB_INPUT", {"fused", "separate", "fused_late"}))];
+  return v;
 }
 void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const LinearInput& in, int64_t rows,
                 float* y, int64_t y_stride, bool r, cudaStream_t s, const Fp8Pair& pair) {

@@ -114,8 +114,16 @@ void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, con
                 float* y, int64_t y_stride, bool r, cudaStream_t s, const Fp8Pair& pair = {});
 // `groups` independent products in one launch (the grouped o-projection): group g uses weight rows
 // [g·out, (g+1)·out) (out a multiple of 32), inputs g·K.. of each row, outputs g·out.. of each row.
+// With sink.xq set, y is also laid out through sink as the next linear's input (one group of
+// groups·out inputs: linear_input's arithmetic), by the kernel itself where its shape allows (one row,
+// DSUF_WOB_INPUT=fused|fused_late: fp8_sink_mode() 1|2), else by linear_input after it.
 void fp8_linear_groups(const uint8_t* W, const uint8_t* Ws, int groups, int64_t out, int64_t K,
-                       const LinearInput& in, int64_t rows, float* y, int64_t y_stride, bool r, cudaStream_t s);
+                       const LinearInput& in, int64_t rows, float* y, int64_t y_stride, bool r, cudaStream_t s,
+                       const InputSink& sink = {});
+// DSUF_WOB_INPUT=fused|separate|fused_late (1|0|2): wo_b's input laid out by wo_a's kernel (1, the
+// default since v34: its dependents triggered at entry; 2: at its end) or by a linear_input launch
+// between them (0).
+int fp8_sink_mode();
 // The second weights of a grouped FP4 pair (w1 and w3 of the experts) and their outputs.
 struct Fp4Pair {
   const uint8_t* const* W = nullptr;
