@@ -1155,22 +1155,16 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
     if (!q_main) indexer_xn_part(l, st, branch());
   }
   // wq_a and wkv in one launch (same input), then q_norm and kv_norm in one (kv normalized in place).
+  cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, xin, n, ws.tmp, qr, r, stream,
+                   {.W = d.wkv.w, .Ws = d.wkv.s, .out = hd, .y = ws.kvw, .y_stride = hd});
+  run_deferred_mix();  // DSUF_MIX_FORK=late: the site's mix beside what follows
   const cuda::InputSink qsink{ws.xq[1], ws.xs[1], aq};  // the normalized q latent, laid out for wq_b
   // kv_norm also applies the window KV's rope and FP8 fake quantization (the same arithmetic as rope()
   // then fp8_fake_quant(), one launch fewer); nothing reads ws.kvw before the attention.
   const cuda::FusedRope kv_rope{.cs = cs, .half = half, .heads = 1, .dim = hd, .sign = 1.0f, .r = r};
-  const cuda::RmsJob q_norm{ws.tmp, qr, d.q_norm, ws.q_lat, qsink};
-  const cuda::RmsJob kv_norm{.x = ws.kvw, .dim = hd, .w = d.kv_norm, .y = ws.kvw, .fake_quant = true, .fq_rope = kv_rope};
-  const cuda::Fp8Pair wkv{.W = d.wkv.w, .Ws = d.wkv.s, .out = hd, .y = ws.kvw, .y_stride = hd};
-  if (mix_deferred) {  // DSUF_MIX_FORK=late: the site's mix beside what follows wq_a + wkv
-    cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, xin, n, ws.tmp, qr, r, stream, wkv);
-    run_deferred_mix();
-    cuda::rmsnorm2(q_norm, kv_norm, n, eps, r, stream);
-  } else {
-    // wq_a and wkv in one launch (same input), then q_norm and kv_norm (DSUF_QNORM=fused: by its last
-    // blocks, one row only).
-    cuda::fp8_linear_norm(d.wq_a.w, d.wq_a.s, qr, D, xin, n, ws.tmp, qr, r, stream, wkv, q_norm, kv_norm, eps);
-  }
+  cuda::rmsnorm2({ws.tmp, qr, d.q_norm, ws.q_lat, qsink},
+                 {.x = ws.kvw, .dim = hd, .w = d.kv_norm, .y = ws.kvw, .fake_quant = true, .fq_rope = kv_rope}, n, eps,
+                 r, stream);
   const cuda::LinearInput qin = cuda::sink_input(qsink, qr);
   if (q_main) {
     indexer_xn_part(l, st, stream);

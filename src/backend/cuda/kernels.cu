@@ -736,62 +736,51 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
 // value is neither loaded after the first four return nor reloaded with its weight after the block
 // sum — two dependent L2 round trips on the attention chain in the 4-register form's SASS.)
 // w_early (DSUF_W_EARLY=1, the default): the norm weights are loaded before the dependency wait.
-// The norm weights of thread t (t + 256p, p < kRmsRegs; 1 where there are none).
-template <int kRmsRegs>
-__device__ __forceinline__ void rms_load_w(const RmsJob& jb, float (&wv)[kRmsRegs]) {
-#pragma unroll
-  for (int p = 0; p < kRmsRegs; ++p) {
-    const int64_t j = threadIdx.x + 256 * p;
-    wv[p] = jb.w && j < jb.dim ? bf16_load(jb.w, j) : 1.0f;
-  }
-}
-// Row `row` of job jb by the block's 256 threads, wv from rms_load_w: the sum of squares, then the
-// scaled values stored (and laid out, fake-quantized). kL2: x read past L1 (written by other blocks
-// of the running kernel: k_fp8_gemv's norm tail).
-template <int kRmsRegs, bool kL2 = false>
-__device__ __forceinline__ void rms_row(const RmsJob& jb, int64_t row, float eps, bool r, const float (&wv)[kRmsRegs]) {
+template <int kRmsRegs = 4>
+__global__ void __launch_bounds__(256) k_rmsnorm(RmsJob a, RmsJob b, float eps, bool r, bool w_early, bool late) {
+  const RmsJob jb = blockIdx.y == 0 ? a : b;
   const int64_t dim = jb.dim;
-  float xv[kRmsRegs];
-  const float* xr = jb.x + row * dim;
-  float* yr = jb.y + row * dim;
-  auto ld = [&](int64_t j) { return kL2 ? __ldcg(xr + j) : xr[j]; };
+  float xv[kRmsRegs], wv[kRmsRegs];
+  auto load_w = [&] {
+#pragma unroll
+    for (int p = 0; p < kRmsRegs; ++p) {
+      const int64_t j = threadIdx.x + 256 * p;
+      wv[p] = jb.w && j < dim ? bf16_load(jb.w, j) : 1.0f;
+    }
+  };
+  if (w_early) load_w();  // weights: nothing in a step writes them
+  pdl_entry(late);
+  if (!w_early) load_w();
+  const float* xr = jb.x + int64_t(blockIdx.x) * dim;
+  float* yr = jb.y + int64_t(blockIdx.x) * dim;
 #pragma unroll
   for (int p = 0; p < kRmsRegs; ++p) {
     const int64_t j = threadIdx.x + 256 * p;
-    xv[p] = j < dim ? ld(j) : 0.0f;
+    xv[p] = j < dim ? xr[j] : 0.0f;
   }
   float ss = 0.0f;
 #pragma unroll
   for (int p = 0; p < kRmsRegs; ++p)
     if (threadIdx.x + 256 * p < dim) ss += xv[p] * xv[p];
-  for (int64_t j = threadIdx.x + 256 * kRmsRegs; j < dim; j += 256) ss += ld(j) * ld(j);
+  for (int64_t j = threadIdx.x + 256 * kRmsRegs; j < dim; j += 256) ss += xr[j] * xr[j];
   ss = block_sum(ss);
   const float rinv = 1.0f / sqrtf(ss / float(dim) + eps);
   // With a sink or fake_quant (dim % 32 == 0), warp w's elements 256p + 32w + lane are K-block 8p + w,
   // so k_fp8_fake_quant's warp (rope by a shuffle, the block's scale by a warp max) runs as it is.
-  const int lane = threadIdx.x % 32;
+  const int lane = threadIdx.x % 32, wb = threadIdx.x / 32;
   auto store = [&](int64_t j, float v) {
     if (jb.fake_quant) {
-      if (jb.fq_rope.cs) v = rope_lane(v, rope_pair(jb.fq_rope, row, j % jb.fq_rope.dim), lane, jb.fq_rope.r);
+      if (jb.fq_rope.cs) v = rope_lane(v, rope_pair(jb.fq_rope, blockIdx.x, j % jb.fq_rope.dim), lane, jb.fq_rope.r);
       v = fp8_fake_quant_lane(v, r);
     }
     yr[j] = v;
-    if (jb.sink.xq) emit_input(jb.sink, dim, row, int(j / 32), lane, v);
+    if (jb.sink.xq) emit_input(jb.sink, dim, blockIdx.x, int(j / 32), lane, v);
   };
 #pragma unroll
   for (int p = 0; p < kRmsRegs; ++p)
     if (threadIdx.x + 256 * p < dim) store(threadIdx.x + 256 * p, rb(wv[p] * (xv[p] * rinv), r));
   for (int64_t j = threadIdx.x + 256 * kRmsRegs; j < dim; j += 256)
-    store(j, rb((jb.w ? bf16_load(jb.w, j) : 1.0f) * (ld(j) * rinv), r));
-}
-template <int kRmsRegs = 4>
-__global__ void __launch_bounds__(256) k_rmsnorm(RmsJob a, RmsJob b, float eps, bool r, bool w_early, bool late) {
-  const RmsJob jb = blockIdx.y == 0 ? a : b;
-  float wv[kRmsRegs];
-  if (w_early) rms_load_w(jb, wv);  // weights: nothing in a step writes them
-  pdl_entry(late);
-  if (!w_early) rms_load_w(jb, wv);
-  rms_row<kRmsRegs>(jb, int64_t(blockIdx.x), eps, r, wv);
+    store(j, rb((jb.w ? bf16_load(jb.w, j) : 1.0f) * (xr[j] * rinv), r));
   pdl_exit(late);
 }
 
@@ -1005,39 +994,13 @@ __device__ __forceinline__ void fp8_slice(const uint8_t* __restrict__& W, const 
 // the block also lays its 32 outputs out as one K-block of the next linear's input through `sink`
 // (linear_input's arithmetic on the same rounded values: wo_a's outputs as wo_b's input, one launch
 // fewer), triggering its dependents at entry (1) or at its end (2).
-// kSink = 3 (session 20, DSUF_QNORM=fused; one row, 8 warps): the norm tail — the last block of each
-// grid.z slice to finish (a counter a slice, kNormDone) normalizes that slice's output row as
-// k_rmsnorm's block would (norm.a for z = 0, norm.b for z = 1: q_norm and kv_norm after wq_a + wkv),
-// one launch fewer. The counters assume one such launch in flight a device at a time (a step's
-// kernels run in stream order); the last block resets them.
-struct NormTail {
-  RmsJob a, b;
-  float eps = 0.0f;
-};
-__device__ unsigned kNormDone[2];
 template <int OPW, int R, bool kExact, int kMode, int kWarps = 8, int kSink = 0>
 __global__ void __launch_bounds__(kWarps > 8 ? 32 * kWarps : 256)
     k_fp8_gemv(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws, int64_t out, int64_t K,
                const float* __restrict__ x, int64_t x_stride, int64_t x_group, const float* __restrict__ xs,
                int64_t xs_stride, int rows, float* __restrict__ y, int64_t y_stride, bool r, Fp8Pair pair, bool early,
-               InputSink sink, NormTail norm) {
-  static_assert(kSink == 0 || kSink == 3 || (R == 1 && OPW * kWarps == 32), "a sink block's outputs are one K-block");
-  static_assert(kSink != 3 || (R == 1 && kWarps == 8), "the norm tail: one row, k_rmsnorm's 256 threads");
-  // kSink = 3: every thread's stores fenced, then one count a block; the slice's last block normalizes.
-  auto norm_tail = [&] {
-    __shared__ unsigned last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(&kNormDone[blockIdx.z], 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const RmsJob& jb = blockIdx.z == 0 ? norm.a : norm.b;
-    float wv[5];
-    rms_load_w(jb, wv);
-    rms_row<5, true>(jb, 0, norm.eps, r, wv);
-    if (threadIdx.x == 0) kNormDone[blockIdx.z] = 0;
-  };
+               InputSink sink) {
+  static_assert(kSink == 0 || (R == 1 && OPW * kWarps == 32), "a sink block's outputs are one K-block");
   const int nb = int(K / 32);
   fp8_slice(W, Ws, out, K, x, x_group, xs, y, y_stride, pair);
   const int row0 = blockIdx.y * R, nr = min(R, rows - row0);
@@ -1045,10 +1008,7 @@ __global__ void __launch_bounds__(kWarps > 8 ? 32 * kWarps : 256)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t o0 = (int64_t(blockIdx.x) * kWarps + warp) * OPW;
   if (kSink != 2) pdl_trigger();
-  if (o0 >= out) {  // (never with kSink 1, 2: out is a multiple of 32, so no warp leaves the barrier)
-    if constexpr (kSink == 3) norm_tail();  // an idle warp still meets the tail's barriers
-    return;
-  }
+  if (o0 >= out) return;  // (never with kSink: out is a multiple of 32, so no warp leaves the barrier)
   auto clamp = [&](int o) { return o0 + o < out ? o0 + o : out - 1; };  // a tail repeats the last row
   // The warp's rows o0..o0+OPW−1 (OPW divides 32, o0 a multiple of OPW; a clamped tail row is
   // out − 1 < o0 + OPW) lie in one 32-row scale block: one scale code a K-block for all of them.
@@ -1172,7 +1132,7 @@ __global__ void __launch_bounds__(kWarps > 8 ? 32 * kWarps : 256)
       if (rr == 0) vo[o] = rb(v, r);
       if (lane == 0 && rr < nr && o0 + o < out) y[int64_t(row0 + rr) * y_stride + o0 + o] = rb(v, r);
     }
-  if constexpr (kSink == 1 || kSink == 2) {
+  if constexpr (kSink != 0) {
     __shared__ float so[32];
     if (lane == 0)
 #pragma unroll
@@ -1183,7 +1143,6 @@ __global__ void __launch_bounds__(kWarps > 8 ? 32 * kWarps : 256)
       emit_input(sink, int64_t(gridDim.z) * out, row0, int((int64_t(blockIdx.z) * out) / 32) + int(blockIdx.x), lane,
                  so[lane]);
   }
-  if constexpr (kSink == 3) norm_tail();
 }
 
 // ---- FP8 linears of many rows: a tiled GEMM with the GEMV's bits --------------------------------
@@ -3939,8 +3898,7 @@ void check_fused_rope(const FusedRope& f, const char* what) {
              ": a fused rope needs dim % 32 == 0 and 0 < 2·half ≤ dim (dim ", f.dim, ", half ", f.half, ")");
 }
 }  // namespace
-namespace {
-void check_rms_jobs(const RmsJob& a, const RmsJob& b) {
+void rmsnorm2(const RmsJob& a, const RmsJob& b, int64_t rows, float eps, bool r, cudaStream_t s) {
   for (const RmsJob* j : {&a, &b}) {
     DSUF_CHECK((!j->sink.xq && !j->fake_quant) || j->dim % 32 == 0,
                "rmsnorm2: an input sink or fake quantization needs dim % 32 == 0 (dim ", j->dim, ")");
@@ -3948,10 +3906,6 @@ void check_rms_jobs(const RmsJob& a, const RmsJob& b) {
     DSUF_CHECK(!j->fq_rope.cs || (j->fake_quant && j->fq_rope.heads == 1 && j->fq_rope.dim == j->dim),
                "rmsnorm2: a fused rope goes with fake_quant, one head of dim values");
   }
-}
-}  // namespace
-void rmsnorm2(const RmsJob& a, const RmsJob& b, int64_t rows, float eps, bool r, cudaStream_t s) {
-  check_rms_jobs(a, b);
   if (rows > 0) launch_step(rmsnorm_kernel(), dim3(unsigned(rows), 2), dim3(256), 0, s, a, b, eps, r, weights_early(),
                             late_trigger(kLateRmsnorm));
 }
@@ -4021,7 +3975,7 @@ void launch_fp8(const Fp8Call& c) {
   const int64_t out = std::max(c.out, c.pair.out);
   const dim3 grid(blocks_for(out, warps * OPW), blocks_for(c.rows, R), c.groups);
   launch_pdl(k, grid, dim3(32 * warps), 0, c.s, c.W, c.Ws, c.out, c.K, c.in.x, c.in.stride, c.in.group_stride, c.in.scale,
-             c.in.scale_stride, int(c.rows), c.y, c.y_stride, c.r, c.pair, early, InputSink{}, NormTail{});
+             c.in.scale_stride, int(c.rows), c.y, c.y_stride, c.r, c.pair, early, InputSink{});
 }
 template <int R, bool kExact>
 void launch_fp8_opw(const Fp8Call& c) {
@@ -4049,24 +4003,7 @@ bool launch_fp8_sink(const Fp8Call& c, const InputSink& sink, bool late) {
   static const bool early = !env_picks("DSUF_FP8_EARLY", "1", "0");
   auto k = late ? k_fp8_gemv<2, 1, kExact, kRegs, 16, 2> : k_fp8_gemv<2, 1, kExact, kRegs, 16, 1>;
   launch_pdl(k, dim3(int(c.out / 32), 1, c.groups), dim3(512), 0, c.s, c.W, c.Ws, c.out, c.K, c.in.x, c.in.stride,
-             c.in.group_stride, c.in.scale, c.in.scale_stride, int(c.rows), c.y, c.y_stride, c.r, c.pair, early, sink,
-             NormTail{});
-  return true;
-}
-// wq_a + wkv (a pair, one row) and their norms in one launch: k_fp8_gemv<1, 1, kExact, kDeep, 8, 3>,
-// the shape launch_fp8 gives this pair at one row (DSUF_FP8_SMALL's deep form), plus the norm tail;
-// false where that shape does not apply.
-template <bool kExact>
-bool launch_fp8_norm(const Fp8Call& c, const NormTail& nt) {
-  static const bool early = !env_picks("DSUF_FP8_EARLY", "1", "0");
-  static const bool small_deep = !env_picks("DSUF_FP8_SMALL", "deep", "regs");
-  const bool deep = gemv_mode() == kDeep || (small_deep && gemv_mode() == kRegs && c.K / 32 <= 32 * deep_u<32>());
-  if (c.rows != 1 || !c.pair.W || !deep || outputs_per_warp(c.out + c.pair.out) != 1 ||
-      (fp8_gemm_rows() > 0 && c.rows >= fp8_gemm_rows()))
-    return false;
-  launch_pdl(k_fp8_gemv<1, 1, kExact, kDeep, 8, 3>, dim3(blocks_for(std::max(c.out, c.pair.out), 8), 1, 2), dim3(256),
-             0, c.s, c.W, c.Ws, c.out, c.K, c.in.x, c.in.stride, c.in.group_stride, c.in.scale, c.in.scale_stride,
-             int(c.rows), c.y, c.y_stride, c.r, c.pair, early, InputSink{}, nt);
+             c.in.group_stride, c.in.scale, c.in.scale_stride, int(c.rows), c.y, c.y_stride, c.r, c.pair, early, sink);
   return true;
 }
 template <bool kExact>
@@ -4276,22 +4213,6 @@ void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, con
   const Fp8Call c{W, Ws, out, K, in, rows, y, y_stride, 2, r, s, pair};
   if (in.scale) return launch_fp8_rows<true>(c);
   launch_fp8_rows<false>(c);
-}
-void fp8_linear_norm(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const LinearInput& in,
-                     int64_t rows, float* y, int64_t y_stride, bool r, cudaStream_t s, const Fp8Pair& pair,
-                     const RmsJob& a, const RmsJob& b, float eps) {
-  static const bool fused = env_picks("DSUF_QNORM", "separate", "fused");
-  DSUF_CHECK(pair.W && a.x == y && b.x == pair.y && a.dim == out && b.dim == pair.out && y_stride == out &&
-                 pair.y_stride == pair.out,
-             "fp8_linear_norm: the norms read the pair's outputs, one row each");
-  if (fused && rows == 1 && K % 32 == 0 && in.group_stride == interleaved_k(K) && in.stride == in.group_stride) {
-    check_rms_jobs(a, b);
-    const Fp8Call c{W, Ws, out, K, in, rows, y, y_stride, 2, r, s, pair};
-    const NormTail nt{a, b, eps};
-    if (in.scale ? launch_fp8_norm<true>(c, nt) : launch_fp8_norm<false>(c, nt)) return;
-  }
-  fp8_linear(W, Ws, out, K, in, rows, y, y_stride, r, s, pair);
-  rmsnorm2(a, b, rows, eps, r, s);
 }
 int64_t group_bound(int64_t rows, int experts) {
   return std::min<int64_t>(rows, (rows + kRowGroup - 1) / kRowGroup + experts);

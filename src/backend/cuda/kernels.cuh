@@ -112,12 +112,6 @@ struct Fp8Pair {
 // stride y_stride. W may be a row slice of a larger weight. With pair.W, the pair's linear too.
 void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const LinearInput& in, int64_t rows,
                 float* y, int64_t y_stride, bool r, cudaStream_t s, const Fp8Pair& pair = {});
-// A pair of FP8 linears (fp8_linear with pair.W) whose outputs then go through rmsnorm2(a, b) (a reads
-// y, b reads pair.y: wq_a + wkv, then q_norm and kv_norm): with DSUF_QNORM=fused at one row, the norms
-// are done by the linears' kernel (each output's last block to finish), one launch fewer.
-void fp8_linear_norm(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const LinearInput& in,
-                     int64_t rows, float* y, int64_t y_stride, bool r, cudaStream_t s, const Fp8Pair& pair,
-                     const RmsJob& a, const RmsJob& b, float eps);
 // `groups` independent products in one launch (the grouped o-projection): group g uses weight rows
 // [g·out, (g+1)·out) (out a multiple of 32), inputs g·K.. of each row, outputs g·out.. of each row.
 // With sink.xq set, y is also laid out through sink as the next linear's input (one group of
