@@ -1289,9 +1289,8 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
     if (part.owns_shared(l)) join();
     cuda::gather_expert_rows(comm, ws.ye, nullptr, rows, D, tp_recv, ws.ys, n, part.shared_owner(l), stream);
   } else {
-    cuda::fp4_linear_grouped(d.experts.w1, d.experts.s1, ws.ids, F, D, xin, K, rows, ws.h1, r, stream,
-                             {.W = d.experts.w3, .Ws = d.experts.s3, .y = ws.h3}, grouped, experts_tiled);
-    cuda::swiglu(ws.h1, ws.h3, rows, F, ws.rw, limit, true, r, stream, hsink);
+    cuda::fp4_swiglu_grouped(d.experts.w1, d.experts.s1, d.experts.w3, d.experts.s3, ws.ids, F, D, xin, K, rows,
+                             ws.h1, ws.h3, r, stream, grouped, experts_tiled, ws.rw, limit, true, hsink);
     cuda::fp4_linear_grouped(d.experts.w2, d.experts.s2, ws.ids, D, F, hin, 1, rows, ws.ye, r, stream, {},
                              grouped, experts_tiled);
     // Tensor parallel: the rows of ye whose expert another rank owns were computed with a stand-in

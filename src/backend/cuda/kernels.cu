@@ -1634,9 +1634,9 @@ __device__ uint32_t kImmaTables[4] = {0x06040200u, 0x18100C08u, 0xFDFEFF00u, 0xF
 // kBulk (tiled only, DSUF_TILED=b<slots>,<warps>): a warp's ring of `slots` chunks of kBulkStages
 // stages, filled by bulk copies, and a barrier a slot.
 constexpr int kBulkStages = 4;  // 2 KB a copy
-size_t imma_smem(int64_t nb, int stages, int warps, bool tiled, int bulk = 0) {
+size_t imma_smem(int64_t nb, int stages, int warps, bool tiled, int bulk = 0, bool glu = false) {
   return (tiled ? 0 : size_t(warps) * stages * 512) + size_t(warps) * bulk * (kBulkStages * 512 + 8) +
-         size_t((nb + 1) / 2) * 512 + size_t(nb) * 4 + size_t(warps) * 16 * nb;
+         size_t((nb + 1) / 2) * 512 + size_t(nb) * 4 + size_t(warps) * 16 * nb + (glu ? size_t(warps) * 16 * 4 : 0);
 }
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -1651,20 +1651,34 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
 // chunks of kBulkStages stages in shared memory instead, each chunk one bulk copy issued by lane 0
 // (up to kBulk · 2 KB in flight a warp, 16 warps: 128 KB an SM at kBulk = 4, against 24 KB of
 // registers at 4,16), read back with one 16-byte shared load a lane a stage: the same words.
-template <int kImmaStages, int kImmaWarps, bool kTiled, int kBulk = 0>
+// kGlu (session 20, DSUF_SWIGLU=fused, off by default; compiled, NOT run on a GPU): w1 and w3 of the
+// pair in one block — warps w < kImmaWarps/2 take w1's row sets, the others w3's same ones — and the
+// block ends with k_swiglu's arithmetic on its rows' outputs (from shared memory: the values it would
+// have stored), writing h into y (h1) and laying it out for w2 through glu.sink, so that w2 follows
+// the experts' w1/w3 launch directly (the wo_a → wo_b pattern of v34, one launch fewer).
+struct GluTail {
+  const float* weight = nullptr;  // the routed rows' weights (k_swiglu's weight[row])
+  float limit = 0.0f;
+  bool clamp = false;
+  InputSink sink = {};
+};
+template <int kImmaStages, int kImmaWarps, bool kTiled, int kBulk = 0, bool kGlu = false>
 __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(const uint8_t* const* W, const uint8_t* const* Ws,
                                                                  const int32_t* ids, int64_t out, int64_t K,
                                                                  const float* __restrict__ xs, int64_t xs_stride,
                                                                  const uint8_t* __restrict__ xp, int64_t xp_stride,
                                                                  int x_div, float* y, bool r, Fp4Pair pair,
-                                                                 const int32_t* order) {
+                                                                 const int32_t* order, GluTail glu) {
   static_assert(16 % kImmaStages == 0, "a chunk's 16 stages start on slot 0 of the ring");
+  static_assert(!kGlu || (kImmaWarps % 4 == 0 && kBulk > 0), "kGlu: half the warps a matrix, whole K-blocks of h");
   extern __shared__ __align__(16) uint8_t imma_sm[];
   const int nb = int(K / 32), nst = (nb + 1) / 2;  // K-blocks; stages of two
   int row = blockIdx.y;
-  if (blockIdx.z == 1) W = pair.W, Ws = pair.Ws, y = pair.y;
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-  const int64_t o0 = (int64_t(blockIdx.x) * kImmaWarps + w) * 16;
+  constexpr int kSets = kGlu ? kImmaWarps / 2 : kImmaWarps;  // a block's row sets of one matrix
+  const int half = kGlu ? w / kSets : 0;                      // kGlu: 0 w1, 1 w3
+  if (kGlu ? half == 1 : blockIdx.z == 1) W = pair.W, Ws = pair.Ws, y = pair.y;
+  const int64_t o0 = (int64_t(blockIdx.x) * kSets + (kGlu ? w % kSets : w)) * 16;
   const int64_t row_bytes = K / 2;
   static_assert(kBulk == 0 || kTiled, "bulk copies of the tiled layout only");
   constexpr int kChunk = kBulkStages * 512;
@@ -1682,6 +1696,25 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   const auto [We, Se] = routed_expert(W, Ws, ids, row);
   xs += int64_t(row / x_div) * xs_stride, xp += int64_t(row / x_div) * xp_stride;
   const bool active = o0 < out;  // warp-uniform; an idle warp still stages inputs and meets the barrier
+  // kGlu: both halves' rounded outputs, then k_swiglu on the block's kSets·16 columns of h (warp k <
+  // kSets / 2 takes K-block k of them). Every thread of the block calls it once (idle warps too).
+  // (after the codes: imma_smem's glu share, 2 · kSets · 16 floats)
+  float* glu_out = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(ssa + nb) + kImmaWarps * 16 * nb);
+  auto glu_tail = [&] {
+    __syncthreads();
+    const int64_t f = int64_t(blockIdx.x) * kSets * 16 + w * 32 + lane;  // h's column (out % 32 == 0)
+    if (w < kSets / 2 && f < out) {
+      float gv = glu_out[w * 32 + lane], u = glu_out[kSets * 16 + w * 32 + lane];
+      if (glu.clamp && glu.limit > 0) {
+        gv = fminf(gv, glu.limit);
+        u = fminf(fmaxf(u, -glu.limit), glu.limit);
+      }
+      const float wt = glu.weight ? glu.weight[row] : 1.0f;
+      const float hv = rb(wt * (det::silu(gv) * u), r);
+      y[int64_t(row) * out + f] = hv;
+      if (glu.sink.xq) emit_input(glu.sink, out, row, int(f / 32), lane, hv);
+    }
+  };
   auto clamp = [&](int64_t o) { return o < out ? o : out - 1; };  // a tail repeats the last row
   // Copy role: row lane % 16, K-block 2·stage + lane / 16; the same offset is its ldmatrix address.
   const uint8_t* wsrc = We + clamp(o0 + lane % 16) * row_bytes + (lane / 16) * 16;
@@ -1754,6 +1787,7 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   __syncthreads();
   if (!active) {
     cp_async_wait_group<0>();
+    if constexpr (kGlu) glu_tail();
     return;
   }
   const int h = q / 2, odd = q % 2, my_row = g + 8 * odd;
@@ -1825,7 +1859,12 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   // warp_sum's tree: levels 16 to 2 inside the lane (det::fp4_imma_tree), level 1 across the parities.
   const float dd = det::fp4_imma_tree(acc);
   const float v = dd + __shfl_xor_sync(0xffffffffu, dd, 2);
-  if (h == 0 && o0 + my_row < out) y[int64_t(row) * out + o0 + my_row] = rb(v, r);
+  if constexpr (kGlu) {  // the outputs stay in the block (h is what leaves it)
+    if (h == 0) glu_out[half * kSets * 16 + (w % kSets) * 16 + my_row] = rb(v, r);
+    glu_tail();
+  } else {
+    if (h == 0 && o0 + my_row < out) y[int64_t(row) * out + o0 + my_row] = rb(v, r);
+  }
 }
 
 // Grouped FP4 experts by integer MMAs, for the prefill (DSUF_FP4_ROWS=mma, the default for grouped
@@ -4040,6 +4079,7 @@ struct Fp4Call {
   cudaStream_t s;
   Fp4Pair pair;
   const int32_t* order = nullptr;  // k_fp4_imma only: grid.y row i is routed row order[i]
+  const GluTail* glu = nullptr;     // k_fp4_imma<…, kGlu> (w1 and w3 with SwiGLU's tail; tiled)
 };
 template <int OPW, bool kExact>
 void launch_fp4(const Fp4Call& c) {
@@ -4124,10 +4164,14 @@ void launch_imma(const Fp4Call& c) {
   static const std::array<Shape, 4> ring{Shape{k_fp4_imma<8, 8, false>, 8, 8}, Shape{k_fp4_imma<8, 4, false>, 8, 4},
                                          Shape{k_fp4_imma<16, 4, false>, 16, 4}, Shape{k_fp4_imma<16, 8, false>, 16, 8}};
   static const int ring_pick = kTiled ? 0 : env_choice("DSUF_IMMA", {"8,8", "8,4", "16,4", "16,8"});
-  const Shape sh = !kTiled ? ring[ring_pick] : pick ? tiled[pick] : tiled[c.rows <= kImmaBulkRows ? 5 : 1];
+  const bool glu = kTiled && c.glu;  // kGlu: b2,16 whatever DSUF_TILED says
+  const Shape sh = glu        ? Shape{k_fp4_imma<4, 16, true, 2, true>, 4, 16, 2}
+                   : !kTiled ? ring[ring_pick]
+                   : pick     ? tiled[pick]
+                              : tiled[c.rows <= kImmaBulkRows ? 5 : 1];
   // Every call, not once: the attribute is per device, and tensor-parallel ranks launch on several.
   // (A bulk ring of 4 slots at the largest K would pass the 227 KB an SM has: this call's K.)
-  set_smem(sh.k, imma_smem(sh.bulk ? c.K / 32 : kImmaMaxNb, sh.stages, sh.warps, kTiled, sh.bulk));
+  set_smem(sh.k, imma_smem(sh.bulk ? c.K / 32 : kImmaMaxNb, sh.stages, sh.warps, kTiled, sh.bulk, glu));
   // grid.y holds at most 65535 rows: a long prefill chunk (rows = tokens × top-k) goes in slices of
   // whole input rows (a multiple of x_div), each with its ids, outputs and inputs offset — or, in
   // expert order, its piece of the order (which names absolute rows).
@@ -4136,11 +4180,11 @@ void launch_imma(const Fp4Call& c) {
     const int64_t n = std::min(slice, c.rows - b), rb0 = c.order ? 0 : b, xr = rb0 / c.x_div;
     Fp4Pair pair = c.pair;
     if (pair.y) pair.y += rb0 * c.out;
-    launch_pdl(sh.k, dim3(blocks_for(c.out, 16 * sh.warps), int(n), c.pair.W ? 2 : 1), dim3(32 * sh.warps),
-               imma_smem(c.K / 32, sh.stages, sh.warps, kTiled, sh.bulk), c.s, c.W, c.Ws,
+    launch_pdl(sh.k, dim3(blocks_for(c.out, 16 * (glu ? sh.warps / 2 : sh.warps)), int(n), glu || !c.pair.W ? 1 : 2),
+               dim3(32 * sh.warps), imma_smem(c.K / 32, sh.stages, sh.warps, kTiled, sh.bulk, glu), c.s, c.W, c.Ws,
                c.ids ? c.ids + rb0 : nullptr, c.out, c.K, c.in.scale + xr * c.in.scale_stride, c.in.scale_stride,
                c.in.planes + xr * c.in.plane_stride, c.in.plane_stride, c.x_div, c.y + rb0 * c.out, c.r, pair,
-               c.order ? c.order + b : nullptr);
+               c.order ? c.order + b : nullptr, glu ? *c.glu : GluTail{});
   }
 }
 template <bool kExact>
@@ -4526,6 +4570,22 @@ void swiglu(float* h1, const float* h3, int64_t rows, int64_t F, const float* we
   DSUF_CHECK(!sink.xq || F % 32 == 0, "swiglu: F = ", F, " with an input sink");
   launch_step(k_swiglu, dim3(blocks_for(rows * F, 256)), dim3(256), 0, s, h1, h3, rows, F, weight, limit, clamp, r,
               sink, late_trigger(kLateSwiglu));
+}
+void fp4_swiglu_grouped(const uint8_t* const* W1, const uint8_t* const* S1, const uint8_t* const* W3,
+                        const uint8_t* const* S3, const int32_t* ids, int64_t F, int64_t K, const LinearInput& in,
+                        int x_div, int64_t rows, float* h1, float* h3, bool r, cudaStream_t s, const RowGroups* groups,
+                        bool tiled, const float* weight, float limit, bool clamp, const InputSink& sink) {
+  static const bool fused = env_picks("DSUF_SWIGLU", "separate", "fused");
+  const bool grouped_mma = groups && K / 32 <= kMmaRowMaxNb && tiled_rows_mma(groups->rows, groups->experts);
+  if (fused && tiled && det::fp4_tileable(F, K) && F % 32 == 0 && in.scale && in.planes &&
+      in.group_stride == interleaved_k(K) && !grouped_mma && rows > 0 && rows <= kImmaBulkRows) {
+    const GluTail glu{weight, limit, clamp, sink};
+    launch_imma<true>(Fp4Call{W1, S1, ids, F, K, in, x_div, rows, h1, r, s, {.W = W3, .Ws = S3, .y = h3},
+                              groups ? groups->order : nullptr, &glu});
+    return;
+  }
+  fp4_linear_grouped(W1, S1, ids, F, K, in, x_div, rows, h1, r, s, {.W = W3, .Ws = S3, .y = h3}, groups, tiled);
+  swiglu(h1, h3, rows, F, weight, limit, clamp, r, s, sink);
 }
 void moe_sum_expand(const float* y_experts, int k, const float* y_shared, int n, int hc, int64_t D, const float* mix,
                     int mix_stride, float* X, bool r, cudaStream_t s) {

@@ -355,6 +355,14 @@ void route(const float* logits, int n, int E, int k, const float* bias, const fl
 // the next linear through sink when set (F % 32 == 0).
 void swiglu(float* h1, const float* h3, int64_t rows, int64_t F, const float* weight, float limit, bool clamp,
             bool r, cudaStream_t s, const InputSink& sink = {});
+// The routed experts' w1 and w3 (a grouped FP4 pair) then swiglu(h1, h3, …, sink): with DSUF_SWIGLU=fused
+// (off by default; session 20, not yet run on a GPU) and tiled weights at up to 128 routed rows, one
+// k_fp4_imma launch whose blocks take w1's and w3's same rows and end with SwiGLU's arithmetic on
+// them (h into h1 and through sink; h3 is not written), else the two launches.
+void fp4_swiglu_grouped(const uint8_t* const* W1, const uint8_t* const* S1, const uint8_t* const* W3,
+                        const uint8_t* const* S3, const int32_t* ids, int64_t F, int64_t K, const LinearInput& in,
+                        int x_div, int64_t rows, float* h1, float* h3, bool r, cudaStream_t s, const RowGroups* groups,
+                        bool tiled, const float* weight, float limit, bool clamp, const InputSink& sink);
 // The FFN site's end: y = bf16(Σ_j y_experts[row·k + j] + y_shared[row]), expanded straight into the
 // streams with the mix rows `mix` (as collapse_norm's expansion); y itself is not stored.
 void moe_sum_expand(const float* y_experts, int k, const float* y_shared, int n, int hc, int64_t D, const float* mix,
