@@ -1697,11 +1697,13 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   xs += int64_t(row / x_div) * xs_stride, xp += int64_t(row / x_div) * xp_stride;
   const bool active = o0 < out;  // warp-uniform; an idle warp still stages inputs and meets the barrier
   // kGlu: both halves' rounded outputs, then k_swiglu on the block's kSets·16 columns of h (warp k <
-  // kSets / 2 takes K-block k of them). Every thread of the block calls it once (idle warps too).
+  // kSets / 2 takes K-block k of them). Every thread of the block calls it once (idle warps too), from
+  // one of two places: hence the barrier without .aligned (__syncthreads' bar.sync is aligned, which
+  // PTX requires to be the same instruction for the whole block).
   // (after the codes: imma_smem's glu share, 2 · kSets · 16 floats)
   float* glu_out = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(ssa + nb) + kImmaWarps * 16 * nb);
   auto glu_tail = [&] {
-    __syncthreads();
+    asm volatile("barrier.sync 0;\n" ::: "memory");
     const int64_t f = int64_t(blockIdx.x) * kSets * 16 + w * 32 + lane;  // h's column (out % 32 == 0)
     if (w < kSets / 2 && f < out) {
       float gv = glu_out[w * 32 + lane], u = glu_out[kSets * 16 + w * 32 + lane];
@@ -3969,6 +3971,13 @@ struct Fp8Call {
   Fp8Pair pair;
 };
 // DSUF_GEMV=regs|pipe|deep picks how the FP8/FP4 linears fetch weights (see GemvMode); regs by default.
+// DSUF_FP8_EARLY=1|0: the FP8 GEMV's kRegs loads its first round (weights, scale codes, the spread
+// task), kDeep its first U rounds, before the dependency wait (1, the default since v22) or after it
+// (0, v21).
+bool fp8_early() {
+  static const bool early = !env_picks("DSUF_FP8_EARLY", "1", "0");
+  return early;
+}
 int gemv_mode() {
   static const int mode = env_choice("DSUF_GEMV", {"regs", "pipe", "deep"});  // kRegs, kRegsPipe, kDeep
   return mode;
@@ -3997,9 +4006,7 @@ int fp8_block_warps(int rows_a_block) {
 template <int OPW, int R, bool kExact>
 void launch_fp8(const Fp8Call& c) {
   const int mode = gemv_mode();
-  // DSUF_FP8_EARLY=1|0: kRegs loads its first round (weights, scale codes, the spread task), kDeep
-  // its first U rounds, before the dependency wait (1, the default since v22) or after it (0, v21).
-  static const bool early = !env_picks("DSUF_FP8_EARLY", "1", "0");
+  const bool early = fp8_early();
   // DSUF_FP8_SMALL=deep|regs: a one-output-a-warp linear whose lanes hold at most kDeep's U rounds
   // (wq_a+wkv, the indexer's wq_b) takes kDeep under the default regs mode, so that with `early` its
   // whole weight share is loaded before the wait (deep: the v22 candidate; regs: as the others).
@@ -4039,7 +4046,7 @@ bool launch_fp8_sink(const Fp8Call& c, const InputSink& sink, bool late) {
   if (c.rows != 1 || c.pair.W || c.out % 32 != 0 || gemv_mode() != kRegs || c.K / 32 < 32 ||
       outputs_per_warp(c.out * c.groups) != 2 || (fp8_gemm_rows() > 0 && c.rows >= fp8_gemm_rows()))
     return false;
-  static const bool early = !env_picks("DSUF_FP8_EARLY", "1", "0");
+  const bool early = fp8_early();
   auto k = late ? k_fp8_gemv<2, 1, kExact, kRegs, 16, 2> : k_fp8_gemv<2, 1, kExact, kRegs, 16, 1>;
   launch_pdl(k, dim3(int(c.out / 32), 1, c.groups), dim3(512), 0, c.s, c.W, c.Ws, c.out, c.K, c.in.x, c.in.stride,
              c.in.group_stride, c.in.scale, c.in.scale_stride, int(c.rows), c.y, c.y_stride, c.r, c.pair, early, sink);
@@ -4269,13 +4276,18 @@ void group_rows(const int32_t* ids, int64_t rows, int experts, RowGroups& g, cud
               kRowGroup, g.order, g.groups, g.n_groups);
   DSUF_CUDA(cudaGetLastError());
 }
-void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
-                        const LinearInput& in, int x_div, int64_t rows, float* y, bool r, cudaStream_t s,
-                        const Fp4Pair& pair, const RowGroups* groups, bool tiled) {
+namespace {
+void check_fp4_input(int64_t K, const LinearInput& in) {
   DSUF_CHECK(K % 32 == 0 && in.group_stride == interleaved_k(K), "fp4_linear: K = ", K, ", input laid out for ",
              in.group_stride);
   DSUF_CHECK(!in.scale || (in.planes && in.plane_stride >= interleaved_planes(K)),
              "fp4_linear: quantized inputs without their byte planes (InputSink::xp)");
+}
+}  // namespace
+void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out, int64_t K,
+                        const LinearInput& in, int x_div, int64_t rows, float* y, bool r, cudaStream_t s,
+                        const Fp4Pair& pair, const RowGroups* groups, bool tiled) {
+  check_fp4_input(K, in);
   if (rows <= 0) return;
   if (tiled && det::fp4_tileable(out, K)) {  // the weights are tiles: full groups through
     // k_fp4_mma_rows<true>, the rest through k_fp4_imma<…, true>, a row at a time (grouped: in the
@@ -4577,8 +4589,9 @@ void fp4_swiglu_grouped(const uint8_t* const* W1, const uint8_t* const* S1, cons
                         bool tiled, const float* weight, float limit, bool clamp, const InputSink& sink) {
   static const bool fused = env_picks("DSUF_SWIGLU", "separate", "fused");
   const bool grouped_mma = groups && K / 32 <= kMmaRowMaxNb && tiled_rows_mma(groups->rows, groups->experts);
-  if (fused && tiled && det::fp4_tileable(F, K) && F % 32 == 0 && in.scale && in.planes &&
-      in.group_stride == interleaved_k(K) && !grouped_mma && rows > 0 && rows <= kImmaBulkRows) {
+  if (fused && tiled && det::fp4_tileable(F, K) && F % 32 == 0 && in.scale && in.planes && !grouped_mma &&
+      rows > 0 && rows <= kImmaBulkRows) {
+    check_fp4_input(K, in);
     const GluTail glu{weight, limit, clamp, sink};
     launch_imma<true>(Fp4Call{W1, S1, ids, F, K, in, x_div, rows, h1, r, s, {.W = W3, .Ws = S3, .y = h3},
                               groups ? groups->order : nullptr, &glu});
