@@ -22,21 +22,13 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from wait_loads import INS, demangle, read_sass  # noqa: E402
+import wait_loads  # noqa: E402
+from wait_loads import demangle, read_sass  # noqa: E402
 
 
 def kernels(text):
     """{mangled name: [(address, predicate, opcode, operands)]} in file order."""
-    out, cur = {}, None
-    for line in text.splitlines():
-        m = re.search(r"Function : (\S+)", line)
-        if m:
-            cur = out.setdefault(m.group(1), [])
-            continue
-        m = INS.match(line)
-        if cur is not None and m:
-            cur.append((int(m.group(1), 16), (m.group(2) or "").strip(), m.group(3), m.group(4).strip()))
-    return out
+    return wait_loads.kernels(text.splitlines())
 
 
 def text_of(body, offsets=False):

@@ -96,18 +96,23 @@ def waits_of(body):
     return out
 
 
-def count(lines):
-    """{kernel: [loads that can run before each of its waits]} in file order ([]: never waits)."""
-    kernels, cur = {}, None
+def kernels(lines):
+    """{kernel: [(address, predicate ('' when none), opcode, operands)]} in file order."""
+    out, cur = {}, None
     for line in lines:
         m = re.search(r"Function : (\S+)", line)
         if m:
-            cur = kernels.setdefault(m.group(1), [])
+            cur = out.setdefault(m.group(1), [])
             continue
         m = INS.match(line)
         if cur is not None and m:
-            cur.append((int(m.group(1), 16), bool(m.group(2)), m.group(3), m.group(4)))
-    return {k: waits_of(v) for k, v in kernels.items()}
+            cur.append((int(m.group(1), 16), (m.group(2) or "").strip(), m.group(3), m.group(4).strip()))
+    return out
+
+
+def count(lines):
+    """{kernel: [loads that can run before each of its waits]} in file order ([]: never waits)."""
+    return {k: waits_of(v) for k, v in kernels(lines).items()}
 
 
 def cuobjdump():
