@@ -4135,17 +4135,18 @@ bool fp4_rows_mma(int64_t rows, int64_t experts) {
   }();
   return on && rows >= per_expert * experts;
 }
-// Over tiled weights, whether grouped rows run as k_fp4_mma_rows<true> (else k_fp4_imma<…, true> a
-// row at a time, in expert order): from DSUF_TILED_MMA_ROWS routed rows per expert on average
+// Over tiled weights, whether grouped rows (groups set, K within the grouped kernel's staging) run as
+// k_fp4_mma_rows<true> (else k_fp4_imma<…, true> a row at a time, in expert order): from
+// DSUF_TILED_MMA_ROWS routed rows per expert on average
 // (default 16; 0: always). At 4 rows per expert (batch 64 at 96 experts) the grouped kernel, paying
 // for 8 rows a group, made the step 10.7 % slower than row-major weights (v17); a row at a time in
 // expert order, 22 % faster than the grouped kernel (v18: 214 against 273 ms).
-bool tiled_rows_mma(int64_t rows, int64_t experts) {
+bool tiled_rows_mma(const RowGroups* groups, int64_t K) {
   static const int64_t per_expert = [] {
     const char* v = std::getenv("DSUF_TILED_MMA_ROWS");
     return v ? std::atoll(v) : int64_t(16);
   }();
-  return rows >= per_expert * experts;
+  return groups && K / 32 <= kMmaRowMaxNb && groups->rows >= per_expert * groups->experts;
 }
 // k_fp4_imma's launch: DSUF_IMMA=stages,warps (the ring's depth in stages of 2 K-blocks, the warps a
 // block) or, tiled, DSUF_TILED=auto|stages,warps (stages − 1 in flight)|bS,warps (a ring of S
@@ -4293,7 +4294,7 @@ void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const
     // k_fp4_mma_rows<true>, the rest through k_fp4_imma<…, true>, a row at a time (grouped: in the
     // groups' expert order, so that an expert's rows run together and share its weights in L2)
     DSUF_CHECK(in.scale && in.planes, "fp4_linear (tiled weights): needs quantized inputs with byte planes");
-    if (groups && K / 32 <= kMmaRowMaxNb && tiled_rows_mma(groups->rows, groups->experts)) {
+    if (tiled_rows_mma(groups, K)) {
       launch_pdl(k_fp4_mma_rows<true>, dim3(blocks_for(out, 16 * kMmaRowWarps), int(groups->max_groups),
                                             pair.W ? 2 : 1),
                  dim3(32 * kMmaRowWarps), mma_rows_smem(K / 32), s, W, Ws, groups->groups, groups->n_groups,
@@ -4588,9 +4589,8 @@ void fp4_swiglu_grouped(const uint8_t* const* W1, const uint8_t* const* S1, cons
                         int x_div, int64_t rows, float* h1, float* h3, bool r, cudaStream_t s, const RowGroups* groups,
                         bool tiled, const float* weight, float limit, bool clamp, const InputSink& sink) {
   static const bool fused = env_picks("DSUF_SWIGLU", "separate", "fused");
-  const bool grouped_mma = groups && K / 32 <= kMmaRowMaxNb && tiled_rows_mma(groups->rows, groups->experts);
-  if (fused && tiled && det::fp4_tileable(F, K) && F % 32 == 0 && in.scale && in.planes && !grouped_mma &&
-      rows > 0 && rows <= kImmaBulkRows) {
+  if (fused && tiled && det::fp4_tileable(F, K) && F % 32 == 0 && in.scale && in.planes &&
+      !tiled_rows_mma(groups, K) && rows > 0 && rows <= kImmaBulkRows) {
     check_fp4_input(K, in);
     const GluTail glu{weight, limit, clamp, sink};
     launch_imma<true>(Fp4Call{W1, S1, ids, F, K, in, x_div, rows, h1, r, s, {.W = W3, .Ws = S3, .y = h3},
