@@ -209,6 +209,14 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       : "memory");
 }
 
+// An mbarrier that completes after `count` plain arrivals (mbar_arrive), e.g. one per consumer warp.
+__device__ __forceinline__ void mbar_init_count(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
 // Block-wide sum (blockDim.x a multiple of 32, ≤ 1024); every thread gets the result.
 __device__ float block_sum(float v) {
   __shared__ float part[32];
@@ -1651,7 +1659,8 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
 // chunks of kBulkStages stages in shared memory instead, each chunk one bulk copy issued by lane 0
 // (up to kBulk · 2 KB in flight a warp, 16 warps: 128 KB an SM at kBulk = 4, against 24 KB of
 // registers at 4,16), read back with one 16-byte shared load a lane a stage: the same words.
-// kGlu (session 20, DSUF_SWIGLU=fused, off by default; compiled, NOT run on a GPU): w1 and w3 of the
+// kGlu (session 20; DSUF_SWIGLU=auto, the default since v35, up to 32 routed rows; with an entry
+// trigger +0.15 ms, at the tail −0.055 ms at batch 1, docs/perf.md v35): w1 and w3 of the
 // pair in one block — warps w < kImmaWarps/2 take w1's row sets, the others w3's same ones — and the
 // block ends with k_swiglu's arithmetic on its rows' outputs (from shared memory: the values it would
 // have stored), writing h into y (h1) and laying it out for w2 through glu.sink, so that w2 follows
@@ -1688,7 +1697,9 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   uint8_t* sB = imma_sm + (kTiled ? 0 : kImmaWarps * kImmaStages * 512) + kImmaWarps * kBulk * (kChunk + 8);
   float* ssa = reinterpret_cast<float*>(sB + nst * 512);  // [kb]: the input scales
   uint8_t* codes = reinterpret_cast<uint8_t*>(ssa + nb) + w * 16 * nb;  // [row][kb]: the weight scale codes
-  pdl_trigger();
+  // kGlu triggers w2 at its tail instead (session 21: at entry, w2's whole-SM blocks became resident
+  // beside w1/w3 and kept the shared expert's w2 off the SMs, +0.15 ms: docs/perf.md v35).
+  if constexpr (!kGlu) pdl_trigger();
   if (order) {  // grid.y walks the routed rows in expert order (RowGroups::order, from this step's router)
     pdl_wait();
     row = order[row];
@@ -1703,6 +1714,7 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   // (after the codes: imma_smem's glu share, 2 · kSets · 16 floats)
   float* glu_out = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(ssa + nb) + kImmaWarps * 16 * nb);
   auto glu_tail = [&] {
+    pdl_trigger();  // every thread once: w2's blocks launch when every block has reached its tail
     asm volatile("barrier.sync 0;\n" ::: "memory");
     const int64_t f = int64_t(blockIdx.x) * kSets * 16 + w * 32 + lane;  // h's column (out % 32 == 0)
     if (w < kSets / 2 && f < out) {
@@ -2042,6 +2054,75 @@ __device__ __forceinline__ int bf16_stage_slot(int j) {  // j: the row's float4 
   return ((c / 32) * 2 + half) * 32 + c % 32;
 }
 size_t bf16_linear_smem(int64_t K, bool staged) { return staged && K <= 8 * 32 * kBf16Deep ? size_t(K) * 4 : 0; }
+// k_bf16_stream (session 21, DSUF_BF16_STREAM): a one-row BF16 linear with many outputs — the head,
+// 129,280 × 5,120, 1.32 GB a step — as one persistent stream a block (one block an SM). k_bf16_linear
+// runs it as 16,160 blocks of 8 rows, each loading its weights at entry and computing after they
+// land, so an SM's loads come in waves with nothing in flight between a block's last load and the
+// next block's first (~3.3 TB/s in place, v34's timeline: 400 µs). Here block b takes the rows
+// [b·out/G, (b+1)·out/G) in stages of kW rows (kW·K·2 contiguous bytes: one bulk copy), a producer
+// warp keeping kS stages in flight through a ring of shared memory (its copies need no wait: nothing
+// in a step writes the weights), and kW consumer warps each summing one row of a stage with
+// k_bf16_linear's staged arithmetic — lane l's chunks l, l+32, … in order, bf16_chunk, warp_sum — on
+// the input row staged once by the block: the same bits.
+template <int kW, int kS>
+__global__ void __launch_bounds__(32 * (kW + 1), 1)
+    k_bf16_stream(const uint16_t* __restrict__ W, int64_t out, int64_t K, const float* __restrict__ x,
+                  float* __restrict__ y, bool r) {
+  extern __shared__ __align__(16) uint8_t bs_sm[];  // [kS][kW rows][K] bf16 | the input (float4s) | bars
+  pdl_trigger();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t r0 = out * blockIdx.x / gridDim.x, r1 = out * (blockIdx.x + 1) / gridDim.x;
+  const int nst = int((r1 - r0 + kW - 1) / kW);
+  const uint32_t row_bytes = uint32_t(K) * 2, stage_bytes = kW * row_bytes;
+  float4* xs = reinterpret_cast<float4*>(bs_sm + size_t(kS) * stage_bytes);
+  const uint32_t ring = smem_u32(bs_sm), full = smem_u32(xs + K / 4), empty = full + 8 * kS;
+  if (threadIdx.x == 32 * kW) {
+    for (int i = 0; i < kS; ++i) mbar_init(full + 8 * i), mbar_init_count(empty + 8 * i, kW);
+    mbar_init_fence();
+  }
+  __syncthreads();  // the barriers exist before anyone waits on them
+  if (warp == kW) {  // the producer: stage j into slot j mod kS once the consumers have left it
+    if (lane == 0)
+      for (int j = 0; j < nst; ++j) {
+        const int slot = j % kS;
+        if (j >= kS) {
+          mbar_wait(empty + 8 * slot, uint32_t(j / kS - 1) & 1u);
+          async_proxy_fence();
+        }
+        const int64_t row = r0 + int64_t(j) * kW;
+        const uint32_t bytes = uint32_t(r1 - row < kW ? r1 - row : kW) * row_bytes;
+        bulk_to_smem(ring + slot * stage_bytes, W + row * K, bytes, full + 8 * slot);
+      }
+    return;
+  }
+  pdl_wait();  // the input is the previous kernel's output
+  for (int i = int(threadIdx.x); i < int(K / 4); i += 32 * kW)
+    xs[bf16_stage_slot(i)] = reinterpret_cast<const float4*>(x)[i];
+  asm volatile("bar.sync 1, %0;\n" ::"r"(32 * kW) : "memory");  // the consumers only
+  const int nc = int(K / 8);
+  for (int j = 0; j < nst; ++j) {
+    const int slot = j % kS;
+    mbar_wait(full + 8 * slot, uint32_t(j / kS) & 1u);
+    const int64_t o = r0 + int64_t(j) * kW + warp;
+    if (o < r1) {
+      const uint4* wr = reinterpret_cast<const uint4*>(bs_sm + size_t(slot) * stage_bytes + size_t(warp) * row_bytes);
+      float acc = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kBf16Deep; ++i) {
+        if (lane + 32 * i >= nc) break;
+        const uint4 wv = wr[lane + 32 * i];
+        float4 xc[2] = {xs[(2 * i) * 32 + lane], xs[(2 * i + 1) * 32 + lane]};
+        acc = bf16_chunk(acc, wv, reinterpret_cast<const float*>(xc));
+      }
+      acc = warp_sum(acc);
+      if (lane == 0) y[o] = rb(acc, r);
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty + 8 * slot);
+  }
+}
+size_t bf16_stream_smem(int kW, int kS, int64_t K) { return size_t(kS) * kW * K * 2 + size_t(K) * 4 + 16 * kS; }
+
 // One warp per output; lane l takes 8-element chunks l, l+32, … (chunk_lane_sum<8>): one 16-byte
 // weight load and two float4 input loads per chunk when K and the strides allow, else scalars in
 // the same order.
@@ -4154,6 +4235,7 @@ bool tiled_rows_mma(const RowGroups* groups, int64_t K) {
 // routed rows, 4,16 above (docs/perf.md v33: b2,16 measured −0.008 ms at batch 1, −0.9 % at batch 4,
 // −0.8 % at 16, +0.8 % at 64 — 384 rows).
 constexpr int64_t kImmaBulkRows = 128;
+constexpr int64_t kSwigluFusedRows = 32;  // DSUF_SWIGLU=auto's fused range (routed rows)
 // (v18 also tried per launch the fewest warps whose grid fits one block an SM: the same time as 4,16.)
 template <bool kTiled>
 void launch_imma(const Fp4Call& c) {
@@ -4328,8 +4410,46 @@ void fp4_tile_in_place(uint8_t* W, int64_t out, int64_t K, uint8_t* scratch, cud
   DSUF_CUDA(cudaGetLastError());
   DSUF_CUDA(cudaMemcpyAsync(W, scratch, size_t(bytes), cudaMemcpyDeviceToDevice, s));
 }
+namespace {
+// DSUF_BF16_STREAM=auto|off|all: k_bf16_stream for one-row BF16 linears of at least
+// kBf16StreamMinOut outputs (auto: the head), none (off: k_bf16_linear as in v34), or every one-row
+// BF16 linear it can take (all: the router, compressors and indexer projections too — an exactness
+// check, not a speed setting). DSUF_BF16_STREAM_SHAPE=8x2|4x4|2x8: consumer warps × ring stages
+// (session 21, batch 1 at 8K: 8x2 −0.087 ms against k_bf16_linear, 4x4 −0.080, 2x8 +0.14; the head
+// alone under Nsight 307 µs at 4.3 TB/s against ~390).
+constexpr int64_t kBf16StreamMinOut = 16384;
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    DSUF_CUDA(cudaGetDevice(&dev));
+    DSUF_CUDA(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v;
+  }();
+  return n;
+}
+template <int kW, int kS>
+void launch_bf16_stream(const uint16_t* W, int64_t out, int64_t K, const float* x, float* y, bool r, cudaStream_t s) {
+  const size_t smem = bf16_stream_smem(kW, kS, K);
+  set_smem(k_bf16_stream<kW, kS>, smem);
+  const int64_t grid = std::min<int64_t>(sm_count(), (out + kW - 1) / kW);
+  launch_pdl(k_bf16_stream<kW, kS>, dim3(unsigned(grid)), dim3(32 * (kW + 1)), smem, s, W, out, K, x, y, r);
+}
+bool bf16_stream(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t rows, float* y, bool r,
+                 cudaStream_t s) {
+  static const int mode = env_choice("DSUF_BF16_STREAM", {"auto", "off", "all"});
+  static const int shape = env_choice("DSUF_BF16_STREAM_SHAPE", {"8x2", "4x4", "2x8"});
+  const bool fits = rows == 1 && K % 8 == 0 && K <= 8 * 32 * kBf16Deep && (reinterpret_cast<uintptr_t>(W) & 15) == 0 &&
+                    (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+  if (!fits || mode == 1 || (mode == 0 && out < kBf16StreamMinOut)) return false;
+  if (shape == 0) launch_bf16_stream<8, 2>(W, out, K, x, y, r, s);
+  else if (shape == 1) launch_bf16_stream<4, 4>(W, out, K, x, y, r, s);
+  else launch_bf16_stream<2, 8>(W, out, K, x, y, r, s);
+  return true;
+}
+}  // namespace
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows, float* y,
                  int64_t y_stride, bool r, cudaStream_t s) {
+  if (bf16_stream(W, out, K, x, rows, y, r, s)) return;
   // DSUF_BF16=staged (the default since v32) | deep (v15-v31) | loop (measuring aids): see kBf16Deep
   // and the staged path.
   static const int mode = env_choice("DSUF_BF16", {"staged", "deep", "loop"});
@@ -4588,7 +4708,11 @@ void fp4_swiglu_grouped(const uint8_t* const* W1, const uint8_t* const* S1, cons
                         const uint8_t* const* S3, const int32_t* ids, int64_t F, int64_t K, const LinearInput& in,
                         int x_div, int64_t rows, float* h1, float* h3, bool r, cudaStream_t s, const RowGroups* groups,
                         bool tiled, const float* weight, float limit, bool clamp, const InputSink& sink) {
-  static const bool fused = env_picks("DSUF_SWIGLU", "separate", "fused");
+  // DSUF_SWIGLU=auto (the default since v35: fused up to kSwigluFusedRows routed rows) | separate |
+  // fused (up to kImmaBulkRows). Measured (session 21): batch 1 −0.055 ms, batch 4 (24 rows) −0.12,
+  // batch 16 (96 rows) +0.14 against separate.
+  static const int mode = env_choice("DSUF_SWIGLU", {"auto", "separate", "fused"});
+  const bool fused = mode == 2 || (mode == 0 && rows <= kSwigluFusedRows);
   if (fused && tiled && det::fp4_tileable(F, K) && F % 32 == 0 && in.scale && in.planes &&
       !tiled_rows_mma(groups, K) && rows > 0 && rows <= kImmaBulkRows) {
     check_fp4_input(K, in);

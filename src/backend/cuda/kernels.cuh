@@ -162,7 +162,8 @@ Fp4TiledWish fp4_tiled_wanted();
 // Rewrites one row-major E2M1 matrix [out, K/2] as tiles when det::fp4_tileable(out, K) (else leaves
 // it), through `scratch` (out·K/2 bytes), on stream s.
 void fp4_tile_in_place(uint8_t* W, int64_t out, int64_t K, uint8_t* scratch, cudaStream_t s);
-// FP32 product with a BF16 weight; y = W·x (optionally BF16-rounded).
+// FP32 product with a BF16 weight; y = W·x (optionally BF16-rounded). One row and at least 16,384
+// outputs (the head): a persistent stream, one block an SM (k_bf16_stream, DSUF_BF16_STREAM).
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows,
                  float* y, int64_t y_stride, bool r, cudaStream_t s);
 // Interleaved RoPE on the last 2·half values of each head vector; row i rotates by cs[i][half][cos,sin]
@@ -355,10 +356,10 @@ void route(const float* logits, int n, int E, int k, const float* bias, const fl
 // the next linear through sink when set (F % 32 == 0).
 void swiglu(float* h1, const float* h3, int64_t rows, int64_t F, const float* weight, float limit, bool clamp,
             bool r, cudaStream_t s, const InputSink& sink = {});
-// The routed experts' w1 and w3 (a grouped FP4 pair) then swiglu(h1, h3, …, sink): with DSUF_SWIGLU=fused
-// (off by default; session 20, not yet run on a GPU) and tiled weights at up to 128 routed rows, one
-// k_fp4_imma launch whose blocks take w1's and w3's same rows and end with SwiGLU's arithmetic on
-// them (h into h1 and through sink; h3 is not written), else the two launches.
+// The routed experts' w1 and w3 (a grouped FP4 pair) then swiglu(h1, h3, …, sink): with tiled weights
+// at up to 32 routed rows (DSUF_SWIGLU=auto, the default since v35; `fused`: up to 128, `separate`:
+// never), one k_fp4_imma launch whose blocks take w1's and w3's same rows and end with SwiGLU's
+// arithmetic on them (h into h1 and through sink; h3 is not written), else the two launches.
 void fp4_swiglu_grouped(const uint8_t* const* W1, const uint8_t* const* S1, const uint8_t* const* W3,
                         const uint8_t* const* S3, const int32_t* ids, int64_t F, int64_t K, const LinearInput& in,
                         int x_div, int64_t rows, float* h1, float* h3, bool r, cudaStream_t s, const RowGroups* groups,
