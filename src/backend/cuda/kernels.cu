@@ -1153,121 +1153,6 @@ __global__ void __launch_bounds__(kWarps > 8 ? 32 * kWarps : 256)
   }
 }
 
-// k_fp8_stream (session 21, DSUF_FP8_STREAM): a one-row FP8 linear as one persistent stream a block,
-// k_bf16_stream's shape (the head: 4.3 TB/s) with k_fp8_gemv's arithmetic. Block b takes the rows
-// [b·out/G, (b+1)·out/G) (whole sets of OPW, so a warp's rows share a 32-row scale block) in stages
-// of kW·OPW whole rows — contiguous bytes, one bulk copy (a first form copied each row's 1 KB rounds
-// separately: 32 small copies a stage, +1.2 ms a step) — issued by the producer warp into a ring of
-// `ns` slots, and consumer warp w sums rows w·OPW.. of every stage as a k_fp8_gemv lane would: lane l
-// the K-blocks kb ≡ l (mod 32) in order (fp8_kb_mac), the last partial round spread over the lanes
-// (RemainderTasks), then warp_sum: the same bits. The weights need no dependency wait, so the ring
-// fills while the previous kernel runs; the block's scale codes are staged before the wait too.
-__device__ __forceinline__ void bulk_expect(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-template <int OPW, bool kExact, int kW>
-__global__ void __launch_bounds__(32 * (kW + 1), 1)
-    k_fp8_stream(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws, int64_t out, int64_t K,
-                 const float* __restrict__ x, const float* __restrict__ xs, float* __restrict__ y, bool r, int ns,
-                 int codes_cap) {
-  extern __shared__ __align__(16) uint8_t fs_sm[];  // [ns][kW·OPW rows][K] | codes | full[ns] | empty[ns]
-  constexpr int kRows = kW * OPW;
-  pdl_trigger();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int nb = int(K / 32), nr = (nb + 31) / 32;
-  const int64_t units = out / OPW;
-  const int64_t r0 = units * blockIdx.x / gridDim.x * OPW, r1 = units * (blockIdx.x + 1) / gridDim.x * OPW;
-  const int nst = int((r1 - r0 + kRows - 1) / kRows);
-  const uint32_t slot_bytes = uint32_t(kRows * K);
-  uint8_t* codes = fs_sm + size_t(ns) * slot_bytes;
-  const uint32_t ring = smem_u32(fs_sm), full = smem_u32(codes + codes_cap), empty = full + 8 * ns;
-  if (threadIdx.x == 32 * kW) {
-    for (int i = 0; i < ns; ++i) mbar_init(full + 8 * i), mbar_init_count(empty + 8 * i, kW);
-    mbar_init_fence();
-  }
-  __syncthreads();  // the barriers exist before anyone waits on them
-  if (warp == kW) {  // the producer (lane 0): stage j into slot j mod ns once the consumers have left it
-    if (lane == 0)
-      for (int j = 0; j < nst; ++j) {
-        const int slot = j % ns;
-        const int64_t g0 = r0 + int64_t(j) * kRows;
-        const int rows = int(r1 - g0 < kRows ? r1 - g0 : kRows);
-        if (j >= ns) {
-          mbar_wait(empty + 8 * slot, uint32_t(j / ns - 1) & 1u);
-          async_proxy_fence();
-        }
-        bulk_to_smem(ring + slot * slot_bytes, W + g0 * K, uint32_t(rows * K), full + 8 * slot);
-      }
-    return;
-  }
-  const int64_t c0 = r0 / 32;  // the block's first scale row
-  const int ncr = r1 > r0 ? int((r1 - 1) / 32 - c0 + 1) : 0;
-  for (int i = int(threadIdx.x); i < ncr * nb; i += 32 * kW) codes[i] = __ldg(Ws + c0 * nb + i);
-  asm volatile("bar.sync 1, %0;\n" ::"r"(32 * kW) : "memory");  // the consumers only
-  pdl_wait();  // the input is the previous kernel's output
-  const RemainderTasks rt(nb, OPW, lane);
-  for (int j = 0; j < nst; ++j) {
-    const int slot = j % ns;
-    const int64_t o0 = r0 + int64_t(j) * kRows + warp * OPW;
-    const bool mine = o0 < r1;  // warp-uniform
-    const uint8_t* sl = fs_sm + size_t(slot) * slot_bytes + size_t(warp) * OPW * size_t(K);
-    const uint8_t* ws_row = codes + (o0 / 32 - c0) * nb;
-    float acc[OPW][1];
-#pragma unroll
-    for (int o = 0; o < OPW; ++o) acc[o][0] = 0.0f;
-    mbar_wait(full + 8 * slot, uint32_t(j / ns) & 1u);
-    if (mine) {
-      // Each round's shared-memory weights and code loaded a round ahead (session 21, call 5: with
-      // the loads beside their use the consumers stalled on them half the time), the spread task's first.
-      uint4 w[OPW][2], tw1[1][2];
-      uint8_t sc = 0, tsc = 0;
-      auto ld = [&](int kb) {
-#pragma unroll
-        for (int o = 0; o < OPW; ++o) {
-          const uint4* p = reinterpret_cast<const uint4*>(sl + o * K + kb * 32);
-          w[o][0] = p[0], w[o][1] = p[1];
-        }
-        sc = ws_row[kb];
-      };
-      if (rt.mine) {
-        const uint4* p = reinterpret_cast<const uint4*>(sl + rt.row * K + rt.kb * 32);
-        tw1[0][0] = p[0], tw1[0][1] = p[1], tsc = ws_row[rt.kb];
-      }
-      const int end = rt.end(nb);
-      if (lane < end) ld(lane);
-      for (int kb = lane; kb < end; kb += 32) {  // full rounds (all of them when not spread)
-        uint4 cw[OPW][2];
-        float sw[OPW];
-        const float s = e8m0(sc);
-#pragma unroll
-        for (int o = 0; o < OPW; ++o) cw[o][0] = w[o][0], cw[o][1] = w[o][1], sw[o] = s;
-        if (kb + 32 < end) ld(kb + 32);
-        fp8_kb_mac<OPW, 1, kExact>(cw, sw, x, 0, xs, 0, kb, 1, acc);
-      }
-      if (rt.spread) {  // the last partial round: lane t row t / rem, K-block 32·full + t mod rem
-        float c[1][1] = {{0.0f}};
-        if (rt.mine) {
-          const float tsw[1] = {e8m0(tsc)};
-          fp8_kb_mac<1, 1, kExact, true>(tw1, tsw, x, 0, xs, 0, rt.kb, 1, c);
-        }
-#pragma unroll
-        for (int o = 0; o < OPW; ++o) {
-          const float v = __shfl_sync(0xffffffffu, c[0][0], rt.source(o));
-          if (rt.receives()) acc[o][0] += v;
-        }
-      }
-    }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty + 8 * slot);
-    if (mine)
-#pragma unroll
-      for (int o = 0; o < OPW; ++o) {
-        const float v = warp_sum(acc[o][0]);
-        if (lane == 0 && o0 + o < r1) y[o0 + o] = rb(v, r);
-      }
-  }
-}
-
 // ---- FP8 linears of many rows: a tiled GEMM with the GEMV's bits --------------------------------
 // k_fp8_gemv reads each weight once per R ≤ 4 rows, so a 512-row prefill chunk reads every dense
 // weight 128 times and is bound by instruction issue at ~7 TFLOP/s. This kernel stages a K-block of
@@ -3964,16 +3849,6 @@ int latency_priority() {
   }();
   return p;
 }
-// The device's SMs (the persistent streams' grid; every GPU of a host here reports the same).
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    DSUF_CUDA(cudaGetDevice(&dev));
-    DSUF_CUDA(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    return v;
-  }();
-  return n;
-}
 // Launches k, programmatically when `on`, in clusters of `cluster` blocks along x when cluster > 0,
 // at the greatest priority when `urgent`.
 template <typename... KArgs, typename... Args>
@@ -4258,42 +4133,8 @@ bool launch_fp8_sink(const Fp8Call& c, const InputSink& sink, bool late) {
              c.in.group_stride, c.in.scale, c.in.scale_stride, int(c.rows), c.y, c.y_stride, c.r, c.pair, early, sink);
   return true;
 }
-// DSUF_FP8_STREAM=auto|off|all: k_fp8_stream for one-row, one-matrix FP8 linears of at least
-// kFp8StreamMinBytes weights and K ≤ kFp8StreamMaxK (auto: wq_b), none (off: k_fp8_gemv
-// as in v34), or every one it can take (all: an exactness check). 8 consumer warps of the most
-// outputs (4, 2, 1) whose stage fits kFp8StreamSlot; the ring as many slots as fit kFp8StreamRing.
-constexpr int64_t kFp8StreamMinBytes = int64_t(8) << 20, kFp8StreamMaxK = 2048;
-constexpr size_t kFp8StreamRing = 192 * 1024, kFp8StreamSlot = 48 * 1024;
-constexpr int kFp8StreamWarps = 16;
-template <int OPW, bool kExact>
-void launch_fp8_stream(const Fp8Call& c) {
-  constexpr int kW = kFp8StreamWarps;
-  const int64_t units = c.out / OPW, grid = std::min<int64_t>(sm_count(), units);
-  const int64_t rows_max = (units + grid - 1) / grid * OPW;
-  const int codes_cap = int(((rows_max + 31) / 32 + 1) * (c.K / 32) + 15) / 16 * 16;
-  const size_t slot = size_t(kW) * OPW * size_t(c.K);
-  const int ns = int(std::max<size_t>(2, kFp8StreamRing / slot));
-  const size_t smem = ns * slot + size_t(codes_cap) + 16 * size_t(ns);
-  set_smem(k_fp8_stream<OPW, kExact, kW>, smem);
-  launch_pdl(k_fp8_stream<OPW, kExact, kW>, dim3(unsigned(grid)), dim3(32 * (kW + 1)), smem, c.s, c.W, c.Ws, c.out, c.K,
-             c.in.x, c.in.scale, c.y, c.r, ns, codes_cap);
-}
-template <bool kExact>
-bool fp8_stream(const Fp8Call& c) {
-  static const int mode = env_choice("DSUF_FP8_STREAM", {"auto", "off", "all"});
-  const size_t row_stage = size_t(kFp8StreamWarps) * size_t(c.K);  // a stage's bytes at one output a warp
-  const int opw = 4 * row_stage <= kFp8StreamSlot ? 4 : 2 * row_stage <= kFp8StreamSlot ? 2 : 1;
-  const bool fits = c.rows == 1 && c.groups == 1 && !c.pair.W && c.out % opw == 0 && c.K % 32 == 0 &&
-                    2 * row_stage <= kFp8StreamRing && (reinterpret_cast<uintptr_t>(c.W) & 15) == 0;
-  if (!fits || mode == 1 || (mode == 0 && (c.out * c.K < kFp8StreamMinBytes || c.K > kFp8StreamMaxK))) return false;
-  if (opw == 4) launch_fp8_stream<4, kExact>(c);
-  else if (opw == 2) launch_fp8_stream<2, kExact>(c);
-  else launch_fp8_stream<1, kExact>(c);
-  return true;
-}
 template <bool kExact>
 void launch_fp8_rows(const Fp8Call& c) {
-  if (fp8_stream<kExact>(c)) return;
   if (fp8_gemm_rows() > 0 && c.rows >= fp8_gemm_rows()) {
     const int64_t out = std::max(c.out, c.pair.out);
     static const bool square = env_picks("DSUF_FP8_GEMM_TILE", "128x32", "64x64");
@@ -4577,6 +4418,15 @@ namespace {
 // (session 21, batch 1 at 8K: 8x2 −0.087 ms against k_bf16_linear, 4x4 −0.080, 2x8 +0.14; the head
 // alone under Nsight 307 µs at 4.3 TB/s against ~390).
 constexpr int64_t kBf16StreamMinOut = 16384;
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    DSUF_CUDA(cudaGetDevice(&dev));
+    DSUF_CUDA(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v;
+  }();
+  return n;
+}
 template <int kW, int kS>
 void launch_bf16_stream(const uint16_t* W, int64_t out, int64_t K, const float* x, float* y, bool r, cudaStream_t s) {
   const size_t smem = bf16_stream_smem(kW, kS, K);
