@@ -2053,7 +2053,12 @@ __device__ __forceinline__ int bf16_stage_slot(int j) {  // j: the row's float4 
   const int c = j / 2, half = j % 2;
   return ((c / 32) * 2 + half) * 32 + c % 32;
 }
-size_t bf16_linear_smem(int64_t K, bool staged) { return staged && K <= 8 * 32 * kBf16Deep ? size_t(K) * 4 : 0; }
+size_t bf16_linear_smem(int64_t K, bool staged, int R = 1) {
+  return staged && K <= 8 * 32 * kBf16Deep ? size_t(R) * size_t(K) * 4 : 0;
+}
+// Input rows a k_bf16_linear block takes on the staged path when a linear has several (its weights
+// read once per kBf16Rows rows: 80 KB of staged inputs at K = 5,120, two blocks an SM).
+constexpr int kBf16Rows = 4;
 // k_bf16_stream (session 21, DSUF_BF16_STREAM): a one-row BF16 linear with many outputs — the head,
 // 129,280 × 5,120, 1.32 GB a step — as one persistent stream a block (one block an SM). k_bf16_linear
 // runs it as 16,160 blocks of 8 rows, each loading its weights at entry and computing after they
@@ -2125,14 +2130,18 @@ size_t bf16_stream_smem(int kW, int kS, int64_t K) { return size_t(kS) * kW * K 
 
 // One warp per output; lane l takes 8-element chunks l, l+32, … (chunk_lane_sum<8>): one 16-byte
 // weight load and two float4 input loads per chunk when K and the strides allow, else scalars in
-// the same order.
+// the same order. R > 1 (session 21; the staged path only): block row y takes input rows R·y.. (up
+// to R of them, all staged), each warp's weights in registers used for every one — one read of the
+// weights per R rows instead of per row (the head at batch 64 read its 1.32 GB 64 times).
+template <int R>
 __global__ void k_bf16_linear(const uint16_t* __restrict__ W, int64_t out, int64_t K, const float* __restrict__ x,
                               int64_t x_stride, float* __restrict__ y, int64_t y_stride, bool r, bool deep,
-                              bool staged) {
-  extern __shared__ float4 bf16_xs[];  // staged: the input row, bf16_stage_slot's order
+                              bool staged, int64_t rows) {
+  extern __shared__ float4 bf16_xs[];  // staged: the input rows, each in bf16_stage_slot's order
   pdl_trigger();
   const int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  const int row = blockIdx.y, lane = threadIdx.x % 32;
+  const int row = blockIdx.y * R, lane = threadIdx.x % 32;
+  const int nr = R == 1 ? 1 : int(rows - row < R ? rows - row : R);  // (R = 1: v34's code, instruction for instruction)
   const bool active = o < out;  // warp-uniform
   const uint16_t* wr = W + o * K;
   const float* xr = x + int64_t(row) * x_stride;
@@ -2157,27 +2166,42 @@ __global__ void k_bf16_linear(const uint16_t* __restrict__ W, int64_t out, int64
     pdl_wait();
     constexpr int kPer = 8 * 32 * kBf16Deep / 4 / 256;  // float4s a thread stages (blocks of 256)
     const int n4 = int(K / 4);
-    float4 t[kPer];
+    for (int rr = 0; rr < nr; ++rr) {
+      const float* xq = xr + rr * x_stride;
+      float4 t[kPer];
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int i = int(threadIdx.x) + 256 * j;
-      if (i < n4) t[j] = reinterpret_cast<const float4*>(xr)[i];
-    }
+      for (int j = 0; j < kPer; ++j) {
+        const int i = int(threadIdx.x) + 256 * j;
+        if (i < n4) t[j] = reinterpret_cast<const float4*>(xq)[i];
+      }
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int i = int(threadIdx.x) + 256 * j;
-      if (i < n4) bf16_xs[bf16_stage_slot(i)] = t[j];
+      for (int j = 0; j < kPer; ++j) {
+        const int i = int(threadIdx.x) + 256 * j;
+        if (i < n4) bf16_xs[rr * n4 + bf16_stage_slot(i)] = t[j];
+      }
     }
     __syncthreads();  // every warp meets it; one past `out` loaded no weights and stores nothing
     if (!active) return;
+    float accs[R];
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) accs[rr] = 0.0f;
 #pragma unroll
     for (int i = 0; i < kBf16Deep; ++i) {
       if (lane + 32 * i >= nc) break;
-      float4 xc[2] = {bf16_xs[(2 * i) * 32 + lane], bf16_xs[(2 * i + 1) * 32 + lane]};
-      acc = bf16_chunk(acc, wv[i], reinterpret_cast<const float*>(xc));
+#pragma unroll
+      for (int rr = 0; rr < R; ++rr) {
+        if (rr >= nr) break;
+        const float4* xs = bf16_xs + rr * n4;
+        float4 xc[2] = {xs[(2 * i) * 32 + lane], xs[(2 * i + 1) * 32 + lane]};
+        accs[rr] = bf16_chunk(accs[rr], wv[i], reinterpret_cast<const float*>(xc));
+      }
     }
-    acc = warp_sum(acc);
-    if (lane == 0) y[int64_t(row) * y_stride + o] = rb(acc, r);
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) {
+      if (rr >= nr) break;
+      const float v = warp_sum(accs[rr]);
+      if (lane == 0) y[int64_t(row + rr) * y_stride + o] = rb(v, r);
+    }
     return;
   }
   if (!active) return;  // a whole warp; the grid's other warps wait
@@ -4456,8 +4480,19 @@ void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int6
   const bool deep = mode != 2, staged = mode == 0;
   // A warp per output, 8 warps a block (v21 tried blocks of ⌈outputs·rows/132⌉ warps, so that the
   // router's 96 rows are read by 96 SMs instead of 12: the same step time, docs/perf.md).
-  launch_step(k_bf16_linear, dim3(blocks_for(out, 8), rows), dim3(256), bf16_linear_smem(K, staged), s, W, out, K,
-              x, x_stride, y, y_stride, r, deep, staged);
+  // Several rows on the staged path: kBf16Rows a block (DSUF_BF16_ROWS=4|1: 1 is v34's row a block).
+  static const bool multi = !env_picks("DSUF_BF16_ROWS", "4", "1");
+  const bool vec = K % 8 == 0 && x_stride % 4 == 0 && (reinterpret_cast<uintptr_t>(W) & 15) == 0 &&
+                   (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+  if (multi && rows > 1 && staged && vec && K <= 8 * 32 * kBf16Deep) {
+    const size_t smem = bf16_linear_smem(K, staged, kBf16Rows);
+    set_smem(k_bf16_linear<kBf16Rows>, smem);
+    launch_step(k_bf16_linear<kBf16Rows>, dim3(blocks_for(out, 8), blocks_for(rows, kBf16Rows)), dim3(256), smem, s, W,
+                out, K, x, x_stride, y, y_stride, r, deep, staged, rows);
+    return;
+  }
+  launch_step(k_bf16_linear<1>, dim3(blocks_for(out, 8), rows), dim3(256), bf16_linear_smem(K, staged), s, W, out, K,
+              x, x_stride, y, y_stride, r, deep, staged, rows);
 }
 void rope(float* x, int64_t rows, int heads, int64_t dim, const float* cs, int half, float sign, bool r,
           cudaStream_t s) {
