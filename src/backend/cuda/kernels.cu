@@ -2068,21 +2068,19 @@ constexpr int kBf16Rows = 4;
 // warp keeping kS stages in flight through a ring of shared memory (its copies need no wait: nothing
 // in a step writes the weights), and kW consumer warps each summing one row of a stage with
 // k_bf16_linear's staged arithmetic — lane l's chunks l, l+32, … in order, bf16_chunk, warp_sum — on
-// the input row staged once by the block: the same bits. R > 1: up to R input rows (row stride
-// x_stride, outputs y_stride apart), all staged, each weight row used for every one of them.
-template <int kW, int kS, int R = 1>
+// the input row staged once by the block: the same bits.
+template <int kW, int kS>
 __global__ void __launch_bounds__(32 * (kW + 1), 1)
     k_bf16_stream(const uint16_t* __restrict__ W, int64_t out, int64_t K, const float* __restrict__ x,
-                  float* __restrict__ y, bool r, int64_t x_stride = 0, int64_t y_stride = 0, int rows = 1) {
-  extern __shared__ __align__(16) uint8_t bs_sm[];  // [kS][kW rows][K] bf16 | R inputs (float4s) | bars
+                  float* __restrict__ y, bool r) {
+  extern __shared__ __align__(16) uint8_t bs_sm[];  // [kS][kW rows][K] bf16 | the input (float4s) | bars
   pdl_trigger();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t r0 = out * blockIdx.x / gridDim.x, r1 = out * (blockIdx.x + 1) / gridDim.x;
   const int nst = int((r1 - r0 + kW - 1) / kW);
   const uint32_t row_bytes = uint32_t(K) * 2, stage_bytes = kW * row_bytes;
   float4* xs = reinterpret_cast<float4*>(bs_sm + size_t(kS) * stage_bytes);
-  const int n4 = int(K / 4), nr = R == 1 ? 1 : min(R, rows);
-  const uint32_t ring = smem_u32(bs_sm), full = smem_u32(xs + R * n4), empty = full + 8 * kS;
+  const uint32_t ring = smem_u32(bs_sm), full = smem_u32(xs + K / 4), empty = full + 8 * kS;
   if (threadIdx.x == 32 * kW) {
     for (int i = 0; i < kS; ++i) mbar_init(full + 8 * i), mbar_init_count(empty + 8 * i, kW);
     mbar_init_fence();
@@ -2103,9 +2101,8 @@ __global__ void __launch_bounds__(32 * (kW + 1), 1)
     return;
   }
   pdl_wait();  // the input is the previous kernel's output
-  for (int rr = 0; rr < nr; ++rr)
-    for (int i = int(threadIdx.x); i < n4; i += 32 * kW)
-      xs[rr * n4 + bf16_stage_slot(i)] = reinterpret_cast<const float4*>(x + rr * x_stride)[i];
+  for (int i = int(threadIdx.x); i < int(K / 4); i += 32 * kW)
+    xs[bf16_stage_slot(i)] = reinterpret_cast<const float4*>(x)[i];
   asm volatile("bar.sync 1, %0;\n" ::"r"(32 * kW) : "memory");  // the consumers only
   const int nc = int(K / 8);
   for (int j = 0; j < nst; ++j) {
@@ -2114,34 +2111,22 @@ __global__ void __launch_bounds__(32 * (kW + 1), 1)
     const int64_t o = r0 + int64_t(j) * kW + warp;
     if (o < r1) {
       const uint4* wr = reinterpret_cast<const uint4*>(bs_sm + size_t(slot) * stage_bytes + size_t(warp) * row_bytes);
-      float acc[R];
-#pragma unroll
-      for (int rr = 0; rr < R; ++rr) acc[rr] = 0.0f;
+      float acc = 0.0f;
 #pragma unroll
       for (int i = 0; i < kBf16Deep; ++i) {
         if (lane + 32 * i >= nc) break;
         const uint4 wv = wr[lane + 32 * i];
-#pragma unroll
-        for (int rr = 0; rr < R; ++rr) {
-          if (rr >= nr) break;
-          float4 xc[2] = {xs[rr * n4 + (2 * i) * 32 + lane], xs[rr * n4 + (2 * i + 1) * 32 + lane]};
-          acc[rr] = bf16_chunk(acc[rr], wv, reinterpret_cast<const float*>(xc));
-        }
+        float4 xc[2] = {xs[(2 * i) * 32 + lane], xs[(2 * i + 1) * 32 + lane]};
+        acc = bf16_chunk(acc, wv, reinterpret_cast<const float*>(xc));
       }
-#pragma unroll
-      for (int rr = 0; rr < R; ++rr) {
-        if (rr >= nr) break;
-        const float v = warp_sum(acc[rr]);
-        if (lane == 0) y[rr * y_stride + o] = rb(v, r);
-      }
+      acc = warp_sum(acc);
+      if (lane == 0) y[o] = rb(acc, r);
     }
     __syncwarp();
     if (lane == 0) mbar_arrive(empty + 8 * slot);
   }
 }
-size_t bf16_stream_smem(int kW, int kS, int64_t K, int R = 1) {
-  return size_t(kS) * kW * K * 2 + size_t(R) * size_t(K) * 4 + 16 * kS;
-}
+size_t bf16_stream_smem(int kW, int kS, int64_t K) { return size_t(kS) * kW * K * 2 + size_t(K) * 4 + 16 * kS; }
 
 // One warp per output; lane l takes 8-element chunks l, l+32, … (chunk_lane_sum<8>): one 16-byte
 // weight load and two float4 input loads per chunk when K and the strides allow, else scalars in
@@ -4450,10 +4435,10 @@ void fp4_tile_in_place(uint8_t* W, int64_t out, int64_t K, uint8_t* scratch, cud
   DSUF_CUDA(cudaMemcpyAsync(W, scratch, size_t(bytes), cudaMemcpyDeviceToDevice, s));
 }
 namespace {
-// DSUF_BF16_STREAM=auto|off|all: k_bf16_stream for BF16 linears of at least kBf16StreamMinOut outputs
-// (auto: the head; one row, or passes of kBf16Rows), none (off: k_bf16_linear as in v34), or every one
-// it can take (all: the router, compressors and indexer projections too — an exactness check, not a
-// speed setting). DSUF_BF16_STREAM_SHAPE=8x2|4x4|2x8: consumer warps × ring stages
+// DSUF_BF16_STREAM=auto|off|all: k_bf16_stream for one-row BF16 linears of at least
+// kBf16StreamMinOut outputs (auto: the head), none (off: k_bf16_linear as in v34), or every one-row
+// BF16 linear it can take (all: the router, compressors and indexer projections too — an exactness
+// check, not a speed setting). DSUF_BF16_STREAM_SHAPE=8x2|4x4|2x8: consumer warps × ring stages
 // (session 21, batch 1 at 8K: 8x2 −0.087 ms against k_bf16_linear, 4x4 −0.080, 2x8 +0.14; the head
 // alone under Nsight 307 µs at 4.3 TB/s against ~390).
 constexpr int64_t kBf16StreamMinOut = 16384;
@@ -4466,35 +4451,20 @@ int sm_count() {
   }();
   return n;
 }
-template <int kW, int kS, int R = 1>
-void launch_bf16_stream(const uint16_t* W, int64_t out, int64_t K, const float* x, float* y, bool r, cudaStream_t s,
-                        int64_t x_stride = 0, int64_t y_stride = 0, int rows = 1) {
-  const size_t smem = bf16_stream_smem(kW, kS, K, R);
-  set_smem(k_bf16_stream<kW, kS, R>, smem);
+template <int kW, int kS>
+void launch_bf16_stream(const uint16_t* W, int64_t out, int64_t K, const float* x, float* y, bool r, cudaStream_t s) {
+  const size_t smem = bf16_stream_smem(kW, kS, K);
+  set_smem(k_bf16_stream<kW, kS>, smem);
   const int64_t grid = std::min<int64_t>(sm_count(), (out + kW - 1) / kW);
-  launch_pdl(k_bf16_stream<kW, kS, R>, dim3(unsigned(grid)), dim3(32 * (kW + 1)), smem, s, W, out, K, x, y, r, x_stride,
-             y_stride, rows);
+  launch_pdl(k_bf16_stream<kW, kS>, dim3(unsigned(grid)), dim3(32 * (kW + 1)), smem, s, W, out, K, x, y, r);
 }
-// DSUF_BF16_ROWS=4|1: a linear of several rows takes kBf16Rows of them a pass (k_bf16_stream<4, 3, 4>
-// for the head, k_bf16_linear<4> otherwise) or one (v34).
-bool bf16_rows_multi() {
-  static const bool multi = !env_picks("DSUF_BF16_ROWS", "4", "1");
-  return multi;
-}
-bool bf16_stream(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows, float* y,
-                 int64_t y_stride, bool r, cudaStream_t s) {
+bool bf16_stream(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t rows, float* y, bool r,
+                 cudaStream_t s) {
   static const int mode = env_choice("DSUF_BF16_STREAM", {"auto", "off", "all"});
   static const int shape = env_choice("DSUF_BF16_STREAM_SHAPE", {"8x2", "4x4", "2x8"});
-  const bool fits = (rows == 1 || (bf16_rows_multi() && x_stride % 4 == 0)) && K % 8 == 0 &&
-                    K <= 8 * 32 * kBf16Deep && (reinterpret_cast<uintptr_t>(W) & 15) == 0 &&
+  const bool fits = rows == 1 && K % 8 == 0 && K <= 8 * 32 * kBf16Deep && (reinterpret_cast<uintptr_t>(W) & 15) == 0 &&
                     (reinterpret_cast<uintptr_t>(x) & 15) == 0;
   if (!fits || mode == 1 || (mode == 0 && out < kBf16StreamMinOut)) return false;
-  if (rows > 1) {  // passes of kBf16Rows rows: 4 consumer warps, 3 stages (200 KB with the inputs at K = 5,120)
-    for (int64_t p = 0; p < rows; p += kBf16Rows)
-      launch_bf16_stream<4, 3, kBf16Rows>(W, out, K, x + p * x_stride, y + p * y_stride, r, s, x_stride, y_stride,
-                                          int(std::min<int64_t>(kBf16Rows, rows - p)));
-    return true;
-  }
   if (shape == 0) launch_bf16_stream<8, 2>(W, out, K, x, y, r, s);
   else if (shape == 1) launch_bf16_stream<4, 4>(W, out, K, x, y, r, s);
   else launch_bf16_stream<2, 8>(W, out, K, x, y, r, s);
@@ -4503,7 +4473,7 @@ bool bf16_stream(const uint16_t* W, int64_t out, int64_t K, const float* x, int6
 }  // namespace
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows, float* y,
                  int64_t y_stride, bool r, cudaStream_t s) {
-  if (bf16_stream(W, out, K, x, x_stride, rows, y, y_stride, r, s)) return;
+  if (bf16_stream(W, out, K, x, rows, y, r, s)) return;
   // DSUF_BF16=staged (the default since v32) | deep (v15-v31) | loop (measuring aids): see kBf16Deep
   // and the staged path.
   static const int mode = env_choice("DSUF_BF16", {"staged", "deep", "loop"});
@@ -4511,7 +4481,7 @@ void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int6
   // A warp per output, 8 warps a block (v21 tried blocks of ⌈outputs·rows/132⌉ warps, so that the
   // router's 96 rows are read by 96 SMs instead of 12: the same step time, docs/perf.md).
   // Several rows on the staged path: kBf16Rows a block (DSUF_BF16_ROWS=4|1: 1 is v34's row a block).
-  const bool multi = bf16_rows_multi();
+  static const bool multi = !env_picks("DSUF_BF16_ROWS", "4", "1");
   const bool vec = K % 8 == 0 && x_stride % 4 == 0 && (reinterpret_cast<uintptr_t>(W) & 15) == 0 &&
                    (reinterpret_cast<uintptr_t>(x) & 15) == 0;
   if (multi && rows > 1 && staged && vec && K <= 8 * 32 * kBf16Deep) {
