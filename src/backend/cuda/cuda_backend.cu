@@ -159,6 +159,11 @@ struct CudaBackend::Impl {
   // 1 routed row per expert (batch 16) lost 9 %, 4 (batch 64) gained 6 %, a 512-token chunk 12 %.
   int64_t group_rows_per_expert = 4;
   bool shared_early = true;  // DSUF_SHARED_FORK=early|late (moe())
+  // DSUF_HEAD_INPUT=gather|direct: when every row gets logits in row order (decode), the head's
+  // collapse reads the streams and the last FFN site's pre where they are (direct; session 21,
+  // compiled, NOT run on a GPU: one graph memcpy node — which no programmatic launch crosses — and
+  // k_gather_rows' 15 µs off the step's tail) or through the copy and the gather (v35).
+  bool head_direct = false;
   bool gather_early = true;  // DSUF_GATHER=early|late (attention())
   // DSUF_TOPK_RANK=gather|sort: the indexer's top-k leaves its picks unsorted and gather_keys' blocks
   // place them by rank (cuda::top_k_picks; v27, −0.065 ms a batch-1 step; steps of up to 4 rows) or
@@ -322,6 +327,7 @@ struct CudaBackend::Impl {
     std::vector<cuda::PendingJob*> pending;  // per KV source
     int32_t* logit_rows;
     int n_logit_rows = 0;
+    bool logit_rows_identity = false;  // logit row i is row i, for every row
     std::vector<int> logit_row_of_part;  // first logits row of each part, −1 if none
     bool all_rows_logits = false;        // fixed layout: every row has logits
     bool copy_logits = false;            // some item wants its logits on the host
@@ -533,6 +539,7 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   shared_early = !env_picks("DSUF_SHARED_FORK", "early", "late");
   gather_early = !env_picks("DSUF_GATHER", "early", "late");
   rank_gather = !env_picks("DSUF_TOPK_RANK", "gather", "sort");
+  head_direct = env_picks("DSUF_HEAD_INPUT", "gather", "direct");
   wqb_after_scores = !env_picks("DSUF_WQB_WAIT", "scores", "none");
   comp_fork_early = !env_picks("DSUF_COMP_FORK", "early", "late");
   idx_q_main = !env_picks("DSUF_IDX_Q", "main", "side");
@@ -1003,6 +1010,8 @@ CudaBackend::Impl::Step CudaBackend::Impl::stage_step(std::vector<Part>& parts, 
     for (int j = all ? 0 : parts[q].n - 1; j < parts[q].n; ++j) lrows.push_back(seqs[q].row0 + j);
   }
   st.n_logit_rows = int(lrows.size());
+  st.logit_rows_identity = st.n_logit_rows == st.rows;
+  for (int i = 0; i < st.n_logit_rows && st.logit_rows_identity; ++i) st.logit_rows_identity = lrows[size_t(i)] == i;
   st.logit_rows = stage.put(lrows.data(), lrows.size());
   // Sampling jobs: one per sampled part (its last row). A fixed layout has one job per logits row,
   // off where nothing is sampled, so the graph's launches do not depend on who samples.
@@ -1401,13 +1410,18 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
       if (part.rank == 0) parts[0].item->trace->push_back(std::move(x));
     }
   }
-  if (pre != ws.pre)  // the head collapses with the last FFN site's pre
+  const bool direct = head_direct && st.logit_rows_identity;
+  if (pre != ws.pre && !direct)  // the head collapses with the last FFN site's pre
     DSUF_CUDA(cudaMemcpy2DAsync(ws.pre, hc * 4, pre, pre_stride * 4, hc * 4, n, cudaMemcpyDeviceToDevice, stream));
   if (st.n_logit_rows > 0) {
     const int nl = st.n_logit_rows;
     mark(kHead);
-    cuda::gather_rows(ws.X, ws.pre, st.logit_rows, nl, hc, D, X_head, pre_head, stream);
-    cuda::collapse_norm(pre_head, hc, nullptr, 0, nullptr, X_head, nl, hc, D, norm, eps, ws.xn, r, stream);
+    if (direct) {
+      cuda::collapse_norm(pre, pre_stride, nullptr, 0, nullptr, ws.X, nl, hc, D, norm, eps, ws.xn, r, stream);
+    } else {
+      cuda::gather_rows(ws.X, ws.pre, st.logit_rows, nl, hc, D, X_head, pre_head, stream);
+      cuda::collapse_norm(pre_head, hc, nullptr, 0, nullptr, X_head, nl, hc, D, norm, eps, ws.xn, r, stream);
+    }
     // Vocabulary-parallel head: this rank's rows, gathered; rank 0 samples and hands the tokens
     // (and the logits when asked) to the host.
     const int64_t v0 = part.my_vocab().begin;

@@ -377,6 +377,21 @@ __global__ void k_embed(const int32_t* tok, const uint16_t* table, int64_t D, in
   }
   if (threadIdx.x < hc) pre[i * hc + threadIdx.x] = threadIdx.x == 0 ? 1.0f : 0.0f;
 }
+// DSUF_EMBED=spread (session 21; compiled, NOT run on a GPU): block (i, c) copies positions 256·c..
+// of token i, a position a thread — one DRAM round trip where k_embed's loop makes D/256 dependent
+// ones (its loads cannot pass its stores: X and table may alias as far as the compiler knows; 11 µs
+// at the step's start in v35's timeline). The same values.
+__global__ void k_embed_spread(const int32_t* __restrict__ tok, const uint16_t* __restrict__ table, int64_t D, int hc,
+                               float* __restrict__ X, float* __restrict__ pre) {
+  pdl_entry();
+  const int i = blockIdx.x;
+  const int64_t d = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (d < D) {
+    const float v = bf16_load(table + int64_t(tok[i]) * D, d);
+    for (int k = 0; k < hc; ++k) X[(int64_t(i) * hc + k) * D + d] = v;
+  }
+  if (blockIdx.y == 0 && threadIdx.x < hc) pre[i * hc + threadIdx.x] = threadIdx.x == 0 ? 1.0f : 0.0f;
+}
 
 // mHC mix of one site (model-spec §3.2) in one launch: mix = (fn_m · x̄)·rsqrt(mean(x̄²)+eps) for the
 // (2+hc)·hc rows m of fn, then pre, post and the Sinkhorn-normalized combination.
@@ -2057,7 +2072,8 @@ size_t bf16_linear_smem(int64_t K, bool staged, int R = 1) {
   return staged && K <= 8 * 32 * kBf16Deep ? size_t(R) * size_t(K) * 4 : 0;
 }
 // Input rows a k_bf16_linear block takes on the staged path when a linear has several (its weights
-// read once per kBf16Rows rows: 80 KB of staged inputs at K = 5,120, two blocks an SM).
+// read once per kBf16Rows rows: 80 KB of staged inputs at K = 5,120; one 8-warp block an SM, as the
+// one-row form: 153 and 136 registers a thread).
 constexpr int kBf16Rows = 4;
 // k_bf16_stream (session 21, DSUF_BF16_STREAM): a one-row BF16 linear with many outputs — the head,
 // 129,280 × 5,120, 1.32 GB a step — as one persistent stream a block (one block an SM). k_bf16_linear
@@ -3922,6 +3938,9 @@ void set_smem(Kernel k, size_t smem) {
 }  // namespace
 
 void embed(const int32_t* tok, int n, const uint16_t* table, int64_t D, int hc, float* X, float* pre, cudaStream_t s) {
+  static const bool spread = env_picks("DSUF_EMBED", "block", "spread");  // block: v35 (one block a token)
+  if (spread) return launch_step(k_embed_spread, dim3(n, unsigned(blocks_for(D, 256))), dim3(256), 0, s, tok, table, D,
+                                 hc, X, pre);
   launch_step(k_embed, dim3(n), dim3(256), 0, s, tok, table, D, hc, X, pre);
 }
 namespace {
@@ -4480,15 +4499,21 @@ void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int6
   const bool deep = mode != 2, staged = mode == 0;
   // A warp per output, 8 warps a block (v21 tried blocks of ⌈outputs·rows/132⌉ warps, so that the
   // router's 96 rows are read by 96 SMs instead of 12: the same step time, docs/perf.md).
-  // Several rows on the staged path: kBf16Rows a block (DSUF_BF16_ROWS=4|1: 1 is v34's row a block).
-  static const bool multi = !env_picks("DSUF_BF16_ROWS", "4", "1");
+  // Several rows on the staged path: kBf16Rows a block (DSUF_BF16_ROWS=4|1|8: 1 is v34's row a block;
+  // 8 — session 21, compiled, NOT run on a GPU — up to 8 rows a block from 8 rows on, 160 KB of inputs
+  // at K = 5,120: half the passes over the weights at batches 16 and 64, each with 8 products a weight).
+  static const int per = std::array{kBf16Rows, 1, 8}[size_t(env_choice("DSUF_BF16_ROWS", {"4", "1", "8"}))];
   const bool vec = K % 8 == 0 && x_stride % 4 == 0 && (reinterpret_cast<uintptr_t>(W) & 15) == 0 &&
                    (reinterpret_cast<uintptr_t>(x) & 15) == 0;
-  if (multi && rows > 1 && staged && vec && K <= 8 * 32 * kBf16Deep) {
-    const size_t smem = bf16_linear_smem(K, staged, kBf16Rows);
-    set_smem(k_bf16_linear<kBf16Rows>, smem);
-    launch_step(k_bf16_linear<kBf16Rows>, dim3(blocks_for(out, 8), blocks_for(rows, kBf16Rows)), dim3(256), smem, s, W,
-                out, K, x, x_stride, y, y_stride, r, deep, staged, rows);
+  if (per > 1 && rows > 1 && staged && vec && K <= 8 * 32 * kBf16Deep) {
+    auto launch = [&](auto k, int R) {
+      const size_t smem = bf16_linear_smem(K, staged, R);
+      set_smem(k, smem);
+      launch_step(k, dim3(blocks_for(out, 8), blocks_for(rows, R)), dim3(256), smem, s, W, out, K, x, x_stride, y,
+                  y_stride, r, deep, staged, rows);
+    };
+    if (per == 8 && rows >= 8) launch(k_bf16_linear<8>, 8);
+    else launch(k_bf16_linear<kBf16Rows>, kBf16Rows);
     return;
   }
   launch_step(k_bf16_linear<1>, dim3(blocks_for(out, 8), rows), dim3(256), bf16_linear_smem(K, staged), s, W, out, K,
