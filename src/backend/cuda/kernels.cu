@@ -4477,12 +4477,18 @@ void launch_bf16_stream(const uint16_t* W, int64_t out, int64_t K, const float* 
   const int64_t grid = std::min<int64_t>(sm_count(), (out + kW - 1) / kW);
   launch_pdl(k_bf16_stream<kW, kS>, dim3(unsigned(grid)), dim3(32 * (kW + 1)), smem, s, W, out, K, x, y, r);
 }
+// Whether k_bf16_linear's staged path (and so k_bf16_stream) takes a linear: 16-byte loads of the
+// weight rows and of every input row, the whole input row in shared memory (its in-kernel `vec` and
+// K bound, tested on the host to pick the form).
+bool bf16_staged_fits(const uint16_t* W, int64_t K, const float* x, int64_t x_stride) {
+  return K % 8 == 0 && x_stride % 4 == 0 && (reinterpret_cast<uintptr_t>(W) & 15) == 0 &&
+         (reinterpret_cast<uintptr_t>(x) & 15) == 0 && K <= 8 * 32 * kBf16Deep;
+}
 bool bf16_stream(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t rows, float* y, bool r,
                  cudaStream_t s) {
   static const int mode = env_choice("DSUF_BF16_STREAM", {"auto", "off", "all"});
   static const int shape = env_choice("DSUF_BF16_STREAM_SHAPE", {"8x2", "4x4", "2x8"});
-  const bool fits = rows == 1 && K % 8 == 0 && K <= 8 * 32 * kBf16Deep && (reinterpret_cast<uintptr_t>(W) & 15) == 0 &&
-                    (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+  const bool fits = rows == 1 && bf16_staged_fits(W, K, x, 0);
   if (!fits || mode == 1 || (mode == 0 && out < kBf16StreamMinOut)) return false;
   if (shape == 0) launch_bf16_stream<8, 2>(W, out, K, x, y, r, s);
   else if (shape == 1) launch_bf16_stream<4, 4>(W, out, K, x, y, r, s);
@@ -4503,9 +4509,7 @@ void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int6
   // 8 — session 21, compiled, NOT run on a GPU — up to 8 rows a block from 8 rows on, 160 KB of inputs
   // at K = 5,120: half the passes over the weights at batches 16 and 64, each with 8 products a weight).
   static const int per = std::array{kBf16Rows, 1, 8}[size_t(env_choice("DSUF_BF16_ROWS", {"4", "1", "8"}))];
-  const bool vec = K % 8 == 0 && x_stride % 4 == 0 && (reinterpret_cast<uintptr_t>(W) & 15) == 0 &&
-                   (reinterpret_cast<uintptr_t>(x) & 15) == 0;
-  if (per > 1 && rows > 1 && staged && vec && K <= 8 * 32 * kBf16Deep) {
+  if (per > 1 && rows > 1 && staged && bf16_staged_fits(W, K, x, x_stride)) {
     auto launch = [&](auto k, int R) {
       const size_t smem = bf16_linear_smem(K, staged, R);
       set_smem(k, smem);
