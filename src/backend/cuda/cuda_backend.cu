@@ -159,11 +159,11 @@ struct CudaBackend::Impl {
   // 1 routed row per expert (batch 16) lost 9 %, 4 (batch 64) gained 6 %, a 512-token chunk 12 %.
   int64_t group_rows_per_expert = 4;
   bool shared_early = true;  // DSUF_SHARED_FORK=early|late (moe())
-  // DSUF_HEAD_INPUT=gather|direct: when every row gets logits in row order (decode), the head's
-  // collapse reads the streams and the last FFN site's pre where they are (direct; session 21,
-  // compiled, NOT run on a GPU: one graph memcpy node — which no programmatic launch crosses — and
-  // k_gather_rows' 15 µs off the step's tail) or through the copy and the gather (v35).
-  bool head_direct = false;
+  // DSUF_HEAD_INPUT=direct|gather: when every row gets logits in row order (decode), the head's
+  // collapse reads the streams and the last FFN site's pre where they are (direct, the default since
+  // v36: one graph memcpy node — which no programmatic launch crosses — and k_gather_rows' 15 µs off
+  // the step's tail; −0.022 ms a batch-1 step, docs/perf.md) or through the copy and the gather (v35).
+  bool head_direct = true;
   bool gather_early = true;  // DSUF_GATHER=early|late (attention())
   // DSUF_TOPK_RANK=gather|sort: the indexer's top-k leaves its picks unsorted and gather_keys' blocks
   // place them by rank (cuda::top_k_picks; v27, −0.065 ms a batch-1 step; steps of up to 4 rows) or
@@ -539,7 +539,7 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   shared_early = !env_picks("DSUF_SHARED_FORK", "early", "late");
   gather_early = !env_picks("DSUF_GATHER", "early", "late");
   rank_gather = !env_picks("DSUF_TOPK_RANK", "gather", "sort");
-  head_direct = env_picks("DSUF_HEAD_INPUT", "gather", "direct");
+  head_direct = !env_picks("DSUF_HEAD_INPUT", "direct", "gather");
   wqb_after_scores = !env_picks("DSUF_WQB_WAIT", "scores", "none");
   comp_fork_early = !env_picks("DSUF_COMP_FORK", "early", "late");
   idx_q_main = !env_picks("DSUF_IDX_Q", "main", "side");

@@ -377,21 +377,6 @@ __global__ void k_embed(const int32_t* tok, const uint16_t* table, int64_t D, in
   }
   if (threadIdx.x < hc) pre[i * hc + threadIdx.x] = threadIdx.x == 0 ? 1.0f : 0.0f;
 }
-// DSUF_EMBED=spread (session 21; compiled, NOT run on a GPU): block (i, c) copies positions 256·c..
-// of token i, a position a thread — one DRAM round trip where k_embed's loop makes D/256 dependent
-// ones (its loads cannot pass its stores: X and table may alias as far as the compiler knows; 11 µs
-// at the step's start in v35's timeline). The same values.
-__global__ void k_embed_spread(const int32_t* __restrict__ tok, const uint16_t* __restrict__ table, int64_t D, int hc,
-                               float* __restrict__ X, float* __restrict__ pre) {
-  pdl_entry();
-  const int i = blockIdx.x;
-  const int64_t d = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
-  if (d < D) {
-    const float v = bf16_load(table + int64_t(tok[i]) * D, d);
-    for (int k = 0; k < hc; ++k) X[(int64_t(i) * hc + k) * D + d] = v;
-  }
-  if (blockIdx.y == 0 && threadIdx.x < hc) pre[i * hc + threadIdx.x] = threadIdx.x == 0 ? 1.0f : 0.0f;
-}
 
 // mHC mix of one site (model-spec §3.2) in one launch: mix = (fn_m · x̄)·rsqrt(mean(x̄²)+eps) for the
 // (2+hc)·hc rows m of fn, then pre, post and the Sinkhorn-normalized combination.
@@ -864,10 +849,54 @@ __device__ __forceinline__ void load_x(const float* __restrict__ xr, int kb, flo
 
 // One lane's K-block kb for OPW outputs (weights w, scales sw) and nr ≤ R rows of inputs: added to
 // acc, or (kSet) stored there as they are.
-template <int OPW, int R, bool kExact, bool kSet = false>
+// kInter (R > 1; DSUF_FP8_ROWS_FORM=inter): the rows interleaved instead of one after the other —
+// per 4 weights of each output, decoded once, the 4 products of every row, so that the OPW·R
+// partial sums are independent chains in flight together and the inputs of all rows load at once
+// (rows ≥ nr read row 0 and are dropped: no per-row branch). Each partial sum takes the same
+// products in the same element order: the same bits.
+template <int OPW, int R, bool kExact, bool kSet = false, bool kInter = false>
 __device__ __forceinline__ void fp8_kb_mac(const uint4 (&w)[OPW][2], const float (&sw)[OPW], const float* x,
                                            int64_t x_stride, const float* xs, int64_t xs_stride, int kb, int nr,
                                            float (&acc)[OPW][R]) {
+  if constexpr (kInter && R > 1) {
+    const float4* p[R];
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr)
+      p[rr] = reinterpret_cast<const float4*>(x + (rr < nr ? rr : 0) * x_stride) + xpos4(kb, 0);
+    float part[OPW][R];
+#pragma unroll
+    for (int o = 0; o < OPW; ++o)
+#pragma unroll
+      for (int rr = 0; rr < R; ++rr) part[o][rr] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float4 xv[R];
+#pragma unroll
+      for (int rr = 0; rr < R; ++rr) xv[rr] = __ldg(p[rr] + 32 * j);
+#pragma unroll
+      for (int o = 0; o < OPW; ++o) {
+        float w0, w1, w2, w3;
+        e4m3x4(word_of(w[o], j), w0, w1, w2, w3);
+#pragma unroll
+        for (int rr = 0; rr < R; ++rr) {
+          part[o][rr] = mac<kExact>(part[o][rr], xv[rr].x, w0, 1.0f);
+          part[o][rr] = mac<kExact>(part[o][rr], xv[rr].y, w1, 1.0f);
+          part[o][rr] = mac<kExact>(part[o][rr], xv[rr].z, w2, 1.0f);
+          part[o][rr] = mac<kExact>(part[o][rr], xv[rr].w, w3, 1.0f);
+        }
+      }
+    }
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) {
+      const float s_a = kExact && rr < nr ? __ldg(xs + rr * xs_stride + kb) : 1.0f;
+#pragma unroll
+      for (int o = 0; o < OPW; ++o) {
+        const float c = (kExact ? part[o][rr] * 0x1p-64f : part[o][rr]) * (s_a * sw[o]);
+        acc[o][rr] = kSet ? c : acc[o][rr] + c;
+      }
+    }
+    return;
+  }
   // The weights come decoded to their values (e4m3x4); the quantized inputs are x·2^64, so a block's
   // sum is Σx·w·2^64, scaled back by 2^-64. Every partial sum is an exact power-of-two multiple of the
   // one with the old bit-placed weights (value·2^-120, scaled back by 2^56), all normal floats
@@ -1017,7 +1046,7 @@ __device__ __forceinline__ void fp8_slice(const uint8_t* __restrict__& W, const 
 // the block also lays its 32 outputs out as one K-block of the next linear's input through `sink`
 // (linear_input's arithmetic on the same rounded values: wo_a's outputs as wo_b's input, one launch
 // fewer), triggering its dependents at entry (1) or at its end (2).
-template <int OPW, int R, bool kExact, int kMode, int kWarps = 8, int kSink = 0>
+template <int OPW, int R, bool kExact, int kMode, int kWarps = 8, int kSink = 0, bool kInter = false>
 __global__ void __launch_bounds__(kWarps > 8 ? 32 * kWarps : 256)
     k_fp8_gemv(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws, int64_t out, int64_t K,
                const float* __restrict__ x, int64_t x_stride, int64_t x_group, const float* __restrict__ xs,
@@ -1108,7 +1137,7 @@ __global__ void __launch_bounds__(kWarps > 8 ? 32 * kWarps : 256)
       for (int u = 0; u < U; ++u) {
         const int kb = kb0 + 32 * u;
         if (kb >= nb) break;
-        fp8_kb_mac<OPW, R, kExact>(wu[u], su[u], x, x_stride, xs, xs_stride, kb, nr, acc);
+        fp8_kb_mac<OPW, R, kExact, false, kInter>(wu[u], su[u], x, x_stride, xs, xs_stride, kb, nr, acc);
       }
     }
   } else {
@@ -1126,7 +1155,7 @@ __global__ void __launch_bounds__(kWarps > 8 ? 32 * kWarps : 256)
       const float s = e8m0(pre ? sc0 : __ldg(ws_row + kb));
 #pragma unroll
       for (int o = 0; o < OPW; ++o) sw[o] = s;
-      fp8_kb_mac<OPW, R, kExact>(w, sw, x, x_stride, xs, xs_stride, kb, nr, acc);
+      fp8_kb_mac<OPW, R, kExact, false, kInter>(w, sw, x, x_stride, xs, xs_stride, kb, nr, acc);
     }
     if (rt.spread) {
       float c[1][R];
@@ -1135,7 +1164,7 @@ __global__ void __launch_bounds__(kWarps > 8 ? 32 * kWarps : 256)
       if (rt.mine) {
         const uint4 tw1[1][2] = {{tw[0], tw[1]}};
         const float tsw[1] = {e8m0(tsc)};
-        fp8_kb_mac<1, R, kExact, true>(tw1, tsw, x, x_stride, xs, xs_stride, rt.kb, nr, c);
+        fp8_kb_mac<1, R, kExact, true, kInter>(tw1, tsw, x, x_stride, xs, xs_stride, rt.kb, nr, c);
       }
 #pragma unroll
       for (int o = 0; o < OPW; ++o)
@@ -3938,9 +3967,6 @@ void set_smem(Kernel k, size_t smem) {
 }  // namespace
 
 void embed(const int32_t* tok, int n, const uint16_t* table, int64_t D, int hc, float* X, float* pre, cudaStream_t s) {
-  static const bool spread = env_picks("DSUF_EMBED", "block", "spread");  // block: v35 (one block a token)
-  if (spread) return launch_step(k_embed_spread, dim3(n, unsigned(blocks_for(D, 256))), dim3(256), 0, s, tok, table, D,
-                                 hc, X, pre);
   launch_step(k_embed, dim3(n), dim3(256), 0, s, tok, table, D, hc, X, pre);
 }
 namespace {
@@ -4127,6 +4153,14 @@ int fp8_block_warps(int rows_a_block) {
   constexpr int warps[] = {0, 8, 4, 2};
   return pick ? warps[pick] : rows_a_block > 1 ? 4 : 8;
 }
+// DSUF_FP8_ROWS_FORM=auto|rows|inter: the R-row GEMVs' rows one after the other in each K-block
+// (rows, v35's form) or interleaved (fp8_kb_mac's kInter); auto (the default since v36): interleaved
+// when the rows take several row groups (grid.y > 1, each a pass over the weights), else rows.
+// Measured (docs/perf.md v36): interleaved, batch 16 56.66 → 54.84 ms gpu, batch 4 16.97 → 18.43.
+bool fp8_rows_inter(int64_t rows, int R) {
+  static const int pick = env_choice("DSUF_FP8_ROWS_FORM", {"auto", "rows", "inter"});
+  return pick == 0 ? rows > R : pick == 2;
+}
 template <int OPW, int R, bool kExact>
 void launch_fp8(const Fp8Call& c) {
   const int mode = gemv_mode();
@@ -4137,11 +4171,18 @@ void launch_fp8(const Fp8Call& c) {
   static const bool small_deep = !env_picks("DSUF_FP8_SMALL", "deep", "regs");
   const bool deep = mode == kDeep || (small_deep && mode == kRegs && OPW == 1 && c.K / 32 <= 32 * deep_u<32>());
   const int warps = deep || mode != kRegs ? 8 : fp8_block_warps(R);
-  auto k = deep                 ? k_fp8_gemv<OPW, R, kExact, kDeep>
-           : mode == kRegsPipe ? k_fp8_gemv<OPW, R, kExact, kRegsPipe>
-           : warps == 4        ? k_fp8_gemv<OPW, R, kExact, kRegs, 4>
-           : warps == 2        ? k_fp8_gemv<OPW, R, kExact, kRegs, 2>
-                               : k_fp8_gemv<OPW, R, kExact, kRegs>;
+  auto pick = [&] {
+    {
+      if constexpr (R > 1)
+        if (!deep && mode == kRegs && warps == 4 && fp8_rows_inter(c.rows, R)) return k_fp8_gemv<OPW, R, kExact, kRegs, 4, 0, true>;
+      return deep                 ? k_fp8_gemv<OPW, R, kExact, kDeep>
+             : mode == kRegsPipe ? k_fp8_gemv<OPW, R, kExact, kRegsPipe>
+             : warps == 4        ? k_fp8_gemv<OPW, R, kExact, kRegs, 4>
+             : warps == 2        ? k_fp8_gemv<OPW, R, kExact, kRegs, 2>
+                                 : k_fp8_gemv<OPW, R, kExact, kRegs>;
+    }
+  };
+  auto k = pick();
   const int64_t out = std::max(c.out, c.pair.out);
   const dim3 grid(blocks_for(out, warps * OPW), blocks_for(c.rows, R), c.groups);
   launch_pdl(k, grid, dim3(32 * warps), 0, c.s, c.W, c.Ws, c.out, c.K, c.in.x, c.in.stride, c.in.group_stride, c.in.scale,
@@ -4505,10 +4546,11 @@ void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int6
   const bool deep = mode != 2, staged = mode == 0;
   // A warp per output, 8 warps a block (v21 tried blocks of ⌈outputs·rows/132⌉ warps, so that the
   // router's 96 rows are read by 96 SMs instead of 12: the same step time, docs/perf.md).
-  // Several rows on the staged path: kBf16Rows a block (DSUF_BF16_ROWS=4|1|8: 1 is v34's row a block;
-  // 8 — session 21, compiled, NOT run on a GPU — up to 8 rows a block from 8 rows on, 160 KB of inputs
-  // at K = 5,120: half the passes over the weights at batches 16 and 64, each with 8 products a weight).
-  static const int per = std::array{kBf16Rows, 1, 8}[size_t(env_choice("DSUF_BF16_ROWS", {"4", "1", "8"}))];
+  // Several rows on the staged path (DSUF_BF16_ROWS=8|4|1): 8 a block from 8 rows on, else kBf16Rows
+  // (8, the default since v36: 160 KB of inputs at K = 5,120, half the passes over the head's weights
+  // at batches 16 and 64 — batch 16 −0.34 ms, 64 −1.2 ms, docs/perf.md); 4: kBf16Rows only (v35); 1:
+  // v34's row a block.
+  static const int per = std::array{8, kBf16Rows, 1}[size_t(env_choice("DSUF_BF16_ROWS", {"8", "4", "1"}))];
   if (per > 1 && rows > 1 && staged && bf16_staged_fits(W, K, x, x_stride)) {
     auto launch = [&](auto k, int R) {
       const size_t smem = bf16_linear_smem(K, staged, R);
