@@ -2282,6 +2282,78 @@ __global__ void k_bf16_linear(const uint16_t* __restrict__ W, int64_t out, int64
   if (lane == 0) y[int64_t(row) * y_stride + o] = rb(acc, r);
 }
 
+// k_bf16_wide (session 22, DSUF_BF16_WIDE): a BF16 linear of several rows and many outputs — the
+// head at batch > 1 — with OPW outputs a warp. k_bf16_linear<R> gives a warp one output, so each
+// product reads its input from shared memory (two 16-byte loads for 8 products: the head at batch 4
+// took 928 µs, a quarter of the FMA rate, for 1.32 GB). Here a warp's lanes take the same chunks
+// (lane l: chunks l, l+32, … of each of its OPW rows, in order), the 8 inputs of a chunk of each
+// input row are read once for the OPW outputs, and the weights stream through registers D chunks
+// ahead (the first D before the dependency wait). Each (output, row) sum is bf16_chunk's sequence
+// over the lane's chunks in order, then warp_sum: k_bf16_linear's bits. Rows past the last read
+// row 0's inputs and are dropped (no per-row branch).
+template <int OPW, int R, int D, int kWarps = 8, int kMinBlocks = 1>
+__global__ void __launch_bounds__(32 * kWarps, kMinBlocks)
+    k_bf16_wide(const uint16_t* __restrict__ W, int64_t out, int64_t K, const float* __restrict__ x, int64_t x_stride,
+                float* __restrict__ y, int64_t y_stride, bool r, int64_t rows) {
+  extern __shared__ float4 bf16_xs[];  // the block's input rows, each in bf16_stage_slot's order
+  pdl_trigger();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t o0 = (int64_t(blockIdx.x) * kWarps + warp) * OPW;
+  const int row = blockIdx.y * R, nr = int(rows - row < R ? rows - row : R);
+  const int nc = int(K / 8), ni = (nc + 31) / 32, n4 = int(K / 4);  // chunks; a lane's rounds
+  const uint16_t* wr[OPW];
+#pragma unroll
+  for (int o = 0; o < OPW; ++o) wr[o] = W + (o0 + o < out ? o0 + o : out - 1) * K;
+  uint4 wq[D][OPW];
+  auto load = [&](int i, uint4 (&dst)[OPW]) {  // round i's chunk of each row (past the end: the last)
+    const int c = lane + 32 * i < nc ? lane + 32 * i : nc - 1;
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) dst[o] = __ldg(reinterpret_cast<const uint4*>(wr[o] + int64_t(c) * 8));
+  };
+#pragma unroll
+  for (int d = 0; d < D; ++d)
+    if (d < ni) load(d, wq[d]);
+  pdl_wait();
+  const float* xr = x + int64_t(row) * x_stride;
+  for (int rr = 0; rr < nr; ++rr)
+    for (int i = int(threadIdx.x); i < n4; i += 32 * kWarps)
+      bf16_xs[rr * n4 + bf16_stage_slot(i)] = reinterpret_cast<const float4*>(xr + rr * x_stride)[i];
+  __syncthreads();
+  float acc[OPW][R];
+#pragma unroll
+  for (int o = 0; o < OPW; ++o)
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) acc[o][rr] = 0.0f;
+  for (int i0 = 0; i0 < ni; i0 += D) {
+#pragma unroll
+    for (int d = 0; d < D; ++d) {
+      const int i = i0 + d;
+      if (i >= ni) break;
+      if (lane + 32 * i < nc) {
+        float4 xc[R][2];
+#pragma unroll
+        for (int rr = 0; rr < R; ++rr) {
+          const float4* xs = bf16_xs + (rr < nr ? rr : 0) * n4;
+          xc[rr][0] = xs[(2 * i) * 32 + lane], xc[rr][1] = xs[(2 * i + 1) * 32 + lane];
+        }
+#pragma unroll
+        for (int o = 0; o < OPW; ++o)
+#pragma unroll
+          for (int rr = 0; rr < R; ++rr)
+            acc[o][rr] = bf16_chunk(acc[o][rr], wq[d][o], reinterpret_cast<const float*>(xc[rr]));
+      }
+      if (i + D < ni) load(i + D, wq[d]);
+    }
+  }
+#pragma unroll
+  for (int o = 0; o < OPW; ++o)
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) {
+      const float v = warp_sum(acc[o][rr]);
+      if (lane == 0 && rr < nr && o0 + o < out) y[int64_t(row + rr) * y_stride + o0 + o] = rb(v, r);
+    }
+}
+
 // ---- RoPE and KV packing -----------------------------------------------------------------------
 __global__ void k_rope(float* x, int64_t rows, int heads, int64_t dim, const float* cs, int half, float sign,
                        bool r) {
@@ -4551,6 +4623,26 @@ void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int6
   // at batches 16 and 64 — batch 16 −0.34 ms, 64 −1.2 ms, docs/perf.md); 4: kBf16Rows only (v35); 1:
   // v34's row a block.
   static const int per = std::array{8, kBf16Rows, 1}[size_t(env_choice("DSUF_BF16_ROWS", {"8", "4", "1"}))];
+  // DSUF_BF16_WIDE=auto|off|4|all: several rows of a linear with at least kBf16StreamMinOut outputs
+  // (the head) through k_bf16_wide, 4 outputs a warp and up to 4 rows a block, 8 from 8 rows on
+  // (auto), 4 always (4), or every linear of several rows (all: a checking aid); off: k_bf16_linear<R>.
+  static const int wide = env_choice("DSUF_BF16_WIDE", {"auto", "off", "4", "all"});
+  if (wide != 1 && rows > 1 && staged && (out >= kBf16StreamMinOut || wide == 3) &&
+      bf16_staged_fits(W, K, x, x_stride)) {
+    auto launch = [&](auto k, int R, int opw, int warps) {
+      const size_t smem = size_t(R) * size_t(K) * 4;
+      set_smem(k, smem);
+      launch_step(k, dim3(blocks_for(out, warps * opw), blocks_for(rows, R)), dim3(32 * warps), smem, s, W, out, K,
+                  x, x_stride, y, y_stride, r, rows);
+    };
+    // The shapes (session 22, call 5; docs/perf.md v36): 4 rows with 4 outputs a warp, D = 2, 8 warps,
+    // two blocks an SM (114 registers); 8 rows with 4 outputs, D = 2, 16 warps (128 registers, 24
+    // bytes of stack). Against <4 outputs, D 4, 8 warps, one block an SM> (156 and 168 registers):
+    // batch 4 −0.24 ms, 16 −0.53, 64 −2.1; 16 warps at 4 rows and <2, D 4, 16 warps> at 8 between.
+    if (wide != 2 && rows >= 8) launch(k_bf16_wide<4, 8, 2, 16>, 8, 4, 16);
+    else launch(k_bf16_wide<4, 4, 2, 8, 2>, 4, 4, 8);
+    return;
+  }
   if (per > 1 && rows > 1 && staged && bf16_staged_fits(W, K, x, x_stride)) {
     auto launch = [&](auto k, int R) {
       const size_t smem = bf16_linear_smem(K, staged, R);
