@@ -4306,7 +4306,10 @@ void launch_fp8_rows(const Fp8Call& c) {
   }
   // Rows per block: each weight row is read once per group of R rows (8 rows a block from 8 rows,
   // DSUF_FP8_R8 in session 17-18: batch 16 59.5 → 67.0 ms gpu; removed).
-  if (c.rows >= 4) return launch_fp8_opw<4, kExact>(c);
+  // DSUF_FP8_ROWS_MAX=4|2 (session 22, measuring): at most 4 or 2 rows a block (2: batch 4 in two row
+  // groups, and so interleaved under DSUF_FP8_ROWS_FORM=auto).
+  static const bool two = env_picks("DSUF_FP8_ROWS_MAX", "4", "2");
+  if (c.rows >= 4 && !two) return launch_fp8_opw<4, kExact>(c);
   if (c.rows >= 2) return launch_fp8_opw<2, kExact>(c);
   launch_fp8_opw<1, kExact>(c);
 }
