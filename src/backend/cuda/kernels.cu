@@ -4306,10 +4306,11 @@ void launch_fp8_rows(const Fp8Call& c) {
   }
   // Rows per block: each weight row is read once per group of R rows (8 rows a block from 8 rows,
   // DSUF_FP8_R8 in session 17-18: batch 16 59.5 → 67.0 ms gpu; removed).
-  // DSUF_FP8_ROWS_MAX=4|2 (session 22, measuring): at most 4 or 2 rows a block (2: batch 4 in two row
-  // groups, and so interleaved under DSUF_FP8_ROWS_FORM=auto).
-  static const bool two = env_picks("DSUF_FP8_ROWS_MAX", "4", "2");
-  if (c.rows >= 4 && !two) return launch_fp8_opw<4, kExact>(c);
+  // DSUF_FP8_ROWS_MAX=auto|4|2: at most 4 rows a block, or 2. auto (the default since v36): 4 when that
+  // makes several row groups (rows > 4), else 2 — batch 4 in two row groups of 2, and so interleaved
+  // under DSUF_FP8_ROWS_FORM=auto: 16.51 → 16.38 ms gpu against one group of 4 (session 22, call 6).
+  static const int most = env_choice("DSUF_FP8_ROWS_MAX", {"auto", "4", "2"});
+  if (c.rows >= 4 && (most == 1 || (most == 0 && c.rows > 4))) return launch_fp8_opw<4, kExact>(c);
   if (c.rows >= 2) return launch_fp8_opw<2, kExact>(c);
   launch_fp8_opw<1, kExact>(c);
 }
