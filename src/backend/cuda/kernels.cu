@@ -4623,9 +4623,9 @@ void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int6
   // A warp per output, 8 warps a block (v21 tried blocks of ⌈outputs·rows/132⌉ warps, so that the
   // router's 96 rows are read by 96 SMs instead of 12: the same step time, docs/perf.md).
   // Several rows on the staged path (DSUF_BF16_ROWS=8|4|1): 8 a block from 8 rows on, else kBf16Rows
-  // (8, the default since v36: 160 KB of inputs at K = 5,120, half the passes over the head's weights
-  // at batches 16 and 64 — batch 16 −0.34 ms, 64 −1.2 ms, docs/perf.md); 4: kBf16Rows only (v35); 1:
-  // v34's row a block.
+  // (8, the default since v36: 160 KB of inputs at K = 5,120; measured on the head before k_bf16_wide
+  // took it — batch 16 −0.34 ms, 64 −1.2 ms, docs/perf.md — and kept for the small multi-row BF16
+  // linears, not measured on them alone); 4: kBf16Rows only (v35); 1: v34's row a block.
   static const int per = std::array{8, kBf16Rows, 1}[size_t(env_choice("DSUF_BF16_ROWS", {"8", "4", "1"}))];
   // DSUF_BF16_WIDE=auto|off|4|all: several rows of a linear with at least kBf16StreamMinOut outputs
   // (the head) through k_bf16_wide, 4 outputs a warp and up to 4 rows a block, 8 from 8 rows on
