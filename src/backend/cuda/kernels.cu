@@ -4597,9 +4597,14 @@ void launch_bf16_stream(const uint16_t* W, int64_t out, int64_t K, const float* 
 // Whether k_bf16_linear's staged path (and so k_bf16_stream) takes a linear: 16-byte loads of the
 // weight rows and of every input row, the whole input row in shared memory (its in-kernel `vec` and
 // K bound, tested on the host to pick the form).
+// K a multiple of 256 (whole rounds of 32 chunks): bf16_stage_slot's layout fills a row's K / 4
+// float4s only then — at K = 320 it places the last chunks' halves past the row (float4 103 of 80),
+// into the next row or past the block's shared memory. A hidden size that is a multiple of 32 but
+// not of 256 (config.cc accepts it; V4.1's 5,120 is not one) takes the unstaged forms.
+bool bf16_stageable(int64_t K) { return K % 256 == 0 && K <= 8 * 32 * kBf16Deep; }
 bool bf16_staged_fits(const uint16_t* W, int64_t K, const float* x, int64_t x_stride) {
-  return K % 8 == 0 && x_stride % 4 == 0 && (reinterpret_cast<uintptr_t>(W) & 15) == 0 &&
-         (reinterpret_cast<uintptr_t>(x) & 15) == 0 && K <= 8 * 32 * kBf16Deep;
+  return bf16_stageable(K) && x_stride % 4 == 0 && (reinterpret_cast<uintptr_t>(W) & 15) == 0 &&
+         (reinterpret_cast<uintptr_t>(x) & 15) == 0;
 }
 bool bf16_stream(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t rows, float* y, bool r,
                  cudaStream_t s) {
@@ -4619,7 +4624,7 @@ void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int6
   // DSUF_BF16=staged (the default since v32) | deep (v15-v31) | loop (measuring aids): see kBf16Deep
   // and the staged path.
   static const int mode = env_choice("DSUF_BF16", {"staged", "deep", "loop"});
-  const bool deep = mode != 2, staged = mode == 0;
+  const bool deep = mode != 2, staged = mode == 0 && bf16_stageable(K);
   // A warp per output, 8 warps a block (v21 tried blocks of ⌈outputs·rows/132⌉ warps, so that the
   // router's 96 rows are read by 96 SMs instead of 12: the same step time, docs/perf.md).
   // Several rows on the staged path (DSUF_BF16_ROWS=8|4|1): 8 a block from 8 rows on, else kBf16Rows
