@@ -2285,7 +2285,7 @@ __global__ void k_bf16_linear(const uint16_t* __restrict__ W, int64_t out, int64
 // k_bf16_wide (session 22, DSUF_BF16_WIDE): a BF16 linear of several rows and many outputs — the
 // head at batch > 1 — with OPW outputs a warp. k_bf16_linear<R> gives a warp one output, so each
 // product reads its input from shared memory (two 16-byte loads for 8 products: the head at batch 4
-// took 928 µs, a quarter of the FMA rate, for 1.32 GB). Here a warp's lanes take the same chunks
+// took 928 µs for 1.32 GB, 3.2 ms at 16). Here a warp's lanes take the same chunks
 // (lane l: chunks l, l+32, … of each of its OPW rows, in order), the 8 inputs of a chunk of each
 // input row are read once for the OPW outputs, and the weights stream through registers D chunks
 // ahead (the first D before the dependency wait). Each (output, row) sum is bf16_chunk's sequence
@@ -4243,16 +4243,15 @@ void launch_fp8(const Fp8Call& c) {
   static const bool small_deep = !env_picks("DSUF_FP8_SMALL", "deep", "regs");
   const bool deep = mode == kDeep || (small_deep && mode == kRegs && OPW == 1 && c.K / 32 <= 32 * deep_u<32>());
   const int warps = deep || mode != kRegs ? 8 : fp8_block_warps(R);
+  // The interleaved form only where the grid below is sized for its 4 warps.
   auto pick = [&] {
-    {
-      if constexpr (R > 1)
-        if (!deep && mode == kRegs && warps == 4 && fp8_rows_inter(c.rows, R)) return k_fp8_gemv<OPW, R, kExact, kRegs, 4, 0, true>;
-      return deep                 ? k_fp8_gemv<OPW, R, kExact, kDeep>
-             : mode == kRegsPipe ? k_fp8_gemv<OPW, R, kExact, kRegsPipe>
-             : warps == 4        ? k_fp8_gemv<OPW, R, kExact, kRegs, 4>
-             : warps == 2        ? k_fp8_gemv<OPW, R, kExact, kRegs, 2>
-                                 : k_fp8_gemv<OPW, R, kExact, kRegs>;
-    }
+    if constexpr (R > 1)
+      if (!deep && mode == kRegs && warps == 4 && fp8_rows_inter(c.rows, R)) return k_fp8_gemv<OPW, R, kExact, kRegs, 4, 0, true>;
+    return deep                 ? k_fp8_gemv<OPW, R, kExact, kDeep>
+           : mode == kRegsPipe ? k_fp8_gemv<OPW, R, kExact, kRegsPipe>
+           : warps == 4        ? k_fp8_gemv<OPW, R, kExact, kRegs, 4>
+           : warps == 2        ? k_fp8_gemv<OPW, R, kExact, kRegs, 2>
+                               : k_fp8_gemv<OPW, R, kExact, kRegs>;
   };
   auto k = pick();
   const int64_t out = std::max(c.out, c.pair.out);
@@ -4638,18 +4637,18 @@ void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int6
   static const int wide = env_choice("DSUF_BF16_WIDE", {"auto", "off", "4", "all"});
   if (wide != 1 && rows > 1 && staged && (out >= kBf16StreamMinOut || wide == 3) &&
       bf16_staged_fits(W, K, x, x_stride)) {
-    auto launch = [&](auto k, int R, int opw, int warps) {
+    auto launch = [&](auto k, int R, int warps) {  // both shapes: 4 outputs a warp
       const size_t smem = size_t(R) * size_t(K) * 4;
       set_smem(k, smem);
-      launch_step(k, dim3(blocks_for(out, warps * opw), blocks_for(rows, R)), dim3(32 * warps), smem, s, W, out, K,
+      launch_step(k, dim3(blocks_for(out, warps * 4), blocks_for(rows, R)), dim3(32 * warps), smem, s, W, out, K,
                   x, x_stride, y, y_stride, r, rows);
     };
     // The shapes (session 22, call 5; docs/perf.md v36): 4 rows with 4 outputs a warp, D = 2, 8 warps,
     // two blocks an SM (114 registers); 8 rows with 4 outputs, D = 2, 16 warps (128 registers, 24
     // bytes of stack). Against <4 outputs, D 4, 8 warps, one block an SM> (156 and 168 registers):
     // batch 4 −0.24 ms, 16 −0.53, 64 −2.1; 16 warps at 4 rows and <2, D 4, 16 warps> at 8 between.
-    if (wide != 2 && rows >= 8) launch(k_bf16_wide<4, 8, 2, 16>, 8, 4, 16);
-    else launch(k_bf16_wide<4, 4, 2, 8, 2>, 4, 4, 8);
+    if (wide != 2 && rows >= 8) launch(k_bf16_wide<4, 8, 2, 16>, 8, 16);
+    else launch(k_bf16_wide<4, 4, 2, 8, 2>, 4, 8);
     return;
   }
   if (per > 1 && rows > 1 && staged && bf16_staged_fits(W, K, x, x_stride)) {
