@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "backend/cuda/check.h"
+#include "cuda_buf.h"
 #include "backend/cuda/kernels.cuh"
 #include "core/detmath.h"
 #include "core/numerics.h"
@@ -18,14 +19,7 @@
 namespace dsuf {
 namespace {
 
-template <typename T>
-struct Buf {
-  T* p = nullptr;
-  explicit Buf(size_t n) { DSUF_CUDA(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T))); }
-  ~Buf() { cudaFree(p); }
-  Buf(const Buf&) = delete;
-  Buf& operator=(const Buf&) = delete;
-};
+using cuda_test::Buf;
 
 TEST(CudaBf16Linear, EveryFormEqualsTheCanonicalSum) {
   std::mt19937 rng(20261201);

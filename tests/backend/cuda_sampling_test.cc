@@ -15,6 +15,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/kernels.cuh"
+#include "cuda_buf.h"
 #include "core/sampling.h"
 
 namespace dsuf {
@@ -23,14 +24,7 @@ namespace {
 constexpr int64_t kVocab = 129280;
 constexpr int kRows = 64;
 
-template <typename T>
-struct Dev {
-  T* p = nullptr;
-  explicit Dev(size_t n) { DSUF_CUDA(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T))); }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-};
+using cuda_test::Buf;
 
 // A fresh row of one of eight shapes; never all zeros.
 std::vector<float> make_row(std::mt19937_64& rng, int kind) {
@@ -88,10 +82,10 @@ SamplingParams random_params(std::mt19937_64& rng) {
 
 TEST(CudaSampling, DeviceEqualsHostOnFreshRandomRows) {
   std::mt19937_64 rng(20261129);
-  Dev<float> logits(size_t(kRows) * kVocab), weights(size_t(kRows) * kVocab);
-  Dev<cuda::SampleJob> jobs(kRows);
-  Dev<uint32_t> max_key(kRows);
-  Dev<int32_t> out(kRows), out_serial(kRows);
+  Buf<float> logits(size_t(kRows) * kVocab), weights(size_t(kRows) * kVocab);
+  Buf<cuda::SampleJob> jobs(kRows);
+  Buf<uint32_t> max_key(kRows);
+  Buf<int32_t> out(kRows), out_serial(kRows);
   int checked = 0, drawn = 0, serial_checked = 0;
   for (int round = 0; round < 12; ++round) {
     const int n_jobs = round % 4 == 0 ? 1 : kRows;  // batch 1 and batch 64
@@ -159,10 +153,10 @@ TEST(CudaSampling, Timing) {
   // Not a pass/fail check: the sampler's device time per step at batch 1 and 64 (the row is
   // L2-resident here as it is after the head).
   std::mt19937_64 rng(7);
-  Dev<float> logits(size_t(kRows) * kVocab), weights(size_t(kRows) * kVocab);
-  Dev<cuda::SampleJob> jobs(kRows);
-  Dev<uint32_t> max_key(kRows);
-  Dev<int32_t> out(kRows);
+  Buf<float> logits(size_t(kRows) * kVocab), weights(size_t(kRows) * kVocab);
+  Buf<cuda::SampleJob> jobs(kRows);
+  Buf<uint32_t> max_key(kRows);
+  Buf<int32_t> out(kRows);
   std::vector<float> host(size_t(kRows) * kVocab);
   for (int r = 0; r < kRows; ++r) {
     const std::vector<float> x = make_row(rng, 0);

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "backend/cuda/check.h"
+#include "cuda_buf.h"
 #include "backend/cuda/kernels.cuh"
 #include "backend/cuda/topk_plan.h"
 #include "core/topk.h"
@@ -24,14 +25,7 @@ namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-template <typename T>
-struct Buf {
-  T* p = nullptr;
-  explicit Buf(size_t n) { DSUF_CUDA(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T))); }
-  ~Buf() { cudaFree(p); }
-  Buf(const Buf&) = delete;
-  Buf& operator=(const Buf&) = delete;
-};
+using cuda_test::Buf;
 
 using testing_topk::make_row;
 
