@@ -4,7 +4,10 @@
 // stream, k_bf16_wide at 4 and 8 rows, k_bf16_linear<1/4/8>), and K a multiple of 256 (the staged
 // forms) or not (K = 320, 1,000: the unstaged path; the staging layout would place a shorter last
 // round past the row — session 22). GPU machine only (label "gpu", in cuda_backend_tests).
+// And the routed experts' several-rows-a-block form (k_fp4_imma<…, kRows>, session 23) against the
+// row-at-a-time kernel on the same tiled weights and inputs, bit for bit.
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -14,6 +17,7 @@
 #include "cuda_buf.h"
 #include "backend/cuda/kernels.cuh"
 #include "core/detmath.h"
+#include "core/fp4_dp4a.h"
 #include "core/numerics.h"
 
 namespace dsuf {
@@ -61,6 +65,139 @@ TEST(CudaBf16Linear, EveryFormEqualsTheCanonicalSum) {
                 static_cast<long long>(sh.K), static_cast<long long>(sh.rows), static_cast<long long>(bad),
                 static_cast<long long>(sh.rows * sh.out));
     EXPECT_EQ(bad, 0);
+  }
+  cudaStreamDestroy(s);
+}
+
+
+// The routed experts through pairs of rows of one expert a block (k_fp4_imma<…, kRows = 2>),
+// kRowGroup's groups (a row at a time in expert order) and no groups (a row at a time by ids): every
+// output the same bits, w1/w3 as a pair, w2-like shapes, the fused SwiGLU (its h and the laid-out
+// input of w2: floats, scales and byte planes), and K = 8,192, where the rows' staging does not fit
+// and the launch falls back to a row at a time. Few experts, so groups of 1 to 10 rows (split in 2s).
+TEST(CudaFp4Experts, SeveralRowsABlockEqualRowAtATime) {
+  std::mt19937 rng(20261201);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_int_distribution<int> byte(0, 255), code(118, 132);
+  struct Shape {
+    int64_t out, K;
+    int tokens, topk, experts;
+    bool glu;
+  };
+  const Shape shapes[] = {{384, 512, 12, 3, 5, false}, {512, 384, 9, 4, 3, false}, {384, 512, 10, 3, 4, true},
+                          {2304, 5120, 8, 3, 4, true},  {64, 8192, 5, 3, 2, false}};
+  cudaStream_t s = nullptr;
+  DSUF_CUDA(cudaStreamCreate(&s));
+  for (const Shape& sh : shapes) {
+    const int64_t rows = int64_t(sh.tokens) * sh.topk, nb = sh.K / 32, wbytes = sh.out * sh.K / 2;
+    ASSERT_TRUE(det::fp4_tileable(sh.out, sh.K));
+    // Two matrices an expert (w1 and w3), tiled as the backend lays them out at load.
+    const int E = sh.experts;
+    Buf<uint8_t> dW(size_t(2 * E * wbytes)), dS(size_t(2 * E * sh.out * nb)), scratch(static_cast<size_t>(wbytes));
+    {
+      std::vector<uint8_t> w(size_t(2 * E * wbytes)), sc(size_t(2 * E * sh.out * nb));
+      for (auto& b : w) b = uint8_t(byte(rng));
+      for (auto& c : sc) c = uint8_t(code(rng));
+      DSUF_CUDA(cudaMemcpy(dW.p, w.data(), w.size(), cudaMemcpyHostToDevice));
+      DSUF_CUDA(cudaMemcpy(dS.p, sc.data(), sc.size(), cudaMemcpyHostToDevice));
+    }
+    for (int m = 0; m < 2 * E; ++m) cuda::fp4_tile_in_place(dW.p + m * wbytes, sh.out, sh.K, scratch.p, s);
+    std::vector<const uint8_t*> ptr(size_t(4 * E));
+    for (int e = 0; e < E; ++e) {
+      ptr[size_t(e)] = dW.p + e * wbytes, ptr[size_t(E + e)] = dW.p + (E + e) * wbytes;
+      ptr[size_t(2 * E + e)] = dS.p + e * sh.out * nb, ptr[size_t(3 * E + e)] = dS.p + (E + e) * sh.out * nb;
+    }
+    Buf<const uint8_t*> dptr(ptr.size());
+    DSUF_CUDA(cudaMemcpy(dptr.p, ptr.data(), ptr.size() * sizeof(void*), cudaMemcpyHostToDevice));
+    const uint8_t* const* W1 = dptr.p;
+    const uint8_t* const* W3 = dptr.p + E;
+    const uint8_t* const* S1 = dptr.p + 2 * E;
+    const uint8_t* const* S3 = dptr.p + 3 * E;
+    // The inputs: one row a token, quantized with byte planes (swiglu's sink lays them out).
+    const int64_t kp = cuda::interleaved_k(sh.K);
+    Buf<float> h1(size_t(sh.tokens * sh.K)), h3(size_t(sh.tokens * sh.K)), xq(size_t(sh.tokens * kp)),
+        xs(size_t(sh.tokens * nb));
+    Buf<uint8_t> xp(size_t(sh.tokens * cuda::interleaved_planes(sh.K)));
+    {
+      std::vector<float> a(size_t(sh.tokens * sh.K)), b(a.size());
+      for (auto& v : a) v = nd(rng);
+      for (auto& v : b) v = nd(rng);
+      DSUF_CUDA(cudaMemcpy(h1.p, a.data(), a.size() * 4, cudaMemcpyHostToDevice));
+      DSUF_CUDA(cudaMemcpy(h3.p, b.data(), b.size() * 4, cudaMemcpyHostToDevice));
+    }
+    const cuda::InputSink in_sink{xq.p, xs.p, true, xp.p};
+    cuda::swiglu(h1.p, h3.p, sh.tokens, sh.K, nullptr, 0.0f, false, true, s, in_sink);
+    const cuda::LinearInput in = cuda::sink_input(in_sink, sh.K);
+    // Routed rows: random experts (repeats within a token too), random routing weights.
+    std::vector<int32_t> ids(static_cast<size_t>(rows));
+    std::vector<float> rw(static_cast<size_t>(rows));
+    std::uniform_int_distribution<int> pick(0, E - 1);
+    for (auto& i : ids) i = pick(rng);
+    for (auto& v : rw) v = 0.5f + 0.25f * nd(rng);
+    Buf<int32_t> dids(static_cast<size_t>(rows)), order(static_cast<size_t>(rows)), groups(size_t(3 * rows)), ngroups(1);
+    Buf<float> drw(static_cast<size_t>(rows));
+    DSUF_CUDA(cudaMemcpy(dids.p, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+    DSUF_CUDA(cudaMemcpy(drw.p, rw.data(), rw.size() * 4, cudaMemcpyHostToDevice));
+    // One run: y1, y3 (the pair's outputs; with glu h in y1 and w2's laid-out input in the sink's).
+    const int64_t F = sh.out, fkp = cuda::interleaved_k(F), fnb = F / 32, fpl = cuda::interleaved_planes(F);
+    struct Out {
+      std::vector<float> y1, y3, oq, os;
+      std::vector<uint8_t> op;
+    };
+    auto run = [&](int size) {
+      cuda::RowGroups g{order.p, groups.p, ngroups.p};
+      if (size > 0) cuda::group_rows(dids.p, rows, E, g, s, size);
+      Buf<float> y1(size_t(rows * F)), y3(size_t(rows * F)), oq(size_t(rows * fkp)), os(size_t(rows * fnb));
+      Buf<uint8_t> op(size_t(rows * fpl));
+      DSUF_CUDA(cudaMemsetAsync(y1.p, 0xff, size_t(rows * F) * 4, s));  // NaN where nothing is written
+      DSUF_CUDA(cudaMemsetAsync(y3.p, 0xff, size_t(rows * F) * 4, s));
+      DSUF_CUDA(cudaMemsetAsync(oq.p, 0xff, size_t(rows * fkp) * 4, s));
+      DSUF_CUDA(cudaMemsetAsync(os.p, 0xff, size_t(rows * fnb) * 4, s));
+      DSUF_CUDA(cudaMemsetAsync(op.p, 0xa5, size_t(rows * fpl), s));
+      const cuda::RowGroups* gp = size > 0 ? &g : nullptr;
+      if (sh.glu) {
+        cuda::fp4_swiglu_grouped(W1, S1, W3, S3, dids.p, F, sh.K, in, sh.topk, rows, y1.p, y3.p, true, s, gp, true,
+                                 drw.p, 0.0f, false, cuda::InputSink{oq.p, os.p, true, op.p});
+      } else {
+        cuda::fp4_linear_grouped(W1, S1, dids.p, F, sh.K, in, sh.topk, rows, y1.p, true, s,
+                                 {.W = W3, .Ws = S3, .y = y3.p}, gp, true);
+      }
+      DSUF_CUDA(cudaStreamSynchronize(s));
+      Out o{std::vector<float>(size_t(rows * F)), std::vector<float>(size_t(rows * F)), {}, {}, {}};
+      DSUF_CUDA(cudaMemcpy(o.y1.data(), y1.p, o.y1.size() * 4, cudaMemcpyDeviceToHost));
+      DSUF_CUDA(cudaMemcpy(o.y3.data(), y3.p, o.y3.size() * 4, cudaMemcpyDeviceToHost));
+      if (sh.glu) {
+        o.oq.resize(size_t(rows * fkp)), o.os.resize(size_t(rows * fnb)), o.op.resize(size_t(rows * fpl));
+        DSUF_CUDA(cudaMemcpy(o.oq.data(), oq.p, o.oq.size() * 4, cudaMemcpyDeviceToHost));
+        DSUF_CUDA(cudaMemcpy(o.os.data(), os.p, o.os.size() * 4, cudaMemcpyDeviceToHost));
+        DSUF_CUDA(cudaMemcpy(o.op.data(), op.p, o.op.size(), cudaMemcpyDeviceToHost));
+      }
+      return o;
+    };
+    const Out base = run(0);
+    int64_t nan = 0;
+    for (float v : base.y1) nan += v != v;
+    EXPECT_EQ(nan, 0) << "out " << sh.out << " K " << sh.K << ": the row-at-a-time run left outputs unwritten";
+    for (int size : {2, cuda::kRowGroup}) {
+      const Out o = run(size);
+      auto same = [](const auto& a, const auto& b) {
+        return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
+      };
+      int64_t bad = 0;
+      for (size_t i = 0; i < o.y1.size(); ++i) bad += f32_bits(o.y1[i]) != f32_bits(base.y1[i]);
+      std::printf("fp4 experts out %lld K %lld rows %lld experts %d%s, groups of %d: %lld of %lld differ\n",
+                  static_cast<long long>(sh.out), static_cast<long long>(sh.K), static_cast<long long>(rows), E,
+                  sh.glu ? " (fused SwiGLU)" : "", size, static_cast<long long>(bad),
+                  static_cast<long long>(o.y1.size()));
+      EXPECT_EQ(bad, 0) << "out " << sh.out << " K " << sh.K << ", groups of " << size;
+      if (!sh.glu) {
+        EXPECT_TRUE(same(o.y3, base.y3)) << "w3's outputs, groups of " << size;
+      } else {
+        EXPECT_TRUE(same(o.oq, base.oq)) << "w2's laid-out input, groups of " << size;
+        EXPECT_TRUE(same(o.os, base.os)) << "w2's input scales, groups of " << size;
+        EXPECT_TRUE(same(o.op, base.op)) << "w2's input planes, groups of " << size;
+      }
+    }
   }
   cudaStreamDestroy(s);
 }

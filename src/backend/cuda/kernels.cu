@@ -1686,9 +1686,10 @@ __device__ uint32_t kImmaTables[4] = {0x06040200u, 0x18100C08u, 0xFDFEFF00u, 0xF
 // kBulk (tiled only, DSUF_TILED=b<slots>,<warps>): a warp's ring of `slots` chunks of kBulkStages
 // stages, filled by bulk copies, and a barrier a slot.
 constexpr int kBulkStages = 4;  // 2 KB a copy
-size_t imma_smem(int64_t nb, int stages, int warps, bool tiled, int bulk = 0, bool glu = false) {
+size_t imma_smem(int64_t nb, int stages, int warps, bool tiled, int bulk = 0, bool glu = false, int rows = 1) {
   return (tiled ? 0 : size_t(warps) * stages * 512) + size_t(warps) * bulk * (kBulkStages * 512 + 8) +
-         size_t((nb + 1) / 2) * 512 + size_t(nb) * 4 + size_t(warps) * 16 * nb + (glu ? size_t(warps) * 16 * 4 : 0);
+         size_t(rows) * (size_t((nb + 1) / 2) * 512 + size_t(nb) * 4) + size_t(warps) * 16 * nb +
+         (glu ? size_t(rows) * warps * 16 * 4 : 0);
 }
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -1715,18 +1716,26 @@ struct GluTail {
   bool clamp = false;
   InputSink sink = {};
 };
-template <int kImmaStages, int kImmaWarps, bool kTiled, int kBulk = 0, bool kGlu = false>
+// kRows > 1 (session 23, DSUF_EXPERT_ROWS): grid.y walks groups [expert, first, count] of up to kRows
+// routed rows of one expert (RowGroups built with that size; blocks past *n_groups leave at once),
+// and each stage's weights, decoded once, serve every row of the group — per row its own staged
+// planes, MMAs, block sums and class accumulators: each row's arithmetic exactly as a row alone.
+template <int kImmaStages, int kImmaWarps, bool kTiled, int kBulk = 0, bool kGlu = false, int kRows = 1>
 __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(const uint8_t* const* W, const uint8_t* const* Ws,
                                                                  const int32_t* ids, int64_t out, int64_t K,
                                                                  const float* __restrict__ xs, int64_t xs_stride,
                                                                  const uint8_t* __restrict__ xp, int64_t xp_stride,
                                                                  int x_div, float* y, bool r, Fp4Pair pair,
-                                                                 const int32_t* order, GluTail glu) {
+                                                                 const int32_t* order, GluTail glu,
+                                                                 const int32_t* groups, const int32_t* n_groups) {
   static_assert(16 % kImmaStages == 0, "a chunk's 16 stages start on slot 0 of the ring");
   static_assert(!kGlu || (kImmaWarps % 4 == 0 && kBulk > 0), "kGlu: half the warps a matrix, whole K-blocks of h");
+  static_assert(kRows == 1 || kTiled, "several rows a block: tiled weights only");
   extern __shared__ __align__(16) uint8_t imma_sm[];
   const int nb = int(K / 32), nst = (nb + 1) / 2;  // K-blocks; stages of two
   int row = blockIdx.y;
+  int rows_of[kRows];  // kRows > 1: the group's routed rows (rows_of[rr] for rr < nr)
+  int nr = 1;
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   constexpr int kSets = kGlu ? kImmaWarps / 2 : kImmaWarps;  // a block's row sets of one matrix
   const int half = kGlu ? w / kSets : 0;                      // kGlu: 0 w1, 1 w3
@@ -1738,39 +1747,54 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   uint8_t* ring = imma_sm + (threadIdx.x / 32) * kBulk * kChunk;  // kBulk: this warp's slots
   const uint32_t bars = smem_u32(imma_sm + kImmaWarps * kBulk * kChunk) + (threadIdx.x / 32) * kBulk * 8;
   // [stage][lane][16 B]: lane L's B registers of the stage, zeros in place (det::fp4_imma_bpos)
+  // (kRows: [rr][stage][lane][16 B], one row's planes after another)
   uint8_t* sB = imma_sm + (kTiled ? 0 : kImmaWarps * kImmaStages * 512) + kImmaWarps * kBulk * (kChunk + 8);
-  float* ssa = reinterpret_cast<float*>(sB + nst * 512);  // [kb]: the input scales
-  uint8_t* codes = reinterpret_cast<uint8_t*>(ssa + nb) + w * 16 * nb;  // [row][kb]: the weight scale codes
+  float* ssa = reinterpret_cast<float*>(sB + kRows * nst * 512);  // [rr][kb]: the input scales
+  uint8_t* codes = reinterpret_cast<uint8_t*>(ssa + kRows * nb) + w * 16 * nb;  // [row][kb]: the weight scale codes
   // kGlu triggers w2 at its tail instead (session 21: at entry, w2's whole-SM blocks became resident
   // beside w1/w3 and kept the shared expert's w2 off the SMs, +0.15 ms: docs/perf.md v35).
   if constexpr (!kGlu) pdl_trigger();
-  if (order) {  // grid.y walks the routed rows in expert order (RowGroups::order, from this step's router)
+  if constexpr (kRows > 1) {
+    pdl_wait();
+    if (int(blockIdx.y) >= *n_groups) return;  // the whole block: no group (grid.y is a bound)
+    const int32_t* gr = groups + 3 * blockIdx.y;
+    nr = gr[2];
+#pragma unroll
+    for (int rr = 0; rr < kRows; ++rr) rows_of[rr] = order[gr[1] + (rr < nr ? rr : 0)];
+    row = rows_of[0];
+  } else if (order) {  // grid.y walks the routed rows in expert order (RowGroups::order, from this step's router)
     pdl_wait();
     row = order[row];
   }
+  if constexpr (kRows == 1) rows_of[0] = row;
   const auto [We, Se] = routed_expert(W, Ws, ids, row);
-  xs += int64_t(row / x_div) * xs_stride, xp += int64_t(row / x_div) * xp_stride;
   const bool active = o0 < out;  // warp-uniform; an idle warp still stages inputs and meets the barrier
   // kGlu: both halves' rounded outputs, then k_swiglu on the block's kSets·16 columns of h (warp k <
   // kSets / 2 takes K-block k of them). Every thread of the block calls it once (idle warps too), from
   // one of two places: hence the barrier without .aligned (__syncthreads' bar.sync is aligned, which
   // PTX requires to be the same instruction for the whole block).
-  // (after the codes: imma_smem's glu share, 2 · kSets · 16 floats)
-  float* glu_out = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(ssa + nb) + kImmaWarps * 16 * nb);
+  // (after the codes: imma_smem's glu share, kRows · 2 · kSets · 16 floats)
+  float* glu_out = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(ssa + kRows * nb) + kImmaWarps * 16 * nb);
   auto glu_tail = [&] {
     pdl_trigger();  // every thread once: w2's blocks launch when every block has reached its tail
     asm volatile("barrier.sync 0;\n" ::: "memory");
     const int64_t f = int64_t(blockIdx.x) * kSets * 16 + w * 32 + lane;  // h's column (out % 32 == 0)
-    if (w < kSets / 2 && f < out) {
-      float gv = glu_out[w * 32 + lane], u = glu_out[kSets * 16 + w * 32 + lane];
-      if (glu.clamp && glu.limit > 0) {
-        gv = fminf(gv, glu.limit);
-        u = fminf(fmaxf(u, -glu.limit), glu.limit);
+#pragma unroll
+    for (int rr = 0; rr < kRows; ++rr) {
+      if (rr >= nr) break;
+      const float* go = glu_out + rr * 2 * kSets * 16;
+      const int row_r = rows_of[rr];
+      if (w < kSets / 2 && f < out) {
+        float gv = go[w * 32 + lane], u = go[kSets * 16 + w * 32 + lane];
+        if (glu.clamp && glu.limit > 0) {
+          gv = fminf(gv, glu.limit);
+          u = fminf(fmaxf(u, -glu.limit), glu.limit);
+        }
+        const float wt = glu.weight ? glu.weight[row_r] : 1.0f;
+        const float hv = rb(wt * (det::silu(gv) * u), r);
+        y[int64_t(row_r) * out + f] = hv;
+        if (glu.sink.xq) emit_input(glu.sink, out, row_r, int(f / 32), lane, hv);
       }
-      const float wt = glu.weight ? glu.weight[row] : 1.0f;
-      const float hv = rb(wt * (det::silu(gv) * u), r);
-      y[int64_t(row) * out + f] = hv;
-      if (glu.sink.xq) emit_input(glu.sink, out, row, int(f / 32), lane, hv);
     }
   };
   auto clamp = [&](int64_t o) { return o < out ? o : out - 1; };  // a tail repeats the last row
@@ -1811,13 +1835,21 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   // The input planes, scales and the 16 rows' scale codes: one group, before the ring's stages.
   // Input piece i: K-block i / 16, plane (i / 4) mod 4, bytes 8·(i mod 4).. — 8 bytes of the 16-byte
   // piece 2·plane + (i mod 4) / 2 (ppos16), plane 3 the ones — and its 8 zero bytes beside it.
-  for (int i = threadIdx.x; i < nb * 16; i += blockDim.x) {
-    const int kb = i / 16, p = (i / 4) % 4, q = i % 4, at = det::fp4_imma_bpos(kb, p, q);
-    if (p < 3) cp_async8_to(smem_u32(sB + at), xp + ppos16(kb, 2 * p + q / 2) * 16 + (q % 2) * 8);
-    else *reinterpret_cast<uint2*>(sB + at) = make_uint2(0x01010101u, 0x01010101u);
-    *reinterpret_cast<uint2*>(sB + (at ^ 8)) = make_uint2(0u, 0u);
+#pragma unroll
+  for (int rr = 0; rr < kRows; ++rr) {
+    if (rr >= nr) break;
+    const int64_t xrow = rows_of[rr] / x_div;
+    const uint8_t* xpr = xp + xrow * xp_stride;
+    const float* xsr = xs + xrow * xs_stride;
+    uint8_t* sBr = sB + rr * nst * 512;
+    for (int i = threadIdx.x; i < nb * 16; i += blockDim.x) {
+      const int kb = i / 16, p = (i / 4) % 4, q = i % 4, at = det::fp4_imma_bpos(kb, p, q);
+      if (p < 3) cp_async8_to(smem_u32(sBr + at), xpr + ppos16(kb, 2 * p + q / 2) * 16 + (q % 2) * 8);
+      else *reinterpret_cast<uint2*>(sBr + at) = make_uint2(0x01010101u, 0x01010101u);
+      *reinterpret_cast<uint2*>(sBr + (at ^ 8)) = make_uint2(0u, 0u);
+    }
+    for (int i = threadIdx.x; i < nb; i += blockDim.x) cp_async4_to(smem_u32(ssa + rr * nb + i), xsr + i);
   }
-  for (int i = threadIdx.x; i < nb; i += blockDim.x) cp_async4_to(smem_u32(ssa + i), xs + i);
   if (active) {
     if ((reinterpret_cast<uintptr_t>(Se) & 3) == 0) {
       const int n4 = nb / 4;
@@ -1837,8 +1869,9 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   if constexpr (kTiled) cp_async_wait_group<0>();  // the first group, the only one
   else cp_async_wait_group<kImmaStages - 1>();
   __syncthreads();
-  for (int i = threadIdx.x; i < nb * 4; i += blockDim.x) {  // plane 2 → hi + 4, in place
-    uint2* p = reinterpret_cast<uint2*>(sB + det::fp4_imma_bpos(i / 4, 2, i % 4));
+  for (int i = threadIdx.x; i < nr * nb * 4; i += blockDim.x) {  // plane 2 → hi + 4, in place
+    const int j = i % (nb * 4);
+    uint2* p = reinterpret_cast<uint2*>(sB + (i / (nb * 4)) * nst * 512 + det::fp4_imma_bpos(j / 4, 2, j % 4));
     const uint2 v = *p;
     *p = make_uint2(det::fp4_mma_hi4(v.x), det::fp4_mma_hi4(v.y));
   }
@@ -1854,9 +1887,11 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   det::Fp4Tables tab;
   tab.pos_lo = __ldg(kImmaTables + 0), tab.pos_hi = __ldg(kImmaTables + 1);
   tab.neg_lo = __ldg(kImmaTables + 2), tab.neg_hi = __ldg(kImmaTables + 3);
-  float acc[16];
+  float acc[kRows][16];
 #pragma unroll
-  for (int s = 0; s < 16; ++s) acc[s] = 0.0f;
+  for (int rr = 0; rr < kRows; ++rr)
+#pragma unroll
+    for (int s = 0; s < 16; ++s) acc[rr][s] = 0.0f;
   // 16 stages = 32 K-blocks a chunk, so that lane parity h's class 2s + h is acc[s]; kTail: the last,
   // partial chunk (its stages and K-blocks checked).
   auto chunk = [&](int base, auto tail) {
@@ -1891,38 +1926,48 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
         issue(st + kImmaStages - 1, (s + kImmaStages - 1) % kImmaStages);
         ldmatrix_x4(wr, slot0 + (s % kImmaStages) * 512);
       }
-      const uint4 bv = *reinterpret_cast<const uint4*>(bsrc + s * 512);  // B column g: plane g mod 4 of K-block g / 4
-      const uint32_t b0 = bv.x, b1 = bv.y, c0 = bv.z, c1 = bv.w;
       det::Fp4MmaA a0, a1;
       det::fp4_mma_a(wr[0], wr[1], a0, tab);
       det::fp4_mma_a(wr[2], wr[3], a1, tab);
-      int32_t d[4] = {0, 0, 0, 0};
-      mma_s8u8(d, a0.pos, b0, b1);
-      mma_s8u8(d, a0.neg, b0, b1);
-      mma_s8u8(d, a1.pos, c0, c1);
-      mma_s8u8(d, a1.neg, c0, c1);
-      const uint32_t ug = det::fp4_imma_partial(uint32_t(d[0]), uint32_t(d[1]), f);
-      const uint32_t ug8 = det::fp4_imma_partial(uint32_t(d[2]), uint32_t(d[3]), f);
-      const int32_t S =
-          det::fp4_imma_isum(ug, ug8, odd, f, __shfl_xor_sync(0xffffffffu, det::fp4_imma_send(ug, ug8, odd, f), 1));
       // An odd nb's last stage has no second K-block: read in range, add nothing.
       const int off = kTail && 2 * st + h >= nb ? 2 * s - 1 : 2 * s;
-      const float c = det::fp4_act_block_part(S) * (mysa[off] * e8m0_max(mycodes[off]));
-      if (!kTail || 2 * st + h < nb) acc[s] = acc[s] + c;
+      const float s_w = e8m0_max(mycodes[off]);
+#pragma unroll
+      for (int rr = 0; rr < kRows; ++rr) {
+        if (rr >= nr) break;  // warp-uniform
+        // B column g: plane g mod 4 of K-block g / 4
+        const uint4 bv = *reinterpret_cast<const uint4*>(bsrc + rr * nst * 512 + s * 512);
+        const uint32_t b0 = bv.x, b1 = bv.y, c0 = bv.z, c1 = bv.w;
+        int32_t d[4] = {0, 0, 0, 0};
+        mma_s8u8(d, a0.pos, b0, b1);
+        mma_s8u8(d, a0.neg, b0, b1);
+        mma_s8u8(d, a1.pos, c0, c1);
+        mma_s8u8(d, a1.neg, c0, c1);
+        const uint32_t ug = det::fp4_imma_partial(uint32_t(d[0]), uint32_t(d[1]), f);
+        const uint32_t ug8 = det::fp4_imma_partial(uint32_t(d[2]), uint32_t(d[3]), f);
+        const int32_t S =
+            det::fp4_imma_isum(ug, ug8, odd, f, __shfl_xor_sync(0xffffffffu, det::fp4_imma_send(ug, ug8, odd, f), 1));
+        const float c = det::fp4_act_block_part(S) * (mysa[rr * nb + off] * s_w);
+        if (!kTail || 2 * st + h < nb) acc[rr][s] = acc[rr][s] + c;
+      }
     }
   };
   int base = 0;
   for (; base + 16 <= nb / 2; base += 16) chunk(base, std::false_type{});
   if (base < nst) chunk(base, std::true_type{});
   // warp_sum's tree: levels 16 to 2 inside the lane (det::fp4_imma_tree), level 1 across the parities.
-  const float dd = det::fp4_imma_tree(acc);
-  const float v = dd + __shfl_xor_sync(0xffffffffu, dd, 2);
-  if constexpr (kGlu) {  // the outputs stay in the block (h is what leaves it)
-    if (h == 0) glu_out[half * kSets * 16 + (w % kSets) * 16 + my_row] = rb(v, r);
-    glu_tail();
-  } else {
-    if (h == 0 && o0 + my_row < out) y[int64_t(row) * out + o0 + my_row] = rb(v, r);
+#pragma unroll
+  for (int rr = 0; rr < kRows; ++rr) {
+    if (rr >= nr) break;
+    const float dd = det::fp4_imma_tree(acc[rr]);
+    const float v = dd + __shfl_xor_sync(0xffffffffu, dd, 2);
+    if constexpr (kGlu) {  // the outputs stay in the block (h is what leaves it)
+      if (h == 0) glu_out[rr * 2 * kSets * 16 + half * kSets * 16 + (w % kSets) * 16 + my_row] = rb(v, r);
+    } else {
+      if (h == 0 && o0 + my_row < out) y[int64_t(rows_of[rr]) * out + o0 + my_row] = rb(v, r);
+    }
   }
+  if constexpr (kGlu) glu_tail();
 }
 
 // Grouped FP4 experts by integer MMAs, for the prefill (DSUF_FP4_ROWS=mma, the default for grouped
@@ -4327,6 +4372,7 @@ struct Fp4Call {
   Fp4Pair pair;
   const int32_t* order = nullptr;  // k_fp4_imma only: grid.y row i is routed row order[i]
   const GluTail* glu = nullptr;     // k_fp4_imma<…, kGlu> (w1 and w3 with SwiGLU's tail; tiled)
+  const RowGroups* multi = nullptr;  // k_fp4_imma<…, kRows = multi->size> over multi's groups (tiled)
 };
 template <int OPW, bool kExact>
 void launch_fp4(const Fp4Call& c) {
@@ -4381,12 +4427,16 @@ bool fp4_rows_mma(int64_t rows, int64_t experts) {
 // (default 16; 0: always). At 4 rows per expert (batch 64 at 96 experts) the grouped kernel, paying
 // for 8 rows a group, made the step 10.7 % slower than row-major weights (v17); a row at a time in
 // expert order, 22 % faster than the grouped kernel (v18: 214 against 273 ms).
-bool tiled_rows_mma(const RowGroups* groups, int64_t K) {
+int64_t tiled_mma_rows_per_expert() {
   static const int64_t per_expert = [] {
     const char* v = std::getenv("DSUF_TILED_MMA_ROWS");
     return v ? std::atoll(v) : int64_t(16);
   }();
-  return groups && K / 32 <= kMmaRowMaxNb && groups->rows >= per_expert * groups->experts;
+  return per_expert;
+}
+bool tiled_rows_mma(const RowGroups* groups, int64_t K) {
+  return groups && groups->size == kRowGroup && K / 32 <= kMmaRowMaxNb &&
+         groups->rows >= tiled_mma_rows_per_expert() * groups->experts;
 }
 // k_fp4_imma's launch: DSUF_IMMA=stages,warps (the ring's depth in stages of 2 K-blocks, the warps a
 // block) or, tiled, DSUF_TILED=auto|stages,warps (stages − 1 in flight)|bS,warps (a ring of S
@@ -4394,6 +4444,7 @@ bool tiled_rows_mma(const RowGroups* groups, int64_t K) {
 // routed rows, 4,16 above (docs/perf.md v33: b2,16 measured −0.008 ms at batch 1, −0.9 % at batch 4,
 // −0.8 % at 16, +0.8 % at 64 — 384 rows).
 constexpr int64_t kImmaBulkRows = 128;
+constexpr size_t kImmaMaxSmem = 227 * 1024;  // a block's shared memory on sm_90 and sm_100
 constexpr int64_t kSwigluFusedRows = 32;  // DSUF_SWIGLU=auto's fused range (routed rows)
 // (v18 also tried per launch the fewest warps whose grid fits one block an SM: the same time as 4,16.)
 template <bool kTiled>
@@ -4414,6 +4465,26 @@ void launch_imma(const Fp4Call& c) {
                                          Shape{k_fp4_imma<16, 4, false>, 16, 4}, Shape{k_fp4_imma<16, 8, false>, 16, 8}};
   static const int ring_pick = kTiled ? 0 : env_choice("DSUF_IMMA", {"8,8", "8,4", "16,4", "16,8"});
   const bool glu = kTiled && c.glu;  // kGlu: b2,16 whatever DSUF_TILED says
+  if (kTiled && c.multi) {  // pairs of routed rows of one expert a block: b2 rings, 16 warps
+    const RowGroups& g = *c.multi;
+    const Shape sh = glu ? Shape{k_fp4_imma<4, 16, true, 2, true, 2>, 4, 16, 2}
+                         : Shape{k_fp4_imma<4, 16, true, 2, false, 2>, 4, 16, 2};
+    DSUF_CHECK(g.size == 2 && g.max_groups <= 65535, "fp4 experts: groups of ", g.size, ", ", g.max_groups,
+               " of them");
+    const size_t smem = imma_smem(c.K / 32, sh.stages, sh.warps, true, sh.bulk, glu, g.size);
+    if (smem > kImmaMaxSmem) {  // the rows' staged inputs do not fit (K past ~5,120): a row at a time
+      Fp4Call one = c;
+      one.multi = nullptr, one.order = g.order;
+      return launch_imma<true>(one);
+    }
+    set_smem(sh.k, smem);
+    launch_pdl(sh.k, dim3(blocks_for(c.out, 16 * (glu ? sh.warps / 2 : sh.warps)), int(g.max_groups),
+                          glu || !c.pair.W ? 1 : 2),
+               dim3(32 * sh.warps), smem, c.s, c.W, c.Ws, c.ids, c.out, c.K, c.in.scale, c.in.scale_stride,
+               c.in.planes, c.in.plane_stride, c.x_div, c.y, c.r, c.pair, g.order, glu ? *c.glu : GluTail{},
+               g.groups, g.n_groups);
+    return;
+  }
   const Shape sh = glu        ? Shape{k_fp4_imma<4, 16, true, 2, true>, 4, 16, 2}
                    : !kTiled ? ring[ring_pick]
                    : pick     ? tiled[pick]
@@ -4433,7 +4504,7 @@ void launch_imma(const Fp4Call& c) {
                dim3(32 * sh.warps), imma_smem(c.K / 32, sh.stages, sh.warps, kTiled, sh.bulk, glu), c.s, c.W, c.Ws,
                c.ids ? c.ids + rb0 : nullptr, c.out, c.K, c.in.scale + xr * c.in.scale_stride, c.in.scale_stride,
                c.in.planes + xr * c.in.plane_stride, c.in.plane_stride, c.x_div, c.y + rb0 * c.out, c.r, pair,
-               c.order ? c.order + b : nullptr, glu ? *c.glu : GluTail{});
+               c.order ? c.order + b : nullptr, glu ? *c.glu : GluTail{}, nullptr, nullptr);
   }
 }
 template <bool kExact>
@@ -4507,16 +4578,31 @@ void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, con
   if (in.scale) return launch_fp8_rows<true>(c);
   launch_fp8_rows<false>(c);
 }
-int64_t group_bound(int64_t rows, int experts) {
-  return std::min<int64_t>(rows, (rows + kRowGroup - 1) / kRowGroup + experts);
+int64_t group_bound(int64_t rows, int experts, int size) {
+  return std::min<int64_t>(rows, (rows + size - 1) / size + experts);
 }
-void group_rows(const int32_t* ids, int64_t rows, int experts, RowGroups& g, cudaStream_t s) {
-  g.max_groups = group_bound(rows, experts);
-  g.rows = rows, g.experts = experts;
+void group_rows(const int32_t* ids, int64_t rows, int experts, RowGroups& g, cudaStream_t s, int size) {
+  DSUF_CHECK(size >= 1 && size <= kRowGroup, "group_rows: groups of ", size);
+  g.max_groups = group_bound(rows, experts, size);
+  g.rows = rows, g.experts = experts, g.size = size;
   if (rows <= 0) return;
   launch_step(k_group_rows, dim3(1), dim3(256), size_t(2) * experts * sizeof(int32_t), s, ids, int(rows), experts,
-              kRowGroup, g.order, g.groups, g.n_groups);
+              size, g.order, g.groups, g.n_groups);
   DSUF_CUDA(cudaGetLastError());
+}
+int imma_row_group(int64_t rows, int experts) {
+  // auto: pairs from one routed row an expert on average (session 23, 96 experts, against a row at a
+  // time: batch 16 −1.67 ms, 64 −10.7 ms; at batch 4, 24 rows, few pairs: +0.60 ms — the grouping
+  // launch and the pair kernel's blocks for single rows). Groups of 4 (8-warp blocks: their staging
+  // at K = 5,120 leaves no room for 16) measured slower at every batch (+4, +11, +19 ms) and went.
+  static const int pick = env_choice("DSUF_EXPERT_ROWS", {"auto", "1", "2"});
+  const int size = pick == 0 ? (rows >= experts ? 2 : 0) : pick == 2 ? 2 : 0;
+  // Not where the grouped MMA kernel takes the rows (tiled_rows_mma: groups of kRowGroup), nor past
+  // grid.y's range.
+  if (size < 2 || rows < 2 || rows >= tiled_mma_rows_per_expert() * experts ||
+      group_bound(rows, experts, size) > 65535)
+    return 0;
+  return size;
 }
 namespace {
 void check_fp4_input(int64_t K, const LinearInput& in) {
@@ -4531,7 +4617,16 @@ void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const
                         const Fp4Pair& pair, const RowGroups* groups, bool tiled) {
   check_fp4_input(K, in);
   if (rows <= 0) return;
-  if (tiled && det::fp4_tileable(out, K)) {  // the weights are tiles: full groups through
+  const bool tiles = tiled && det::fp4_tileable(out, K);
+  if (groups && groups->size != kRowGroup) {  // imma_row_group's groups: for k_fp4_imma<…, kRows> only
+    if (tiles) {
+      DSUF_CHECK(in.scale && in.planes, "fp4_linear (tiled weights): needs quantized inputs with byte planes");
+      launch_imma<true>(Fp4Call{W, Ws, ids, out, K, in, x_div, rows, y, r, s, pair, nullptr, nullptr, groups});
+      return;
+    }
+    groups = nullptr;  // a row at a time by ids
+  }
+  if (tiles) {  // the weights are tiles: full groups through
     // k_fp4_mma_rows<true>, the rest through k_fp4_imma<…, true>, a row at a time (grouped: in the
     // groups' expert order, so that an expert's rows run together and share its weights in L2)
     DSUF_CHECK(in.scale && in.planes, "fp4_linear (tiled weights): needs quantized inputs with byte planes");
@@ -4923,8 +5018,9 @@ void fp4_swiglu_grouped(const uint8_t* const* W1, const uint8_t* const* S1, cons
       !tiled_rows_mma(groups, K) && rows > 0 && rows <= kImmaBulkRows) {
     check_fp4_input(K, in);
     const GluTail glu{weight, limit, clamp, sink};
+    const bool multi = groups && groups->size != kRowGroup;
     launch_imma<true>(Fp4Call{W1, S1, ids, F, K, in, x_div, rows, h1, r, s, {.W = W3, .Ws = S3, .y = h3},
-                              groups ? groups->order : nullptr, &glu});
+                              groups && !multi ? groups->order : nullptr, &glu, multi ? groups : nullptr});
     return;
   }
   fp4_linear_grouped(W1, S1, ids, F, K, in, x_div, rows, h1, r, s, {.W = W3, .Ws = S3, .y = h3}, groups, tiled);

@@ -143,11 +143,16 @@ struct RowGroups {
   int32_t* n_groups = nullptr;
   int64_t max_groups = 0;
   int64_t rows = 0, experts = 0;  // what group_rows was given
+  int size = kRowGroup;           // the most rows a group (kRowGroup, or imma_row_group's)
 };
-int64_t group_bound(int64_t rows, int experts);
-// Builds g from ids[0..rows) (experts 0..experts-1), one block; g's buffers hold rows, 3·rows and 1
-// int32.
-void group_rows(const int32_t* ids, int64_t rows, int experts, RowGroups& g, cudaStream_t s);
+int64_t group_bound(int64_t rows, int experts, int size = kRowGroup);
+// Builds g from ids[0..rows) (experts 0..experts-1) in groups of at most `size` rows, one block; g's
+// buffers hold rows, 3·rows and 1 int32.
+void group_rows(const int32_t* ids, int64_t rows, int experts, RowGroups& g, cudaStream_t s, int size = kRowGroup);
+// The group size (2) at which fp4_linear_grouped and fp4_swiglu_grouped run tiled experts several
+// routed rows a block (k_fp4_imma<…, kRows>: each stage's weights decoded once for the group), or 0:
+// a row at a time. DSUF_EXPERT_ROWS=auto (pairs from as many routed rows as experts) | 1 | 2.
+int imma_row_group(int64_t rows, int experts);
 // tiled: the experts' weights are laid out as fp4_tile_in_place leaves them (the matrices it tiles:
 // det::fp4_tileable), read by k_fp4_imma<…, true> (one row at a time) and k_fp4_mma_rows<true> (groups).
 void fp4_linear_grouped(const uint8_t* const* W, const uint8_t* const* Ws, const int32_t* ids, int64_t out,
