@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include <cooperative_groups.h>
+#include <cub/block/block_scan.cuh>
 #include <cuda_fp16.h>
 
 #include "backend/cuda/check.h"
@@ -1521,9 +1522,17 @@ __global__ void __launch_bounds__(256) k_fp4_gemv_rows(const uint8_t* const* W, 
 // RowGroups from ids, one block: counts per expert (shared memory), then thread 0 lays the experts
 // out in order and cuts each into groups of at most R, then every row takes a slot of its expert.
 // The order within an expert is whatever the atomics give: each row is computed on its own.
-__global__ void k_group_rows(const int32_t* __restrict__ ids, int rows, int E, int R, int32_t* order,
-                             int32_t* groups, int32_t* n_groups) {
+// One block of kGroupThreads: the counts by shared-memory atomics, then thread t takes experts
+// [t·per, (t+1)·per) — their rows and groups (packed as rows·2^32 + groups) exclusive-scanned across
+// the block give each its first position and group — and writes their groups; the rows are placed by
+// atomics on the cursors (their order within an expert is not fixed: each row's outputs are its own).
+// (Was a loop over every expert in thread 0: 9 µs a launch at 96 experts, session 23's timeline.)
+constexpr int kGroupThreads = 256;
+__global__ void __launch_bounds__(kGroupThreads) k_group_rows(const int32_t* __restrict__ ids, int rows, int E, int R,
+                                                              int32_t* order, int32_t* groups, int32_t* n_groups) {
   pdl_entry();
+  using Scan = cub::BlockScan<long long, kGroupThreads>;
+  __shared__ typename Scan::TempStorage scan;
   extern __shared__ int32_t gsm[];  // counts[E], then cursor[E]
   int32_t* counts = gsm;
   int32_t* cursor = gsm + E;
@@ -1531,17 +1540,21 @@ __global__ void k_group_rows(const int32_t* __restrict__ ids, int rows, int E, i
   __syncthreads();
   for (int i = threadIdx.x; i < rows; i += blockDim.x) atomicAdd(&counts[ids[i]], 1);
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int pos = 0, ng = 0;
-    for (int e = 0; e < E; ++e) {
-      const int c = counts[e];
-      cursor[e] = pos;
-      for (int s0 = 0; s0 < c; s0 += R, ++ng)
-        groups[3 * ng] = e, groups[3 * ng + 1] = pos + s0, groups[3 * ng + 2] = min(R, c - s0);
-      pos += c;
-    }
-    *n_groups = ng;
+  const int per = (E + kGroupThreads - 1) / kGroupThreads;
+  const int e0 = min(E, int(threadIdx.x) * per), e1 = min(E, e0 + per);
+  long long mine = 0;
+  for (int e = e0; e < e1; ++e) mine += (static_cast<long long>(counts[e]) << 32) + (counts[e] + R - 1) / R;
+  long long before = 0, total = 0;
+  Scan(scan).ExclusiveSum(mine, before, total);
+  int pos = int(before >> 32), ng = int(before & 0xffffffffLL);
+  for (int e = e0; e < e1; ++e) {
+    const int c = counts[e];
+    cursor[e] = pos;
+    for (int s0 = 0; s0 < c; s0 += R, ++ng)
+      groups[3 * ng] = e, groups[3 * ng + 1] = pos + s0, groups[3 * ng + 2] = min(R, c - s0);
+    pos += c;
   }
+  if (threadIdx.x == 0) *n_groups = int(total & 0xffffffffLL);
   __syncthreads();
   for (int i = threadIdx.x; i < rows; i += blockDim.x) order[atomicAdd(&cursor[ids[i]], 1)] = i;
 }
@@ -4109,9 +4122,18 @@ int hc_mix_warps(int outputs) {
     if ((outputs + g - 1) / g * g - outputs < (outputs + best - 1) / best * best - outputs) best = g;
   return best;
 }
-// Rows per k_hc_mix row tile: one at small batches (most blocks), more when the grid is large
-// anyway (each warp's fn values are then read once for R rows).
-int hc_mix_rows(int n) { return n >= 128 ? 8 : n >= 64 ? 4 : n >= 32 ? 2 : 1; }
+// Rows per k_hc_mix row tile: one at batch 1..3, more from 4 rows (each warp's fn values read once
+// for R rows). Session 23 (bench_decode, H200, against R = 1 / the old rule's 4 at 64): batch 4 with 2
+// −0.24 ms, 16 with 2 −0.7 (4: −0.55), 64 with 8 −0.28. (Was 1 below 32 rows, 2 to 63, 4 to 127.)
+// DSUF_MIX_ROWS=1|2|4|8 fixes it (a measuring aid).
+int hc_mix_rows(int n) {
+  static const int forced = [] {
+    const char* v = std::getenv("DSUF_MIX_ROWS");
+    return v ? std::atoi(v) : 0;
+  }();
+  if (forced == 1 || forced == 2 || forced == 4 || forced == 8) return forced;
+  return n >= 64 ? 8 : n >= 4 ? 2 : 1;
+}
 }  // namespace
 
 int64_t hc_mix_part_floats(int rows, int hc) { return int64_t(rows) * (hc_mix_stride(hc) + 1) * 32; }
@@ -4586,8 +4608,8 @@ void group_rows(const int32_t* ids, int64_t rows, int experts, RowGroups& g, cud
   g.max_groups = group_bound(rows, experts, size);
   g.rows = rows, g.experts = experts, g.size = size;
   if (rows <= 0) return;
-  launch_step(k_group_rows, dim3(1), dim3(256), size_t(2) * experts * sizeof(int32_t), s, ids, int(rows), experts,
-              size, g.order, g.groups, g.n_groups);
+  launch_step(k_group_rows, dim3(1), dim3(kGroupThreads), size_t(2) * experts * sizeof(int32_t), s, ids, int(rows),
+              experts, size, g.order, g.groups, g.n_groups);
   DSUF_CUDA(cudaGetLastError());
 }
 int imma_row_group(int64_t rows, int experts) {
