@@ -4804,14 +4804,17 @@ void pack_window(const float* kv, int rows, const RowMeta* meta, const SeqMeta* 
   const int64_t t = int64_t(rows) * (hd / 32);
   if (t > 0) launch_step(k_pack_window, dim3(blocks_for(t, 8)), dim3(256), 0, s, kv, rows, meta, seqs, layer, hd, W);
 }
-// DSUF_PV=warps|cp|tiles picks the softmax + P·V kernel: k_attention_pv<1, UNR> (the default, a head
-// a warp: v18 measured 0.06 ms a step faster than two; UNR by DSUF_PV_UNROLL), k_attention_pv<2, UNR>
-// (two heads a thread: each key slice value loaded once for both, half the shared-memory wavefronts
-// of the loop, twice each warp's softmax) or k_attention_pv_tiles.
+// DSUF_PV=auto|warps|cp|tiles picks the softmax + P·V kernel: k_attention_pv<1, UNR> (warps, a head a
+// warp: v18 measured 0.06 ms a step faster than two; UNR by DSUF_PV_UNROLL), k_attention_pv<2, UNR>
+// (cp: two heads a thread: each key slice value loaded once for both, half the shared-memory
+// wavefronts of the loop, twice each warp's softmax) or k_attention_pv_tiles. auto (session 23): tiles
+// for 16 to 128 rows (batch 16 −0.2 to −0.25 ms in three rounds over two sessions, 64 −0.6 in two),
+// warps otherwise (batch 1–4; prefill chunks of more rows: not re-measured).
 enum PvKernel { kPvOneHead = 0, kPvTwoHeads = 1, kPvTiles = 2 };
-int pv_kernel() {
-  static const int k = env_choice("DSUF_PV", {"warps", "cp", "tiles"});  // in PvKernel's order
-  return k;
+int pv_kernel(int rows) {
+  static const int k = env_choice("DSUF_PV", {"auto", "warps", "cp", "tiles"});
+  if (k == 0) return rows >= 16 && rows <= 128 ? kPvTiles : kPvOneHead;
+  return k - 1;  // in PvKernel's order
 }
 void gather_keys(const AttentionArgs& a, cudaStream_t s) {
   launch_step(k_gather_keys, dim3(a.rows, a.W + (a.sel ? a.sel_stride : 0)), dim3(128), 0, s, a);
@@ -4861,7 +4864,8 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   launch_step(logits_k, dim3(a.rows, blocks_for(a.H, kAttHeadsQK), attention_key_split(a.rows)), dim3(256), qk_smem,
               s, la);
   const dim3 pv_grid(a.rows, blocks_for(a.H, kPvHeads), blocks_for(a.hd, kPvDims));
-  if (pv_kernel() == kPvTiles) {
+  const int pv = pv_kernel(a.rows);
+  if (pv == kPvTiles) {
     const size_t smem = sizeof(float) * size_t(kPvHeads) * a.kmax;
     DSUF_CHECK(smem <= 200 * 1024, "attention: ", a.kmax, " keys a row need too much shared memory");
     // Above 48 KB in all (with the 8 KB key tile) the dynamic part needs the opt-in.
@@ -4883,7 +4887,7 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   // DSUF_PV_TRIGGER=entry (default) or late: −0.03 ms with the logits' trigger at entry, ±0 with it late.
   static const bool pv_late = env_picks("DSUF_PV_TRIGGER", "entry", "late");
   pa.pv_late = pv_late;
-  const int hpw = pv_kernel() == kPvOneHead ? 1 : 2;
+  const int hpw = pv == kPvOneHead ? 1 : 2;
   static const bool deep_unroll = !env_picks("DSUF_PV_UNROLL", "8", "2");
   auto* k = hpw == 2 ? (deep_unroll ? k_attention_pv<2, 8> : k_attention_pv<2, 2>)
                      : deep_unroll ? k_attention_pv<1, 8> : k_attention_pv<1, 2>;
