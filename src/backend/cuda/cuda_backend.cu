@@ -1268,8 +1268,8 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
   if (!shared_early) shared_expert();
   const int64_t rows = int64_t(n) * K;
   const cuda::RowGroups* grouped = nullptr;
-  // Tiled experts, not split by width: groups of 2–4 rows of one expert a block (imma_row_group) where
-  // the kernels would otherwise take the rows one at a time; else kRowGroup's groups from
+  // Tiled experts, not split by width: pairs of rows of one expert a block (imma_row_group) where the
+  // kernels would otherwise take the rows one at a time; else kRowGroup's groups from
   // group_rows_per_expert rows an expert on average.
   const int multi = experts_tiled && !(part.world > 1 && part.width_experts()) ? cuda::imma_row_group(rows, E) : 0;
   if (multi > 0) {
