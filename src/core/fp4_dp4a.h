@@ -206,6 +206,15 @@ DSUF_HD float fp4_imma_tree(const float (&acc)[16]) {
 // plane g − 4 of K-block 2·st + 1 (the stage's B columns 0-3 and 4-7, each MMA pair seeing zeros in
 // the other half). The byte offset of plane p's 8-byte piece q of K-block kb (its zeros at offset ^ 8):
 DSUF_HD int fp4_imma_bpos(int kb, int p, int q) { return (kb / 2) * 512 + (4 * (4 * (kb % 2) + p) + q) * 16 + (kb % 2) * 8; }
+// k_fp4_imma's merged pair (kMerged, session 23): two input rows of one expert in one MMA's columns —
+// B column g is plane g mod 4 of input row g / 4 — and a stage's two K-blocks in two accumulators (the
+// first MMA pair reads bytes 0-7 of the lane's 16, the second bytes 8-15), so no zeros are staged and
+// one 16-byte load serves both rows. Lane (g, q) of the first accumulator then holds input row q / 2's
+// sums of the stage's first K-block (fp4_imma_isum's algebra, unchanged), the second accumulator its
+// second K-block's. The byte offset of row rr's plane p piece q of K-block kb:
+DSUF_HD int fp4_imma_pair_bpos(int rr, int kb, int p, int q) {
+  return (kb / 2) * 512 + (4 * (4 * rr + p) + q) * 16 + (kb % 2) * 8;
+}
 
 // ---- k_fp4_imma<…, true>'s weight layout (DSUF_FP4=tiled) -------------------------------------------
 // An E2M1 matrix of `rows` rows (a multiple of 16) and nb K-blocks (even) as tiles of 16 rows × 2

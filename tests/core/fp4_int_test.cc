@@ -711,5 +711,99 @@ TEST(Fp4Tiled, WarpEqualsTheReferenceRowSums) {
   }
 }
 
+
+// k_fp4_imma's merged pair (kMerged): two input rows in one MMA's columns
+// (det::fp4_imma_pair_bpos), the stage's K-blocks in two accumulators, each lane the classes of both
+// parities of input row q / 2 — emulated lane by lane: both rows' outputs bit for bit the CPU
+// reference's, and every staged byte written once. (nr = 1, a second row of zeros, checks the
+// algebra alone: the kernel runs a group of one row on its one-row path.)
+TEST(Fp4Tiled, MergedPairEqualsTheReferenceRowSums) {
+  std::mt19937 g(8128);
+  for (int64_t nb : {8, 72, 160}) {
+    for (int nr : {2, 1}) {
+      const int64_t row_bytes = nb * 16;
+      std::vector<uint8_t> w(size_t(16 * row_bytes)), tiled(w.size()), codes(size_t(16 * nb));
+      for (auto& c : w) c = uint8_t(g());
+      for (auto& c : codes) c = uint8_t(110 + g() % 30);
+      std::vector<int32_t> X[2];
+      std::vector<float> sa[2];
+      for (int rr = 0; rr < 2; ++rr) {
+        X[rr].resize(size_t(nb * 32));
+        for (auto& x : X[rr]) x = det::e4m3_x512(e4m3_to_float(random_e4m3(g)));
+        sa[rr].resize(size_t(nb));
+        for (auto& v : sa[rr]) v = std::ldexp(1.0f, int(g() % 20) - 10);
+      }
+      for (int64_t r = 0; r < 16; ++r)
+        for (int64_t b = 0; b < row_bytes; ++b) tiled[size_t(det::fp4_tiled_offset(r, b, nb))] = w[size_t(r * row_bytes + b)];
+      float want[2][16];
+      for (int rr = 0; rr < nr; ++rr)
+        for (int r = 0; r < 16; ++r)
+          want[rr][r] = det::lane_sum(nb, [&](int64_t kb) {
+            const float part = det::fp4_act_block_part(
+                det::fp4_act_block_isum(X[rr].data() + kb * 32, w.data() + r * row_bytes + kb * 16));
+            return part * (sa[rr][size_t(kb)] * std::ldexp(1.0f, int(codes[size_t(r * nb + kb)]) - 127));
+          });
+      // The staging: row rr's pieces at fp4_imma_pair_bpos, a missing row's as zeros (and its scales 0).
+      std::vector<uint8_t> staged(size_t(nb / 2 * 512), 0xA5);
+      std::vector<int> writes(staged.size(), 0);
+      for (int rr = 0; rr < 2; ++rr)
+        for (int i = 0; i < int(nb) * 16; ++i) {
+          const int kb = i / 16, p = (i / 4) % 4, q = i % 4, at = det::fp4_imma_pair_bpos(rr, kb, p, q);
+          uint32_t v[2] = {0, 0};
+          if (rr < nr) {
+            uint8_t bytes[8];
+            for (int j = 0; j < 8; ++j) bytes[j] = p == 3 ? 1 : det::x512_plane(X[rr][size_t(kb * 32 + 8 * q + j)], p);
+            std::memcpy(v, bytes, 8);
+            if (p == 2) v[0] = det::fp4_mma_hi4(v[0]), v[1] = det::fp4_mma_hi4(v[1]);
+          }
+          std::memcpy(staged.data() + at, v, 8);
+          for (int j = 0; j < 8; ++j) ++writes[size_t(at + j)];
+        }
+      for (size_t j = 0; j < writes.size(); ++j) ASSERT_EQ(writes[j], 1) << "nb " << nb << ", staged byte " << j;
+      float acc[32][2][16] = {};
+      for (int64_t st = 0; st < nb / 2; ++st) {
+        uint32_t pos[2][32][4], neg[2][32][4], b[2][32][2];
+        for (int L = 0; L < 32; ++L) {
+          uint32_t wr[4], got[4];
+          std::memcpy(wr, tiled.data() + st * 512 + L * 16, 16);
+          det::Fp4MmaA f0, f1;
+          det::fp4_mma_a(wr[0], wr[1], f0), det::fp4_mma_a(wr[2], wr[3], f1);
+          std::memcpy(pos[0][L], f0.pos, 16), std::memcpy(neg[0][L], f0.neg, 16);
+          std::memcpy(pos[1][L], f1.pos, 16), std::memcpy(neg[1][L], f1.neg, 16);
+          std::memcpy(got, staged.data() + st * 512 + L * 16, 16);
+          b[0][L][0] = got[0], b[0][L][1] = got[1], b[1][L][0] = got[2], b[1][L][1] = got[3];
+        }
+        for (int k = 0; k < 2; ++k) {  // K-block 2st + k: its own accumulator
+          int32_t d[32][4] = {};
+          emulate_mma(pos[k], b[k], d), emulate_mma(neg[k], b[k], d);
+          uint32_t tg[32], tg8[32], send[32];
+          for (int L = 0; L < 32; ++L) {
+            const det::Fp4ImmaFactors f = det::fp4_imma_factors(L % 2);
+            tg[L] = det::fp4_imma_partial(uint32_t(d[L][0]), uint32_t(d[L][1]), f);
+            tg8[L] = det::fp4_imma_partial(uint32_t(d[L][2]), uint32_t(d[L][3]), f);
+            send[L] = det::fp4_imma_send(tg[L], tg8[L], L % 2, f);
+          }
+          for (int L = 0; L < 32; ++L) {
+            const int h = (L % 4) / 2, row = L / 4 + 8 * (L % 2);  // input row h, weight row `row`
+            const int64_t kb = 2 * st + k;
+            const int32_t S = det::fp4_imma_isum(tg[L], tg8[L], L % 2, det::fp4_imma_factors(L % 2), send[L ^ 1]);
+            const float sw = std::ldexp(1.0f, int(codes[size_t(row * nb + kb)]) - 127);
+            const float s_a = h < nr ? sa[h][size_t(kb)] : 0.0f;
+            const float c = det::fp4_act_block_part(S) * (s_a * sw);
+            acc[L][k][st % 16] = acc[L][k][st % 16] + c;  // class 2·(st mod 16) + k
+          }
+        }
+      }
+      for (int L = 0; L < 32; ++L) {
+        const int h = (L % 4) / 2, row = L / 4 + 8 * (L % 2);
+        if (h >= nr) continue;
+        const float got = det::fp4_imma_tree(acc[L][0]) + det::fp4_imma_tree(acc[L][1]);
+        EXPECT_EQ(std::memcmp(&got, &want[h][row], 4), 0)
+            << "nb " << nb << ", input row " << h << " of " << nr << ", row " << row << ": " << got << " vs " << want[h][row];
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dsuf

@@ -1697,10 +1697,11 @@ __device__ uint32_t kImmaTables[4] = {0x06040200u, 0x18100C08u, 0xFDFEFF00u, 0xF
 // kBulk (tiled only, DSUF_TILED=b<slots>,<warps>): a warp's ring of `slots` chunks of kBulkStages
 // stages, filled by bulk copies, and a barrier a slot.
 constexpr int kBulkStages = 4;  // 2 KB a copy
-size_t imma_smem(int64_t nb, int stages, int warps, bool tiled, int bulk = 0, bool glu = false, int rows = 1) {
+size_t imma_smem(int64_t nb, int stages, int warps, bool tiled, int bulk = 0, bool glu = false, int rows = 1,
+                 bool merged = false) {
   return (tiled ? 0 : size_t(warps) * stages * 512) + size_t(warps) * bulk * (kBulkStages * 512 + 8) +
-         size_t(rows) * (size_t((nb + 1) / 2) * 512 + size_t(nb) * 4) + size_t(warps) * 16 * nb +
-         (glu ? size_t(rows) * warps * 16 * 4 : 0);
+         size_t(merged ? 1 : rows) * size_t((nb + 1) / 2) * 512 + size_t(rows) * size_t(nb) * 4 +
+         size_t(warps) * 16 * nb + (glu ? size_t(rows) * warps * 16 * 4 : 0);
 }
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -1731,7 +1732,15 @@ struct GluTail {
 // routed rows of one expert (RowGroups built with that size; blocks past *n_groups leave at once),
 // and each stage's weights, decoded once, serve every row of the group — per row its own staged
 // planes, MMAs, block sums and class accumulators: each row's arithmetic exactly as a row alone.
-template <int kImmaStages, int kImmaWarps, bool kTiled, int kBulk = 0, bool kGlu = false, int kRows = 1>
+// kMerged (kRows = 2, DSUF_EXPERT_PAIR=merged): the pair's two rows in one MMA's columns
+// (det::fp4_imma_pair_bpos: no zeros staged, one 16-byte load a stage for both), the stage's K-blocks
+// in two accumulators; lane (g, q) then ends with input row q / 2's classes of both parities
+// (acc[k][s]: class 2s + k), and the tree's last level is inside the lane — the same sums
+// (Fp4Tiled.MergedPairEqualsTheReferenceRowSums emulates it against the CPU reference). A group of one
+// row runs the one-row path in the same kernel (block-uniform `merge`): the merged form would pay for
+// a second row.
+template <int kImmaStages, int kImmaWarps, bool kTiled, int kBulk = 0, bool kGlu = false, int kRows = 1,
+          bool kMerged = false>
 __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(const uint8_t* const* W, const uint8_t* const* Ws,
                                                                  const int32_t* ids, int64_t out, int64_t K,
                                                                  const float* __restrict__ xs, int64_t xs_stride,
@@ -1742,6 +1751,7 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   static_assert(16 % kImmaStages == 0, "a chunk's 16 stages start on slot 0 of the ring");
   static_assert(!kGlu || (kImmaWarps % 4 == 0 && kBulk > 0), "kGlu: half the warps a matrix, whole K-blocks of h");
   static_assert(kRows == 1 || kTiled, "several rows a block: tiled weights only");
+  static_assert(!kMerged || kRows == 2, "a merged pair is two rows");
   extern __shared__ __align__(16) uint8_t imma_sm[];
   const int nb = int(K / 32), nst = (nb + 1) / 2;  // K-blocks; stages of two
   int row = blockIdx.y;
@@ -1760,7 +1770,7 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   // [stage][lane][16 B]: lane L's B registers of the stage, zeros in place (det::fp4_imma_bpos)
   // (kRows: [rr][stage][lane][16 B], one row's planes after another)
   uint8_t* sB = imma_sm + (kTiled ? 0 : kImmaWarps * kImmaStages * 512) + kImmaWarps * kBulk * (kChunk + 8);
-  float* ssa = reinterpret_cast<float*>(sB + kRows * nst * 512);  // [rr][kb]: the input scales
+  float* ssa = reinterpret_cast<float*>(sB + (kMerged ? 1 : kRows) * nst * 512);  // [rr][kb]: the input scales
   uint8_t* codes = reinterpret_cast<uint8_t*>(ssa + kRows * nb) + w * 16 * nb;  // [row][kb]: the weight scale codes
   // kGlu triggers w2 at its tail instead (session 21: at entry, w2's whole-SM blocks became resident
   // beside w1/w3 and kept the shared expert's w2 off the SMs, +0.15 ms: docs/perf.md v35).
@@ -1846,12 +1856,23 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   // The input planes, scales and the 16 rows' scale codes: one group, before the ring's stages.
   // Input piece i: K-block i / 16, plane (i / 4) mod 4, bytes 8·(i mod 4).. — 8 bytes of the 16-byte
   // piece 2·plane + (i mod 4) / 2 (ppos16), plane 3 the ones — and its 8 zero bytes beside it.
+  // kMerged: a pair in the merged layout; a group of one row as the one-row kernel (below, `merge`).
+  const bool merge = kMerged && nr == 2;
 #pragma unroll
   for (int rr = 0; rr < kRows; ++rr) {
     if (rr >= nr) break;
     const int64_t xrow = rows_of[rr] / x_div;
     const uint8_t* xpr = xp + xrow * xp_stride;
     const float* xsr = xs + xrow * xs_stride;
+    if (merge) {
+      for (int i = threadIdx.x; i < nb * 16; i += blockDim.x) {
+        const int kb = i / 16, p = (i / 4) % 4, q = i % 4, at = det::fp4_imma_pair_bpos(rr, kb, p, q);
+        if (p < 3) cp_async8_to(smem_u32(sB + at), xpr + ppos16(kb, 2 * p + q / 2) * 16 + (q % 2) * 8);
+        else *reinterpret_cast<uint2*>(sB + at) = make_uint2(0x01010101u, 0x01010101u);
+      }
+      for (int i = threadIdx.x; i < nb; i += blockDim.x) cp_async4_to(smem_u32(ssa + rr * nb + i), xsr + i);
+      continue;
+    }
     uint8_t* sBr = sB + rr * nst * 512;
     for (int i = threadIdx.x; i < nb * 16; i += blockDim.x) {
       const int kb = i / 16, p = (i / 4) % 4, q = i % 4, at = det::fp4_imma_bpos(kb, p, q);
@@ -1881,8 +1902,9 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   else cp_async_wait_group<kImmaStages - 1>();
   __syncthreads();
   for (int i = threadIdx.x; i < nr * nb * 4; i += blockDim.x) {  // plane 2 → hi + 4, in place
-    const int j = i % (nb * 4);
-    uint2* p = reinterpret_cast<uint2*>(sB + (i / (nb * 4)) * nst * 512 + det::fp4_imma_bpos(j / 4, 2, j % 4));
+    const int j = i % (nb * 4), rr = i / (nb * 4);
+    uint2* p = reinterpret_cast<uint2*>(merge ? sB + det::fp4_imma_pair_bpos(rr, j / 4, 2, j % 4)
+                                              : sB + rr * nst * 512 + det::fp4_imma_bpos(j / 4, 2, j % 4));
     const uint2 v = *p;
     *p = make_uint2(det::fp4_mma_hi4(v.x), det::fp4_mma_hi4(v.y));
   }
@@ -1940,6 +1962,29 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
       det::Fp4MmaA a0, a1;
       det::fp4_mma_a(wr[0], wr[1], a0, tab);
       det::fp4_mma_a(wr[2], wr[3], a1, tab);
+      if (merge) {  // lanes g < 4: row 0's planes, g ≥ 4: row 1's; bytes 0-7 K-block 2st, 8-15 2st + 1
+        const uint4 bv = *reinterpret_cast<const uint4*>(bsrc + s * 512);
+        int32_t d[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+        mma_s8u8(d[0], a0.pos, bv.x, bv.y);
+        mma_s8u8(d[0], a0.neg, bv.x, bv.y);
+        mma_s8u8(d[1], a1.pos, bv.z, bv.w);
+        mma_s8u8(d[1], a1.neg, bv.z, bv.w);
+        const uint8_t* pc = codes + my_row * nb + 2 * base;  // this lane's weight row
+        const float* pa = ssa + h * nb + 2 * base;            // this lane's input row
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          const uint32_t ug = det::fp4_imma_partial(uint32_t(d[k][0]), uint32_t(d[k][1]), f);
+          const uint32_t ug8 = det::fp4_imma_partial(uint32_t(d[k][2]), uint32_t(d[k][3]), f);
+          const int32_t S = det::fp4_imma_isum(ug, ug8, odd, f,
+                                               __shfl_xor_sync(0xffffffffu, det::fp4_imma_send(ug, ug8, odd, f), 1));
+          // An odd nb's last stage has no second K-block: read in range, add nothing.
+          const bool in = !kTail || 2 * st + k < nb;
+          const int off = in ? 2 * s + k : 2 * s;
+          const float c = det::fp4_act_block_part(S) * (pa[off] * e8m0_max(pc[off]));
+          if (in) acc[k][s] = acc[k][s] + c;
+        }
+        continue;
+      }
       // An odd nb's last stage has no second K-block: read in range, add nothing.
       const int off = kTail && 2 * st + h >= nb ? 2 * s - 1 : 2 * s;
       const float s_w = e8m0_max(mycodes[off]);
@@ -1967,15 +2012,24 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   for (; base + 16 <= nb / 2; base += 16) chunk(base, std::false_type{});
   if (base < nst) chunk(base, std::true_type{});
   // warp_sum's tree: levels 16 to 2 inside the lane (det::fp4_imma_tree), level 1 across the parities.
-#pragma unroll
-  for (int rr = 0; rr < kRows; ++rr) {
-    if (rr >= nr) break;
-    const float dd = det::fp4_imma_tree(acc[rr]);
-    const float v = dd + __shfl_xor_sync(0xffffffffu, dd, 2);
-    if constexpr (kGlu) {  // the outputs stay in the block (h is what leaves it)
-      if (h == 0) glu_out[rr * 2 * kSets * 16 + half * kSets * 16 + (w % kSets) * 16 + my_row] = rb(v, r);
+  if (merge) {  // both parities in the lane: level 1 inside it too; lane q's input row is q / 2
+    const float v = det::fp4_imma_tree(acc[0]) + det::fp4_imma_tree(acc[1]);
+    if constexpr (kGlu) {
+      glu_out[h * 2 * kSets * 16 + half * kSets * 16 + (w % kSets) * 16 + my_row] = rb(v, r);
     } else {
-      if (h == 0 && o0 + my_row < out) y[int64_t(rows_of[rr]) * out + o0 + my_row] = rb(v, r);
+      if (o0 + my_row < out) y[int64_t(h ? rows_of[1] : rows_of[0]) * out + o0 + my_row] = rb(v, r);
+    }
+  } else {
+#pragma unroll
+    for (int rr = 0; rr < kRows; ++rr) {
+      if (rr >= nr) break;
+      const float dd = det::fp4_imma_tree(acc[rr]);
+      const float v = dd + __shfl_xor_sync(0xffffffffu, dd, 2);
+      if constexpr (kGlu) {  // the outputs stay in the block (h is what leaves it)
+        if (h == 0) glu_out[rr * 2 * kSets * 16 + half * kSets * 16 + (w % kSets) * 16 + my_row] = rb(v, r);
+      } else {
+        if (h == 0 && o0 + my_row < out) y[int64_t(rows_of[rr]) * out + o0 + my_row] = rb(v, r);
+      }
     }
   }
   if constexpr (kGlu) glu_tail();
@@ -4486,12 +4540,18 @@ void launch_imma(const Fp4Call& c) {
   static const int ring_pick = kTiled ? 0 : env_choice("DSUF_IMMA", {"8,8", "8,4", "16,4", "16,8"});
   const bool glu = kTiled && c.glu;  // kGlu: b2,16 whatever DSUF_TILED says
   if (kTiled && c.multi) {  // pairs of routed rows of one expert a block: b2 rings, 16 warps
+    // DSUF_EXPERT_PAIR=merged|split: both rows in one MMA's columns (merged, kMerged, the default: half
+    // the MMAs and the staging; session 23 against split: batch 16 −0.69 ms in two rounds, 64 −9.5 in
+    // one) or each row its own MMAs (split).
+    static const bool merged = !env_picks("DSUF_EXPERT_PAIR", "merged", "split");
     const RowGroups& g = *c.multi;
-    const Shape sh = glu ? Shape{k_fp4_imma<4, 16, true, 2, true, 2>, 4, 16, 2}
-                         : Shape{k_fp4_imma<4, 16, true, 2, false, 2>, 4, 16, 2};
+    const Shape sh = merged ? (glu ? Shape{k_fp4_imma<4, 16, true, 2, true, 2, true>, 4, 16, 2}
+                                   : Shape{k_fp4_imma<4, 16, true, 2, false, 2, true>, 4, 16, 2})
+                            : (glu ? Shape{k_fp4_imma<4, 16, true, 2, true, 2>, 4, 16, 2}
+                                   : Shape{k_fp4_imma<4, 16, true, 2, false, 2>, 4, 16, 2});
     DSUF_CHECK(g.size == 2 && g.max_groups <= 65535, "fp4 experts: groups of ", g.size, ", ", g.max_groups,
                " of them");
-    const size_t smem = imma_smem(c.K / 32, sh.stages, sh.warps, true, sh.bulk, glu, g.size);
+    const size_t smem = imma_smem(c.K / 32, sh.stages, sh.warps, true, sh.bulk, glu, g.size, merged);
     if (smem > kImmaMaxSmem) {  // the rows' staged inputs do not fit (K past ~5,120): a row at a time
       Fp4Call one = c;
       one.multi = nullptr, one.order = g.order;
