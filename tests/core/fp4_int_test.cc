@@ -615,6 +615,20 @@ TEST(Fp4Tiled, LayoutIsTheLanesFragments) {
   EXPECT_FALSE(det::fp4_tileable(2300, 5120) || det::fp4_tileable(2304, 5120 + 64) || det::fp4_tileable(16, 32 * 260));
 }
 
+// Each lane's exact block sum S from emulated accumulators d, as k_fp4_imma forms it: the lane's two
+// rows' partials, the one it sends lane L ^ 1, and fp4_imma_isum with the partner's.
+void lane_block_sums(const int32_t (&d)[32][4], int32_t (&S)[32]) {
+  uint32_t tg[32], tg8[32], send[32];
+  for (int L = 0; L < 32; ++L) {
+    const det::Fp4ImmaFactors f = det::fp4_imma_factors(L % 2);
+    tg[L] = det::fp4_imma_partial(uint32_t(d[L][0]), uint32_t(d[L][1]), f);
+    tg8[L] = det::fp4_imma_partial(uint32_t(d[L][2]), uint32_t(d[L][3]), f);
+    send[L] = det::fp4_imma_send(tg[L], tg8[L], L % 2, f);
+  }
+  for (int L = 0; L < 32; ++L)
+    S[L] = det::fp4_imma_isum(tg[L], tg8[L], L % 2, det::fp4_imma_factors(L % 2), send[L ^ 1]);
+}
+
 // k_fp4_imma_tiled's whole arithmetic for one warp's 16 rows, emulated lane by lane from the tiled
 // bytes (the MMAs as the PTX ISA lays out their fragments): every row's output bit for bit equal to
 // the CPU reference's (det::lane_sum over the blocks' part(S)·(s_a·s_w), as cpu_backend's fp4_linear).
@@ -683,21 +697,14 @@ TEST(Fp4Tiled, WarpEqualsTheReferenceRowSums) {
             ASSERT_EQ(b[h][L][r], (gg / 4 == h) ? v[r] : 0u) << "nb " << nb << ", stage " << st << ", lane " << L;
           }
       }
-      int32_t d[32][4] = {};
+      int32_t d[32][4] = {}, S[32];
       for (int h = 0; h < 2; ++h) emulate_mma(pos[h], b[h], d), emulate_mma(neg[h], b[h], d);
-      uint32_t tg[32], tg8[32], send[32];
-      for (int L = 0; L < 32; ++L) {
-        const det::Fp4ImmaFactors f = det::fp4_imma_factors(L % 2);
-        tg[L] = det::fp4_imma_partial(uint32_t(d[L][0]), uint32_t(d[L][1]), f);
-        tg8[L] = det::fp4_imma_partial(uint32_t(d[L][2]), uint32_t(d[L][3]), f);
-        send[L] = det::fp4_imma_send(tg[L], tg8[L], L % 2, f);
-      }
+      lane_block_sums(d, S);
       for (int L = 0; L < 32; ++L) {
         const int h = (L % 4) / 2, row = L / 4 + 8 * (L % 2);
         const int64_t kb = 2 * st + h;
-        const int32_t S = det::fp4_imma_isum(tg[L], tg8[L], L % 2, det::fp4_imma_factors(L % 2), send[L ^ 1]);
         const float sw = std::ldexp(1.0f, int(codes[size_t(row * nb + kb)]) - 127);
-        const float c = det::fp4_act_block_part(S) * (sa[size_t(kb)] * sw);
+        const float c = det::fp4_act_block_part(S[L]) * (sa[size_t(kb)] * sw);
         acc[L][(st % 16)] = acc[L][(st % 16)] + c;  // class 2·(st mod 16) + h
       }
     }
@@ -774,22 +781,15 @@ TEST(Fp4Tiled, MergedPairEqualsTheReferenceRowSums) {
           b[0][L][0] = got[0], b[0][L][1] = got[1], b[1][L][0] = got[2], b[1][L][1] = got[3];
         }
         for (int k = 0; k < 2; ++k) {  // K-block 2st + k: its own accumulator
-          int32_t d[32][4] = {};
+          int32_t d[32][4] = {}, S[32];
           emulate_mma(pos[k], b[k], d), emulate_mma(neg[k], b[k], d);
-          uint32_t tg[32], tg8[32], send[32];
-          for (int L = 0; L < 32; ++L) {
-            const det::Fp4ImmaFactors f = det::fp4_imma_factors(L % 2);
-            tg[L] = det::fp4_imma_partial(uint32_t(d[L][0]), uint32_t(d[L][1]), f);
-            tg8[L] = det::fp4_imma_partial(uint32_t(d[L][2]), uint32_t(d[L][3]), f);
-            send[L] = det::fp4_imma_send(tg[L], tg8[L], L % 2, f);
-          }
+          lane_block_sums(d, S);
           for (int L = 0; L < 32; ++L) {
             const int h = (L % 4) / 2, row = L / 4 + 8 * (L % 2);  // input row h, weight row `row`
             const int64_t kb = 2 * st + k;
-            const int32_t S = det::fp4_imma_isum(tg[L], tg8[L], L % 2, det::fp4_imma_factors(L % 2), send[L ^ 1]);
             const float sw = std::ldexp(1.0f, int(codes[size_t(row * nb + kb)]) - 127);
             const float s_a = h < nr ? sa[h][size_t(kb)] : 0.0f;
-            const float c = det::fp4_act_block_part(S) * (s_a * sw);
+            const float c = det::fp4_act_block_part(S[L]) * (s_a * sw);
             acc[L][k][st % 16] = acc[L][k][st % 16] + c;  // class 2·(st mod 16) + k
           }
         }
