@@ -1694,6 +1694,13 @@ __global__ void __launch_bounds__(32 * kMmaMaxRounds) k_fp4_mma(const uint8_t* c
 // l, l+32, … and warp_sum, so the same bits.
 constexpr int kImmaMaxNb = 256;
 __device__ uint32_t kImmaTables[4] = {0x06040200u, 0x18100C08u, 0xFDFEFF00u, 0xF4F8FAFCu};  // det::Fp4Tables
+// Lane (g, q)'s exact block sum from a stage's accumulator d: its two rows' partials, the one it sends
+// lane q ^ 1, and fp4_imma_isum with the partner's (det::fp4_imma_*, core/fp4_dp4a.h).
+__device__ __forceinline__ int32_t imma_lane_sum(const int32_t (&d)[4], int odd, det::Fp4ImmaFactors f) {
+  const uint32_t ug = det::fp4_imma_partial(uint32_t(d[0]), uint32_t(d[1]), f);
+  const uint32_t ug8 = det::fp4_imma_partial(uint32_t(d[2]), uint32_t(d[3]), f);
+  return det::fp4_imma_isum(ug, ug8, odd, f, __shfl_xor_sync(0xffffffffu, det::fp4_imma_send(ug, ug8, odd, f), 1));
+}
 // kBulk (tiled only, DSUF_TILED=b<slots>,<warps>): a warp's ring of `slots` chunks of kBulkStages
 // stages, filled by bulk copies, and a barrier a slot.
 constexpr int kBulkStages = 4;  // 2 KB a copy
@@ -1768,7 +1775,8 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   uint8_t* ring = imma_sm + (threadIdx.x / 32) * kBulk * kChunk;  // kBulk: this warp's slots
   const uint32_t bars = smem_u32(imma_sm + kImmaWarps * kBulk * kChunk) + (threadIdx.x / 32) * kBulk * 8;
   // [stage][lane][16 B]: lane L's B registers of the stage, zeros in place (det::fp4_imma_bpos)
-  // (kRows: [rr][stage][lane][16 B], one row's planes after another)
+  // (kRows: [rr][stage][lane][16 B], one row's planes after another; a merged pair: one [stage][lane][16 B]
+  // for both rows, det::fp4_imma_pair_bpos)
   uint8_t* sB = imma_sm + (kTiled ? 0 : kImmaWarps * kImmaStages * 512) + kImmaWarps * kBulk * (kChunk + 8);
   float* ssa = reinterpret_cast<float*>(sB + (kMerged ? 1 : kRows) * nst * 512);  // [rr][kb]: the input scales
   uint8_t* codes = reinterpret_cast<uint8_t*>(ssa + kRows * nb) + w * 16 * nb;  // [row][kb]: the weight scale codes
@@ -1973,10 +1981,7 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
         const float* pa = ssa + h * nb + 2 * base;            // this lane's input row
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
-          const uint32_t ug = det::fp4_imma_partial(uint32_t(d[k][0]), uint32_t(d[k][1]), f);
-          const uint32_t ug8 = det::fp4_imma_partial(uint32_t(d[k][2]), uint32_t(d[k][3]), f);
-          const int32_t S = det::fp4_imma_isum(ug, ug8, odd, f,
-                                               __shfl_xor_sync(0xffffffffu, det::fp4_imma_send(ug, ug8, odd, f), 1));
+          const int32_t S = imma_lane_sum(d[k], odd, f);
           // An odd nb's last stage has no second K-block: read in range, add nothing.
           const bool in = !kTail || 2 * st + k < nb;
           const int off = in ? 2 * s + k : 2 * s;
@@ -1999,10 +2004,7 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
         mma_s8u8(d, a0.neg, b0, b1);
         mma_s8u8(d, a1.pos, c0, c1);
         mma_s8u8(d, a1.neg, c0, c1);
-        const uint32_t ug = det::fp4_imma_partial(uint32_t(d[0]), uint32_t(d[1]), f);
-        const uint32_t ug8 = det::fp4_imma_partial(uint32_t(d[2]), uint32_t(d[3]), f);
-        const int32_t S =
-            det::fp4_imma_isum(ug, ug8, odd, f, __shfl_xor_sync(0xffffffffu, det::fp4_imma_send(ug, ug8, odd, f), 1));
+        const int32_t S = imma_lane_sum(d, odd, f);
         const float c = det::fp4_act_block_part(S) * (mysa[rr * nb + off] * s_w);
         if (!kTail || 2 * st + h < nb) acc[rr][s] = acc[rr][s] + c;
       }
