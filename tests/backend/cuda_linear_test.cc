@@ -5,7 +5,8 @@
 // forms) or not (K = 320, 1,000: the unstaged path; the staging layout would place a shorter last
 // round past the row — session 22). GPU machine only (label "gpu", in cuda_backend_tests).
 // And the routed experts' several-rows-a-block form (k_fp4_imma<…, kRows>, session 23) against the
-// row-at-a-time kernel on the same tiled weights and inputs, bit for bit.
+// row-at-a-time kernel on the same tiled weights and inputs, bit for bit. And the one-row FP8 linear
+// (k_fp8_gemv_tiles, k_fp8_gemv) against the reference's sum.
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -69,6 +70,74 @@ TEST(CudaBf16Linear, EveryFormEqualsTheCanonicalSum) {
   cudaStreamDestroy(s);
 }
 
+
+// The one-row FP8 linear against the reference's sum (the CPU backend's fp8_linear: per K-block the
+// sequential FP32 sum of the products, times s_act·s_w, lane_sum over the K-blocks, then BF16), bit
+// for bit, on fresh random E4M3 weights, scale codes and inputs, quantized (wq_b) and not: K = 1,280
+// and 1,024 take k_fp8_gemv_tiles under DSUF_FP8_TILES=auto (a partial last tile at 4,102 outputs),
+// K = 1,536 (remainder not spread) and 5,120 k_fp8_gemv; with DSUF_FP8_TILES=off all of them
+// k_fp8_gemv (scripts/gpu-check.sh runs the suite both ways).
+TEST(CudaFp8Linear, OneRowEqualsTheReferenceSum) {
+  std::mt19937 rng(20261202);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_int_distribution<int> byte(0, 255), code(120, 130);
+  struct Shape {
+    int64_t out, K;
+  };
+  const Shape shapes[] = {{32768, 1280}, {4102, 1280}, {1000, 1024}, {5000, 1536}, {2304, 5120}};
+  cudaStream_t s = nullptr;
+  DSUF_CUDA(cudaStreamCreate(&s));
+  for (const Shape& sh : shapes)
+    for (const bool quantize : {true, false})
+      for (const bool r : {true, false}) {
+        const int64_t nb = sh.K / 32, sb = (sh.out + 31) / 32;
+        std::vector<uint8_t> W(size_t(sh.out * sh.K)), Ws(size_t(sb * nb));
+        for (auto& w : W) {
+          w = uint8_t(byte(rng));
+          if ((w & 0x7f) == 0x7f) w ^= 1;  // no NaN codes
+        }
+        for (auto& c : Ws) c = uint8_t(code(rng));
+        std::vector<float> x(size_t(sh.K));
+        for (auto& v : x) v = nd(rng) * (1.0f + 30.0f * float(byte(rng) < 8));  // a few outliers
+        // The reference's view of the input: per-32 E4M3 values and scales, or the values as they are.
+        std::vector<float> v(x), sa(size_t(nb), 1.0f);
+        if (quantize)
+          for (int64_t b = 0; b < nb; ++b) {
+            uint8_t q[32];
+            sa[size_t(b)] = act_quant_fp8_block(x.data() + 32 * b, 32, q);
+            for (int k = 0; k < 32; ++k) v[size_t(32 * b + k)] = e4m3_to_float(q[k]);
+          }
+        Buf<uint8_t> dW(W.size()), dWs(Ws.size());
+        Buf<float> dx{x.size()}, dxq{size_t(cuda::interleaved_k(sh.K))}, dxs{size_t(nb)}, dy{size_t(sh.out)};
+        DSUF_CUDA(cudaMemcpy(dW.p, W.data(), W.size(), cudaMemcpyHostToDevice));
+        DSUF_CUDA(cudaMemcpy(dWs.p, Ws.data(), Ws.size(), cudaMemcpyHostToDevice));
+        DSUF_CUDA(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+        DSUF_CUDA(cudaMemset(dy.p, 0xff, size_t(sh.out) * 4));  // NaN where nothing is written
+        const cuda::LinearInput in = cuda::linear_input(dx.p, sh.K, 1, sh.K, quantize, dxq.p, dxs.p, s);
+        cuda::fp8_linear(dW.p, dWs.p, sh.out, sh.K, in, 1, dy.p, sh.out, r, s);
+        DSUF_CUDA(cudaStreamSynchronize(s));
+        std::vector<float> y(size_t(sh.out));
+        DSUF_CUDA(cudaMemcpy(y.data(), dy.p, y.size() * 4, cudaMemcpyDeviceToHost));
+        int64_t bad = 0;
+        for (int64_t o = 0; o < sh.out; ++o) {
+          const uint8_t* wr = W.data() + o * sh.K;
+          const float acc = det::lane_sum(nb, [&](int64_t kb) {
+            float part = 0.0f;
+            for (int k = 0; k < 32; ++k) part += v[size_t(kb * 32 + k)] * e4m3_to_float(wr[kb * 32 + k]);
+            return part * (sa[size_t(kb)] * e8m0_to_float(Ws[size_t((o / 32) * nb + kb)]));
+          });
+          const float want = r ? round_bf16(acc) : acc;
+          if (f32_bits(y[size_t(o)]) != f32_bits(want) && bad++ < 3)
+            ADD_FAILURE() << "out " << sh.out << " K " << sh.K << " quantized " << quantize << " r " << r << ": y["
+                          << o << "] = " << y[size_t(o)] << ", reference " << want;
+        }
+        std::printf("fp8_linear out %lld K %lld quantized %d bf16 %d: %lld of %lld differ\n",
+                    static_cast<long long>(sh.out), static_cast<long long>(sh.K), int(quantize), int(r),
+                    static_cast<long long>(bad), static_cast<long long>(sh.out));
+        EXPECT_EQ(bad, 0);
+      }
+  cudaStreamDestroy(s);
+}
 
 // The routed experts through pairs of rows of one expert a block (k_fp4_imma<…, kRows = 2>),
 // kRowGroup's groups (a row at a time in expert order) and no groups (a row at a time by ids): every

@@ -165,6 +165,14 @@ struct CudaBackend::Impl {
   // the step's tail; −0.022 ms a batch-1 step, docs/perf.md) or through the copy and the gather (v35).
   bool head_direct = true;
   bool gather_early = true;  // DSUF_GATHER=early|late (attention())
+  // DSUF_GATHER_REUSE=on|off: ws.keys past each row's window keeps the selected entries' keys of the
+  // last gather; a layer that attends the same source slot's entries by the same selection (the
+  // layers after an indexer layer, up to the next) has gather_keys decode only its window (on, the
+  // default since v38) instead of all 640 keys again (off). keys_sel: what that part holds (slot and
+  // selection layer, −1 nothing known), keys_layer: the layer that gathered last (a new pass starts
+  // at a layer ≤ it).
+  bool gather_reuse = true;
+  int keys_sel = -1, keys_layer = -1;
   // DSUF_TOPK_RANK=gather|sort: the indexer's top-k leaves its picks unsorted and gather_keys' blocks
   // place them by rank (cuda::top_k_picks; v27, −0.065 ms a batch-1 step; steps of up to 4 rows) or
   // the top-k sorts them (v26).
@@ -538,6 +546,7 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   if (const char* v = std::getenv("DSUF_OVERLAP")) overlap = std::string(v) != "0";
   shared_early = !env_picks("DSUF_SHARED_FORK", "early", "late");
   gather_early = !env_picks("DSUF_GATHER", "early", "late");
+  gather_reuse = !env_picks("DSUF_GATHER_REUSE", "on", "off");
   rank_gather = !env_picks("DSUF_TOPK_RANK", "gather", "sort");
   head_direct = !env_picks("DSUF_HEAD_INPUT", "direct", "gather");
   wqb_after_scores = !env_picks("DSUF_WQB_WAIT", "scores", "none");
@@ -1215,6 +1224,10 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
     DSUF_CUDA(cudaStreamWaitEvent(stream, ev_scores));
     wq_b();
   }
+  const int sel_id = ratio > 0 ? slot * 4096 + lp.index_source : -1;
+  if (l <= keys_layer) keys_sel = -1;  // a new pass
+  aa.window_only = gather_reuse && sel_id >= 0 && !aa.picks && sel_id == keys_sel;
+  keys_sel = sel_id, keys_layer = l;
   // The keys decoded on the side stream after the selection, beside wq_b, instead of first on the
   // attention's path (DSUF_GATHER=late: the other way; −0.05 to −0.1 ms a step, docs/perf.md v19).
   if (gather_early) cuda::gather_keys(aa, branch());

@@ -848,6 +848,35 @@ __device__ __forceinline__ void load_x(const float* __restrict__ xr, int kb, flo
   for (int j = 0; j < 8; ++j) xv[j] = __ldg(p + 32 * j);
 }
 
+// One lane's K-block for OPW outputs from its 32 inputs already in registers: the block sums
+// part[o] = Σ x·w in element order (fmaf when quantized); a lane's term is then fp8_kb_term. The
+// weights come decoded to their values (e4m3x4); the quantized inputs are x·2^64, so a block's sum is
+// Σx·w·2^64, scaled back by 2^-64. Every partial sum is an exact power-of-two multiple of the one
+// with the old bit-placed weights (value·2^-120, scaled back by 2^56), all normal floats (nonzero
+// products are multiples of 2^46, the sums stay below 2^87), so the bits are the same.
+template <int OPW, bool kExact>
+__device__ __forceinline__ void fp8_kb_parts(const uint4 (&w)[OPW][2], const float4 (&xv)[8], float (&part)[OPW]) {
+#pragma unroll
+  for (int o = 0; o < OPW; ++o) part[o] = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) {
+      float w0, w1, w2, w3;
+      e4m3x4(word_of(w[o], j), w0, w1, w2, w3);
+      part[o] = mac<kExact>(part[o], xv[j].x, w0, 1.0f);
+      part[o] = mac<kExact>(part[o], xv[j].y, w1, 1.0f);
+      part[o] = mac<kExact>(part[o], xv[j].z, w2, 1.0f);
+      part[o] = mac<kExact>(part[o], xv[j].w, w3, 1.0f);
+    }
+  }
+}
+// The lane's term of a block sum: scaled back (quantized), times s_act·s_w.
+template <bool kExact>
+__device__ __forceinline__ float fp8_kb_term(float part, float s_a, float sw) {
+  return (kExact ? part * 0x1p-64f : part) * (s_a * sw);
+}
+
 // One lane's K-block kb for OPW outputs (weights w, scales sw) and nr ≤ R rows of inputs: added to
 // acc, or (kSet) stored there as they are.
 // kInter (R > 1; DSUF_FP8_ROWS_FORM=inter): the rows interleaved instead of one after the other —
@@ -898,35 +927,17 @@ __device__ __forceinline__ void fp8_kb_mac(const uint4 (&w)[OPW][2], const float
     }
     return;
   }
-  // The weights come decoded to their values (e4m3x4); the quantized inputs are x·2^64, so a block's
-  // sum is Σx·w·2^64, scaled back by 2^-64. Every partial sum is an exact power-of-two multiple of the
-  // one with the old bit-placed weights (value·2^-120, scaled back by 2^56), all normal floats
-  // (nonzero products are multiples of 2^46, the sums stay below 2^87), so the bits are the same.
-  const float wscale = 1.0f, back = 0x1p-64f;
 #pragma unroll
   for (int rr = 0; rr < R; ++rr) {
     if (rr >= nr) break;
     float4 xv[8];
     load_x(x + rr * x_stride, kb, xv);
     float part[OPW];
-#pragma unroll
-    for (int o = 0; o < OPW; ++o) part[o] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-#pragma unroll
-      for (int o = 0; o < OPW; ++o) {
-        float w0, w1, w2, w3;
-        e4m3x4(word_of(w[o], j), w0, w1, w2, w3);
-        part[o] = mac<kExact>(part[o], xv[j].x, w0, wscale);
-        part[o] = mac<kExact>(part[o], xv[j].y, w1, wscale);
-        part[o] = mac<kExact>(part[o], xv[j].z, w2, wscale);
-        part[o] = mac<kExact>(part[o], xv[j].w, w3, wscale);
-      }
-    }
+    fp8_kb_parts<OPW, kExact>(w, xv, part);
     const float s_a = kExact ? __ldg(xs + rr * xs_stride + kb) : 1.0f;
 #pragma unroll
     for (int o = 0; o < OPW; ++o) {
-      const float c = (kExact ? part[o] * back : part[o]) * (s_a * sw[o]);
+      const float c = fp8_kb_term<kExact>(part[o], s_a, sw[o]);
       acc[o][rr] = kSet ? c : acc[o][rr] + c;
     }
   }
@@ -1195,6 +1206,163 @@ __global__ void __launch_bounds__(kWarps > 8 ? 32 * kWarps : 256)
     if (warp == 0)
       emit_input(sink, int64_t(gridDim.z) * out, row0, int((int64_t(blockIdx.z) * out) / 32) + int(blockIdx.x), lane,
                  so[lane]);
+  }
+}
+
+// ---- One-row FP8 linears of one round as a tile loop (DSUF_FP8_TILES) -----------------------------
+// k_fp8_gemv gives each warp of `wq_b` (K = 1,280: 40 K-blocks, one full round and the spread
+// remainder) a single round: a DRAM round trip, then ~900 instructions, about half of them its
+// prologue, addressing, task setup and trees (docs/perf.md v30), at 2 blocks an SM in ~4 waves that
+// each pay the round trip again. Here a warp loops over tiles of OPW rows (tile t, t + the grid's
+// warps, …): the next tile's weights (its full round and its spread task: 160 bytes a lane at OPW 4)
+// are loaded before the current tile's arithmetic (two register sets, ~200 registers with the inputs
+// in registers too, so the input row is staged once in shared memory instead, ~8 KB a block). A
+// row's sum is k_fp8_gemv<OPW, 1, kExact, kRegs>'s: the same block sums (fp8_kb_parts) and terms
+// (fp8_kb_term), the lane's full-round term added to 0, the spread task's term added last by the
+// lanes RemainderTasks names, warp_sum's tree.
+// Shapes (fp8_tiles_fit): one row, one group, 32 ≤ K/32 < 64 with the remainder spread.
+template <int OPW>
+struct Fp8TileRegs {  // one tile's weights and scale codes, a lane's share
+  uint4 w[OPW][2], tw[2];
+  uint32_t sc, tsc;
+};
+// kStages ≥ 2 (DSUF_FP8_TILES_RING=S): instead of the second register set, each warp keeps a ring of
+// kStages tiles in shared memory (dynamic: kWarps·kStages·(OPW·K + 64) bytes), filled by cp.async
+// kStages − 1 tiles ahead (the tile's OPW rows and its scale row), so that more bytes are in flight
+// a warp than two register sets hold; the lane reads its bytes from the slot into registers.
+template <int OPW, bool kExact, int kWarps, int kStages = 0>
+__global__ void __launch_bounds__(32 * kWarps)
+    k_fp8_gemv_tiles(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws, int64_t out, int64_t K,
+                     const float* __restrict__ x, const float* __restrict__ xs, float* __restrict__ y, bool r,
+                     bool early) {
+  const int nb = int(K / 32), lane = threadIdx.x % 32;
+  const int64_t tiles = (out + OPW - 1) / OPW, nw = int64_t(gridDim.x) * kWarps;
+  int64_t t = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  pdl_trigger();
+  const bool active = t < tiles;  // (only the last block's last warps are not: they stage and leave)
+  const RemainderTasks rt(nb, OPW, lane);  // one full round (nb ≥ 32), the rest spread
+  using Regs = Fp8TileRegs<OPW>;
+  auto load = [&](int64_t tile, Regs& b) {
+    const int64_t o0 = tile * OPW;
+    const uint8_t* __restrict__ ws_row = Ws + (o0 / 32) * nb;  // the tile's rows share a scale block
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) {
+      const uint8_t* wr = W + (o0 + o < out ? o0 + o : out - 1) * K + int64_t(lane) * 32;
+      b.w[o][0] = __ldg(reinterpret_cast<const uint4*>(wr));
+      b.w[o][1] = __ldg(reinterpret_cast<const uint4*>(wr + 16));
+    }
+    b.sc = __ldg(ws_row + lane);
+    if (rt.mine) {
+      const uint8_t* wr = W + (o0 + rt.row < out ? o0 + rt.row : out - 1) * K + int64_t(rt.kb) * 32;
+      b.tw[0] = __ldg(reinterpret_cast<const uint4*>(wr));
+      b.tw[1] = __ldg(reinterpret_cast<const uint4*>(wr + 16));
+      b.tsc = __ldg(ws_row + rt.kb);
+    }
+  };
+  Regs A, B;
+  // The ring (kStages ≥ 2): slot s of this warp, its tile's rows at o·K, the scale row at OPW·K.
+  extern __shared__ __align__(16) uint8_t fp8_ring[];
+  const int64_t slot_bytes = OPW * K + 64;
+  uint8_t* const ring = fp8_ring + int64_t(threadIdx.x / 32) * kStages * slot_bytes;
+  auto issue = [&](int64_t tile, int slot) {  // one commit group a tile (empty past the last)
+    if (tile < tiles) {
+      const uint32_t dst = smem_u32(ring + slot * slot_bytes);
+      const int64_t o0 = tile * OPW;
+#pragma unroll
+      for (int o = 0; o < OPW; ++o) {
+        const uint8_t* src = W + (o0 + o < out ? o0 + o : out - 1) * K;
+        for (int c = lane; c < nb * 2; c += 32) cp_async16_to(dst + o * uint32_t(K) + 16 * c, src + 16 * c);
+      }
+      const uint8_t* ws_row = Ws + (o0 / 32) * nb;
+      if (lane < nb / 4) cp_async4_to(dst + OPW * uint32_t(K) + 4 * lane, ws_row + 4 * lane);
+      if (lane + 32 < nb / 4) cp_async4_to(dst + OPW * uint32_t(K) + 4 * (lane + 32), ws_row + 4 * (lane + 32));
+    }
+    cp_async_commit();
+  };
+  if constexpr (kStages >= 2) {
+    if (active && early)
+      for (int s = 0; s < kStages - 1; ++s) issue(t + s * nw, s);
+  } else if (active && early) {
+    load(t, A);  // weights only before the wait (nothing in a step writes them)
+  }
+  pdl_wait();
+  if constexpr (kStages >= 2) {
+    if (active && !early)
+      for (int s = 0; s < kStages - 1; ++s) issue(t + s * nw, s);
+  } else if (active && !early) {
+    load(t, A);
+  }
+  // The input row's first 64 K-blocks as the interleaved layout has them (xpos4: 2 × 8 × 32 float4),
+  // in shared memory for every tile; the lane's two scales in registers.
+  __shared__ float4 xsm[2 * 8 * 32];
+  for (int i = threadIdx.x; i < 2 * 8 * 32; i += 32 * kWarps)
+    if (i < 8 * 32 || (i % 32) < nb - 32) xsm[i] = __ldg(reinterpret_cast<const float4*>(x) + i);
+  const float sa = kExact ? __ldg(xs + lane) : 1.0f;
+  const float sat = kExact && rt.mine ? __ldg(xs + rt.kb) : 1.0f;
+  __syncthreads();
+  if (!active) return;
+  auto compute = [&](int64_t tile, const Regs& b) {
+    float part[OPW], acc[OPW];
+    float4 xv[8], xt[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) xv[j] = xsm[xpos4(lane, j)];
+    fp8_kb_parts<OPW, kExact>(b.w, xv, part);
+    const float sw = e8m0(uint8_t(b.sc));
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) acc[o] = 0.0f, acc[o] = acc[o] + fp8_kb_term<kExact>(part[o], sa, sw);
+    float ct = 0.0f;
+    if (rt.mine) {
+      const uint4 tw1[1][2] = {{b.tw[0], b.tw[1]}};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) xt[j] = xsm[xpos4(rt.kb, j)];
+      float tp[1];
+      fp8_kb_parts<1, kExact>(tw1, xt, tp);
+      ct = fp8_kb_term<kExact>(tp[0], sat, e8m0(uint8_t(b.tsc)));
+    }
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) {
+      const float v = __shfl_sync(0xffffffffu, ct, rt.source(o));
+      if (rt.receives()) acc[o] += v;
+    }
+    const int64_t o0 = tile * OPW;
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) {
+      const float v = warp_sum(acc[o]);
+      if (lane == 0 && o0 + o < out) y[o0 + o] = rb(v, r);
+    }
+  };
+  if constexpr (kStages >= 2) {
+    // Slot s holds tile t; the slot read last is refilled with the tile kStages − 1 ahead.
+    for (int s = 0;; s = s + 1 == kStages ? 0 : s + 1) {
+      cp_async_wait_group<kStages - 2>();
+      __syncwarp();
+      const uint8_t* slot = ring + s * slot_bytes;
+#pragma unroll
+      for (int o = 0; o < OPW; ++o) {
+        A.w[o][0] = *reinterpret_cast<const uint4*>(slot + o * K + 32 * lane);
+        A.w[o][1] = *reinterpret_cast<const uint4*>(slot + o * K + 32 * lane + 16);
+      }
+      A.sc = slot[OPW * K + lane];
+      if (rt.mine) {
+        A.tw[0] = *reinterpret_cast<const uint4*>(slot + rt.row * K + 32 * rt.kb);
+        A.tw[1] = *reinterpret_cast<const uint4*>(slot + rt.row * K + 32 * rt.kb + 16);
+        A.tsc = slot[OPW * K + rt.kb];
+      }
+      __syncwarp();
+      issue(t + (kStages - 1) * nw, s == 0 ? kStages - 1 : s - 1);
+      compute(t, A);
+      if ((t += nw) >= tiles) break;
+    }
+    return;
+  }
+  // Two register sets, alternating: the next tile's loads go out before this tile's arithmetic.
+  for (;;) {
+    if (t + nw < tiles) load(t + nw, B);
+    compute(t, A);
+    if ((t += nw) >= tiles) break;
+    if (t + nw < tiles) load(t + nw, A);
+    compute(t, B);
+    if ((t += nw) >= tiles) break;
   }
 }
 
@@ -4354,10 +4522,68 @@ bool fp8_rows_inter(int64_t rows, int R) {
   static const int pick = env_choice("DSUF_FP8_ROWS_FORM", {"auto", "rows", "inter"});
   return pick == 0 ? rows > R : pick == 2;
 }
+// DSUF_FP8_TILES=auto|off: the one-row FP8 linears of one full round and a spread remainder (wq_b)
+// as k_fp8_gemv_tiles (auto, the default since v38), or as k_fp8_gemv (off: v37).
+bool fp8_tiles_fit(const Fp8Call& c, int opw) {
+  static const bool on = !env_picks("DSUF_FP8_TILES", "auto", "off");
+  const int64_t nb = c.K / 32, rem = nb - 32;
+  return on && gemv_mode() == kRegs && c.rows == 1 && c.groups == 1 && !c.pair.W && nb >= 32 && nb < 64 &&
+         (rem == 0 || opw * rem <= 32);
+}
+// Warps of a k_fp8_gemv_tiles block, and the grid: as many blocks an SM as fit (or DSUF_FP8_TILES_SM),
+// or fewer so that every warp takes the same number of tiles. DSUF_FP8_TILES_OPW=2|4: rows a tile.
+// Measured (session 24, batch 1 at 8K, wq_b): 2 rows, 4 blocks an SM (128 registers) −0.05 ms a step
+// against k_fp8_gemv; 4 rows (168 registers) −0.01 to −0.02 at 2–3 blocks an SM, +0.17 at 1.
+constexpr int kFp8TileWarps = 4;
+int sm_count();
+// DSUF_FP8_TILES_RING=2|3|4|0: stages of k_fp8_gemv_tiles' ring (0: two register sets). Measured
+// (session 24, 2 rows a tile, batch 1 at 8K, gpu ms, 3 rounds): 2 stages 6.640 / 6.634 / 6.636,
+// 3 6.643 / 6.639 / 6.643, registers 6.669 / 6.651 / 6.657, k_fp8_gemv 6.696 / 6.699 / 6.688.
+int fp8_tiles_ring() {
+  static const int v = env_choice("DSUF_FP8_TILES_RING", {"2", "3", "4", "0"});
+  return v == 3 ? 0 : v + 2;
+}
+template <int OPW, bool kExact, int kStages>
+void launch_fp8_tiles_k(const Fp8Call& c) {
+  auto k = k_fp8_gemv_tiles<OPW, kExact, kFp8TileWarps, kStages>;
+  const size_t smem = kStages ? size_t(kFp8TileWarps) * kStages * (OPW * c.K + 64) : 0;
+  if (smem) DSUF_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));  // + 8 KB static
+  int fit = 0;
+  DSUF_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, k, 32 * kFp8TileWarps, smem));
+  static const int want = [] {
+    const char* v = std::getenv("DSUF_FP8_TILES_SM");
+    const int n = v ? std::atoi(v) : 16;
+    DSUF_CHECK(n >= 1 && n <= 16, "DSUF_FP8_TILES_SM=", v ? v : "", ": expected 1..16");
+    return n;
+  }();
+  const int64_t per_sm = std::max(1, std::min(fit, want));
+  const int64_t tiles = (c.out + OPW - 1) / OPW, most = int64_t(sm_count()) * per_sm * kFp8TileWarps;
+  const int64_t per_warp = (tiles + most - 1) / most, warps = (tiles + per_warp - 1) / per_warp;
+  launch_pdl(k, dim3(blocks_for(warps, kFp8TileWarps)), dim3(32 * kFp8TileWarps), smem, c.s, c.W, c.Ws, c.out, c.K,
+             c.in.x, c.in.scale, c.y, c.r, fp8_early());
+}
+template <int OPW, bool kExact>
+void launch_fp8_tiles(const Fp8Call& c) {
+  // The ring copies whole rows (16 bytes a copy) and the scale row (4 a copy).
+  const bool ring_ok = c.K % 16 == 0 && (c.K / 32) % 4 == 0 && reinterpret_cast<uintptr_t>(c.W) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(c.Ws) % 4 == 0;
+  switch (ring_ok ? fp8_tiles_ring() : 0) {
+    case 2: return launch_fp8_tiles_k<OPW, kExact, 2>(c);
+    case 3: return launch_fp8_tiles_k<OPW, kExact, 3>(c);
+    case 4: return launch_fp8_tiles_k<OPW, kExact, 4>(c);
+    default: return launch_fp8_tiles_k<OPW, kExact, 0>(c);
+  }
+}
 template <int OPW, int R, bool kExact>
 void launch_fp8(const Fp8Call& c) {
   const int mode = gemv_mode();
   const bool early = fp8_early();
+  if constexpr (R == 1 && OPW == 4)
+    if (fp8_tiles_fit(c, OPW)) {
+      static const bool two = !env_picks("DSUF_FP8_TILES_OPW", "2", "4");
+      if (two && fp8_tiles_fit(c, 2)) return launch_fp8_tiles<2, kExact>(c);
+      return launch_fp8_tiles<OPW, kExact>(c);
+    }
   // DSUF_FP8_SMALL=deep|regs: a one-output-a-warp linear whose lanes hold at most kDeep's U rounds
   // (wq_a+wkv, the indexer's wq_b) takes kDeep under the default regs mode, so that with `early` its
   // whole weight share is loaded before the wait (deep: the v22 candidate; regs: as the others).
@@ -4877,7 +5103,8 @@ int pv_kernel(int rows) {
   return k - 1;  // in PvKernel's order
 }
 void gather_keys(const AttentionArgs& a, cudaStream_t s) {
-  launch_step(k_gather_keys, dim3(a.rows, a.W + (a.sel ? a.sel_stride : 0)), dim3(128), 0, s, a);
+  DSUF_CHECK(!a.window_only || !a.picks, "gather_keys: a layer with picks gathers its selection");
+  launch_step(k_gather_keys, dim3(a.rows, a.W + (a.sel && !a.window_only ? a.sel_stride : 0)), dim3(128), 0, s, a);
 }
 LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   const FusedRope& qr = a.q_rope;

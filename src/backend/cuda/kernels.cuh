@@ -227,6 +227,10 @@ struct AttentionArgs {
   // (the buffer sel points at; its −1 padding top_k_picks wrote). Null: sel is sorted already.
   const uint64_t* picks = nullptr;
   int32_t* sel_out = nullptr;
+  // Set: keys already holds the selected entries' keys past each row's window (an earlier layer of
+  // the same pass gathered the same source slot's entries by the same selection): gather_keys
+  // decodes the window only.
+  bool window_only = false;
   const float* sink;      // [H]
   float* out;             // [rows][H][hd]
   float* keys;            // workspace [rows][kmax][hd]: the row's keys decoded once for all heads
