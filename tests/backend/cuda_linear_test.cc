@@ -73,10 +73,11 @@ TEST(CudaBf16Linear, EveryFormEqualsTheCanonicalSum) {
 
 // The one-row FP8 linear against the reference's sum (the CPU backend's fp8_linear: per K-block the
 // sequential FP32 sum of the products, times s_act·s_w, lane_sum over the K-blocks, then BF16), bit
-// for bit, on fresh random E4M3 weights, scale codes and inputs, quantized (wq_b) and not: K = 1,280
-// and 1,024 take k_fp8_gemv_tiles under DSUF_FP8_TILES=auto (a partial last tile at 4,102 outputs),
-// K = 1,536 (remainder not spread) and 5,120 k_fp8_gemv; with DSUF_FP8_TILES=off all of them
-// k_fp8_gemv (scripts/gpu-check.sh runs the suite both ways).
+// for bit, on fresh random E4M3 weights, scale codes and inputs, quantized (wq_b) and not, in the
+// shapes of wq_b (K = 1,280; a partial last tile at 4,102 outputs), the shared expert's w2 (2,304),
+// wo_b (8,192), Engram's wkv (6,144), K = 1,024 and 1,536 (no remainder, 16 K-blocks of it), 5,120 and
+// one that k_fp8_gemv_tiles cannot take (K = 1,120: nb mod 4 ≠ 0). Which kernel takes which depends on
+// DSUF_FP8_TILES (all, one, mid, off): the device runs check them all.
 TEST(CudaFp8Linear, OneRowEqualsTheReferenceSum) {
   std::mt19937 rng(20261202);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -84,7 +85,8 @@ TEST(CudaFp8Linear, OneRowEqualsTheReferenceSum) {
   struct Shape {
     int64_t out, K;
   };
-  const Shape shapes[] = {{32768, 1280}, {4102, 1280}, {1000, 1024}, {5000, 1536}, {2304, 5120}};
+  const Shape shapes[] = {{32768, 1280}, {4102, 1280}, {5120, 2304}, {5120, 8192}, {3000, 6144},
+                          {1000, 1024},  {5000, 1536}, {2304, 5120}, {600, 1120}};
   cudaStream_t s = nullptr;
   DSUF_CUDA(cudaStreamCreate(&s));
   for (const Shape& sh : shapes)

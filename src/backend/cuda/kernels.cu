@@ -1209,159 +1209,147 @@ __global__ void __launch_bounds__(kWarps > 8 ? 32 * kWarps : 256)
   }
 }
 
-// ---- One-row FP8 linears of one round as a tile loop (DSUF_FP8_TILES) -----------------------------
+// ---- One-row FP8 linears as a stream of tiles (DSUF_FP8_TILES) -----------------------------------
 // k_fp8_gemv gives each warp of `wq_b` (K = 1,280: 40 K-blocks, one full round and the spread
 // remainder) a single round: a DRAM round trip, then ~900 instructions, about half of them its
 // prologue, addressing, task setup and trees (docs/perf.md v30), at 2 blocks an SM in ~4 waves that
-// each pay the round trip again. Here a warp loops over tiles of OPW rows (tile t, t + the grid's
-// warps, …): the next tile's weights (its full round and its spread task: 160 bytes a lane at OPW 4)
-// are loaded before the current tile's arithmetic (two register sets, ~200 registers with the inputs
-// in registers too, so the input row is staged once in shared memory instead, ~8 KB a block). A
-// row's sum is k_fp8_gemv<OPW, 1, kExact, kRegs>'s: the same block sums (fp8_kb_parts) and terms
-// (fp8_kb_term), the lane's full-round term added to 0, the spread task's term added last by the
-// lanes RemainderTasks names, warp_sum's tree.
-// Shapes (fp8_tiles_fit): one row, one group, 32 ≤ K/32 < 64 with the remainder spread.
-template <int OPW>
-struct Fp8TileRegs {  // one tile's weights and scale codes, a lane's share
-  uint4 w[OPW][2], tw[2];
-  uint32_t sc, tsc;
-};
-// kStages ≥ 2 (DSUF_FP8_TILES_RING=S): instead of the second register set, each warp keeps a ring of
-// kStages tiles in shared memory (dynamic: kWarps·kStages·(OPW·K + 64) bytes), filled by cp.async
-// kStages − 1 tiles ahead (the tile's OPW rows and its scale row), so that more bytes are in flight
-// a warp than two register sets hold; the lane reads its bytes from the slot into registers.
-template <int OPW, bool kExact, int kWarps, int kStages = 0>
-__global__ void __launch_bounds__(32 * kWarps)
+// each pay the round trip again. Here a warp streams tiles of OPW rows (tile t, t + the grid's warps,
+// …), each as its chunks: its full rounds (OPW rows × 1 KB, the 32 lanes' K-blocks of the round, with
+// the round's 32 scale codes), the last one also carrying the remainder when nb mod 32 ≠ 0 (OPW rows ×
+// rem K-blocks, spread over the lanes as RemainderTasks has it, with their codes: as a chunk of its
+// own, wq_b's small remainder left a slot's worth less in flight, +0.08 ms a step). The chunks go
+// through a ring of kStages
+// slots of the warp's own in shared memory, filled by cp.async kStages − 1 chunks ahead across tile
+// boundaries; the input row is staged once a block (its interleaved layout, ≤ 32 KB). A row's sum is
+// k_fp8_gemv<OPW, 1, kExact, kRegs>'s: the same block sums (fp8_kb_parts) and terms (fp8_kb_term)
+// added from 0 in round order, the spread task's term added last by the lanes RemainderTasks names,
+// warp_sum's tree. Shapes (fp8_tiles_fit): one row, one group, nb ≥ 32 with nb mod 4 = 0 and the
+// remainder spread. Dynamic shared memory: fp8_tiles_smem.
+// A slot: the round's rows at o·1024, the remainder's at OPW·1024 + o·rem·32, then the codes (the
+// round's 32, the remainder's rem).
+__host__ __device__ constexpr int64_t fp8_tiles_codes(int OPW, int64_t K) { return OPW * (1024 + (K / 32) % 32 * 32); }
+__host__ __device__ constexpr int64_t fp8_tiles_slot(int OPW, int64_t K) { return fp8_tiles_codes(OPW, K) + 64; }
+__host__ __device__ constexpr int64_t fp8_tiles_x_bytes(int64_t K) { return interleaved_k(K) * 4; }
+size_t fp8_tiles_smem(int OPW, int warps, int stages, int64_t K) {
+  return size_t(fp8_tiles_x_bytes(K) + int64_t(warps) * stages * fp8_tiles_slot(OPW, K));
+}
+// At least 3 blocks of 8 warps an SM (what the shared memory of K = 8,192 allows) or 7 of 4 (K ≤ 2,048).
+template <int OPW, bool kExact, int kWarps, int kStages>
+__global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 3 : 7)
     k_fp8_gemv_tiles(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws, int64_t out, int64_t K,
                      const float* __restrict__ x, const float* __restrict__ xs, float* __restrict__ y, bool r,
                      bool early) {
+  static_assert(kStages >= 2, "a ring of at least two chunks");
   const int nb = int(K / 32), lane = threadIdx.x % 32;
+  const int full = nb / 32, rem = nb % 32, chunks = full;
+  const int64_t slot_bytes = fp8_tiles_slot(OPW, K), codes = fp8_tiles_codes(OPW, K);
   const int64_t tiles = (out + OPW - 1) / OPW, nw = int64_t(gridDim.x) * kWarps;
-  int64_t t = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  const int64_t t0 = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   pdl_trigger();
-  const bool active = t < tiles;  // (only the last block's last warps are not: they stage and leave)
-  const RemainderTasks rt(nb, OPW, lane);  // one full round (nb ≥ 32), the rest spread
-  using Regs = Fp8TileRegs<OPW>;
-  auto load = [&](int64_t tile, Regs& b) {
-    const int64_t o0 = tile * OPW;
-    const uint8_t* __restrict__ ws_row = Ws + (o0 / 32) * nb;  // the tile's rows share a scale block
-#pragma unroll
-    for (int o = 0; o < OPW; ++o) {
-      const uint8_t* wr = W + (o0 + o < out ? o0 + o : out - 1) * K + int64_t(lane) * 32;
-      b.w[o][0] = __ldg(reinterpret_cast<const uint4*>(wr));
-      b.w[o][1] = __ldg(reinterpret_cast<const uint4*>(wr + 16));
-    }
-    b.sc = __ldg(ws_row + lane);
-    if (rt.mine) {
-      const uint8_t* wr = W + (o0 + rt.row < out ? o0 + rt.row : out - 1) * K + int64_t(rt.kb) * 32;
-      b.tw[0] = __ldg(reinterpret_cast<const uint4*>(wr));
-      b.tw[1] = __ldg(reinterpret_cast<const uint4*>(wr + 16));
-      b.tsc = __ldg(ws_row + rt.kb);
-    }
-  };
-  Regs A, B;
-  // The ring (kStages ≥ 2): slot s of this warp, its tile's rows at o·K, the scale row at OPW·K.
-  extern __shared__ __align__(16) uint8_t fp8_ring[];
-  const int64_t slot_bytes = OPW * K + 64;
-  uint8_t* const ring = fp8_ring + int64_t(threadIdx.x / 32) * kStages * slot_bytes;
-  auto issue = [&](int64_t tile, int slot) {  // one commit group a tile (empty past the last)
+  const bool active = t0 < tiles;  // (only the last block's last warps are not: they stage and leave)
+  const RemainderTasks rt(nb, OPW, lane);  // the remainder spread (fp8_tiles_fit)
+  extern __shared__ __align__(16) uint8_t fp8_smem[];
+  float4* const xsm = reinterpret_cast<float4*>(fp8_smem);  // the input row, interleaved (xpos4)
+  uint8_t* const ring = fp8_smem + fp8_tiles_x_bytes(K) + int64_t(threadIdx.x / 32) * kStages * slot_bytes;
+  // Chunk `part` of `tile` into slot `slot` (the layout of fp8_tiles_slot); one commit group a chunk
+  // (empty past the last tile).
+  auto issue = [&](int64_t tile, int part, int slot) {
     if (tile < tiles) {
       const uint32_t dst = smem_u32(ring + slot * slot_bytes);
       const int64_t o0 = tile * OPW;
+      const uint8_t* ws_row = Ws + (o0 / 32) * nb;
+      const bool last = part == full - 1 && rem > 0;
 #pragma unroll
       for (int o = 0; o < OPW; ++o) {
         const uint8_t* src = W + (o0 + o < out ? o0 + o : out - 1) * K;
-        for (int c = lane; c < nb * 2; c += 32) cp_async16_to(dst + o * uint32_t(K) + 16 * c, src + 16 * c);
+        cp_async16_to(dst + uint32_t(o * 1024 + 16 * lane), src + int64_t(part) * 1024 + 16 * lane);
+        cp_async16_to(dst + uint32_t(o * 1024 + 512 + 16 * lane), src + int64_t(part) * 1024 + 512 + 16 * lane);
+        if (last)
+          for (int c = lane; c < 2 * rem; c += 32)
+            cp_async16_to(dst + uint32_t(OPW * 1024 + o * rem * 32 + 16 * c), src + int64_t(full) * 1024 + 16 * c);
       }
-      const uint8_t* ws_row = Ws + (o0 / 32) * nb;
-      if (lane < nb / 4) cp_async4_to(dst + OPW * uint32_t(K) + 4 * lane, ws_row + 4 * lane);
-      if (lane + 32 < nb / 4) cp_async4_to(dst + OPW * uint32_t(K) + 4 * (lane + 32), ws_row + 4 * (lane + 32));
+      if (lane < 8) cp_async4_to(dst + uint32_t(codes + 4 * lane), ws_row + 32 * part + 4 * lane);
+      if (last && lane < rem / 4) cp_async4_to(dst + uint32_t(codes + 32 + 4 * lane), ws_row + 32 * full + 4 * lane);
     }
     cp_async_commit();
   };
-  if constexpr (kStages >= 2) {
-    if (active && early)
-      for (int s = 0; s < kStages - 1; ++s) issue(t + s * nw, s);
-  } else if (active && early) {
-    load(t, A);  // weights only before the wait (nothing in a step writes them)
-  }
+  int64_t it = t0;  // the next chunk to issue: tile it, part ip
+  int ip = 0;
+  auto issue_next = [&](int slot) {
+    issue(it, ip, slot);
+    if (++ip == chunks) ip = 0, it += nw;
+  };
+  if (active && early)
+    for (int q = 0; q < kStages - 1; ++q) issue_next(q);  // weights only before the wait
   pdl_wait();
-  if constexpr (kStages >= 2) {
-    if (active && !early)
-      for (int s = 0; s < kStages - 1; ++s) issue(t + s * nw, s);
-  } else if (active && !early) {
-    load(t, A);
-  }
-  // The input row's first 64 K-blocks as the interleaved layout has them (xpos4: 2 × 8 × 32 float4),
-  // in shared memory for every tile; the lane's two scales in registers.
-  __shared__ float4 xsm[2 * 8 * 32];
-  for (int i = threadIdx.x; i < 2 * 8 * 32; i += 32 * kWarps)
-    if (i < 8 * 32 || (i % 32) < nb - 32) xsm[i] = __ldg(reinterpret_cast<const float4*>(x) + i);
-  const float sa = kExact ? __ldg(xs + lane) : 1.0f;
-  const float sat = kExact && rt.mine ? __ldg(xs + rt.kb) : 1.0f;
+  if (active && !early)
+    for (int q = 0; q < kStages - 1; ++q) issue_next(q);
+  for (int i = threadIdx.x; i < interleaved_k(K) / 4; i += 32 * kWarps) xsm[i] = __ldg(reinterpret_cast<const float4*>(x) + i);
   __syncthreads();
   if (!active) return;
-  auto compute = [&](int64_t tile, const Regs& b) {
-    float part[OPW], acc[OPW];
-    float4 xv[8], xt[8];
+  const float sat = kExact && rt.mine ? __ldg(xs + rt.kb) : 1.0f;
+  float acc[OPW];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) xv[j] = xsm[xpos4(lane, j)];
-    fp8_kb_parts<OPW, kExact>(b.w, xv, part);
-    const float sw = e8m0(uint8_t(b.sc));
-#pragma unroll
-    for (int o = 0; o < OPW; ++o) acc[o] = 0.0f, acc[o] = acc[o] + fp8_kb_term<kExact>(part[o], sa, sw);
-    float ct = 0.0f;
-    if (rt.mine) {
-      const uint4 tw1[1][2] = {{b.tw[0], b.tw[1]}};
-#pragma unroll
-      for (int j = 0; j < 8; ++j) xt[j] = xsm[xpos4(rt.kb, j)];
-      float tp[1];
-      fp8_kb_parts<1, kExact>(tw1, xt, tp);
-      ct = fp8_kb_term<kExact>(tp[0], sat, e8m0(uint8_t(b.tsc)));
-    }
+  for (int o = 0; o < OPW; ++o) acc[o] = 0.0f;
+  int64_t t = t0;
+  int part = 0;
+  for (int s = 0;; s = s + 1 == kStages ? 0 : s + 1) {
+    cp_async_wait_group<kStages - 2>();
+    __syncwarp();
+    const uint8_t* slot = ring + s * slot_bytes;
+    uint4 w[OPW][2], tw[1][2];
 #pragma unroll
     for (int o = 0; o < OPW; ++o) {
-      const float v = __shfl_sync(0xffffffffu, ct, rt.source(o));
-      if (rt.receives()) acc[o] += v;
+      w[o][0] = *reinterpret_cast<const uint4*>(slot + o * 1024 + 32 * lane);
+      w[o][1] = *reinterpret_cast<const uint4*>(slot + o * 1024 + 32 * lane + 16);
     }
-    const int64_t o0 = tile * OPW;
+    const uint32_t sc = slot[codes + lane];
+    const bool last = part == full - 1 && rem > 0;
+    uint32_t tsc = 0;
+    if (last && rt.mine) {
+      const int j = rt.kb - 32 * full;
+      tw[0][0] = *reinterpret_cast<const uint4*>(slot + OPW * 1024 + rt.row * rem * 32 + 32 * j);
+      tw[0][1] = *reinterpret_cast<const uint4*>(slot + OPW * 1024 + rt.row * rem * 32 + 32 * j + 16);
+      tsc = slot[codes + 32 + j];
+    }
+    __syncwarp();
+    issue_next(s == 0 ? kStages - 1 : s - 1);  // the slot read last
+    {
+      const int kb = 32 * part + lane;
+      float4 xv[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) xv[j] = xsm[xpos4(kb, j)];
+      float p[OPW];
+      fp8_kb_parts<OPW, kExact>(w, xv, p);
+      const float sa = kExact ? __ldg(xs + kb) : 1.0f, sw = e8m0(uint8_t(sc));
+#pragma unroll
+      for (int o = 0; o < OPW; ++o) acc[o] = acc[o] + fp8_kb_term<kExact>(p[o], sa, sw);
+    }
+    if (last) {
+      float ct = 0.0f;
+      if (rt.mine) {
+        float4 xt[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) xt[j] = xsm[xpos4(rt.kb, j)];
+        float tp[1];
+        fp8_kb_parts<1, kExact>(tw, xt, tp);
+        ct = fp8_kb_term<kExact>(tp[0], sat, e8m0(uint8_t(tsc)));
+      }
+#pragma unroll
+      for (int o = 0; o < OPW; ++o) {
+        const float v = __shfl_sync(0xffffffffu, ct, rt.source(o));
+        if (rt.receives()) acc[o] += v;
+      }
+    }
+    if (++part < chunks) continue;
+    const int64_t o0 = t * OPW;
 #pragma unroll
     for (int o = 0; o < OPW; ++o) {
       const float v = warp_sum(acc[o]);
       if (lane == 0 && o0 + o < out) y[o0 + o] = rb(v, r);
+      acc[o] = 0.0f;
     }
-  };
-  if constexpr (kStages >= 2) {
-    // Slot s holds tile t; the slot read last is refilled with the tile kStages − 1 ahead.
-    for (int s = 0;; s = s + 1 == kStages ? 0 : s + 1) {
-      cp_async_wait_group<kStages - 2>();
-      __syncwarp();
-      const uint8_t* slot = ring + s * slot_bytes;
-#pragma unroll
-      for (int o = 0; o < OPW; ++o) {
-        A.w[o][0] = *reinterpret_cast<const uint4*>(slot + o * K + 32 * lane);
-        A.w[o][1] = *reinterpret_cast<const uint4*>(slot + o * K + 32 * lane + 16);
-      }
-      A.sc = slot[OPW * K + lane];
-      if (rt.mine) {
-        A.tw[0] = *reinterpret_cast<const uint4*>(slot + rt.row * K + 32 * rt.kb);
-        A.tw[1] = *reinterpret_cast<const uint4*>(slot + rt.row * K + 32 * rt.kb + 16);
-        A.tsc = slot[OPW * K + rt.kb];
-      }
-      __syncwarp();
-      issue(t + (kStages - 1) * nw, s == 0 ? kStages - 1 : s - 1);
-      compute(t, A);
-      if ((t += nw) >= tiles) break;
-    }
-    return;
-  }
-  // Two register sets, alternating: the next tile's loads go out before this tile's arithmetic.
-  for (;;) {
-    if (t + nw < tiles) load(t + nw, B);
-    compute(t, A);
-    if ((t += nw) >= tiles) break;
-    if (t + nw < tiles) load(t + nw, A);
-    compute(t, B);
+    part = 0;
     if ((t += nw) >= tiles) break;
   }
 }
@@ -4522,68 +4510,71 @@ bool fp8_rows_inter(int64_t rows, int R) {
   static const int pick = env_choice("DSUF_FP8_ROWS_FORM", {"auto", "rows", "inter"});
   return pick == 0 ? rows > R : pick == 2;
 }
-// DSUF_FP8_TILES=auto|off: the one-row FP8 linears of one full round and a spread remainder (wq_b)
-// as k_fp8_gemv_tiles (auto, the default since v38), or as k_fp8_gemv (off: v37).
+// DSUF_FP8_TILES=all|off|one|mid: the one-row FP8 linears that k_fp8_gemv_tiles can take (one row,
+// one group, no pair, 32 ≤ nb, nb mod 4 = 0, the remainder spread, K ≤ 8,192, weights and codes
+// aligned for its copies) as k_fp8_gemv_tiles — all (the default since v38: wq_b, wo_b, the shared
+// expert's w2, Engram's wkv), one: those of one full round (wq_b), mid: up to two (also w2), off:
+// none (k_fp8_gemv, v37). Measured (session 24, batch 1 at 8K, gpu ms, 3 rounds interleaved):
+// all 6.609 / 6.608 / 6.595, mid 6.659 / 6.672 / 6.660, one 6.681 / 6.673 / 6.669, off 6.691 /
+// 6.667 / 6.672.
 bool fp8_tiles_fit(const Fp8Call& c, int opw) {
-  static const bool on = !env_picks("DSUF_FP8_TILES", "auto", "off");
-  const int64_t nb = c.K / 32, rem = nb - 32;
-  return on && gemv_mode() == kRegs && c.rows == 1 && c.groups == 1 && !c.pair.W && nb >= 32 && nb < 64 &&
-         (rem == 0 || opw * rem <= 32);
+  static const int mode = env_choice("DSUF_FP8_TILES", {"all", "off", "one", "mid"});
+  const int64_t nb = c.K / 32, rem = nb % 32;
+  return mode != 1 && nb < (mode == 2 ? 64 : mode == 3 ? 96 : 1 << 30) && gemv_mode() == kRegs && c.rows == 1 && c.groups == 1 &&
+         !c.pair.W && nb >= 32 && nb % 4 == 0 && c.K <= 8192 && (rem == 0 || opw * rem <= 32) &&
+         reinterpret_cast<uintptr_t>(c.W) % 16 == 0 && reinterpret_cast<uintptr_t>(c.Ws) % 4 == 0;
 }
-// Warps of a k_fp8_gemv_tiles block, and the grid: as many blocks an SM as fit (or DSUF_FP8_TILES_SM),
-// or fewer so that every warp takes the same number of tiles. DSUF_FP8_TILES_OPW=2|4: rows a tile.
-// Measured (session 24, batch 1 at 8K, wq_b): 2 rows, 4 blocks an SM (128 registers) −0.05 ms a step
-// against k_fp8_gemv; 4 rows (168 registers) −0.01 to −0.02 at 2–3 blocks an SM, +0.17 at 1.
-constexpr int kFp8TileWarps = 4;
+// The grid: as many blocks an SM as fit (or DSUF_FP8_TILES_SM), or fewer so that every warp takes the
+// same number of tiles; 4 warps a block up to K = 2,048, else 8 (the staged input row is a block's).
+// DSUF_FP8_TILES_OPW=2|4: rows a tile; DSUF_FP8_TILES_RING=2|3|4: slots of a warp's ring. Measured
+// on wq_b alone (session 24, batch 1 at 8K, gpu ms, 3 rounds; the ring then held a whole tile a
+// slot): 2 rows with 2 slots 6.640 / 6.634 / 6.636, 3 slots 6.643 / 6.639 / 6.643, two register
+// sets instead of the ring 6.669 / 6.651 / 6.657, k_fp8_gemv 6.696 / 6.699 / 6.688; 4 rows +0.06
+// against 2; 4 blocks an SM instead of 7 +0.22 (the more warps an SM, the faster).
 int sm_count();
-// DSUF_FP8_TILES_RING=2|3|4|0: stages of k_fp8_gemv_tiles' ring (0: two register sets). Measured
-// (session 24, 2 rows a tile, batch 1 at 8K, gpu ms, 3 rounds): 2 stages 6.640 / 6.634 / 6.636,
-// 3 6.643 / 6.639 / 6.643, registers 6.669 / 6.651 / 6.657, k_fp8_gemv 6.696 / 6.699 / 6.688.
-int fp8_tiles_ring() {
-  static const int v = env_choice("DSUF_FP8_TILES_RING", {"2", "3", "4", "0"});
-  return v == 3 ? 0 : v + 2;
-}
-template <int OPW, bool kExact, int kStages>
+template <int OPW, bool kExact, int kWarps, int kStages>
 void launch_fp8_tiles_k(const Fp8Call& c) {
-  auto k = k_fp8_gemv_tiles<OPW, kExact, kFp8TileWarps, kStages>;
-  const size_t smem = kStages ? size_t(kFp8TileWarps) * kStages * (OPW * c.K + 64) : 0;
-  if (smem) DSUF_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));  // + 8 KB static
+  auto k = k_fp8_gemv_tiles<OPW, kExact, kWarps, kStages>;
+  const size_t smem = fp8_tiles_smem(OPW, kWarps, kStages, c.K);
+  DSUF_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   int fit = 0;
-  DSUF_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, k, 32 * kFp8TileWarps, smem));
+  DSUF_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, k, 32 * kWarps, smem));
   static const int want = [] {
     const char* v = std::getenv("DSUF_FP8_TILES_SM");
-    const int n = v ? std::atoi(v) : 16;
-    DSUF_CHECK(n >= 1 && n <= 16, "DSUF_FP8_TILES_SM=", v ? v : "", ": expected 1..16");
+    const int n = v ? std::atoi(v) : 32;
+    DSUF_CHECK(n >= 1 && n <= 32, "DSUF_FP8_TILES_SM=", v ? v : "", ": expected 1..32");
     return n;
   }();
   const int64_t per_sm = std::max(1, std::min(fit, want));
-  const int64_t tiles = (c.out + OPW - 1) / OPW, most = int64_t(sm_count()) * per_sm * kFp8TileWarps;
+  const int64_t tiles = (c.out + OPW - 1) / OPW, most = int64_t(sm_count()) * per_sm * kWarps;
   const int64_t per_warp = (tiles + most - 1) / most, warps = (tiles + per_warp - 1) / per_warp;
-  launch_pdl(k, dim3(blocks_for(warps, kFp8TileWarps)), dim3(32 * kFp8TileWarps), smem, c.s, c.W, c.Ws, c.out, c.K,
-             c.in.x, c.in.scale, c.y, c.r, fp8_early());
+  launch_pdl(k, dim3(blocks_for(warps, kWarps)), dim3(32 * kWarps), smem, c.s, c.W, c.Ws, c.out, c.K, c.in.x,
+             c.in.scale, c.y, c.r, fp8_early());
+}
+template <int OPW, bool kExact, int kWarps>
+void launch_fp8_tiles_w(const Fp8Call& c) {
+  static const int stages = env_choice("DSUF_FP8_TILES_RING", {"2", "3", "4"}) + 2;
+  switch (stages) {
+    case 3: return launch_fp8_tiles_k<OPW, kExact, kWarps, 3>(c);
+    case 4: return launch_fp8_tiles_k<OPW, kExact, kWarps, 4>(c);
+    default: return launch_fp8_tiles_k<OPW, kExact, kWarps, 2>(c);
+  }
 }
 template <int OPW, bool kExact>
 void launch_fp8_tiles(const Fp8Call& c) {
-  // The ring copies whole rows (16 bytes a copy) and the scale row (4 a copy).
-  const bool ring_ok = c.K % 16 == 0 && (c.K / 32) % 4 == 0 && reinterpret_cast<uintptr_t>(c.W) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(c.Ws) % 4 == 0;
-  switch (ring_ok ? fp8_tiles_ring() : 0) {
-    case 2: return launch_fp8_tiles_k<OPW, kExact, 2>(c);
-    case 3: return launch_fp8_tiles_k<OPW, kExact, 3>(c);
-    case 4: return launch_fp8_tiles_k<OPW, kExact, 4>(c);
-    default: return launch_fp8_tiles_k<OPW, kExact, 0>(c);
-  }
+  if (c.K <= 2048) return launch_fp8_tiles_w<OPW, kExact, 4>(c);
+  launch_fp8_tiles_w<OPW, kExact, 8>(c);
 }
 template <int OPW, int R, bool kExact>
 void launch_fp8(const Fp8Call& c) {
   const int mode = gemv_mode();
   const bool early = fp8_early();
-  if constexpr (R == 1 && OPW == 4)
-    if (fp8_tiles_fit(c, OPW)) {
-      static const bool two = !env_picks("DSUF_FP8_TILES_OPW", "2", "4");
-      if (two && fp8_tiles_fit(c, 2)) return launch_fp8_tiles<2, kExact>(c);
-      return launch_fp8_tiles<OPW, kExact>(c);
-    }
+  if constexpr (R == 1 && OPW >= 2) {
+    // 2 rows a tile (the launch's 4 where DSUF_FP8_TILES_OPW=4 and it fits).
+    static const bool four = env_picks("DSUF_FP8_TILES_OPW", "2", "4");
+    if (OPW == 4 && four && fp8_tiles_fit(c, 4)) return launch_fp8_tiles<4, kExact>(c);
+    if (fp8_tiles_fit(c, 2)) return launch_fp8_tiles<2, kExact>(c);
+  }
   // DSUF_FP8_SMALL=deep|regs: a one-output-a-warp linear whose lanes hold at most kDeep's U rounds
   // (wq_a+wkv, the indexer's wq_b) takes kDeep under the default regs mode, so that with `early` its
   // whole weight share is loaded before the wait (deep: the v22 candidate; regs: as the others).
