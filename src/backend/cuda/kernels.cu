@@ -1218,9 +1218,9 @@ __global__ void __launch_bounds__(kWarps > 8 ? 32 * kWarps : 256)
 // the round's 32 scale codes), the last one also carrying the remainder when nb mod 32 ≠ 0 (OPW rows ×
 // rem K-blocks, spread over the lanes as RemainderTasks has it, with their codes: as a chunk of its
 // own, wq_b's small remainder left a slot's worth less in flight, +0.08 ms a step). The chunks go
-// through a ring of kStages
-// slots of the warp's own in shared memory, filled by cp.async kStages − 1 chunks ahead across tile
-// boundaries; the input row is staged once a block (its interleaved layout, ≤ 32 KB). A row's sum is
+// through a ring of kStages slots of the warp's own in shared memory, filled by cp.async kStages − 1
+// chunks ahead across tile boundaries; the input row is staged once a block (its interleaved layout,
+// ≤ 32 KB). A row's sum is
 // k_fp8_gemv<OPW, 1, kExact, kRegs>'s: the same block sums (fp8_kb_parts) and terms (fp8_kb_term)
 // added from 0 in round order, the spread task's term added last by the lanes RemainderTasks names,
 // warp_sum's tree. Shapes (fp8_tiles_fit): one row, one group, nb ≥ 32 with nb mod 4 = 0 and the
@@ -1241,7 +1241,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 3 : 7)
                      bool early) {
   static_assert(kStages >= 2, "a ring of at least two chunks");
   const int nb = int(K / 32), lane = threadIdx.x % 32;
-  const int full = nb / 32, rem = nb % 32, chunks = full;
+  const int full = nb / 32, rem = nb % 32;  // a tile's chunks: its full rounds
   const int64_t slot_bytes = fp8_tiles_slot(OPW, K), codes = fp8_tiles_codes(OPW, K);
   const int64_t tiles = (out + OPW - 1) / OPW, nw = int64_t(gridDim.x) * kWarps;
   const int64_t t0 = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
@@ -1277,7 +1277,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 3 : 7)
   int ip = 0;
   auto issue_next = [&](int slot) {
     issue(it, ip, slot);
-    if (++ip == chunks) ip = 0, it += nw;
+    if (++ip == full) ip = 0, it += nw;
   };
   if (active && early)
     for (int q = 0; q < kStages - 1; ++q) issue_next(q);  // weights only before the wait
@@ -1341,7 +1341,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 3 : 7)
         if (rt.receives()) acc[o] += v;
       }
     }
-    if (++part < chunks) continue;
+    if (++part < full) continue;
     const int64_t o0 = t * OPW;
 #pragma unroll
     for (int o = 0; o < OPW; ++o) {
