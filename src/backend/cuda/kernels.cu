@@ -1220,11 +1220,10 @@ __global__ void __launch_bounds__(kWarps > 8 ? 32 * kWarps : 256)
 // own, wq_b's small remainder left a slot's worth less in flight, +0.08 ms a step). The chunks go
 // through a ring of kStages slots of the warp's own in shared memory, filled by cp.async kStages − 1
 // chunks ahead across tile boundaries; the input row is staged once a block (its interleaved layout,
-// ≤ 32 KB). A row's sum is
-// k_fp8_gemv<OPW, 1, kExact, kRegs>'s: the same block sums (fp8_kb_parts) and terms (fp8_kb_term)
-// added from 0 in round order, the spread task's term added last by the lanes RemainderTasks names,
-// warp_sum's tree. Shapes (fp8_tiles_fit): one row, one group, nb ≥ 32 with nb mod 4 = 0 and the
-// remainder spread. Dynamic shared memory: fp8_tiles_smem.
+// ≤ 32 KB). A row's sum is k_fp8_gemv<OPW, 1, kExact, kRegs>'s: the same block sums (fp8_kb_parts)
+// and terms (fp8_kb_term) added from 0 in round order, the spread task's term added last by the lanes
+// RemainderTasks names, warp_sum's tree. Shapes (fp8_tiles_fit): one row, one group, nb ≥ 32 with
+// nb mod 4 = 0 and the remainder spread. Dynamic shared memory: fp8_tiles_smem.
 // A slot: the round's rows at o·1024, the remainder's at OPW·1024 + o·rem·32, then the codes (the
 // round's 32, the remainder's rem).
 __host__ __device__ constexpr int64_t fp8_tiles_codes(int OPW, int64_t K) { return OPW * (1024 + (K / 32) % 32 * 32); }
@@ -1284,7 +1283,8 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 3 : 7)
   pdl_wait();
   if (active && !early)
     for (int q = 0; q < kStages - 1; ++q) issue_next(q);
-  for (int i = threadIdx.x; i < interleaved_k(K) / 4; i += 32 * kWarps) xsm[i] = __ldg(reinterpret_cast<const float4*>(x) + i);
+  for (int i = threadIdx.x; i < interleaved_k(K) / 4; i += 32 * kWarps)
+    xsm[i] = __ldg(reinterpret_cast<const float4*>(x) + i);
   __syncthreads();
   if (!active) return;
   const float sat = kExact && rt.mine ? __ldg(xs + rt.kb) : 1.0f;
@@ -4520,8 +4520,8 @@ bool fp8_rows_inter(int64_t rows, int R) {
 bool fp8_tiles_fit(const Fp8Call& c, int opw) {
   static const int mode = env_choice("DSUF_FP8_TILES", {"all", "off", "one", "mid"});
   const int64_t nb = c.K / 32, rem = nb % 32;
-  return mode != 1 && nb < (mode == 2 ? 64 : mode == 3 ? 96 : 1 << 30) && gemv_mode() == kRegs && c.rows == 1 && c.groups == 1 &&
-         !c.pair.W && nb >= 32 && nb % 4 == 0 && c.K <= 8192 && (rem == 0 || opw * rem <= 32) &&
+  return mode != 1 && nb < (mode == 2 ? 64 : mode == 3 ? 96 : 1 << 30) && gemv_mode() == kRegs && c.rows == 1 &&
+         c.groups == 1 && !c.pair.W && nb >= 32 && nb % 4 == 0 && c.K <= 8192 && (rem == 0 || opw * rem <= 32) &&
          reinterpret_cast<uintptr_t>(c.W) % 16 == 0 && reinterpret_cast<uintptr_t>(c.Ws) % 4 == 0;
 }
 // The grid: as many blocks an SM as fit (or DSUF_FP8_TILES_SM), or fewer so that every warp takes the
