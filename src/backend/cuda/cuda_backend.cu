@@ -181,8 +181,12 @@ struct CudaBackend::Impl {
   // wq_b waits for the indexer's scores (an event) instead of streaming beside them. Its 1,024 blocks
   // held the SMs the scores kernel needed (8.3 µs alone, ~22 in place), on the indexer layers' critical
   // path, while wq_b's result is needed only after the selection. (The event after the candidate
-  // blocks' mask instead measured −0.007 ms, within noise: v29.)
+  // blocks' mask instead measured −0.007 ms, within noise: v29.) DSUF_WQB_WAIT=share (session 24,
+  // written after the last device call, NOT run): wq_b ungated there, but where k_fp8_gemv_tiles takes
+  // it with at most DSUF_WQB_SHARE_SM blocks an SM (default 3 of the 7 that fit), so that the
+  // indexer's chain keeps room on every SM (`none` with all 7 measured +0.04 ms, session 24).
   bool wqb_after_scores = true;
+  int wqb_share_sm = 0;  // > 0: DSUF_WQB_WAIT=share's blocks an SM
   bool comp_fork_early = true;  // DSUF_COMP_FORK=early|late (attention())
   bool idx_q_main = true;       // DSUF_IDX_Q=main|side (attention())
   bool idx_rope_fused = true;   // DSUF_IDX_ROPE=fused|split (indexer_query())
@@ -549,7 +553,14 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   gather_reuse = !env_picks("DSUF_GATHER_REUSE", "on", "off");
   rank_gather = !env_picks("DSUF_TOPK_RANK", "gather", "sort");
   head_direct = !env_picks("DSUF_HEAD_INPUT", "direct", "gather");
-  wqb_after_scores = !env_picks("DSUF_WQB_WAIT", "scores", "none");
+  {
+    const int wait = env_choice("DSUF_WQB_WAIT", {"scores", "none", "share"});
+    wqb_after_scores = wait == 0;
+    const char* v = std::getenv("DSUF_WQB_SHARE_SM");
+    wqb_share_sm = wait == 2 ? (v ? std::atoi(v) : 3) : 0;
+    DSUF_CHECK(wait != 2 || (wqb_share_sm >= 1 && wqb_share_sm <= 32), "DSUF_WQB_SHARE_SM=", v ? v : "",
+               ": expected 1..32");
+  }
   comp_fork_early = !env_picks("DSUF_COMP_FORK", "early", "late");
   idx_q_main = !env_picks("DSUF_IDX_Q", "main", "side");
   idx_rope_fused = !env_picks("DSUF_IDX_ROPE", "fused", "split");
@@ -1197,7 +1208,8 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   // DSUF_WQB_WAIT=scores: in an indexer layer the side stream's compressor and indexer are enqueued
   // first and wq_b waits for the scores kernel (below); otherwise wq_b goes now, beside them.
   const bool wqb_gate = wqb_after_scores && lp.runs_indexer && branch() != stream;
-  auto wq_b = [&] { cuda::fp8_linear(d.wq_b.w, d.wq_b.s, Hr * hd, qr, qin, n, ws.q, Hr * hd, r, stream); };
+  const int wqb_sm = lp.runs_indexer ? wqb_share_sm : 0;
+  auto wq_b = [&] { cuda::fp8_linear(d.wq_b.w, d.wq_b.s, Hr * hd, qr, qin, n, ws.q, Hr * hd, r, stream, {}, wqb_sm); };
   if (!wqb_gate) wq_b();
 
   const int slot = layout.source_slot[l];

@@ -4468,6 +4468,7 @@ struct Fp8Call {
   bool r;
   cudaStream_t s;
   Fp8Pair pair;
+  int tile_sm = 0;  // > 0: k_fp8_gemv_tiles at most this many blocks an SM (fp8_linear's tile_sm)
 };
 // DSUF_GEMV=regs|pipe|deep picks how the FP8/FP4 linears fetch weights (see GemvMode); regs by default.
 // DSUF_FP8_EARLY=1|0: the FP8 GEMV's kRegs loads its first round (weights, scale codes, the spread
@@ -4545,7 +4546,7 @@ void launch_fp8_tiles_k(const Fp8Call& c) {
     DSUF_CHECK(n >= 1 && n <= 32, "DSUF_FP8_TILES_SM=", v ? v : "", ": expected 1..32");
     return n;
   }();
-  const int64_t per_sm = std::max(1, std::min(fit, want));
+  const int64_t per_sm = std::max(1, std::min({fit, want, c.tile_sm > 0 ? c.tile_sm : fit}));
   const int64_t tiles = (c.out + OPW - 1) / OPW, most = int64_t(sm_count()) * per_sm * kWarps;
   const int64_t per_warp = (tiles + most - 1) / most, warps = (tiles + per_warp - 1) / per_warp;
   launch_pdl(k, dim3(blocks_for(warps, kWarps)), dim3(32 * kWarps), smem, c.s, c.W, c.Ws, c.out, c.K, c.in.x,
@@ -4849,12 +4850,12 @@ LinearInput sink_input(const InputSink& sink, int64_t K) {
 }
 void fp8_linear_groups(const uint8_t* W, const uint8_t* Ws, int groups, int64_t out, int64_t K,
                        const LinearInput& in, int64_t rows, float* y, int64_t y_stride, bool r, cudaStream_t s,
-                       const InputSink& sink) {
+                       const InputSink& sink, int tile_sm) {
   DSUF_CHECK(K % 32 == 0 && groups >= 1 && (groups == 1 || out % 32 == 0) && in.group_stride == interleaved_k(K),
              "fp8_linear: K = ", K, ", groups = ", groups, ", out = ", out, ", input laid out for ",
              in.group_stride, " per group");
   if (rows <= 0) return;
-  const Fp8Call c{W, Ws, out, K, in, rows, y, y_stride, groups, r, s};
+  const Fp8Call c{W, Ws, out, K, in, rows, y, y_stride, groups, r, s, {}, tile_sm};
   if (sink.xq) {
     const bool late = fp8_sink_mode() == 2;
     if (in.scale ? launch_fp8_sink<true>(c, sink, late) : launch_fp8_sink<false>(c, sink, late)) return;
@@ -4868,8 +4869,8 @@ int fp8_sink_mode() {  // fused by default since v34 (−0.10 ms at batch 1 and 
   return v;
 }
 void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const LinearInput& in, int64_t rows,
-                float* y, int64_t y_stride, bool r, cudaStream_t s, const Fp8Pair& pair) {
-  if (!pair.W) return fp8_linear_groups(W, Ws, 1, out, K, in, rows, y, y_stride, r, s);
+                float* y, int64_t y_stride, bool r, cudaStream_t s, const Fp8Pair& pair, int tile_sm) {
+  if (!pair.W) return fp8_linear_groups(W, Ws, 1, out, K, in, rows, y, y_stride, r, s, {}, tile_sm);
   DSUF_CHECK(K % 32 == 0 && in.group_stride == interleaved_k(K) && in.stride == in.group_stride,
              "fp8_linear (pair): K = ", K, ", input laid out for ", in.group_stride);
   if (rows <= 0) return;
