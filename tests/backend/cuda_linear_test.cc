@@ -77,7 +77,9 @@ TEST(CudaBf16Linear, EveryFormEqualsTheCanonicalSum) {
 // shapes of wq_b (K = 1,280; a partial last tile at 4,102 outputs), the shared expert's w2 (2,304),
 // wo_b (8,192), Engram's wkv (6,144), K = 1,024 and 1,536 (no remainder, 16 K-blocks of it), 5,120 and
 // one that k_fp8_gemv_tiles cannot take (K = 1,120: nb mod 4 ≠ 0). Which kernel takes which depends on
-// DSUF_FP8_TILES (all, one, mid, off): the device runs check them all.
+// DSUF_FP8_TILES (all, one, mid, off): the device runs check them all. Each also with fp8_linear's
+// tile_sm = 1 and 3 (the tile kernel's grid capped: other warps take the tiles; added after session
+// 24's last device call, not yet run).
 TEST(CudaFp8Linear, OneRowEqualsTheReferenceSum) {
   std::mt19937 rng(20261202);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -114,13 +116,7 @@ TEST(CudaFp8Linear, OneRowEqualsTheReferenceSum) {
         DSUF_CUDA(cudaMemcpy(dW.p, W.data(), W.size(), cudaMemcpyHostToDevice));
         DSUF_CUDA(cudaMemcpy(dWs.p, Ws.data(), Ws.size(), cudaMemcpyHostToDevice));
         DSUF_CUDA(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
-        DSUF_CUDA(cudaMemset(dy.p, 0xff, size_t(sh.out) * 4));  // NaN where nothing is written
-        const cuda::LinearInput in = cuda::linear_input(dx.p, sh.K, 1, sh.K, quantize, dxq.p, dxs.p, s);
-        cuda::fp8_linear(dW.p, dWs.p, sh.out, sh.K, in, 1, dy.p, sh.out, r, s);
-        DSUF_CUDA(cudaStreamSynchronize(s));
-        std::vector<float> y(size_t(sh.out));
-        DSUF_CUDA(cudaMemcpy(y.data(), dy.p, y.size() * 4, cudaMemcpyDeviceToHost));
-        int64_t bad = 0;
+        std::vector<float> want(size_t(sh.out));
         for (int64_t o = 0; o < sh.out; ++o) {
           const uint8_t* wr = W.data() + o * sh.K;
           const float acc = det::lane_sum(nb, [&](int64_t kb) {
@@ -128,15 +124,28 @@ TEST(CudaFp8Linear, OneRowEqualsTheReferenceSum) {
             for (int k = 0; k < 32; ++k) part += v[size_t(kb * 32 + k)] * e4m3_to_float(wr[kb * 32 + k]);
             return part * (sa[size_t(kb)] * e8m0_to_float(Ws[size_t((o / 32) * nb + kb)]));
           });
-          const float want = r ? round_bf16(acc) : acc;
-          if (f32_bits(y[size_t(o)]) != f32_bits(want) && bad++ < 3)
-            ADD_FAILURE() << "out " << sh.out << " K " << sh.K << " quantized " << quantize << " r " << r << ": y["
-                          << o << "] = " << y[size_t(o)] << ", reference " << want;
+          want[size_t(o)] = r ? round_bf16(acc) : acc;
         }
-        std::printf("fp8_linear out %lld K %lld quantized %d bf16 %d: %lld of %lld differ\n",
-                    static_cast<long long>(sh.out), static_cast<long long>(sh.K), int(quantize), int(r),
-                    static_cast<long long>(bad), static_cast<long long>(sh.out));
-        EXPECT_EQ(bad, 0);
+        // tile_sm: the tile kernel's grid capped at 1 or 3 blocks an SM (DSUF_WQB_WAIT=share's form:
+        // other warps take the tiles, the same arithmetic), or not.
+        for (const int tile_sm : {0, 1, 3}) {
+          DSUF_CUDA(cudaMemset(dy.p, 0xff, size_t(sh.out) * 4));  // NaN where nothing is written
+          const cuda::LinearInput in = cuda::linear_input(dx.p, sh.K, 1, sh.K, quantize, dxq.p, dxs.p, s);
+          cuda::fp8_linear(dW.p, dWs.p, sh.out, sh.K, in, 1, dy.p, sh.out, r, s, {}, tile_sm);
+          DSUF_CUDA(cudaStreamSynchronize(s));
+          std::vector<float> y(size_t(sh.out));
+          DSUF_CUDA(cudaMemcpy(y.data(), dy.p, y.size() * 4, cudaMemcpyDeviceToHost));
+          int64_t bad = 0;
+          for (int64_t o = 0; o < sh.out; ++o)
+            if (f32_bits(y[size_t(o)]) != f32_bits(want[size_t(o)]) && bad++ < 3)
+              ADD_FAILURE() << "out " << sh.out << " K " << sh.K << " quantized " << quantize << " r " << r
+                            << " tile_sm " << tile_sm << ": y[" << o << "] = " << y[size_t(o)] << ", reference "
+                            << want[size_t(o)];
+          std::printf("fp8_linear out %lld K %lld quantized %d bf16 %d tile_sm %d: %lld of %lld differ\n",
+                      static_cast<long long>(sh.out), static_cast<long long>(sh.K), int(quantize), int(r), tile_sm,
+                      static_cast<long long>(bad), static_cast<long long>(sh.out));
+          EXPECT_EQ(bad, 0);
+        }
       }
   cudaStreamDestroy(s);
 }
