@@ -13,7 +13,8 @@ namespace dsuf::cuda_test {
 template <typename T>
 struct Buf {
   T* p = nullptr;
-  explicit Buf(size_t n) { DSUF_CUDA(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T))); }
+  size_t n = 0;
+  explicit Buf(size_t n_) : n(n_) { DSUF_CUDA(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T))); }
   ~Buf() { cudaFree(p); }
   Buf(const Buf&) = delete;
   Buf& operator=(const Buf&) = delete;

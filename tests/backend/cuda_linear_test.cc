@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -71,19 +72,78 @@ TEST(CudaBf16Linear, EveryFormEqualsTheCanonicalSum) {
 }
 
 
-// The one-row FP8 linear against the reference's sum (the CPU backend's fp8_linear: per K-block the
-// sequential FP32 sum of the products, times s_act·s_w, lane_sum over the K-blocks, then BF16), bit
-// for bit, on fresh random E4M3 weights, scale codes and inputs, quantized (wq_b) and not, in the
-// shapes of wq_b (K = 1,280; a partial last tile at 4,102 outputs), the shared expert's w2 (2,304),
-// wo_b (8,192), Engram's wkv (6,144), K = 1,024 and 1,536 (no remainder, 16 K-blocks of it), 5,120 and
-// one that k_fp8_gemv_tiles cannot take (K = 1,120: nb mod 4 ≠ 0). Which kernel takes which depends on
-// DSUF_FP8_TILES (all, one, mid, off): the device runs check them all. Each also with fp8_linear's
-// tile_sm = 1 and 3 (the tile kernel's grid capped: other warps take the tiles; added after session
-// 24's last device call, not yet run).
+// Fresh random E4M3 weights (no NaN codes) and E8M0 scale codes near 1, one code a 32-row block and
+// K-block.
+void random_fp8(std::mt19937& rng, int64_t out, int64_t K, std::vector<uint8_t>& W, std::vector<uint8_t>& Ws) {
+  std::uniform_int_distribution<int> byte(0, 255), code(120, 130);
+  W.resize(size_t(out * K)), Ws.resize(size_t((out + 31) / 32 * (K / 32)));
+  for (auto& w : W) {
+    w = uint8_t(byte(rng));
+    if ((w & 0x7f) == 0x7f) w ^= 1;
+  }
+  for (auto& c : Ws) c = uint8_t(code(rng));
+}
+// A random input row with a few outliers.
+std::vector<float> random_row(std::mt19937& rng, int64_t K) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::vector<float> x(static_cast<size_t>(K));
+  for (auto& v : x) v = nd(rng) * (1.0f + 30.0f * float(byte(rng) < 8));
+  return x;
+}
+// The reference's view of an input row of K: per-32 E4M3 values and scales (quantize), or the values
+// as they are with scales 1.
+void reference_input(const float* x, int64_t K, bool quantize, std::vector<float>& v, std::vector<float>& sa) {
+  v.assign(x, x + K), sa.assign(size_t(K / 32), 1.0f);
+  if (!quantize) return;
+  for (int64_t b = 0; b < K / 32; ++b) {
+    uint8_t q[32];
+    sa[size_t(b)] = act_quant_fp8_block(x + 32 * b, 32, q);
+    for (int k = 0; k < 32; ++k) v[size_t(32 * b + k)] = e4m3_to_float(q[k]);
+  }
+}
+// The reference's one-row FP8 linear (the CPU backend's fp8_linear): per K-block the sequential FP32
+// sum of the products, times s_act·s_w, lane_sum over the K-blocks, then BF16 when r.
+std::vector<float> reference_fp8(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K,
+                                 const std::vector<float>& v, const std::vector<float>& sa, bool r) {
+  const int64_t nb = K / 32;
+  std::vector<float> want(static_cast<size_t>(out));
+  for (int64_t o = 0; o < out; ++o) {
+    const uint8_t* wr = W + o * K;
+    const float acc = det::lane_sum(nb, [&](int64_t kb) {
+      float part = 0.0f;
+      for (int k = 0; k < 32; ++k) part += v[size_t(kb * 32 + k)] * e4m3_to_float(wr[kb * 32 + k]);
+      return part * (sa[size_t(kb)] * e8m0_to_float(Ws[size_t((o / 32) * nb + kb)]));
+    });
+    want[size_t(o)] = r ? round_bf16(acc) : acc;
+  }
+  return want;
+}
+// Outputs whose bits differ from want (the first three reported).
+int64_t count_differ(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  int64_t bad = 0;
+  for (size_t o = 0; o < want.size(); ++o)
+    if (f32_bits(got[o]) != f32_bits(want[o]) && bad++ < 3)
+      ADD_FAILURE() << what << ": [" << o << "] = " << got[o] << ", reference " << want[o];
+  std::printf("%s: %lld of %zu differ\n", what.c_str(), static_cast<long long>(bad), want.size());
+  return bad;
+}
+template <typename T>
+std::vector<T> to_host(const T* p, size_t n) {
+  std::vector<T> h(n);
+  DSUF_CUDA(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+// The one-row FP8 linear against the reference's sum (reference_fp8), bit for bit, on fresh random
+// E4M3 weights, scale codes and inputs, quantized (wq_b) and not, in the shapes of wq_b (K = 1,280; a
+// partial last tile at 4,102 outputs), the shared expert's w2 (2,304), wo_b (8,192), Engram's wkv
+// (6,144), K = 1,024 and 1,536 (no remainder, 16 K-blocks of it), 5,120 and one that k_fp8_gemv_tiles
+// cannot take (K = 1,120: nb mod 4 ≠ 0). Which kernel takes which depends on DSUF_FP8_TILES (all,
+// one, mid, off): the device runs check them all. Each also with fp8_linear's tile_sm = 1 and 3 (the
+// tile kernel's grid capped: other warps take the tiles).
 TEST(CudaFp8Linear, OneRowEqualsTheReferenceSum) {
   std::mt19937 rng(20261202);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::uniform_int_distribution<int> byte(0, 255), code(120, 130);
   struct Shape {
     int64_t out, K;
   };
@@ -94,58 +154,119 @@ TEST(CudaFp8Linear, OneRowEqualsTheReferenceSum) {
   for (const Shape& sh : shapes)
     for (const bool quantize : {true, false})
       for (const bool r : {true, false}) {
-        const int64_t nb = sh.K / 32, sb = (sh.out + 31) / 32;
-        std::vector<uint8_t> W(size_t(sh.out * sh.K)), Ws(size_t(sb * nb));
-        for (auto& w : W) {
-          w = uint8_t(byte(rng));
-          if ((w & 0x7f) == 0x7f) w ^= 1;  // no NaN codes
-        }
-        for (auto& c : Ws) c = uint8_t(code(rng));
-        std::vector<float> x(size_t(sh.K));
-        for (auto& v : x) v = nd(rng) * (1.0f + 30.0f * float(byte(rng) < 8));  // a few outliers
-        // The reference's view of the input: per-32 E4M3 values and scales, or the values as they are.
-        std::vector<float> v(x), sa(size_t(nb), 1.0f);
-        if (quantize)
-          for (int64_t b = 0; b < nb; ++b) {
-            uint8_t q[32];
-            sa[size_t(b)] = act_quant_fp8_block(x.data() + 32 * b, 32, q);
-            for (int k = 0; k < 32; ++k) v[size_t(32 * b + k)] = e4m3_to_float(q[k]);
-          }
+        const int64_t nb = sh.K / 32;
+        std::vector<uint8_t> W, Ws;
+        random_fp8(rng, sh.out, sh.K, W, Ws);
+        const std::vector<float> x = random_row(rng, sh.K);
+        std::vector<float> v, sa;
+        reference_input(x.data(), sh.K, quantize, v, sa);
         Buf<uint8_t> dW(W.size()), dWs(Ws.size());
         Buf<float> dx{x.size()}, dxq{size_t(cuda::interleaved_k(sh.K))}, dxs{size_t(nb)}, dy{size_t(sh.out)};
         DSUF_CUDA(cudaMemcpy(dW.p, W.data(), W.size(), cudaMemcpyHostToDevice));
         DSUF_CUDA(cudaMemcpy(dWs.p, Ws.data(), Ws.size(), cudaMemcpyHostToDevice));
         DSUF_CUDA(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
-        std::vector<float> want(size_t(sh.out));
-        for (int64_t o = 0; o < sh.out; ++o) {
-          const uint8_t* wr = W.data() + o * sh.K;
-          const float acc = det::lane_sum(nb, [&](int64_t kb) {
-            float part = 0.0f;
-            for (int k = 0; k < 32; ++k) part += v[size_t(kb * 32 + k)] * e4m3_to_float(wr[kb * 32 + k]);
-            return part * (sa[size_t(kb)] * e8m0_to_float(Ws[size_t((o / 32) * nb + kb)]));
-          });
-          want[size_t(o)] = r ? round_bf16(acc) : acc;
-        }
-        // tile_sm: the tile kernel's grid capped at 1 or 3 blocks an SM (DSUF_WQB_WAIT=share's form:
-        // other warps take the tiles, the same arithmetic), or not.
+        const std::vector<float> want = reference_fp8(W.data(), Ws.data(), sh.out, sh.K, v, sa, r);
         for (const int tile_sm : {0, 1, 3}) {
           DSUF_CUDA(cudaMemset(dy.p, 0xff, size_t(sh.out) * 4));  // NaN where nothing is written
           const cuda::LinearInput in = cuda::linear_input(dx.p, sh.K, 1, sh.K, quantize, dxq.p, dxs.p, s);
           cuda::fp8_linear(dW.p, dWs.p, sh.out, sh.K, in, 1, dy.p, sh.out, r, s, {}, tile_sm);
           DSUF_CUDA(cudaStreamSynchronize(s));
-          std::vector<float> y(size_t(sh.out));
-          DSUF_CUDA(cudaMemcpy(y.data(), dy.p, y.size() * 4, cudaMemcpyDeviceToHost));
-          int64_t bad = 0;
-          for (int64_t o = 0; o < sh.out; ++o)
-            if (f32_bits(y[size_t(o)]) != f32_bits(want[size_t(o)]) && bad++ < 3)
-              ADD_FAILURE() << "out " << sh.out << " K " << sh.K << " quantized " << quantize << " r " << r
-                            << " tile_sm " << tile_sm << ": y[" << o << "] = " << y[size_t(o)] << ", reference "
-                            << want[size_t(o)];
-          std::printf("fp8_linear out %lld K %lld quantized %d bf16 %d tile_sm %d: %lld of %lld differ\n",
-                      static_cast<long long>(sh.out), static_cast<long long>(sh.K), int(quantize), int(r), tile_sm,
-                      static_cast<long long>(bad), static_cast<long long>(sh.out));
-          EXPECT_EQ(bad, 0);
+          const std::string what = "fp8_linear out " + std::to_string(sh.out) + " K " + std::to_string(sh.K) +
+                                   " quantized " + std::to_string(quantize) + " bf16 " + std::to_string(r) +
+                                   " tile_sm " + std::to_string(tile_sm);
+          EXPECT_EQ(count_differ(to_host(dy.p, size_t(sh.out)), want, what), 0);
         }
+      }
+  cudaStreamDestroy(s);
+}
+
+// The grouped one-row FP8 linear (wo_a: 8 groups of 1,024 outputs over K = 4,096, and two smaller
+// ones, one with a remainder) with and without its sink (wo_b's input laid out by k_fp8_gemv's sink
+// blocks), and pairs (the shared expert's w1/w3; wq_a+wkv; odd sizes), against the reference's sums,
+// bit for bit; the sink's layout against linear_input of the same outputs (floats and scales).
+TEST(CudaFp8Linear, GroupsPairsAndSinkEqualTheReferenceSum) {
+  std::mt19937 rng(20261203);
+  cudaStream_t s = nullptr;
+  DSUF_CUDA(cudaStreamCreate(&s));
+  struct Grouped {
+    int groups;
+    int64_t out, K;
+  };
+  for (const Grouped& sh : {Grouped{8, 1024, 4096}, Grouped{4, 256, 1280}, Grouped{2, 512, 1536}})
+    for (const bool quantize : {false, true})
+      for (const bool r : {true, false}) {
+        const int G = sh.groups;
+        const int64_t nb = sh.K / 32, N = G * sh.out, kp = cuda::interleaved_k(sh.K);
+        std::vector<uint8_t> W, Ws;
+        random_fp8(rng, N, sh.K, W, Ws);
+        const std::vector<float> x = random_row(rng, G * sh.K);
+        std::vector<float> want;
+        for (int g = 0; g < G; ++g) {
+          std::vector<float> v, sa;
+          reference_input(x.data() + g * sh.K, sh.K, quantize, v, sa);
+          const auto wg = reference_fp8(W.data() + g * sh.out * sh.K, Ws.data() + g * (sh.out / 32) * nb, sh.out,
+                                        sh.K, v, sa, r);
+          want.insert(want.end(), wg.begin(), wg.end());
+        }
+        Buf<uint8_t> dW(W.size()), dWs(Ws.size());
+        Buf<float> dx{x.size()}, dxq{size_t(G * kp)}, dxs{size_t(G * nb)}, dy{size_t(N)};
+        Buf<float> zq{size_t(cuda::interleaved_k(N))}, zs{size_t(N / 32)}, lq{size_t(cuda::interleaved_k(N))},
+            ls{size_t(N / 32)};
+        DSUF_CUDA(cudaMemcpy(dW.p, W.data(), W.size(), cudaMemcpyHostToDevice));
+        DSUF_CUDA(cudaMemcpy(dWs.p, Ws.data(), Ws.size(), cudaMemcpyHostToDevice));
+        DSUF_CUDA(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+        const cuda::LinearInput in = cuda::linear_input(dx.p, G * sh.K, 1, sh.K, quantize, dxq.p, dxs.p, s, G);
+        for (const int form : {0, 1}) {  // without the sink, with it
+          DSUF_CUDA(cudaMemsetAsync(dy.p, 0xff, size_t(N) * 4, s));
+          DSUF_CUDA(cudaMemsetAsync(zq.p, 0xff, zq.n * 4, s));
+          DSUF_CUDA(cudaMemsetAsync(zs.p, 0xff, zs.n * 4, s));
+          const cuda::InputSink sink{.xq = form ? zq.p : nullptr, .xs = zs.p, .quantize = true};
+          cuda::fp8_linear_groups(dW.p, dWs.p, G, sh.out, sh.K, in, 1, dy.p, N, r, s, sink);
+          DSUF_CUDA(cudaStreamSynchronize(s));
+          const std::string what = "fp8_linear_groups " + std::to_string(G) + " × " + std::to_string(sh.out) +
+                                   " K " + std::to_string(sh.K) + " quantized " + std::to_string(quantize) +
+                                   " bf16 " + std::to_string(r) + " form " + std::to_string(form);
+          EXPECT_EQ(count_differ(to_host(dy.p, size_t(N)), want, what), 0);
+          if (!form) continue;
+          cuda::linear_input(dy.p, N, 1, N, true, lq.p, ls.p, s);
+          DSUF_CUDA(cudaStreamSynchronize(s));
+          EXPECT_EQ(count_differ(to_host(zq.p, zq.n), to_host(lq.p, lq.n), what + " sink values"), 0);
+          EXPECT_EQ(count_differ(to_host(zs.p, zs.n), to_host(ls.p, ls.n), what + " sink scales"), 0);
+        }
+      }
+  struct Paired {
+    int64_t out1, out2, K;
+  };
+  for (const Paired& sh : {Paired{2304, 2304, 5120}, Paired{1280, 512, 5120}, Paired{1000, 2600, 1280}})
+    for (const bool quantize : {true, false})
+      for (const bool r : {true, false}) {
+        std::vector<uint8_t> W1, Ws1, W2, Ws2;
+        random_fp8(rng, sh.out1, sh.K, W1, Ws1);
+        random_fp8(rng, sh.out2, sh.K, W2, Ws2);
+        const std::vector<float> x = random_row(rng, sh.K);
+        std::vector<float> v, sa;
+        reference_input(x.data(), sh.K, quantize, v, sa);
+        Buf<uint8_t> dW1(W1.size()), dWs1(Ws1.size()), dW2(W2.size()), dWs2(Ws2.size());
+        Buf<float> dx{x.size()}, dxq{size_t(cuda::interleaved_k(sh.K))}, dxs{size_t(sh.K / 32)}, dy1{size_t(sh.out1)},
+            dy2{size_t(sh.out2)};
+        DSUF_CUDA(cudaMemcpy(dW1.p, W1.data(), W1.size(), cudaMemcpyHostToDevice));
+        DSUF_CUDA(cudaMemcpy(dWs1.p, Ws1.data(), Ws1.size(), cudaMemcpyHostToDevice));
+        DSUF_CUDA(cudaMemcpy(dW2.p, W2.data(), W2.size(), cudaMemcpyHostToDevice));
+        DSUF_CUDA(cudaMemcpy(dWs2.p, Ws2.data(), Ws2.size(), cudaMemcpyHostToDevice));
+        DSUF_CUDA(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+        DSUF_CUDA(cudaMemset(dy1.p, 0xff, size_t(sh.out1) * 4));
+        DSUF_CUDA(cudaMemset(dy2.p, 0xff, size_t(sh.out2) * 4));
+        const cuda::LinearInput in = cuda::linear_input(dx.p, sh.K, 1, sh.K, quantize, dxq.p, dxs.p, s);
+        cuda::fp8_linear(dW1.p, dWs1.p, sh.out1, sh.K, in, 1, dy1.p, sh.out1, r, s,
+                         {.W = dW2.p, .Ws = dWs2.p, .out = sh.out2, .y = dy2.p, .y_stride = sh.out2});
+        DSUF_CUDA(cudaStreamSynchronize(s));
+        const std::string what = "fp8_linear pair " + std::to_string(sh.out1) + " + " + std::to_string(sh.out2) +
+                                 " K " + std::to_string(sh.K) + " quantized " + std::to_string(quantize) + " bf16 " +
+                                 std::to_string(r);
+        EXPECT_EQ(count_differ(to_host(dy1.p, size_t(sh.out1)), reference_fp8(W1.data(), Ws1.data(), sh.out1, sh.K,
+                                                                              v, sa, r), what + " first"), 0);
+        EXPECT_EQ(count_differ(to_host(dy2.p, size_t(sh.out2)), reference_fp8(W2.data(), Ws2.data(), sh.out2, sh.K,
+                                                                              v, sa, r), what + " second"), 0);
       }
   cudaStreamDestroy(s);
 }

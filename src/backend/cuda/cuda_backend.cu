@@ -158,7 +158,7 @@ struct CudaBackend::Impl {
   // layer on average (DSUF_MOE_GROUP_ROWS; 0: never). Measured (docs/perf.md, v14, 96 experts):
   // 1 routed row per expert (batch 16) lost 9 %, 4 (batch 64) gained 6 %, a 512-token chunk 12 %.
   int64_t group_rows_per_expert = 4;
-  bool shared_early = true;  // DSUF_SHARED_FORK=early|late (moe())
+  int shared_fork = 0;  // DSUF_SHARED_FORK=auto|early|late: 0|1|2 (moe())
   // DSUF_HEAD_INPUT=direct|gather: when every row gets logits in row order (decode), the head's
   // collapse reads the streams and the last FFN site's pre where they are (direct, the default since
   // v36: one graph memcpy node — which no programmatic launch crosses — and k_gather_rows' 15 µs off
@@ -181,12 +181,10 @@ struct CudaBackend::Impl {
   // wq_b waits for the indexer's scores (an event) instead of streaming beside them. Its 1,024 blocks
   // held the SMs the scores kernel needed (8.3 µs alone, ~22 in place), on the indexer layers' critical
   // path, while wq_b's result is needed only after the selection. (The event after the candidate
-  // blocks' mask instead measured −0.007 ms, within noise: v29.) DSUF_WQB_WAIT=share (session 24,
-  // written after the last device call, NOT run): wq_b ungated there, but where k_fp8_gemv_tiles takes
-  // it with at most DSUF_WQB_SHARE_SM blocks an SM (default 3 of the 7 that fit), so that the
-  // indexer's chain keeps room on every SM (`none` with all 7 measured +0.04 ms, session 24).
+  // blocks' mask instead measured −0.007 ms, within noise: v29.) With k_fp8_gemv_tiles (session 25,
+  // docs/perf.md v39): ungated +0.04 ms; ungated with its grid capped at 2–5 blocks an SM, leaving
+  // room for the indexer's chain, ±0 to +0.02.
   bool wqb_after_scores = true;
-  int wqb_share_sm = 0;  // > 0: DSUF_WQB_WAIT=share's blocks an SM
   bool comp_fork_early = true;  // DSUF_COMP_FORK=early|late (attention())
   bool idx_q_main = true;       // DSUF_IDX_Q=main|side (attention())
   bool idx_rope_fused = true;   // DSUF_IDX_ROPE=fused|split (indexer_query())
@@ -548,19 +546,12 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   DSUF_CUDA(cudaEventCreateWithFlags(&ev_join, cudaEventDisableTiming));
   DSUF_CUDA(cudaEventCreateWithFlags(&ev_scores, cudaEventDisableTiming));
   if (const char* v = std::getenv("DSUF_OVERLAP")) overlap = std::string(v) != "0";
-  shared_early = !env_picks("DSUF_SHARED_FORK", "early", "late");
+  shared_fork = env_choice("DSUF_SHARED_FORK", {"auto", "early", "late"});
   gather_early = !env_picks("DSUF_GATHER", "early", "late");
   gather_reuse = !env_picks("DSUF_GATHER_REUSE", "on", "off");
   rank_gather = !env_picks("DSUF_TOPK_RANK", "gather", "sort");
   head_direct = !env_picks("DSUF_HEAD_INPUT", "direct", "gather");
-  {
-    const int wait = env_choice("DSUF_WQB_WAIT", {"scores", "none", "share"});
-    wqb_after_scores = wait == 0;
-    const char* v = std::getenv("DSUF_WQB_SHARE_SM");
-    wqb_share_sm = wait == 2 ? (v ? std::atoi(v) : 3) : 0;
-    DSUF_CHECK(wait != 2 || (wqb_share_sm >= 1 && wqb_share_sm <= 32), "DSUF_WQB_SHARE_SM=", v ? v : "",
-               ": expected 1..32");
-  }
+  wqb_after_scores = !env_picks("DSUF_WQB_WAIT", "scores", "none");
   comp_fork_early = !env_picks("DSUF_COMP_FORK", "early", "late");
   idx_q_main = !env_picks("DSUF_IDX_Q", "main", "side");
   idx_rope_fused = !env_picks("DSUF_IDX_ROPE", "fused", "split");
@@ -1208,8 +1199,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   // DSUF_WQB_WAIT=scores: in an indexer layer the side stream's compressor and indexer are enqueued
   // first and wq_b waits for the scores kernel (below); otherwise wq_b goes now, beside them.
   const bool wqb_gate = wqb_after_scores && lp.runs_indexer && branch() != stream;
-  const int wqb_sm = lp.runs_indexer ? wqb_share_sm : 0;
-  auto wq_b = [&] { cuda::fp8_linear(d.wq_b.w, d.wq_b.s, Hr * hd, qr, qin, n, ws.q, Hr * hd, r, stream, {}, wqb_sm); };
+  auto wq_b = [&] { cuda::fp8_linear(d.wq_b.w, d.wq_b.s, Hr * hd, qr, qin, n, ws.q, Hr * hd, r, stream); };
   if (!wqb_gate) wq_b();
 
   const int slot = layout.source_slot[l];
@@ -1271,9 +1261,15 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
   const int64_t D = t.hidden_size, F = t.moe_intermediate_size;
   const float limit = float(t.swiglu_limit);
   // The shared expert on the side stream, beside the routed experts (its own input buffer xq[2]):
-  // forked before the router (DSUF_SHARED_FORK=early, the default), so that its 35 MB stream while
-  // the router's latency-bound kernels run, not only beside the routed experts' (v18: −0.28 ms at
-  // batch 1), or after the routing (DSUF_SHARED_FORK=late).
+  // forked before the router (DSUF_SHARED_FORK=early), so that its 35 MB stream while the router's
+  // latency-bound kernels run, not only beside the routed experts' (v18: −0.28 ms at batch 1), or
+  // after the routing (late). auto (the default since v39): late for one row, early for more. At one
+  // row the routed w1/w3 launch is 108 blocks of 53 K registers each, which start only on an SM with
+  // nothing else on it: forked early, the shared expert's blocks held every SM and delayed the
+  // routed experts' start ~6 µs a layer after the route; forked late, the routed experts take their
+  // 108 SMs first and the shared expert runs on the other 24 (session 25: −0.05 and −0.06 ms at
+  // batch 1, +0.05 at batch 4 in one round, where the routed launch fills every SM anyway).
+  const bool shared_early = shared_fork == 1 || (shared_fork == 0 && n > 1);
   auto shared_expert = [&] {
     if (!part.owns_shared(l)) return;
     fork();

@@ -110,8 +110,9 @@ struct Fp8Pair {
 };
 // y[r][o] = Σ_kb s_x[r][kb]·s_w[o/32][kb]·Σ x·w (scales 1 for unquantized inputs); y rows have
 // stride y_stride. W may be a row slice of a larger weight. With pair.W, the pair's linear too.
-// tile_sm > 0: where k_fp8_gemv_tiles takes the linear, at most tile_sm of its blocks an SM (its grid
-// is resident from its early launch on: the rest of each SM stays for the kernels beside it).
+// tile_sm > 0: where k_fp8_gemv_tiles takes the linear, at most tile_sm of its blocks an SM (the tests
+// use it to vary which warp takes which tiles; capping wq_b's grid beside the indexer measured no gain,
+// docs/perf.md v39).
 void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const LinearInput& in, int64_t rows,
                 float* y, int64_t y_stride, bool r, cudaStream_t s, const Fp8Pair& pair = {}, int tile_sm = 0);
 // `groups` independent products in one launch (the grouped o-projection): group g uses weight rows
