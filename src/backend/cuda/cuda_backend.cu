@@ -1267,8 +1267,10 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
   // row the routed w1/w3 launch is 108 blocks of 53 K registers each, which start only on an SM with
   // nothing else on it: forked early, the shared expert's blocks held every SM and delayed the
   // routed experts' start ~6 µs a layer after the route; forked late, the routed experts take their
-  // 108 SMs first and the shared expert runs on the other 24 (session 25: −0.05 and −0.06 ms at
-  // batch 1, +0.05 at batch 4 in one round, where the routed launch fills every SM anyway).
+  // 108 SMs first and the shared expert runs on the other 24 (session 25: −0.066 to −0.078 ms at
+  // batch 1 in three calls, +0.05 at batch 4 in one round, where the routed launch fills every SM
+  // anyway). The two now end within ~1 µs of each other: the routed launches at the greatest
+  // priority made the shared expert the tail (+0.25, docs/perf.md v39).
   const bool shared_early = shared_fork == 1 || (shared_fork == 0 && n > 1);
   auto shared_expert = [&] {
     if (!part.owns_shared(l)) return;
