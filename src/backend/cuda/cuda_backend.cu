@@ -1270,7 +1270,8 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
   // 108 SMs first and the shared expert runs on the other 24 (session 25: −0.066 to −0.078 ms at
   // batch 1 in three calls, +0.05 at batch 4 in one round, where the routed launch fills every SM
   // anyway). The two now end within ~1 µs of each other: the routed launches at the greatest
-  // priority made the shared expert the tail (+0.25, docs/perf.md v39).
+  // priority made the shared expert the tail (+0.25, docs/perf.md v39). (Measured on one GPU; under
+  // tensor parallelism the launches' shapes differ and auto was not timed there.)
   const bool shared_early = shared_fork == 1 || (shared_fork == 0 && n > 1);
   auto shared_expert = [&] {
     if (!part.owns_shared(l)) return;
