@@ -196,11 +196,19 @@ __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier
 // Orders this thread's earlier shared-memory accesses (and, after a __syncwarp, its warp's) before
 // its later bulk copies' writes: a slot is refilled only after every lane has read it.
 __device__ __forceinline__ void async_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void bulk_to_smem(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+// One arrival announcing `bytes` for the phase, then copies that only complete bytes (bulk_copy): a
+// phase fed by several copies, issued by any of the block's threads after the arrival.
+__device__ __forceinline__ void mbar_arrive_expect(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
+}
+__device__ __forceinline__ void bulk_to_smem(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  mbar_arrive_expect(bar, bytes);
+  bulk_copy(dst, src, bytes, bar);
 }
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
@@ -2789,13 +2797,23 @@ __device__ __forceinline__ int attention_keys(const AttentionArgs& a, int i, int
 template <int MINB, bool kScatter>
 __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(AttentionArgs a) {
   pdl_entry(a.logits_late);
-  extern __shared__ float qs[];  // [kAttHeadsQK][hd]
+  extern __shared__ __align__(16) float qs[];  // [kAttHeadsQK][hd]
   __shared__ int first_free;
+  __shared__ __align__(8) uint64_t stage_bar;
   const int i = blockIdx.x, h0 = blockIdx.y * kAttHeadsQK;
   const int64_t hd = a.hd;
   const int nh = min(kAttHeadsQK, a.H - h0);  // the last group may be partial
   const float* qsrc = a.q + (int64_t(i) * a.H + h0) * hd;
-  if (a.stage16 && hd % 4 == 0 && (reinterpret_cast<uintptr_t>(qsrc) & 15) == 0) {  // 16 bytes a copy
+  const uint32_t bar = smem_u32(&stage_bar), qbytes = uint32_t(nh * hd * sizeof(float));
+  const bool bulk = a.bulk && qbytes % 16 == 0 && (reinterpret_cast<uintptr_t>(qsrc) & 15) == 0;
+  if (bulk) {  // one copy (the barrier's init is visible to the other threads after attention_keys' barrier)
+    if (threadIdx.x == 0) {
+      mbar_init(bar);
+      mbar_init_fence();
+      bulk_to_smem(smem_u32(qs), qsrc, qbytes, bar);
+    }
+    for (int64_t t = nh * hd + threadIdx.x; t < kAttHeadsQK * hd; t += blockDim.x) qs[t] = 0.0f;
+  } else if (a.stage16 && hd % 4 == 0 && (reinterpret_cast<uintptr_t>(qsrc) & 15) == 0) {  // 16 bytes a copy
     for (int64_t t = 4 * threadIdx.x; t < kAttHeadsQK * hd; t += 4 * blockDim.x) {
       if (t < nh * hd)
         cp_async16(qs + t, qsrc + t);
@@ -2811,7 +2829,10 @@ __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(A
     }
   }
   const int nk = attention_keys(a, i, &first_free);
-  cp_async_wait_all();
+  if (bulk)
+    mbar_wait(bar, 0);
+  else
+    cp_async_wait_all();
   __syncthreads();
   if (a.q_rope.cs) {  // the queries' rope (k_rope's arithmetic, a thread per pair), here instead of a launch
     const FusedRope& f = a.q_rope;
@@ -2916,18 +2937,41 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
   float* kt = p + kPvHeads * kp;                  // [tile][kPvDims] key slice
   __shared__ float den_s[kPvHeads];
   __shared__ int first_free;
+  __shared__ __align__(8) uint64_t stage_bar;
   const int i = blockIdx.x, h0 = blockIdx.y * kPvHeads, d0 = blockIdx.z * kPvDims;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t hd = a.hd;
+  const int nh = min(kPvHeads, a.H - h0);
+  const float* keys = a.keys + int64_t(i) * a.kmax * hd + d0;
+  const float* att = a.att + (int64_t(i) * a.H + h0) * a.kmax;
+  const bool vec = hd % 4 == 0 && d0 + kPvDims <= hd;
+  // Bulk staging: warp 0 copies the first tile's key slices (a copy a key) and the heads' logits (a
+  // copy a head, up to 3 entries past nk within the row's kmax, never read), all on one barrier phase.
+  const uint32_t bar = smem_u32(&stage_bar);
+  const bool bulk = a.bulk && vec && a.kmax % 4 == 0 && hd % 4 == 0 &&
+                    ((reinterpret_cast<uintptr_t>(keys) | reinterpret_cast<uintptr_t>(att)) & 15) == 0;
+  if (bulk && threadIdx.x == 0) {  // visible to the block after attention_keys' barrier
+    mbar_init(bar);
+    mbar_init_fence();
+  }
   // pv_keys_early: the key count and the first key tile before the wait (gather_keys wrote them at
   // least two launches back; the logits kernel triggers this one only after its own wait).
   if (!a.pv_keys_early) pdl_entry(a.pv_late);
   if (!a.w_early) load_sinks();
   const int nk = attention_keys(a, i, &first_free);
-  const int nh = min(kPvHeads, a.H - h0);
-  const float* keys = a.keys + int64_t(i) * a.kmax * hd + d0;
-  const bool vec = hd % 4 == 0 && d0 + kPvDims <= hd;
+  const int n4 = (nk + 3) / 4;
+  if (bulk && warp == 0) {
+    if (lane == 0)
+      mbar_arrive_expect(bar, uint32_t(min(tile, nk) * kPvDims * sizeof(float) + nh * n4 * 16));
+    __syncwarp();
+  }
   auto stage_keys = [&](int j0) {
+    if (bulk && j0 == 0) {
+      if (warp == 0)
+        for (int j = lane; j < min(tile, nk); j += 32)
+          bulk_copy(smem_u32(kt + j * kPvDims), keys + int64_t(j) * hd, kPvDims * sizeof(float), bar);
+      return;
+    }
     const int n = min(tile, nk - j0);
     if (vec) {
       for (int t = threadIdx.x; t < n * (kPvDims / 4); t += kThreads)
@@ -2941,10 +2985,10 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
     stage_keys(0);
     pdl_entry(a.pv_late);
   }
-  const float* att = a.att + (int64_t(i) * a.H + h0) * a.kmax;
-  if (a.stage16 && a.kmax % 4 == 0 && (reinterpret_cast<uintptr_t>(att) & 15) == 0) {
+  if (bulk) {
+    if (warp == 0 && lane < nh && n4 > 0) bulk_copy(smem_u32(p + lane * kp), att + int64_t(lane) * a.kmax, n4 * 16, bar);
+  } else if (a.stage16 && a.kmax % 4 == 0 && (reinterpret_cast<uintptr_t>(att) & 15) == 0) {
     // 16 bytes a copy: up to 3 entries past nk (within the row's kmax) land in p, never read.
-    const int n4 = (nk + 3) / 4;
     for (int t = threadIdx.x; t < nh * n4; t += kThreads) {
       const int h = t / n4, j = 4 * (t % n4);
       cp_async16(p + h * kp + j, att + int64_t(h) * a.kmax + j);
@@ -2954,7 +2998,10 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
       for (int j = threadIdx.x; j < nk; j += kThreads) cp_async4(p + h * kp + j, att + int64_t(h) * a.kmax + j);
   }
   if (!a.pv_keys_early) stage_keys(0);
-  cp_async_wait_all();
+  if (bulk)
+    mbar_wait(bar, 0);
+  else
+    cp_async_wait_all();
   __syncthreads();
 #pragma unroll
   for (int u = 0; u < HPW; ++u) {
@@ -5118,8 +5165,9 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   };
   if (!gathered) gather_keys(a, s);
   const size_t qk_smem = sizeof(float) * kAttHeadsQK * a.hd;
-  // DSUF_LOGITS_BLOCKS=5 (default since v26: one wave, −0.10 ms at batch 1), 4 or 0 (v25's three waves).
-  static const int minb = std::array<int, 3>{5, 4, 0}[env_choice("DSUF_LOGITS_BLOCKS", {"5", "4", "0"})];
+  // DSUF_LOGITS_BLOCKS=4|5|0: 4 the default since v40 (−0.035 ms at batch 1 against 5 under v39's
+  // schedule, three rounds); 5 from v26 (one wave, −0.10 ms then against v25's three waves, 0).
+  static const int minb = std::array<int, 3>{4, 5, 0}[env_choice("DSUF_LOGITS_BLOCKS", {"4", "5", "0"})];
   // DSUF_LOGITS_TREE=scatter|warp: the 8 heads' sums by warp_sum8_scatter (default since v27: −0.04 ms
   // a step) or 8 warp_sums.
   static const bool tree_scatter = !env_picks("DSUF_LOGITS_TREE", "scatter", "warp");
@@ -5140,6 +5188,12 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   // DSUF_ATT_STAGE=4|16: 16-byte staging copies measured +0.02 ms a step (v27): 4 stays the default.
   static const bool stage16 = env_picks("DSUF_ATT_STAGE", "4", "16");
   la.stage16 = stage16;
+  // DSUF_ATT_BULK=off|q|all: bulk copies for the queries (logits kernel; q and all) and for the P·V
+  // kernel's first key tile and logits (all) (AttentionArgs::bulk). all measured +0.50 ms a step at
+  // batch 1 (session 26: 640 copies of 128 bytes a P·V block from one warp; both kernels 17.3 → 32.5 µs
+  // under Nsight), so off stays the default.
+  static const int bulk_mode = env_choice("DSUF_ATT_BULK", {"off", "q", "all"});
+  la.bulk = bulk_mode >= 1;
   launch_step(logits_k, dim3(a.rows, blocks_for(a.H, kAttHeadsQK), attention_key_split(a.rows)), dim3(256), qk_smem,
               s, la);
   const dim3 pv_grid(a.rows, blocks_for(a.H, kPvHeads), blocks_for(a.hd, kPvDims));
@@ -5162,6 +5216,7 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   if (!emit) pa.o_sink = {};
   pa.w_early = weights_early();
   pa.stage16 = stage16;
+  pa.bulk = bulk_mode == 2;
   pa.pv_keys_early = pv_keys_early;
   // DSUF_PV_TRIGGER=entry (default) or late: −0.03 ms with the logits' trigger at entry, ±0 with it late.
   static const bool pv_late = env_picks("DSUF_PV_TRIGGER", "entry", "late");
