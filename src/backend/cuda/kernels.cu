@@ -5188,11 +5188,11 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   // DSUF_ATT_STAGE=4|16: 16-byte staging copies measured +0.02 ms a step (v27): 4 stays the default.
   static const bool stage16 = env_picks("DSUF_ATT_STAGE", "4", "16");
   la.stage16 = stage16;
-  // DSUF_ATT_BULK=off|q|all: bulk copies for the queries (logits kernel; q and all) and for the P·V
-  // kernel's first key tile and logits (all) (AttentionArgs::bulk). all measured +0.50 ms a step at
-  // batch 1 (session 26: 640 copies of 128 bytes a P·V block from one warp; both kernels 17.3 → 32.5 µs
-  // under Nsight), so off stays the default.
-  static const int bulk_mode = env_choice("DSUF_ATT_BULK", {"off", "q", "all"});
+  // DSUF_ATT_BULK=q|off|all: bulk copies for the queries (logits kernel; q and all) and for the P·V
+  // kernel's first key tile and logits (all) (AttentionArgs::bulk). Session 26 at batch 1, 8K: q −0.04
+  // ms a step against off (four rounds), the default since v40; all +0.50 (640 copies of 128 bytes a
+  // P·V block from one warp: the P·V kernel 17.3 → 32.5 µs under Nsight).
+  static const int bulk_mode = std::array<int, 3>{1, 0, 2}[env_choice("DSUF_ATT_BULK", {"q", "off", "all"})];
   la.bulk = bulk_mode >= 1;
   launch_step(logits_k, dim3(a.rows, blocks_for(a.H, kAttHeadsQK), attention_key_split(a.rows)), dim3(256), qk_smem,
               s, la);

@@ -262,7 +262,7 @@ struct AttentionArgs {
   // waited for gather_keys too. (The logits kernel reading its first key before its wait, where
   // gather_keys is its direct prerequisite, was measured slower and broke the TP=2 decode: v28.)
   bool pv_keys_early = false;
-  // attention() sets it (DSUF_ATT_BULK=off|q|all, off by default): the logits kernel stages its 8 heads' queries with one
+  // attention() sets it (DSUF_ATT_BULK=q|off|all, q by default since v40): the logits kernel stages its 8 heads' queries with one
   // bulk copy (the copy engine) and the P·V kernel its first key tile (a copy a key) and its heads'
   // logits (a copy a head) the same way, completing on an mbarrier, instead of a cp.async per 4 or
   // 16 bytes from every thread. Where the source is not 16-byte aligned, the copies as before.
