@@ -196,19 +196,11 @@ __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier
 // Orders this thread's earlier shared-memory accesses (and, after a __syncwarp, its warp's) before
 // its later bulk copies' writes: a slot is refilled only after every lane has read it.
 __device__ __forceinline__ void async_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// One arrival announcing `bytes` for the phase, then copies that only complete bytes (bulk_copy): a
-// phase fed by several copies, issued by any of the block's threads after the arrival.
-__device__ __forceinline__ void mbar_arrive_expect(uint32_t bar, uint32_t bytes) {
+__device__ __forceinline__ void bulk_to_smem(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
-}
-__device__ __forceinline__ void bulk_to_smem(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  mbar_arrive_expect(bar, bytes);
-  bulk_copy(dst, src, bytes, bar);
 }
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
@@ -2937,41 +2929,18 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
   float* kt = p + kPvHeads * kp;                  // [tile][kPvDims] key slice
   __shared__ float den_s[kPvHeads];
   __shared__ int first_free;
-  __shared__ __align__(8) uint64_t stage_bar;
   const int i = blockIdx.x, h0 = blockIdx.y * kPvHeads, d0 = blockIdx.z * kPvDims;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t hd = a.hd;
-  const int nh = min(kPvHeads, a.H - h0);
-  const float* keys = a.keys + int64_t(i) * a.kmax * hd + d0;
-  const float* att = a.att + (int64_t(i) * a.H + h0) * a.kmax;
-  const bool vec = hd % 4 == 0 && d0 + kPvDims <= hd;
-  // Bulk staging: warp 0 copies the first tile's key slices (a copy a key) and the heads' logits (a
-  // copy a head, up to 3 entries past nk within the row's kmax, never read), all on one barrier phase.
-  const uint32_t bar = smem_u32(&stage_bar);
-  const bool bulk = a.bulk && vec && a.kmax % 4 == 0 && hd % 4 == 0 &&
-                    ((reinterpret_cast<uintptr_t>(keys) | reinterpret_cast<uintptr_t>(att)) & 15) == 0;
-  if (bulk && threadIdx.x == 0) {  // visible to the block after attention_keys' barrier
-    mbar_init(bar);
-    mbar_init_fence();
-  }
   // pv_keys_early: the key count and the first key tile before the wait (gather_keys wrote them at
   // least two launches back; the logits kernel triggers this one only after its own wait).
   if (!a.pv_keys_early) pdl_entry(a.pv_late);
   if (!a.w_early) load_sinks();
   const int nk = attention_keys(a, i, &first_free);
-  const int n4 = (nk + 3) / 4;
-  if (bulk && warp == 0) {
-    if (lane == 0)
-      mbar_arrive_expect(bar, uint32_t(min(tile, nk) * kPvDims * sizeof(float) + nh * n4 * 16));
-    __syncwarp();
-  }
+  const int nh = min(kPvHeads, a.H - h0);
+  const float* keys = a.keys + int64_t(i) * a.kmax * hd + d0;
+  const bool vec = hd % 4 == 0 && d0 + kPvDims <= hd;
   auto stage_keys = [&](int j0) {
-    if (bulk && j0 == 0) {
-      if (warp == 0)
-        for (int j = lane; j < min(tile, nk); j += 32)
-          bulk_copy(smem_u32(kt + j * kPvDims), keys + int64_t(j) * hd, kPvDims * sizeof(float), bar);
-      return;
-    }
     const int n = min(tile, nk - j0);
     if (vec) {
       for (int t = threadIdx.x; t < n * (kPvDims / 4); t += kThreads)
@@ -2985,10 +2954,10 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
     stage_keys(0);
     pdl_entry(a.pv_late);
   }
-  if (bulk) {
-    if (warp == 0 && lane < nh && n4 > 0) bulk_copy(smem_u32(p + lane * kp), att + int64_t(lane) * a.kmax, n4 * 16, bar);
-  } else if (a.stage16 && a.kmax % 4 == 0 && (reinterpret_cast<uintptr_t>(att) & 15) == 0) {
+  const float* att = a.att + (int64_t(i) * a.H + h0) * a.kmax;
+  if (a.stage16 && a.kmax % 4 == 0 && (reinterpret_cast<uintptr_t>(att) & 15) == 0) {
     // 16 bytes a copy: up to 3 entries past nk (within the row's kmax) land in p, never read.
+    const int n4 = (nk + 3) / 4;
     for (int t = threadIdx.x; t < nh * n4; t += kThreads) {
       const int h = t / n4, j = 4 * (t % n4);
       cp_async16(p + h * kp + j, att + int64_t(h) * a.kmax + j);
@@ -2998,10 +2967,7 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
       for (int j = threadIdx.x; j < nk; j += kThreads) cp_async4(p + h * kp + j, att + int64_t(h) * a.kmax + j);
   }
   if (!a.pv_keys_early) stage_keys(0);
-  if (bulk)
-    mbar_wait(bar, 0);
-  else
-    cp_async_wait_all();
+  cp_async_wait_all();
   __syncthreads();
 #pragma unroll
   for (int u = 0; u < HPW; ++u) {
@@ -5188,12 +5154,12 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   // DSUF_ATT_STAGE=4|16: 16-byte staging copies measured +0.02 ms a step (v27): 4 stays the default.
   static const bool stage16 = env_picks("DSUF_ATT_STAGE", "4", "16");
   la.stage16 = stage16;
-  // DSUF_ATT_BULK=q|off|all: bulk copies for the queries (logits kernel; q and all) and for the P·V
-  // kernel's first key tile and logits (all) (AttentionArgs::bulk). Session 26 at batch 1, 8K: q −0.04
-  // ms a step against off (four rounds), the default since v40; all +0.50 (640 copies of 128 bytes a
-  // P·V block from one warp: the P·V kernel 17.3 → 32.5 µs under Nsight).
-  static const int bulk_mode = std::array<int, 3>{1, 0, 2}[env_choice("DSUF_ATT_BULK", {"q", "off", "all"})];
-  la.bulk = bulk_mode >= 1;
+  // DSUF_ATT_BULK=q|off: the queries by one bulk copy (AttentionArgs::bulk). Session 26 at batch 1,
+  // 8K: −0.04 ms a step against off (four rounds), the default since v40. The same for the P·V kernel's
+  // key slices and logits (a copy a key, a copy a head, from one warp; commit 4cc96e0's `all`) measured
+  // +0.50: the P·V kernel 17.3 → 32.5 µs under Nsight; removed.
+  static const bool bulk = !env_picks("DSUF_ATT_BULK", "q", "off");
+  la.bulk = bulk;
   launch_step(logits_k, dim3(a.rows, blocks_for(a.H, kAttHeadsQK), attention_key_split(a.rows)), dim3(256), qk_smem,
               s, la);
   const dim3 pv_grid(a.rows, blocks_for(a.H, kPvHeads), blocks_for(a.hd, kPvDims));
@@ -5216,7 +5182,6 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   if (!emit) pa.o_sink = {};
   pa.w_early = weights_early();
   pa.stage16 = stage16;
-  pa.bulk = bulk_mode == 2;
   pa.pv_keys_early = pv_keys_early;
   // DSUF_PV_TRIGGER=entry (default) or late: −0.03 ms with the logits' trigger at entry, ±0 with it late.
   static const bool pv_late = env_picks("DSUF_PV_TRIGGER", "entry", "late");

@@ -262,10 +262,9 @@ struct AttentionArgs {
   // waited for gather_keys too. (The logits kernel reading its first key before its wait, where
   // gather_keys is its direct prerequisite, was measured slower and broke the TP=2 decode: v28.)
   bool pv_keys_early = false;
-  // attention() sets it (DSUF_ATT_BULK=q|off|all, q by default since v40): the logits kernel stages its 8 heads' queries with one
-  // bulk copy (the copy engine) and the P·V kernel its first key tile (a copy a key) and its heads'
-  // logits (a copy a head) the same way, completing on an mbarrier, instead of a cp.async per 4 or
-  // 16 bytes from every thread. Where the source is not 16-byte aligned, the copies as before.
+  // attention() sets it for the logits kernel (DSUF_ATT_BULK=q|off, q by default since v40): its 8
+  // heads' queries staged by one bulk copy (the copy engine) completing on an mbarrier, instead of a
+  // cp.async per 4 or 16 bytes from every thread. Where the source is not 16-byte aligned, as before.
   bool bulk = false;
 };
 // Gathers the keys, then the logits, then softmax and P·V: k_attention_pv, or k_attention_pv_tiles with
