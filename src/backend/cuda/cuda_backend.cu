@@ -189,38 +189,6 @@ struct CudaBackend::Impl {
   bool idx_q_main = true;       // DSUF_IDX_Q=main|side (attention())
   bool idx_rope_fused = true;   // DSUF_IDX_ROPE=fused|split (indexer_query())
   cudaStream_t mix_side = nullptr;  // the mHC mixes (hc_mix_fork); null: they run on `stream`
-  // DSUF_L2_PF=off|woa,wqb,shared,wqa (a list): the named linears' weights prefetched into L2 from
-  // their own stream (pf_side), forked from `stream` where the path ahead is latency-bound — `woa`
-  // when wq_b is done (beside the attention's logits and P·V), `wqb` before wq_a (beside wq_a, the
-  // norms and the indexer), `shared` before the router (the shared expert, forked after the routing
-  // at one row), `wqa` after the routed w2 (the next layer's wq_a and wkv, beside the expansion and
-  // the next collapse). The stream joins `stream` once, at the end of the step. Off while timing
-  // components.
-  enum L2Pf : unsigned { kPfWoa = 1, kPfWqb = 2, kPfShared = 4, kPfWqa = 8 };
-  unsigned l2_pf = 0;
-  cudaStream_t pf_side = nullptr;
-  cudaEvent_t pf_ev_fork = nullptr, pf_ev_join = nullptr;
-  bool pf_pending = false;
-  void l2_prefetch(unsigned what, std::initializer_list<const DevFp8*> lin) {
-    if (!(l2_pf & what) || !pf_side || comp_timing) return;
-    cuda::L2Span sp[4];
-    int n = 0;
-    for (const DevFp8* f : lin) {
-      if (!f->w || n + 2 > 4) continue;
-      sp[n++] = {f->w, f->out * f->in};
-      sp[n++] = {f->s, ((f->out + 31) / 32) * ((f->in + 31) / 32)};
-    }
-    DSUF_CUDA(cudaEventRecord(pf_ev_fork, stream));
-    DSUF_CUDA(cudaStreamWaitEvent(pf_side, pf_ev_fork));
-    cuda::l2_prefetch(sp, n, pf_side);
-    pf_pending = true;
-  }
-  void l2_prefetch_join() {
-    if (!pf_pending) return;
-    DSUF_CUDA(cudaEventRecord(pf_ev_join, pf_side));
-    DSUF_CUDA(cudaStreamWaitEvent(stream, pf_ev_join));
-    pf_pending = false;
-  }
   cudaEvent_t mix_ev_fork = nullptr, ev_mix = nullptr;
   bool mix_pending = false;  // a mix on `mix_side` that `stream` has not waited for yet
   // DSUF_MIX_FORK=late: a site's mix is launched after the site's first linear (wq_a+wkv; the router
@@ -592,17 +560,6 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
     DSUF_CUDA(cudaStreamCreate(&mix_side));
     DSUF_CUDA(cudaEventCreateWithFlags(&mix_ev_fork, cudaEventDisableTiming));
     DSUF_CUDA(cudaEventCreateWithFlags(&ev_mix, cudaEventDisableTiming));
-  }
-  if (const char* v = std::getenv("DSUF_L2_PF"); v && std::string(v) != "off" && std::string(v) != "0") {
-    const std::string list = std::string(",") + v + ",";
-    const std::pair<const char*, unsigned> names[] = {
-        {",woa,", kPfWoa}, {",wqb,", kPfWqb}, {",shared,", kPfShared}, {",wqa,", kPfWqa}};
-    for (const auto& [name, bit] : names)
-      if (list.find(name) != std::string::npos) l2_pf |= bit;
-    DSUF_CHECK(l2_pf != 0, "DSUF_L2_PF: expected off or a list of woa, wqb, shared, wqa; got ", v);
-    DSUF_CUDA(cudaStreamCreateWithFlags(&pf_side, cudaStreamNonBlocking));
-    DSUF_CUDA(cudaEventCreateWithFlags(&pf_ev_fork, cudaEventDisableTiming));
-    DSUF_CUDA(cudaEventCreateWithFlags(&pf_ev_join, cudaEventDisableTiming));
   }
   const TextConfig& t = cfg.text;
   DSUF_CHECK(int64_t(cids.size()) >= t.vocab_size, "compressed-id table too short");
@@ -1217,7 +1174,6 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
     compressor_branch(l, st, branch());
     if (!q_main) indexer_xn_part(l, st, branch());
   }
-  l2_prefetch(kPfWqb, {&d.wq_b});
   // wq_a and wkv in one launch (same input), then q_norm and kv_norm in one (kv normalized in place).
   cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, xin, n, ws.tmp, qr, r, stream,
                    {.W = d.wkv.w, .Ws = d.wkv.s, .out = hd, .y = ws.kvw, .y_stride = hd});
@@ -1277,7 +1233,6 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   // The keys decoded on the side stream after the selection, beside wq_b, instead of first on the
   // attention's path (DSUF_GATHER=late: the other way; −0.05 to −0.1 ms a step, docs/perf.md v19).
   if (gather_early) cuda::gather_keys(aa, branch());
-  l2_prefetch(kPfWoa, {&d.wo_a});  // when the query projection is done: beside the logits and P·V
   join();
   mark(kAttention);
   const cuda::LinearInput oin = cuda::attention(aa, stream, gather_early);
@@ -1330,7 +1285,6 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
     cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, hsin, n, ws.ys, D, r, s2);
   };
   if (shared_early) shared_expert();
-  if (!shared_early && part.owns_shared(l)) l2_prefetch(kPfShared, {&d.sw1, &d.sw3});
   cuda::bf16_linear(d.gate, E, D, ws.xn, D, n, ws.router, E, false, stream);
   cuda::route(ws.router, n, E, K, d.bias, d.bias_vl, image, float(t.gate_temp), float(t.routed_scaling_factor),
               ws.ids, ws.rw, stream);
@@ -1384,7 +1338,6 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
     if (part.owns_shared(l)) join();
     cuda::gather_expert_rows(comm, ws.ye, ws.ids, rows, D, tp_recv, ws.ys, n, part.shared_owner(l), stream);
   }
-  if (size_t(l) + 1 < layers.size()) l2_prefetch(kPfWqa, {&layers[l + 1].wq_a, &layers[l + 1].wkv});
   hc_mix_join();  // the site's mix (post, comb) expands the output into the streams
   cuda::moe_sum_expand(ws.ye, K, ws.ys, n, t.hc_mult, D, expand_mix, cuda::hc_mix_stride(t.hc_mult), ws.X, r, stream);
 }
@@ -1515,7 +1468,6 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
     if (part.rank == 0 && st.copy_logits)
       DSUF_CUDA(cudaMemcpyAsync(logits_host, ws.logits, size_t(nl) * V * 4, cudaMemcpyDeviceToHost, stream));
   }
-  l2_prefetch_join();
   mark(kEnd);
 }
 
@@ -1734,7 +1686,6 @@ CudaBackend::~CudaBackend() {
     for (void* p : im.pinned) cudaFreeHost(p);
     if (im.mix_ev_fork) cudaEventDestroy(im.mix_ev_fork), cudaEventDestroy(im.ev_mix);
     if (im.mix_side) cudaStreamDestroy(im.mix_side);
-    if (im.pf_side) cudaStreamDestroy(im.pf_side), cudaEventDestroy(im.pf_ev_fork), cudaEventDestroy(im.pf_ev_join);
     if (im.stream) cudaStreamDestroy(im.stream);
     if (im.side)
       cudaStreamDestroy(im.side), cudaEventDestroy(im.ev_fork), cudaEventDestroy(im.ev_join),

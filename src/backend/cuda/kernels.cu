@@ -5107,37 +5107,6 @@ int pv_kernel(int rows) {
   if (k == 0) return rows >= 16 && rows <= 128 ? kPvTiles : kPvOneHead;
   return k - 1;  // in PvKernel's order
 }
-struct L2Spans {
-  const uint8_t* p[4];
-  int64_t bytes[4];
-  int n;
-};
-__global__ void __launch_bounds__(32) k_l2_prefetch(L2Spans a) {
-  constexpr uint64_t kChunk = 16384;
-  const uint64_t threads = uint64_t(gridDim.x) * blockDim.x, t0 = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (int i = 0; i < a.n; ++i) {
-    const uint64_t b = (reinterpret_cast<uint64_t>(a.p[i]) + 15) & ~uint64_t(15);
-    const uint64_t e = (reinterpret_cast<uint64_t>(a.p[i]) + uint64_t(a.bytes[i])) & ~uint64_t(15);
-    if (e <= b) continue;
-    const uint64_t chunks = (e - b + kChunk - 1) / kChunk;
-    for (uint64_t c = t0; c < chunks; c += threads) {  // thread t: chunks t, t + threads, …: low addresses first
-      const uint64_t at = b + c * kChunk;
-      const uint32_t bytes = uint32_t(e - at < kChunk ? e - at : kChunk);
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(at), "r"(bytes) : "memory");
-    }
-  }
-}
-void l2_prefetch(const L2Span* spans, int n, cudaStream_t s) {
-  DSUF_CHECK(n >= 0 && n <= 4, "l2_prefetch: at most 4 spans, got ", n);
-  L2Spans a{};
-  for (int i = 0; i < n; ++i) {
-    if (!spans[i].p || spans[i].bytes <= 0) continue;
-    a.p[a.n] = static_cast<const uint8_t*>(spans[i].p), a.bytes[a.n++] = spans[i].bytes;
-  }
-  if (a.n == 0) return;
-  k_l2_prefetch<<<sm_count(), 32, 0, s>>>(a);
-  DSUF_CUDA(cudaGetLastError());
-}
 void gather_keys(const AttentionArgs& a, cudaStream_t s) {
   DSUF_CHECK(!a.window_only || !a.picks, "gather_keys: a layer with picks gathers its selection");
   launch_step(k_gather_keys, dim3(a.rows, a.W + (a.sel && !a.window_only ? a.sel_stride : 0)), dim3(128), 0, s, a);

@@ -274,15 +274,6 @@ struct AttentionArgs {
 LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered = false);
 // The keys a row attends (window ∪ selected compressed entries), decoded into a.keys: attention()'s
 // first launch, on its own for a side stream (it needs only the KV and the selection).
-// Weights into L2 ahead of the linear that reads them (DSUF_L2_PF): cp.async.bulk.prefetch.L2 of each
-// span in 16 KB chunks, spread over one-warp blocks, one an SM, so that every SM's copy engine issues a
-// share. Reads no memory an earlier kernel writes: launch it (on its own stream) where the spans'
-// bytes should start streaming. Spans are trimmed to 16-byte boundaries inside them.
-struct L2Span {
-  const void* p = nullptr;
-  int64_t bytes = 0;
-};
-void l2_prefetch(const L2Span* spans, int n, cudaStream_t s);
 void gather_keys(const AttentionArgs& a, cudaStream_t s);
 
 struct CompressArgs {
