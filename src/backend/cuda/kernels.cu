@@ -1250,33 +1250,47 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 3 : 7)
   extern __shared__ __align__(16) uint8_t fp8_smem[];
   float4* const xsm = reinterpret_cast<float4*>(fp8_smem);  // the input row, interleaved (xpos4)
   uint8_t* const ring = fp8_smem + fp8_tiles_x_bytes(K) + int64_t(threadIdx.x / 32) * kStages * slot_bytes;
-  // Chunk `part` of `tile` into slot `slot` (the layout of fp8_tiles_slot); one commit group a chunk
-  // (empty past the last tile).
-  auto issue = [&](int64_t tile, int part, int slot) {
-    if (tile < tiles) {
-      const uint32_t dst = smem_u32(ring + slot * slot_bytes);
-      const int64_t o0 = tile * OPW;
-      const uint8_t* ws_row = Ws + (o0 / 32) * nb;
-      const bool last = part == full - 1 && rem > 0;
+  // The next chunk to issue: part ip of tile it, from the tile's rows at this lane's 16-byte offset
+  // (src) and its scale codes (csrc), advanced a chunk at a time; the row clamp and 64-bit row
+  // arithmetic once a tile (session 28: they were redone for every chunk, ~30 of the ~270
+  // instructions a lane spends on a chunk). Each issue is one commit group (empty past the last tile).
+  int64_t it = t0;
+  int ip = 0;
+  const uint8_t* src[OPW];
+  const uint8_t* csrc = nullptr;
+  auto set_tile = [&] {
+    const int64_t o0 = it * OPW;
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) src[o] = W + (o0 + o < out ? o0 + o : out - 1) * K + 16 * lane;
+    csrc = Ws + (o0 / 32) * nb + 4 * lane;
+  };
+  if (active) set_tile();
+  const uint32_t ring_u32 = smem_u32(ring);
+  // The slot's layout is fp8_tiles_slot's; the last chunk of a tile also carries the remainder (rem
+  // K-blocks of each row after its full rounds, and their rem codes after the round's 32).
+  auto issue_next = [&](int slot) {
+    if (it < tiles) {
+      const uint32_t dst = ring_u32 + uint32_t(slot * slot_bytes);
+      const bool last = ip == full - 1 && rem > 0;
 #pragma unroll
       for (int o = 0; o < OPW; ++o) {
-        const uint8_t* src = W + (o0 + o < out ? o0 + o : out - 1) * K;
-        cp_async16_to(dst + uint32_t(o * 1024 + 16 * lane), src + int64_t(part) * 1024 + 16 * lane);
-        cp_async16_to(dst + uint32_t(o * 1024 + 512 + 16 * lane), src + int64_t(part) * 1024 + 512 + 16 * lane);
-        if (last)
+        cp_async16_to(dst + uint32_t(o * 1024 + 16 * lane), src[o]);
+        cp_async16_to(dst + uint32_t(o * 1024 + 512 + 16 * lane), src[o] + 512);
+        if (last)  // the row's remainder starts 1 KB past this chunk's start (src[o] − 16·lane)
           for (int c = lane; c < 2 * rem; c += 32)
-            cp_async16_to(dst + uint32_t(OPW * 1024 + o * rem * 32 + 16 * c), src + int64_t(full) * 1024 + 16 * c);
+            cp_async16_to(dst + uint32_t(OPW * 1024 + o * rem * 32 + 16 * c), src[o] + 1024 + 16 * (c - lane));
       }
-      if (lane < 8) cp_async4_to(dst + uint32_t(codes + 4 * lane), ws_row + 32 * part + 4 * lane);
-      if (last && lane < rem / 4) cp_async4_to(dst + uint32_t(codes + 32 + 4 * lane), ws_row + 32 * full + 4 * lane);
+      if (lane < 8) cp_async4_to(dst + uint32_t(codes + 4 * lane), csrc);
+      if (last && lane < rem / 4) cp_async4_to(dst + uint32_t(codes + 32 + 4 * lane), csrc + 32);
+#pragma unroll
+      for (int o = 0; o < OPW; ++o) src[o] += 1024;
+      csrc += 32;
+      if (++ip == full) {
+        ip = 0, it += nw;
+        if (it < tiles) set_tile();
+      }
     }
     cp_async_commit();
-  };
-  int64_t it = t0;  // the next chunk to issue: tile it, part ip
-  int ip = 0;
-  auto issue_next = [&](int slot) {
-    issue(it, ip, slot);
-    if (++ip == full) ip = 0, it += nw;
   };
   if (active && early)
     for (int q = 0; q < kStages - 1; ++q) issue_next(q);  // weights only before the wait
