@@ -822,6 +822,14 @@ __device__ __forceinline__ float mac(float part, float x, float wbits, float wsc
   if (kExact) return fmaf(x, wbits, part);
   return __fadd_rn(part, __fmul_rn(x, __fmul_rn(wbits, wscale)));
 }
+// mac for a weight that already holds its value (e4m3x4's decode): no scale multiply. (Called as
+// mac(…, 1.0f), nvcc kept the ×1 — an FMUL a weight on the unquantized path, `wo_a`'s: 130 FMUL in
+// its 349-instruction round of 64 weights a lane; session 28.) The same bits: w·1 is w.
+template <bool kExact>
+__device__ __forceinline__ float mac_v(float part, float x, float w) {
+  if (kExact) return fmaf(x, w, part);
+  return __fadd_rn(part, __fmul_rn(x, w));
+}
 
 // How a GEMV lane gets its weights (docs/perf.md measures them; DSUF_GEMV picks one):
 //   kRegs      it loads a K-block's weights into registers, then uses them (the default);
@@ -864,10 +872,10 @@ __device__ __forceinline__ void fp8_kb_parts(const uint4 (&w)[OPW][2], const flo
     for (int o = 0; o < OPW; ++o) {
       float w0, w1, w2, w3;
       e4m3x4(word_of(w[o], j), w0, w1, w2, w3);
-      part[o] = mac<kExact>(part[o], xv[j].x, w0, 1.0f);
-      part[o] = mac<kExact>(part[o], xv[j].y, w1, 1.0f);
-      part[o] = mac<kExact>(part[o], xv[j].z, w2, 1.0f);
-      part[o] = mac<kExact>(part[o], xv[j].w, w3, 1.0f);
+      part[o] = mac_v<kExact>(part[o], xv[j].x, w0);
+      part[o] = mac_v<kExact>(part[o], xv[j].y, w1);
+      part[o] = mac_v<kExact>(part[o], xv[j].z, w2);
+      part[o] = mac_v<kExact>(part[o], xv[j].w, w3);
     }
   }
 }
@@ -909,10 +917,10 @@ __device__ __forceinline__ void fp8_kb_mac(const uint4 (&w)[OPW][2], const float
         e4m3x4(word_of(w[o], j), w0, w1, w2, w3);
 #pragma unroll
         for (int rr = 0; rr < R; ++rr) {
-          part[o][rr] = mac<kExact>(part[o][rr], xv[rr].x, w0, 1.0f);
-          part[o][rr] = mac<kExact>(part[o][rr], xv[rr].y, w1, 1.0f);
-          part[o][rr] = mac<kExact>(part[o][rr], xv[rr].z, w2, 1.0f);
-          part[o][rr] = mac<kExact>(part[o][rr], xv[rr].w, w3, 1.0f);
+          part[o][rr] = mac_v<kExact>(part[o][rr], xv[rr].x, w0);
+          part[o][rr] = mac_v<kExact>(part[o][rr], xv[rr].y, w1);
+          part[o][rr] = mac_v<kExact>(part[o][rr], xv[rr].z, w2);
+          part[o][rr] = mac_v<kExact>(part[o][rr], xv[rr].w, w3);
         }
       }
     }
@@ -1478,7 +1486,7 @@ __global__ void __launch_bounds__(256) k_fp8_gemm(const uint8_t* __restrict__ W,
 #pragma unroll
       for (int i = 0; i < 4; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) part[4 * i + j] = mac<kExact>(part[4 * i + j], xf[j], wf[i], 1.0f);
+        for (int j = 0; j < 4; ++j) part[4 * i + j] = mac_v<kExact>(part[4 * i + j], xf[j], wf[i]);
     }
     const float sw = ssw[b][to / 8];
 #pragma unroll
