@@ -3351,31 +3351,40 @@ __device__ __forceinline__ uint32_t e2m1x2_4(uint32_t s) {
   return (pos & ~sel) | (neg & sel);
 }
 
+// G > 1 (DSUF_IDX_SPLIT=heads, session 28): a block takes kIdxEntries / G entries, warp-groups of
+// them each one G-th of the heads (thread t: entry t mod EPB, heads group t / EPB); every head term
+// is computed as above and kept in shared memory, then the first group adds an entry's terms in
+// head order from zero — the same sum, G times the blocks (at 8K, one row: 64 blocks instead of 16
+// for the 2,048 compressed entries, each thread a quarter of the dp4a chain).
+template <int G>
 __global__ void __launch_bounds__(kIdxEntries) k_index_scores(IndexScoreArgs a) {
+  constexpr int EPB = kIdxEntries / G;  // entries a tile
   pdl_entry();
   extern __shared__ __align__(16) uint32_t ism[];
   const int IH = a.IH, i = blockIdx.y, t = threadIdx.x;
+  const int el = t % EPB, g = t / EPB, hn = IH / G, h0 = g * hn;
   const RowMeta m = a.meta[i];
   const int64_t vis = (m.pos + 1) / a.ratio;
-  if (int64_t(blockIdx.x) * kIdxEntries >= vis) return;  // the whole block: nothing visible here
-  uint32_t* tile = ism;                                          // [kIdxEntries][17] packed keys
-  uint32_t* qw = tile + kIdxEntries * kIdxKeyWords;              // [IH][32] query codes, 4 per word
+  if (int64_t(blockIdx.x) * EPB >= vis) return;  // the whole block: nothing visible here
+  uint32_t* tile = ism;                                          // [EPB][17] packed keys
+  uint32_t* qw = tile + EPB * kIdxKeyWords;                      // [IH][32] query codes, 4 per word
   float* qs4 = reinterpret_cast<float*>(qw + IH * kIdxDim / 4);  // [IH][4] 0.25·s_q
   float* wv = qs4 + IH * kIdxBlocks;                             // [IH] rb(weight)·head_scale
+  float* terms = wv + IH;                                        // G > 1: [IH][EPB] head terms
   const float head_scale = 1.0f / sqrtf(float(IH)), dim_scale = 1.0f / sqrtf(float(kIdxDim));
   const uint4* qsrc = reinterpret_cast<const uint4*>(a.qc + int64_t(i) * IH * kIdxDim);  // rows 16-byte aligned
   for (int k = t; k < IH * kIdxDim / 16; k += kIdxEntries) reinterpret_cast<uint4*>(qw)[k] = qsrc[k];
   for (int k = t; k < IH * kIdxBlocks; k += kIdxEntries) qs4[k] = 0.25f * a.qs[int64_t(i) * IH * kIdxBlocks + k];
   for (int h = t; h < IH; h += kIdxEntries) wv[h] = rb(a.wts[int64_t(i) * IH + h], a.r) * head_scale;
   const uint8_t* keys = a.seqs[m.seq].ikey[a.src];
-  // Tiles of kIdxEntries entries, grid-strided (the launcher caps the grid; the queries stay).
-  for (int64_t e0 = int64_t(blockIdx.x) * kIdxEntries; e0 < vis; e0 += int64_t(gridDim.x) * kIdxEntries) {
+  // Tiles of EPB entries, grid-strided (the launcher caps the grid; the queries stay).
+  for (int64_t e0 = int64_t(blockIdx.x) * EPB; e0 < vis; e0 += int64_t(gridDim.x) * EPB) {
     // Stage the tile's visible keys (n_e·68 bytes from a 16-byte aligned offset when keys is).
-    const int n_e = int(vis - e0 < kIdxEntries ? vis - e0 : kIdxEntries);
+    const int n_e = int(vis - e0 < EPB ? vis - e0 : EPB);
     const uint32_t* src = reinterpret_cast<const uint32_t*>(keys + e0 * (kIdxKeyWords * 4));
     const int words = n_e * kIdxKeyWords;
     int done = 0;
-    __syncthreads();  // the previous tile is read
+    __syncthreads();  // the previous tile (and its terms) are read
     if ((reinterpret_cast<uintptr_t>(src) & 15u) == 0) {
       done = words / 4 * 4;
       for (int k = t; k < words / 4; k += kIdxEntries)
@@ -3383,54 +3392,65 @@ __global__ void __launch_bounds__(kIdxEntries) k_index_scores(IndexScoreArgs a) 
     }
     for (int k = done + t; k < words; k += kIdxEntries) tile[k] = __ldg(src + k);
     __syncthreads();
-    if (t >= n_e) continue;
-    const int64_t e = e0 + t;
+    const int64_t e = e0 + el;
     float* out = a.scores + int64_t(i) * a.score_stride + e;
-    if (a.cand_mask && !a.cand_mask[int64_t(i) * a.mask_stride + e / a.block]) {
-      *out = -INFINITY;
+    const bool live = el < n_e;
+    const bool masked = live && a.cand_mask && !a.cand_mask[int64_t(i) * a.mask_stride + e / a.block];
+    float s = 0.0f;
+    if (live && !masked) {
+      // The key: kc[w] holds dims 4w..4w+3 as int8 2c' (word u of the packed key is dims 8u..8u+7).
+      const uint32_t* kt = tile + el * kIdxKeyWords;  // odd stride: conflict-free
+      uint32_t kc[kIdxDim / 4];
+#pragma unroll
+      for (int u = 0; u < kIdxDim / 8; ++u) {
+        const uint32_t w = kt[u];
+        kc[2 * u] = e2m1x2_4(w);
+        kc[2 * u + 1] = e2m1x2_4(w >> 16);
+      }
+      float ks[kIdxBlocks];
+      const uint32_t sw = kt[kIdxDim / 8];
+#pragma unroll
+      for (int j = 0; j < kIdxBlocks; ++j) ks[j] = e8m0(uint8_t(sw >> (8 * j)));
+#pragma unroll 4
+      for (int h = h0; h < h0 + hn; ++h) {
+        const uint4* q = reinterpret_cast<const uint4*>(qw + h * (kIdxDim / 4));
+        const float4 qsc = reinterpret_cast<const float4*>(qs4)[h];
+        const float qsj[kIdxBlocks] = {qsc.x, qsc.y, qsc.z, qsc.w};
+        int isum[kIdxBlocks];
+#pragma unroll
+        for (int j = 0; j < kIdxBlocks; ++j) {
+          const uint4 q0 = q[2 * j], q1 = q[2 * j + 1];
+          const uint32_t* k = kc + 8 * j;
+          int acc = __dp4a(int(k[0]), int(q0.x), 0);
+          acc = __dp4a(int(k[1]), int(q0.y), acc);
+          acc = __dp4a(int(k[2]), int(q0.z), acc);
+          acc = __dp4a(int(k[3]), int(q0.w), acc);
+          acc = __dp4a(int(k[4]), int(q1.x), acc);
+          acc = __dp4a(int(k[5]), int(q1.y), acc);
+          acc = __dp4a(int(k[6]), int(q1.z), acc);
+          isum[j] = __dp4a(int(k[7]), int(q1.w), acc);
+        }
+        // det::seq_sum of det::fp4_block_dot(isum, s_q, s_k) = float(isum)·((0.25·s_q)·s_k); qs4
+        // holds the same 0.25·s_q (exact).
+        float dot = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kIdxBlocks; ++j) dot += float(isum[j]) * (qsj[j] * ks[j]);
+        const float term = wv[h] * fmaxf(dot, 0.0f) * dim_scale;
+        if constexpr (G == 1)
+          s += term;
+        else
+          terms[h * EPB + el] = term;
+      }
+    }
+    if constexpr (G > 1) {
+      __syncthreads();  // every group's terms are in
+      if (g != 0 || !live) continue;
+      if (!masked)
+        for (int h = 0; h < IH; ++h) s += terms[h * EPB + el];  // head order, from zero
+    } else if (!live) {
       continue;
     }
-    // The key: kc[w] holds dims 4w..4w+3 as int8 2c' (word u of the packed key is dims 8u..8u+7).
-    const uint32_t* kt = tile + t * kIdxKeyWords;  // odd stride: conflict-free
-    uint32_t kc[kIdxDim / 4];
-#pragma unroll
-    for (int u = 0; u < kIdxDim / 8; ++u) {
-      const uint32_t w = kt[u];
-      kc[2 * u] = e2m1x2_4(w);
-      kc[2 * u + 1] = e2m1x2_4(w >> 16);
-    }
-    float ks[kIdxBlocks];
-    const uint32_t sw = kt[kIdxDim / 8];
-#pragma unroll
-    for (int j = 0; j < kIdxBlocks; ++j) ks[j] = e8m0(uint8_t(sw >> (8 * j)));
-    float s = 0.0f;
-#pragma unroll 4
-    for (int h = 0; h < IH; ++h) {
-      const uint4* q = reinterpret_cast<const uint4*>(qw + h * (kIdxDim / 4));
-      const float4 qsc = reinterpret_cast<const float4*>(qs4)[h];
-      const float qsj[kIdxBlocks] = {qsc.x, qsc.y, qsc.z, qsc.w};
-      int isum[kIdxBlocks];
-#pragma unroll
-      for (int j = 0; j < kIdxBlocks; ++j) {
-        const uint4 q0 = q[2 * j], q1 = q[2 * j + 1];
-        const uint32_t* k = kc + 8 * j;
-        int acc = __dp4a(int(k[0]), int(q0.x), 0);
-        acc = __dp4a(int(k[1]), int(q0.y), acc);
-        acc = __dp4a(int(k[2]), int(q0.z), acc);
-        acc = __dp4a(int(k[3]), int(q0.w), acc);
-        acc = __dp4a(int(k[4]), int(q1.x), acc);
-        acc = __dp4a(int(k[5]), int(q1.y), acc);
-        acc = __dp4a(int(k[6]), int(q1.z), acc);
-        isum[j] = __dp4a(int(k[7]), int(q1.w), acc);
-      }
-      // det::seq_sum of det::fp4_block_dot(isum, s_q, s_k) = float(isum)·((0.25·s_q)·s_k); qs4
-      // holds the same 0.25·s_q (exact).
-      float dot = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kIdxBlocks; ++j) dot += float(isum[j]) * (qsj[j] * ks[j]);
-      s += wv[h] * fmaxf(dot, 0.0f) * dim_scale;
-    }
-    *out = s;
+    *out = masked ? -INFINITY : s;
   }
 }
 
@@ -5232,13 +5252,24 @@ void update_pending(const float* ag, const PendingJob* jobs, int n_jobs, const S
 void index_scores(const IndexScoreArgs& a, cudaStream_t s) {
   if (a.max_entries <= 0 || a.rows <= 0) return;
   DSUF_CHECK(a.ihd == kIdxDim, "index_scores: index_head_dim ", a.ihd, " (the kernel is built for ", kIdxDim, ")");
-  const size_t smem = sizeof(uint32_t) * kIdxEntries * kIdxKeyWords +
-                      size_t(a.IH) * (kIdxDim + sizeof(float) * (kIdxBlocks + 1));
+  // DSUF_IDX_SPLIT=auto|heads|off: heads splits an entry's heads over 4 threads where the heads
+  // divide by 4 (k_index_scores<4>); off: a thread an entry (<1>); auto (the default since v41): the
+  // split where a thread an entry would give fewer blocks than SMs. Measured (session 28, call 8,
+  // batch 1): 8K (2,048 entries, 16 blocks against 64) heads −0.02 ms against off (3 rounds); 128K
+  // (256 blocks) heads +0.03 (one round) — the keys decoded 4 times and the extra pass cost more
+  // than the parallelism brings once the grid fills the GPU.
+  static const int split = env_choice("DSUF_IDX_SPLIT", {"auto", "heads", "off"});
+  const bool few = int64_t(blocks_for(a.max_entries, kIdxEntries)) * a.rows < sm_count();
+  const int G = a.IH % 4 == 0 && (split == 1 || (split == 0 && few)) ? 4 : 1, epb = kIdxEntries / G;
+  const size_t smem = sizeof(uint32_t) * epb * kIdxKeyWords +
+                      size_t(a.IH) * (kIdxDim + sizeof(float) * (kIdxBlocks + 1)) +
+                      (G > 1 ? sizeof(float) * size_t(a.IH) * epb : 0);
   DSUF_CHECK(smem <= 200 * 1024, "index_scores: ", a.IH, " heads need too much shared memory");
-  set_smem(k_index_scores, smem);
+  auto* k = G > 1 ? k_index_scores<4> : k_index_scores<1>;
+  set_smem(k, smem);
   // About kIdxGridBlocks blocks in all (a few waves); a row's tiles beyond its blocks are strided.
-  const int bx = int(std::min<int64_t>(blocks_for(a.max_entries, kIdxEntries), std::max(1, kIdxGridBlocks / a.rows)));
-  launch_step(k_index_scores, dim3(bx, a.rows), dim3(kIdxEntries), smem, s, a);
+  const int bx = int(std::min<int64_t>(blocks_for(a.max_entries, epb), std::max(1, kIdxGridBlocks / a.rows)));
+  launch_step(k, dim3(bx, a.rows), dim3(kIdxEntries), smem, s, a);
 }
 void candidate_block_scores(const float* scores, int64_t score_stride, int rows, const RowMeta* meta, int ratio,
                             int block, float* bscores, int64_t b_stride, cudaStream_t s) {
