@@ -3351,11 +3351,12 @@ __device__ __forceinline__ uint32_t e2m1x2_4(uint32_t s) {
   return (pos & ~sel) | (neg & sel);
 }
 
-// G > 1 (DSUF_IDX_SPLIT=heads, session 28): a block takes kIdxEntries / G entries, warp-groups of
-// them each one G-th of the heads (thread t: entry t mod EPB, heads group t / EPB); every head term
-// is computed as above and kept in shared memory, then the first group adds an entry's terms in
-// head order from zero — the same sum, G times the blocks (at 8K, one row: 64 blocks instead of 16
-// for the 2,048 compressed entries, each thread a quarter of the dp4a chain).
+// G > 1 (DSUF_IDX_SPLIT=auto where the grid is small, or heads; session 28): a block takes
+// kIdxEntries / G entries, warp-groups of them each one G-th of the heads (thread t: entry t mod
+// EPB, heads group t / EPB); every head term is computed as above and kept in shared memory, then
+// the first group adds an entry's terms in head order from zero — the same sum, G times the blocks
+// (at 8K, one row: 64 blocks instead of 16 for the 2,048 compressed entries, each thread a quarter
+// of the dp4a chain).
 template <int G>
 __global__ void __launch_bounds__(kIdxEntries) k_index_scores(IndexScoreArgs a) {
   constexpr int EPB = kIdxEntries / G;  // entries a tile
