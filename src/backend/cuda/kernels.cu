@@ -196,19 +196,11 @@ __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier
 // Orders this thread's earlier shared-memory accesses (and, after a __syncwarp, its warp's) before
 // its later bulk copies' writes: a slot is refilled only after every lane has read it.
 __device__ __forceinline__ void async_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// A phase's arrival announcing its bytes (all of them, when several copies make the phase), and a
-// copy that only completes on the barrier.
-__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
+__device__ __forceinline__ void bulk_to_smem(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bulk_part(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
-}
-__device__ __forceinline__ void bulk_to_smem(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  mbar_expect(bar, bytes);
-  bulk_part(dst, src, bytes, bar);
 }
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
@@ -1245,13 +1237,11 @@ __global__ void __launch_bounds__(kWarps > 8 ? 32 * kWarps : 256)
 __host__ __device__ constexpr int64_t fp8_tiles_codes(int OPW, int64_t K) { return OPW * (1024 + (K / 32) % 32 * 32); }
 __host__ __device__ constexpr int64_t fp8_tiles_slot(int OPW, int64_t K) { return fp8_tiles_codes(OPW, K) + 64; }
 __host__ __device__ constexpr int64_t fp8_tiles_x_bytes(int64_t K) { return interleaved_k(K) * 4; }
-// kBulk: a warp's rows of a chunk come by bulk copies (lane 0's, one a row and one a row's remainder)
-// completing on an mbarrier a slot, after the slots (8 bytes each); the codes by cp.async as before.
-size_t fp8_tiles_smem(int OPW, int warps, int stages, int64_t K, bool bulk) {
-  return size_t(fp8_tiles_x_bytes(K) + int64_t(warps) * stages * (fp8_tiles_slot(OPW, K) + (bulk ? 8 : 0)));
+size_t fp8_tiles_smem(int OPW, int warps, int stages, int64_t K) {
+  return size_t(fp8_tiles_x_bytes(K) + int64_t(warps) * stages * fp8_tiles_slot(OPW, K));
 }
 // At least 3 blocks of 8 warps an SM (what the shared memory of K = 8,192 allows) or 7 of 4 (K ≤ 2,048).
-template <int OPW, bool kExact, int kWarps, int kStages, bool kBulk>
+template <int OPW, bool kExact, int kWarps, int kStages>
 __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 3 : 7)
     k_fp8_gemv_tiles(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws, int64_t out, int64_t K,
                      const float* __restrict__ x, const float* __restrict__ xs, float* __restrict__ y, bool r,
@@ -1268,9 +1258,6 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 3 : 7)
   extern __shared__ __align__(16) uint8_t fp8_smem[];
   float4* const xsm = reinterpret_cast<float4*>(fp8_smem);  // the input row, interleaved (xpos4)
   uint8_t* const ring = fp8_smem + fp8_tiles_x_bytes(K) + int64_t(threadIdx.x / 32) * kStages * slot_bytes;
-  // kBulk: the warp's kStages barriers, after every warp's slots.
-  const uint32_t bars = smem_u32(fp8_smem + fp8_tiles_x_bytes(K) + int64_t(kWarps) * kStages * slot_bytes) +
-                        uint32_t(threadIdx.x / 32 * kStages * 8);
   // The next chunk to issue: part ip of tile it, from the tile's rows at this lane's 16-byte offset
   // (src) and its scale codes (csrc), advanced a chunk at a time; the row clamp and 64-bit row
   // arithmetic once a tile (session 28: they were redone for every chunk, ~30 of the ~270
@@ -1293,29 +1280,13 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 3 : 7)
     if (it < tiles) {
       const uint32_t dst = ring_u32 + uint32_t(slot * slot_bytes);
       const bool last = ip == full - 1 && rem > 0;
-      if constexpr (kBulk) {
-        // src[o] is the row's chunk itself at lane 0 (16·lane = 0); its remainder follows it. The slot
-        // was last read by the previous chunk's loads, whose values its arithmetic has consumed, and
-        // the caller's __syncwarp orders every lane's reads before this: no proxy fence (v42: the
-        // fence compiled to MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S a chunk).
-        if (lane == 0) {
-          const uint32_t bar = bars + uint32_t(8 * slot);
-          mbar_expect(bar, uint32_t(OPW * (1024 + (last ? rem * 32 : 0))));
 #pragma unroll
-          for (int o = 0; o < OPW; ++o) {
-            bulk_part(dst + uint32_t(o * 1024), src[o], 1024, bar);
-            if (last) bulk_part(dst + uint32_t(OPW * 1024 + o * rem * 32), src[o] + 1024, uint32_t(rem * 32), bar);
-          }
-        }
-      } else {
-#pragma unroll
-        for (int o = 0; o < OPW; ++o) {
-          cp_async16_to(dst + uint32_t(o * 1024 + 16 * lane), src[o]);
-          cp_async16_to(dst + uint32_t(o * 1024 + 512 + 16 * lane), src[o] + 512);
-          if (last)  // the row's remainder starts 1 KB past this chunk's start (src[o] − 16·lane)
-            for (int c = lane; c < 2 * rem; c += 32)
-              cp_async16_to(dst + uint32_t(OPW * 1024 + o * rem * 32 + 16 * c), src[o] + 1024 + 16 * (c - lane));
-        }
+      for (int o = 0; o < OPW; ++o) {
+        cp_async16_to(dst + uint32_t(o * 1024 + 16 * lane), src[o]);
+        cp_async16_to(dst + uint32_t(o * 1024 + 512 + 16 * lane), src[o] + 512);
+        if (last)  // the row's remainder starts 1 KB past this chunk's start (src[o] − 16·lane)
+          for (int c = lane; c < 2 * rem; c += 32)
+            cp_async16_to(dst + uint32_t(OPW * 1024 + o * rem * 32 + 16 * c), src[o] + 1024 + 16 * (c - lane));
       }
       if (lane < 8) cp_async4_to(dst + uint32_t(codes + 4 * lane), csrc);
       if (last && lane < rem / 4) cp_async4_to(dst + uint32_t(codes + 32 + 4 * lane), csrc + 32);
@@ -1329,13 +1300,6 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 3 : 7)
     }
     cp_async_commit();
   };
-  if (kBulk && active) {
-    if (lane == 0) {
-      for (int q = 0; q < kStages; ++q) mbar_init(bars + uint32_t(8 * q));
-      mbar_init_fence();
-    }
-    __syncwarp();
-  }
   if (active && early)
     for (int q = 0; q < kStages - 1; ++q) issue_next(q);  // weights only before the wait
   pdl_wait();
@@ -1351,13 +1315,8 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 3 : 7)
   for (int o = 0; o < OPW; ++o) acc[o] = 0.0f;
   int64_t t = t0;
   int part = 0;
-  uint32_t phase = 0;  // kBulk: the parity of the slots' current round (each slot's barrier a phase a round)
   for (int s = 0;; s = s + 1 == kStages ? 0 : s + 1) {
     cp_async_wait_group<kStages - 2>();
-    if constexpr (kBulk) {
-      mbar_wait(bars + uint32_t(8 * s), phase);
-      if (s + 1 == kStages) phase ^= 1u;
-    }
     __syncwarp();
     const uint8_t* slot = ring + s * slot_bytes;
     uint4 w[OPW][2], tw[1][2];
@@ -4630,10 +4589,10 @@ bool fp8_tiles_fit(const Fp8Call& c, int opw) {
 // sets instead of the ring 6.669 / 6.651 / 6.657, k_fp8_gemv 6.696 / 6.699 / 6.688; 4 rows +0.06
 // against 2; 4 blocks an SM instead of 7 +0.22 (the more warps an SM, the faster).
 int sm_count();
-template <int OPW, bool kExact, int kWarps, int kStages, bool kBulk>
+template <int OPW, bool kExact, int kWarps, int kStages>
 void launch_fp8_tiles_k(const Fp8Call& c) {
-  auto k = k_fp8_gemv_tiles<OPW, kExact, kWarps, kStages, kBulk>;
-  const size_t smem = fp8_tiles_smem(OPW, kWarps, kStages, c.K, kBulk);
+  auto k = k_fp8_gemv_tiles<OPW, kExact, kWarps, kStages>;
+  const size_t smem = fp8_tiles_smem(OPW, kWarps, kStages, c.K);
   DSUF_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   int fit = 0;
   DSUF_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, k, 32 * kWarps, smem));
@@ -4652,16 +4611,10 @@ void launch_fp8_tiles_k(const Fp8Call& c) {
 template <int OPW, bool kExact, int kWarps>
 void launch_fp8_tiles_w(const Fp8Call& c) {
   static const int stages = env_choice("DSUF_FP8_TILES_RING", {"2", "3", "4"}) + 2;
-  static const bool bulk = env_picks("DSUF_FP8_TILES_COPY", "async", "bulk");
-  if (bulk) {  // rings of 2 or 3 slots
-    DSUF_CHECK(stages <= 3, "DSUF_FP8_TILES_COPY=bulk takes DSUF_FP8_TILES_RING=2 or 3");
-    if (stages == 3) return launch_fp8_tiles_k<OPW, kExact, kWarps, 3, true>(c);
-    return launch_fp8_tiles_k<OPW, kExact, kWarps, 2, true>(c);
-  }
   switch (stages) {
-    case 3: return launch_fp8_tiles_k<OPW, kExact, kWarps, 3, false>(c);
-    case 4: return launch_fp8_tiles_k<OPW, kExact, kWarps, 4, false>(c);
-    default: return launch_fp8_tiles_k<OPW, kExact, kWarps, 2, false>(c);
+    case 3: return launch_fp8_tiles_k<OPW, kExact, kWarps, 3>(c);
+    case 4: return launch_fp8_tiles_k<OPW, kExact, kWarps, 4>(c);
+    default: return launch_fp8_tiles_k<OPW, kExact, kWarps, 2>(c);
   }
 }
 template <int OPW, bool kExact>
