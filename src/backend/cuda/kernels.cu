@@ -1057,7 +1057,7 @@ __device__ __forceinline__ void fp8_slice(const uint8_t* __restrict__& W, const 
   }
 }
 
-// Block of kWarps warps (fp8_block_warps: 8 for one row, 4 for the R-row forms); warp w takes outputs
+// Block of kWarps warps (fp8_block_warps: 4 by default); warp w takes outputs
 // o0..o0+OPW-1 and the block's R rows (grid.y: row groups).
 // grid.z: independent groups (the grouped o-projection): group g uses weight rows g·out.., inputs
 // g·K.. of each row (at x_group in the interleaved row, scales g·K/32..) and outputs g·out.. ; or,
@@ -4550,14 +4550,18 @@ int fp4_gemv_mode() {
   return mode;
 }
 // The warps of a kRegs FP8 GEMV block (kDeep, kRegsPipe: 8): DSUF_FP8_BLOCK=auto|8|4|2; auto (the
-// default) is 8 for one row and 4 for the R-row forms (session 17: batch 4 at 8K 19.19 → 17.80 ms gpu,
-// batch 16 61.02 → 59.54, batch 1 and 64 ±0 with 4 everywhere; the R-row kernels hold more registers,
-// fewer blocks an SM, and smaller blocks spread them more evenly over the SMs; pipe with 4 or 2 warps
-// and at most 2 or 1 outputs a warp lost +0.27 to +0.40 ms at batch 1 in session 18).
-int fp8_block_warps(int rows_a_block) {
+// default) is 4 (session 17: 4 for the R-row forms, batch 4 at 8K 19.19 → 17.80 ms gpu, batch 16
+// 61.02 → 59.54 — the R-row kernels hold more registers, fewer blocks an SM, and smaller blocks spread
+// them more evenly over the SMs; session 29: 4 for one row too, where the shared expert's w1/w3 pair
+// is the one such launch of a batch-1 step — 288 blocks of 8 warps at 3 an SM put 3 on 24 SMs and 2
+// on the rest, beside the routed experts — the step 6.330 / 6.346 / 6.351 against 8's 6.421 / 6.412
+// / 6.416, 2 warps 6.345 / 6.348 / 6.351; in session 17, when every one-row linear took this kernel,
+// 4 had measured ±0 at one row; pipe with 4 or 2 warps and at most 2 or 1 outputs a warp lost +0.27 to
+// +0.40 ms at batch 1 in session 18).
+int fp8_block_warps() {
   static const int pick = env_choice("DSUF_FP8_BLOCK", {"auto", "8", "4", "2"});
   constexpr int warps[] = {0, 8, 4, 2};
-  return pick ? warps[pick] : rows_a_block > 1 ? 4 : 8;
+  return pick ? warps[pick] : 4;
 }
 // DSUF_FP8_ROWS_FORM=auto|rows|inter: the R-row GEMVs' rows one after the other in each K-block
 // (rows, v35's form) or interleaved (fp8_kb_mac's kInter); auto (the default since v36): interleaved
@@ -4637,7 +4641,7 @@ void launch_fp8(const Fp8Call& c) {
   // whole weight share is loaded before the wait (deep: the v22 candidate; regs: as the others).
   static const bool small_deep = !env_picks("DSUF_FP8_SMALL", "deep", "regs");
   const bool deep = mode == kDeep || (small_deep && mode == kRegs && OPW == 1 && c.K / 32 <= 32 * deep_u<32>());
-  const int warps = deep || mode != kRegs ? 8 : fp8_block_warps(R);
+  const int warps = deep || mode != kRegs ? 8 : fp8_block_warps();
   // The interleaved form only where the grid below is sized for its 4 warps.
   auto pick = [&] {
     if constexpr (R > 1)
