@@ -140,10 +140,8 @@ std::vector<T> to_host(const T* p, size_t n) {
 // partial last tile at 4,102 outputs), the shared expert's w2 (2,304), wo_b (8,192), Engram's wkv
 // (6,144), K = 1,024 and 1,536 (no remainder, 16 K-blocks of it), 5,120 and one that k_fp8_gemv_tiles
 // cannot take (K = 1,120: nb mod 4 ≠ 0). Which kernel takes which depends on DSUF_FP8_TILES (all,
-// one, mid, off), and its blocks' warps on DSUF_FP8_TILES_WARPS (auto: 10 for the 5,120-output
-// shapes above K = 2,048, fixed: 8, more: 10 for all of them) and DSUF_FP8_BLOCK: the device runs
-// check them. Each also with fp8_linear's tile_sm = 1 and 3 (the tile kernel's grid capped: other
-// warps take the tiles).
+// one, mid, off): the device runs check them all. Each also with fp8_linear's tile_sm = 1 and 3 (the
+// tile kernel's grid capped: other warps take the tiles).
 TEST(CudaFp8Linear, OneRowEqualsTheReferenceSum) {
   std::mt19937 rng(20261202);
   struct Shape {

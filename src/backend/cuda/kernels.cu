@@ -1242,7 +1242,7 @@ size_t fp8_tiles_smem(int OPW, int warps, int stages, int64_t K) {
 }
 // At least 3 blocks of 8 warps an SM (what the shared memory of K = 8,192 allows) or 7 of 4 (K ≤ 2,048).
 template <int OPW, bool kExact, int kWarps, int kStages>
-__global__ void __launch_bounds__(32 * kWarps, kWarps == 4 ? 7 : kWarps == 8 ? 3 : 2)
+__global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 3 : 7)
     k_fp8_gemv_tiles(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws, int64_t out, int64_t K,
                      const float* __restrict__ x, const float* __restrict__ xs, float* __restrict__ y, bool r,
                      bool early) {
@@ -4593,13 +4593,8 @@ bool fp8_tiles_fit(const Fp8Call& c, int opw) {
 // sets instead of the ring 6.669 / 6.651 / 6.657, k_fp8_gemv 6.696 / 6.699 / 6.688; 4 rows +0.06
 // against 2; 4 blocks an SM instead of 7 +0.22 (the more warps an SM, the faster).
 int sm_count();
-// A launch's grid: its blocks, and the tiles of the SMs that take the most (the blocks dealt one an
-// SM in turn, every block resident at once: the grid is sized to fit).
-struct TilesGrid {
-  int64_t blocks, busiest;
-};
 template <int OPW, bool kExact, int kWarps, int kStages>
-TilesGrid fp8_tiles_grid(const Fp8Call& c) {
+void launch_fp8_tiles_k(const Fp8Call& c) {
   auto k = k_fp8_gemv_tiles<OPW, kExact, kWarps, kStages>;
   const size_t smem = fp8_tiles_smem(OPW, kWarps, kStages, c.K);
   DSUF_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
@@ -4614,53 +4609,21 @@ TilesGrid fp8_tiles_grid(const Fp8Call& c) {
   const int64_t per_sm = std::max(1, std::min({fit, want, c.tile_sm > 0 ? c.tile_sm : fit}));
   const int64_t tiles = (c.out + OPW - 1) / OPW, most = int64_t(sm_count()) * per_sm * kWarps;
   const int64_t per_warp = (tiles + most - 1) / most, warps = (tiles + per_warp - 1) / per_warp;
-  const int64_t blocks = blocks_for(warps, kWarps);
-  return {blocks, (blocks + sm_count() - 1) / sm_count() * kWarps * per_warp};
-}
-template <int OPW, bool kExact, int kWarps, int kStages>
-void launch_fp8_tiles_k(const Fp8Call& c) {
-  auto k = k_fp8_gemv_tiles<OPW, kExact, kWarps, kStages>;
-  const TilesGrid g = fp8_tiles_grid<OPW, kExact, kWarps, kStages>(c);  // (sets the kernel's shared memory)
-  launch_pdl(k, dim3(g.blocks), dim3(32 * kWarps), fp8_tiles_smem(OPW, kWarps, kStages, c.K), c.s, c.W, c.Ws, c.out,
-             c.K, c.in.x, c.in.scale, c.y, c.r, fp8_early());
-}
-int fp8_tiles_stages() {
-  static const int stages = env_choice("DSUF_FP8_TILES_RING", {"2", "3", "4"}) + 2;
-  return stages;
+  launch_pdl(k, dim3(blocks_for(warps, kWarps)), dim3(32 * kWarps), smem, c.s, c.W, c.Ws, c.out, c.K, c.in.x,
+             c.in.scale, c.y, c.r, fp8_early());
 }
 template <int OPW, bool kExact, int kWarps>
 void launch_fp8_tiles_w(const Fp8Call& c) {
-  switch (fp8_tiles_stages()) {
+  static const int stages = env_choice("DSUF_FP8_TILES_RING", {"2", "3", "4"}) + 2;
+  switch (stages) {
     case 3: return launch_fp8_tiles_k<OPW, kExact, kWarps, 3>(c);
     case 4: return launch_fp8_tiles_k<OPW, kExact, kWarps, 4>(c);
     default: return launch_fp8_tiles_k<OPW, kExact, kWarps, 2>(c);
   }
 }
-// The busiest SM's tiles with blocks of kWarps warps (at the ring size launch_fp8_tiles_w takes).
-template <int OPW, bool kExact, int kWarps>
-int64_t fp8_tiles_busiest(const Fp8Call& c) {
-  switch (fp8_tiles_stages()) {
-    case 3: return fp8_tiles_grid<OPW, kExact, kWarps, 3>(c).busiest;
-    case 4: return fp8_tiles_grid<OPW, kExact, kWarps, 4>(c).busiest;
-    default: return fp8_tiles_grid<OPW, kExact, kWarps, 2>(c).busiest;
-  }
-}
-// DSUF_FP8_TILES_WARPS=auto|fixed|more: the blocks' warps above K = 2,048 (up to it 4). fixed: 8 (three
-// blocks an SM where they fit); more: 10 (two an SM); auto (the default): 10 where its busiest SM
-// takes fewer tiles (fp8_tiles_grid), else 8. wo_b and the shared expert's w2 (5,120 outputs, 2,560
-// tiles of 2 rows) take 10: 256 blocks, at most 20 warps an SM against an average of 19.4; with 8,
-// 320 blocks put 24 warps on 56 SMs and 16 on the rest. Measured (session 29, call 2): probe wo_b
-// 14.06 → 12.38 µs from L2, 15.69 → 14.62 from DRAM, w2 5.32 → 5.04; the step −0.013 ms (6.402 /
-// 6.404 / 6.405 against 6.421 / 6.412 / 6.416). The same reasoning for wq_b (K = 1,280: blocks of 5
-// warps, 125 tiles on the busiest SM against 140) lost: probe 14.97 → 15.86 µs, the step +0.035
-// (25 warps an SM against 28: fewer to hide the chunks' latency).
 template <int OPW, bool kExact>
 void launch_fp8_tiles(const Fp8Call& c) {
   if (c.K <= 2048) return launch_fp8_tiles_w<OPW, kExact, 4>(c);
-  static const int pick = env_choice("DSUF_FP8_TILES_WARPS", {"auto", "fixed", "more"});
-  const bool ten =
-      pick == 2 || (pick == 0 && fp8_tiles_busiest<OPW, kExact, 10>(c) < fp8_tiles_busiest<OPW, kExact, 8>(c));
-  if (ten) return launch_fp8_tiles_w<OPW, kExact, 10>(c);
   launch_fp8_tiles_w<OPW, kExact, 8>(c);
 }
 template <int OPW, int R, bool kExact>
