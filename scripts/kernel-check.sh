@@ -25,7 +25,8 @@
 #   scripts/kernel-check.sh sets     batch 1 at 8K (or $BENCH's bench_decode arguments) for each setting
 #                                    of $SETS (';'-separated; each a space-separated list of NAME=value,
 #                                    empty for the defaults), $ROUNDS (3) rounds interleaved: settings
-#                                    that combine several knobs, which `decode` cannot
+#                                    that combine several knobs, which `decode` cannot; then each
+#                                    setting's mean against the first (scripts/sets_summary.py)
 #   scripts/kernel-check.sh probe    bench/stream_probe: plain reads of the experts' bytes, one launch at
 #                                    each linear's size, launch boundaries (~20 s)
 #   scripts/kernel-check.sh pair A B two bench_decode binaries, batch 1 at 8K, $ROUNDS rounds interleaved
@@ -141,7 +142,8 @@ sets)
       env $set timeout 150 "$B/bench_decode" --engram-vocab 100000 "${args[@]}" 2>&1 |
         grep -v '^model:\|^head:\|^routed experts\|^setup:' | tail -n "${TAIL:-1}"
     done
-  done
+  done | tee "$L/sets.log"
+  python3 scripts/sets_summary.py "$L/sets.log"  # each setting's rounds, mean, and against the first
   ;;
 pair)
   # Two bench_decode binaries (e.g. main's and a branch's) at batch 1 and 8K, $ROUNDS rounds
@@ -152,7 +154,8 @@ pair)
       echo "== $bin (round $rep): batch 1 at 8K"
       timeout 150 "$bin" --engram-vocab 100000 --contexts 8192 --batches 1 --steps 30 --warmup 3 2>&1 | tail -1
     done
-  done
+  done | tee "$L/pair.log"
+  python3 scripts/sets_summary.py "$L/pair.log"
   ;;
 probe)
   # What a plain read of the step's bytes achieves (bench/stream_probe), the per-kernel denominator.
