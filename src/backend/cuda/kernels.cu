@@ -4,15 +4,11 @@
 
 #include <algorithm>
 #include <array>
-#include <map>
-#include <mutex>
-#include <tuple>
 #include <cfloat>
 #include <thread>
 #include <vector>
 #include <utility>
 #include <string>
-#include <cstdio>
 #include <cstdlib>
 #include <cmath>
 #include <type_traits>
@@ -200,19 +196,11 @@ __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier
 // Orders this thread's earlier shared-memory accesses (and, after a __syncwarp, its warp's) before
 // its later bulk copies' writes: a slot is refilled only after every lane has read it.
 __device__ __forceinline__ void async_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// The copy alone, for a phase whose bytes an mbar_expect announced.
-__device__ __forceinline__ void bulk_copy_only(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+__device__ __forceinline__ void bulk_to_smem(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
-}
-// The arrival that announces a phase's bytes.
-__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bulk_to_smem(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  mbar_expect(bar, bytes);
-  bulk_copy_only(dst, src, bytes, bar);
 }
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
@@ -2938,81 +2926,9 @@ __device__ __forceinline__ void emit_attention_out(const AttentionArgs& a, int i
              a.o_sink.quantize ? a.o_sink.xs + (int64_t(i) * groups + g) * nb + kb : nullptr, kb, lane);
 }
 
-// The P·V sums of one tile of n keys (weights ph[u][j0 + jj], key values kt[jj · kPvDims + lane]) for a
-// thread's HPW heads, each added in key order. UNR > 2: the loop takes UNR groups of 4 keys at a time,
-// all their shared loads issued before the products (DSUF_PV_UNROLL: 8, the v23 candidate; 2: v22's
-// loop alone); every accumulator adds its keys in order either way. ph rows 16-byte aligned, j0 % 4 == 0.
-template <int HPW, int UNR>
-__device__ __forceinline__ void pv_accumulate(float (&acc)[HPW], const float* const (&ph)[HPW], const float* kt,
-                                              int j0, int n, int lane) {
-  int jj = 0;
-  if constexpr (UNR > 2) {
-    // UNR groups of 4 keys: every group's weights and keys loaded first, then the products in key
-    // order (the compiler, left to itself, reuses one group's registers and keeps ~1 group ahead).
-    for (; jj + 4 * UNR <= n; jj += 4 * UNR) {
-      float4 w[UNR][HPW];
-      float kk[UNR][4];
-#pragma unroll
-      for (int g = 0; g < UNR; ++g) {
-#pragma unroll
-        for (int u = 0; u < HPW; ++u) w[g][u] = *reinterpret_cast<const float4*>(ph[u] + j0 + jj + 4 * g);
-#pragma unroll
-        for (int c = 0; c < 4; ++c) kk[g][c] = kt[(jj + 4 * g + c) * kPvDims + lane];
-      }
-#pragma unroll
-      for (int g = 0; g < UNR; ++g)
-#pragma unroll
-        for (int u = 0; u < HPW; ++u) {
-          acc[u] += w[g][u].x * kk[g][0];
-          acc[u] += w[g][u].y * kk[g][1];
-          acc[u] += w[g][u].z * kk[g][2];
-          acc[u] += w[g][u].w * kk[g][3];
-        }
-    }
-  }
-#pragma unroll 2
-  for (; jj + 4 <= n; jj += 4) {
-    float4 w[HPW];
-#pragma unroll
-    for (int u = 0; u < HPW; ++u) w[u] = *reinterpret_cast<const float4*>(ph[u] + j0 + jj);
-    const float k0 = kt[(jj + 0) * kPvDims + lane], k1 = kt[(jj + 1) * kPvDims + lane];
-    const float k2 = kt[(jj + 2) * kPvDims + lane], k3 = kt[(jj + 3) * kPvDims + lane];
-#pragma unroll
-    for (int u = 0; u < HPW; ++u) {
-      acc[u] += w[u].x * k0;
-      acc[u] += w[u].y * k1;
-      acc[u] += w[u].z * k2;
-      acc[u] += w[u].w * k3;
-    }
-  }
-  for (; jj < n; ++jj) {
-    const float k = kt[jj * kPvDims + lane];
-#pragma unroll
-    for (int u = 0; u < HPW; ++u) acc[u] += ph[u][j0 + jj] * k;
-  }
-}
-
-// The end of a P·V thread: its HPW heads' sums over their denominators (den[h], h of the block's 8),
-// laid out as wo_a's input (o_sink) or written to out. The warp's heads hw0 … hw0 + HPW − 1 of the
-// group h0, dim d0 + lane.
-template <int HPW>
-__device__ __forceinline__ void pv_store(const AttentionArgs& a, int i, int h0, int64_t d0, int hw0, int lane, int nh,
-                                         const float (&acc)[HPW], const float* den) {
-  const int64_t d = d0 + lane;
-  if (a.o_sink.xq) {  // wo_a's input, as k_linear_input lays it out (whole warps: attention() checks)
-#pragma unroll
-    for (int u = 0; u < HPW; ++u) emit_attention_out(a, i, h0 + hw0 + u, d, lane, rb(acc[u] / den[hw0 + u], a.r));
-    return;
-  }
-  if (d < a.hd) {
-    float* o = a.out + (int64_t(i) * a.H + h0) * a.hd + d;
-#pragma unroll
-    for (int u = 0; u < HPW; ++u)
-      if (hw0 + u < nh) o[(hw0 + u) * a.hd] = rb(acc[u] / den[hw0 + u], a.r);
-  }
-}
-
-// UNR: pv_accumulate's unrolling (DSUF_PV_UNROLL).
+// UNR > 2: the P·V loop takes UNR groups of 4 keys at a time, all their shared loads issued before
+// the products (DSUF_PV_UNROLL: 8, the v23 candidate; 2: v22's loop alone); every accumulator adds
+// its keys in order either way.
 template <int HPW, int UNR>
 __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionArgs a, int tile) {
   constexpr int kThreads = 32 * kPvHeads / HPW;
@@ -3107,196 +3023,67 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
       cp_async_wait_all();
       __syncthreads();
     }
-    pv_accumulate<HPW, UNR>(acc, ph, kt, j0, min(tile, nk - j0), lane);
+    const int n = min(tile, nk - j0);
+    int jj = 0;
+    if constexpr (UNR > 2) {
+      // UNR groups of 4 keys: every group's weights and keys loaded first, then the products in key
+      // order (the compiler, left to itself, reuses one group's registers and keeps ~1 group ahead).
+      for (; jj + 4 * UNR <= n; jj += 4 * UNR) {
+        float4 w[UNR][HPW];
+        float kk[UNR][4];
+#pragma unroll
+        for (int g = 0; g < UNR; ++g) {
+#pragma unroll
+          for (int u = 0; u < HPW; ++u) w[g][u] = *reinterpret_cast<const float4*>(ph[u] + j0 + jj + 4 * g);
+#pragma unroll
+          for (int c = 0; c < 4; ++c) kk[g][c] = kt[(jj + 4 * g + c) * kPvDims + lane];
+        }
+#pragma unroll
+        for (int g = 0; g < UNR; ++g)
+#pragma unroll
+          for (int u = 0; u < HPW; ++u) {
+            acc[u] += w[g][u].x * kk[g][0];
+            acc[u] += w[g][u].y * kk[g][1];
+            acc[u] += w[g][u].z * kk[g][2];
+            acc[u] += w[g][u].w * kk[g][3];
+          }
+      }
+    }
+#pragma unroll 2
+    for (; jj + 4 <= n; jj += 4) {
+      float4 w[HPW];
+#pragma unroll
+      for (int u = 0; u < HPW; ++u) w[u] = *reinterpret_cast<const float4*>(ph[u] + j0 + jj);
+      const float k0 = kt[(jj + 0) * kPvDims + lane], k1 = kt[(jj + 1) * kPvDims + lane];
+      const float k2 = kt[(jj + 2) * kPvDims + lane], k3 = kt[(jj + 3) * kPvDims + lane];
+#pragma unroll
+      for (int u = 0; u < HPW; ++u) {
+        acc[u] += w[u].x * k0;
+        acc[u] += w[u].y * k1;
+        acc[u] += w[u].z * k2;
+        acc[u] += w[u].w * k3;
+      }
+    }
+    for (; jj < n; ++jj) {
+      const float k = kt[jj * kPvDims + lane];
+#pragma unroll
+      for (int u = 0; u < HPW; ++u) acc[u] += ph[u][j0 + jj] * k;
+    }
   }
   pdl_exit(a.pv_late);
-  pv_store<HPW>(a, i, h0, d0, HPW * warp, lane, nh, acc, den_s);
-}
-
-// The whole attention of a row's 8-head group in one cluster of C = hd / 32 blocks (DSUF_ATT_FUSED;
-// session 30). Block c of the cluster owns keys [c·chunk, (c + 1)·chunk) for the logits and dims
-// [32c, 32c + 32) for P·V, so that each head's softmax is computed once (the two-kernel path's 16
-// P·V blocks of a group each redid it) and no logits go through global memory:
-//   0. one bulk copy brings the group's queries and the block's chunk of keys, cp.async brings its
-//      32-dim slice of every key (landing while 1–2 run); the row's key count as attention_keys;
-//   1. logits: warp w takes heads 4·(w % 2) … + 3, their queries in registers (rotated in shared
-//      memory first), and keys w / 2, w / 2 + 4, … of the chunk: the lane-strided dot of core/detmath.h,
-//      the 4 heads' lane sums by one reduce-scatter butterfly (warp_sum's pairs); each block pushes its
-//      chunk's max a head into every block of the cluster (distributed shared memory), cluster barrier;
-//   2. every block takes the max of the C partial maxima, turns its chunk into exp(logit − max) and
-//      pushes those into every block's weight rows, cluster barrier;
-//   3. P·V as k_attention_pv<1>: a warp a head, a lane a dim, the keys in order from zero; the
-//      denominators in the reference's block_sum<128> order from the weight rows.
-// KPL = hd / 32 values a lane (the queries' registers). Shared memory (floats): max((8 + chunk)·hd,
-// 8·kp) for the queries and chunk (then the weights), kmax·32 for the slice, 8·chunk logits, C·8 maxima.
-constexpr int kFusedThreads = 256;
-// A block's keys for the logits: a multiple of 4, so that its weights go out as whole float4s of its own.
-__host__ __device__ constexpr int fused_chunk(int kmax, int C) { return ((kmax + C - 1) / C + 3) & ~3; }
-// Shared memory of k_attention_fused, in floats from its start: the weights e at 0 ([8][kp]), the key
-// slice at kt, the chunk's logits at lg, the maxima at pmax, `total` in all. The queries ([8][hd]) and
-// the chunk ([chunk][hd]) sit at 0 during the logits. overlap (DSUF_ATT_FUSED_SMEM=overlap): the slice
-// overlays them (it is copied after the logits: ~100 KB a block at V4.1's sizes, two blocks an SM, so
-// that the 8 clusters of 16 a row needs are resident at once); separate: after them (~178 KB, copied
-// from the start: 7 clusters of 16 resident on an H200).
-struct FusedLayout {
-  int64_t kt, lg, pmax, total;
-};
-__host__ __device__ inline FusedLayout fused_layout(int64_t hd, int kmax, int C, bool overlap) {
-  const int64_t chunk = fused_chunk(kmax, C), kp = (kmax + 3) & ~3, logits = (kPvHeads + chunk) * hd;
-  FusedLayout l{};
-  l.kt = overlap ? kPvHeads * kp : (logits > kPvHeads * kp ? logits : kPvHeads * kp);
-  const int64_t end = l.kt + int64_t(kmax) * kPvDims;
-  l.lg = end > logits ? end : logits;
-  l.pmax = l.lg + kPvHeads * chunk;
-  l.total = l.pmax + int64_t(C) * kPvHeads;
-  return l;
-}
-size_t fused_attention_smem(int64_t hd, int kmax, bool overlap) {
-  return sizeof(float) * size_t(fused_layout(hd, kmax, int(hd / kPvDims), overlap).total);
-}
-// warp_sum(v[h]) for h < 4 at once (warp_sum8_scatter's butterfly on 4 values): the sum of head
-// (lane >> 3) & 3, held by lanes 8h … 8h + 7.
-__device__ __forceinline__ float warp_sum4_scatter(const float (&v)[4], int lane) {
-  const bool b4 = lane & 16, b3 = lane & 8;
-  float a2[2];
+  const int64_t d = d0 + lane;
+  if (a.o_sink.xq) {  // wo_a's input, as k_linear_input lays it out (whole warps: attention() checks)
 #pragma unroll
-  for (int u = 0; u < 2; ++u) {
-    const float keep = b4 ? v[2 + u] : v[u], send = b4 ? v[u] : v[2 + u];
-    a2[u] = keep + __shfl_xor_sync(0xffffffffu, send, 16);
+    for (int u = 0; u < HPW; ++u)
+      emit_attention_out(a, i, h0 + HPW * warp + u, d, lane, rb(acc[u] / den_s[HPW * warp + u], a.r));
+    return;
   }
-  const float keep = b3 ? a2[1] : a2[0], send = b3 ? a2[0] : a2[1];
-  float r = keep + __shfl_xor_sync(0xffffffffu, send, 8);
-  r += __shfl_xor_sync(0xffffffffu, r, 4);
-  r += __shfl_xor_sync(0xffffffffu, r, 2);
-  r += __shfl_xor_sync(0xffffffffu, r, 1);
-  return r;
-}
-template <int KPL>
-__global__ void __launch_bounds__(kFusedThreads) k_attention_fused(AttentionArgs a) {
-  namespace cg = cooperative_groups;
-  static_assert(kPvHeads == 8 && kFusedThreads == 32 * kPvHeads, "a warp a head in P·V, two quads in the logits");
-  cg::cluster_group cluster = cg::this_cluster();
-  const int C = int(cluster.num_blocks()), c = int(cluster.block_rank());
-  const int i = blockIdx.z, h0 = blockIdx.y * kPvHeads, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t hd = a.hd;
-  const int nh = min(kPvHeads, a.H - h0), kmax = a.kmax, kp = (kmax + 3) & ~3;
-  const int chunk = fused_chunk(kmax, C), c0 = c * chunk;
-  const int64_t d0 = int64_t(c) * kPvDims;
-  extern __shared__ float4 fused_smem4[];
-  const FusedLayout lay = fused_layout(hd, kmax, C, a.fused_overlap);
-  float* qs = reinterpret_cast<float*>(fused_smem4);  // [8][hd] queries, then [chunk][hd] keys
-  float* kc = qs + kPvHeads * hd;
-  float* e = qs;              // after phase 1: [8][kp] exp(logit − max)
-  float* kt = qs + lay.kt;    // [kmax][32] the key slice
-  float* lg = qs + lay.lg;    // [8][chunk] the chunk's logits, then exps
-  float* pmax = qs + lay.pmax;  // [C][8] every block's chunk maxima
-  __shared__ float mx_s[kPvHeads], den_s[kPvHeads];
-  __shared__ int first_free;
-  __shared__ __align__(8) uint64_t stage_bar;
-  const float sink = warp < nh && lane == 0 ? a.sink[h0 + warp] : 0.0f;  // a weight: before the wait
-  pdl_entry();
-  const uint32_t bar = smem_u32(&stage_bar);
-  const int nc = max(0, min(chunk, kmax - c0));  // the chunk's rows within the workspace
-  const float* keys = a.keys + int64_t(i) * kmax * hd;
-  if (threadIdx.x == 0) {
-    mbar_init(bar);
-    mbar_init_fence();
-    const uint32_t qb = uint32_t(nh * hd * sizeof(float)), kb = uint32_t(nc * hd * sizeof(float));
-    mbar_expect(bar, qb + kb);
-    bulk_copy_only(smem_u32(qs), a.q + (int64_t(i) * a.H + h0) * hd, qb, bar);
-    if (kb > 0) bulk_copy_only(smem_u32(kc), keys + int64_t(c0) * hd, kb, bar);
-  }
-  auto stage_slice = [&] {
-    for (int t = threadIdx.x; t < kmax * (kPvDims / 4); t += kFusedThreads)
-      cp_async16(kt + 4 * t, keys + int64_t(t / (kPvDims / 4)) * hd + d0 + 4 * (t % (kPvDims / 4)));
-  };
-  if (!a.fused_overlap) stage_slice();
-  const int nk = attention_keys(a, i, &first_free);
-  const int nb = max(0, min(nc, nk - c0));  // the chunk's keys
-  mbar_wait(bar, 0);
-  if (a.q_rope.cs) {  // the queries' rope, as k_attention_logits
-    const FusedRope& f = a.q_rope;
-    for (int t = threadIdx.x; t < nh * f.half; t += kFusedThreads) {
-      const int h = t / f.half, k = t % f.half;
-      float* v = qs + h * hd + hd - 2 * f.half;
-      const float co = f.cs[(int64_t(i) * f.half + k) * 2], si = f.sign * f.cs[(int64_t(i) * f.half + k) * 2 + 1];
-      const float x0 = v[2 * k], x1 = v[2 * k + 1];
-      v[2 * k] = rb(x0 * co - x1 * si, f.r);
-      v[2 * k + 1] = rb(x0 * si + x1 * co, f.r);
-    }
-    __syncthreads();
-  }
-  // 1. Logits of the chunk.
-  const float scale = 1.0f / sqrtf(float(hd));
-  const int quad = warp % 2;
-  if (4 * quad < nh) {
-    float q[4][KPL];
+  if (d < hd) {
+    float* o = a.out + (int64_t(i) * a.H + h0) * hd + d;
 #pragma unroll
-    for (int h = 0; h < 4; ++h)
-#pragma unroll
-      for (int u = 0; u < KPL; ++u) q[h][u] = qs[(4 * quad + h) * hd + lane + 32 * u];
-    for (int j = warp / 2; j < nb; j += kFusedThreads / 64) {
-      float k[KPL];
-#pragma unroll
-      for (int u = 0; u < KPL; ++u) k[u] = kc[int64_t(j) * hd + lane + 32 * u];
-      float dot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-      for (int u = 0; u < KPL; ++u)
-#pragma unroll
-        for (int h = 0; h < 4; ++h) dot[h] += q[h][u] * k[u];
-      const float v = warp_sum4_scatter(dot, lane);
-      const int h = 4 * quad + ((lane >> 3) & 3);
-      if ((lane & 7) == 0 && h < nh) lg[h * chunk + j] = v * scale;
-    }
+    for (int u = 0; u < HPW; ++u)
+      if (HPW * warp + u < nh) o[(HPW * warp + u) * hd] = rb(acc[u] / den_s[HPW * warp + u], a.r);
   }
-  __syncthreads();  // the queries and chunk read
-  if (a.fused_overlap) stage_slice();
-  if (warp < nh) {  // the chunk's max of head `warp`, into every block's pmax
-    float m = -INFINITY;
-    for (int j = lane; j < nb; j += 32) m = fmaxf(m, lg[warp * chunk + j]);
-    m = warp_max(m);
-    if (lane < C) *cluster.map_shared_rank(pmax + c * kPvHeads + warp, lane) = m;
-  }
-  cluster.sync();  // every block's maxima in place; every block done with its queries and chunk
-  // 2. The chunk's weights, into every block's rows.
-  if (warp < nh) {
-    float m = lane < C ? pmax[lane * kPvHeads + warp] : -INFINITY;
-    m = warp_max(m);
-    if (lane == 0) mx_s[warp] = m;
-    for (int j = lane; j < nb; j += 32) lg[warp * chunk + j] = det::fexp(lg[warp * chunk + j] - m);
-  }
-  __syncthreads();
-  {
-    // Whole float4s: up to 3 entries past nb land within the block's chunk, at or past nk (never read).
-    const int n4 = (nb + 3) / 4;
-    for (int t = threadIdx.x; t < C * nh * n4; t += kFusedThreads) {
-      const int r = t / (nh * n4), h = t / n4 % nh, j = 4 * (t % n4);
-      *reinterpret_cast<float4*>(cluster.map_shared_rank(e + h * kp + c0 + j, r)) =
-          *reinterpret_cast<const float4*>(lg + h * chunk + j);
-    }
-  }
-  cp_async_wait_all();
-  cluster.sync();  // every block's weights in place (and this block's slice landed)
-  // 3. Denominators and P·V.
-  if (warp < nh) {
-    const float* ph = e + warp * kp;
-    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int j0 = 0; j0 < nk; j0 += 128)
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int j = j0 + 32 * u + lane;
-        if (j < nk) part[u] += ph[j];
-      }
-    float s4[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) s4[u] = warp_sum(part[u]);
-    if (lane == 0) den_s[warp] = ((s4[0] + s4[2]) + (s4[1] + s4[3])) + det::fexp(sink - mx_s[warp]);
-  }
-  __syncthreads();
-  float acc[1] = {0.0f};
-  const float* ph[1] = {e + min(warp, nh - 1) * kp};
-  pv_accumulate<1, 8>(acc, ph, kt, 0, nk, lane);
-  pv_store<1>(a, i, h0, d0, warp, lane, nh, acc, den_s);
 }
 
 // The tiled alternative (DSUF_PV=tiles; session 4's first rewrite, measured 711 µs a step at 8K against
@@ -5371,50 +5158,6 @@ void gather_keys(const AttentionArgs& a, cudaStream_t s) {
   DSUF_CHECK(!a.window_only || !a.picks, "gather_keys: a layer with picks gathers its selection");
   launch_step(k_gather_keys, dim3(a.rows, a.W + (a.sel && !a.window_only ? a.sel_stride : 0)), dim3(128), 0, s, a);
 }
-// DSUF_ATT_FUSED=auto|on|off: the logits, softmax and P·V of a row's head group in one cluster
-// launch (k_attention_fused) where it applies: head_dim 128 or 512 (a cluster of hd / 32 blocks),
-// its shared memory within an SM's, a cluster of that size placeable; auto: up to 2 rows (session 30's
-// first measurement; the two-kernel path beyond), on: any rows.
-bool fused_overlap() {
-  static const bool overlap = !env_picks("DSUF_ATT_FUSED_SMEM", "overlap", "separate");
-  return overlap;
-}
-bool fused_attention_fits(const AttentionArgs& a) {
-  static const int mode = env_choice("DSUF_ATT_FUSED", {"auto", "on", "off"});
-  if (mode == 2 || (mode == 0 && a.rows > 2)) return false;
-  if ((a.hd != 512 && a.hd != 128) || a.kmax <= 0) return false;
-  if (reinterpret_cast<uintptr_t>(a.q) % 16 != 0 || reinterpret_cast<uintptr_t>(a.keys) % 16 != 0) return false;
-  const size_t smem = fused_attention_smem(a.hd, a.kmax, fused_overlap());
-  int dev = 0, optin = 0;
-  DSUF_CUDA(cudaGetDevice(&dev));
-  DSUF_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  if (smem + 1024 > size_t(optin)) return false;
-  const int C = int(a.hd / kPvDims);
-  auto* k = a.hd == 512 ? k_attention_fused<16> : k_attention_fused<4>;
-  // The cluster's placement, once per (kernel, shared memory) on this device.
-  static std::mutex mu;
-  static std::map<std::tuple<int, int, size_t>, bool> placeable;
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(dev, C, smem);
-  auto it = placeable.find(key);
-  if (it == placeable.end()) {
-    DSUF_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    if (C > 8) DSUF_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(C, 1, 1), cfg.blockDim = dim3(kFusedThreads), cfg.dynamicSmemBytes = smem;
-    cudaLaunchAttribute at{};
-    at.id = cudaLaunchAttributeClusterDimension;
-    at.val.clusterDim = {unsigned(C), 1, 1};
-    cfg.attrs = &at, cfg.numAttrs = 1;
-    int clusters = 0;
-    const bool ok = cudaOccupancyMaxActiveClusters(&clusters, k, &cfg) == cudaSuccess && clusters > 0;
-    if (!ok) (void)cudaGetLastError();
-    std::fprintf(stderr, "attention: k_attention_fused, clusters of %d blocks with %.1f KB of shared memory: %d resident at once%s\n",
-                 C, double(smem) / 1024, clusters, ok ? "" : " (not placeable: the two-kernel path)");
-    it = placeable.emplace(key, ok).first;
-  }
-  return it->second;
-}
 LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   const FusedRope& qr = a.q_rope;
   DSUF_CHECK(!qr.cs || (qr.dim == a.hd && qr.heads == a.H && qr.half > 0 && 2 * qr.half <= qr.dim),
@@ -5434,16 +5177,6 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
                        groups * (a.o_group / 32)};
   };
   if (!gathered) gather_keys(a, s);
-  if (fused_attention_fits(a)) {
-    AttentionArgs pa = a;
-    if (!emit) pa.o_sink = {};
-    pa.fused_overlap = fused_overlap();
-    const int C = int(a.hd / kPvDims);
-    auto* k = a.hd == 512 ? k_attention_fused<16> : k_attention_fused<4>;
-    launch_step_in(unsigned(C), k, dim3(C, blocks_for(a.H, kPvHeads), a.rows), dim3(kFusedThreads),
-                   fused_attention_smem(a.hd, a.kmax, pa.fused_overlap), s, pa);
-    return layout();
-  }
   const size_t qk_smem = sizeof(float) * kAttHeadsQK * a.hd;
   // DSUF_LOGITS_BLOCKS=4|5|0: 4 the default since v40 (−0.035 ms at batch 1 against 5 under v39's
   // schedule, three rounds); 5 from v26 (one wave, −0.10 ms then against v25's three waves, 0).

@@ -262,9 +262,6 @@ struct AttentionArgs {
   // waited for gather_keys too. (The logits kernel reading its first key before its wait, where
   // gather_keys is its direct prerequisite, was measured slower and broke the TP=2 decode: v28.)
   bool pv_keys_early = false;
-  // attention() sets it for k_attention_fused (DSUF_ATT_FUSED_SMEM): the key slice overlays the
-  // queries and logit keys, copied after the logits, instead of its own shared memory from the start.
-  bool fused_overlap = false;
   // attention() sets it for the logits kernel (DSUF_ATT_BULK=q|off, q by default since v40): its 8
   // heads' queries staged by one bulk copy (the copy engine) completing on an mbarrier, instead of a
   // cp.async per 4 or 16 bytes from every thread. Where the source is not 16-byte aligned, as before.
