@@ -2808,23 +2808,7 @@ __device__ __forceinline__ int attention_keys(const AttentionArgs& a, int i, int
 // that more of the 8 × 80 blocks of a batch-1 step run at once: at 88 registers (MINB 0) two fit an
 // SM, three waves; 64 (4) two waves; 48 (5) one wave of 660 slots (DSUF_LOGITS_BLOCKS=5|4|0: 5 the
 // default since v26, −0.10 ms a step; no spills in either).
-// warp_sum(v[h]) for h < 2 at once (warp_sum8_scatter's butterfly on two values): the sum of head
-// (lane >> 4) & 1, held by lanes 16h … 16h + 15.
-__device__ __forceinline__ float warp_sum2_scatter(const float (&v)[2], int lane) {
-  const bool b4 = lane & 16;
-  const float keep = b4 ? v[1] : v[0], send = b4 ? v[0] : v[1];
-  float r = keep + __shfl_xor_sync(0xffffffffu, send, 16);
-  r += __shfl_xor_sync(0xffffffffu, r, 8);
-  r += __shfl_xor_sync(0xffffffffu, r, 4);
-  r += __shfl_xor_sync(0xffffffffu, r, 2);
-  r += __shfl_xor_sync(0xffffffffu, r, 1);
-  return r;
-}
-// HPW = 8: a warp a key for the block's 8 heads, the queries read from shared memory for every key
-// (128 shared loads a key at hd = 512). HPW = 2 (DSUF_LOGITS_HEADS=2; hd ≤ 512, a multiple of 32): a
-// warp takes heads 2·(w % 4), 2·(w % 4) + 1 with their queries in registers (hd / 32 values a lane
-// each) and every fourth key of the block's share, the same lane-strided sums.
-template <int MINB, bool kScatter, int HPW = 8>
+template <int MINB, bool kScatter>
 __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(AttentionArgs a) {
   pdl_entry(a.logits_late);
   extern __shared__ __align__(16) float qs[];  // [kAttHeadsQK][hd]
@@ -2878,37 +2862,8 @@ __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(A
   }
   const float scale = 1.0f / sqrtf(float(hd));
   const int lane = threadIdx.x % 32;
-  const float* keys = a.keys + int64_t(i) * a.kmax * hd;
-  if constexpr (HPW == 2) {
-    constexpr int kMaxPerLane = 16;  // hd ≤ 512
-    const int warp = threadIdx.x / 32, pair = warp % 4, kpl = int(hd / 32);
-    const int gw = blockIdx.z * (blockDim.x / 128) + warp / 4, nw = gridDim.z * (blockDim.x / 128);
-    if (2 * pair < nh) {
-      float q[2][kMaxPerLane];
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int u = 0; u < kMaxPerLane; ++u) q[h][u] = u < kpl ? qs[(2 * pair + h) * hd + lane + 32 * u] : 0.0f;
-      for (int j = gw; j < nk; j += nw) {
-        float k[kMaxPerLane];
-#pragma unroll
-        for (int u = 0; u < kMaxPerLane; ++u) k[u] = u < kpl ? keys[int64_t(j) * hd + lane + 32 * u] : 0.0f;
-        float dot[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int u = 0; u < kMaxPerLane; ++u) {
-          if (u >= kpl) break;
-#pragma unroll
-          for (int h = 0; h < 2; ++h) dot[h] += q[h][u] * k[u];
-        }
-        const float v = warp_sum2_scatter(dot, lane);
-        const int h = 2 * pair + ((lane >> 4) & 1);
-        if ((lane & 15) == 0 && h < nh) a.att[(int64_t(i) * a.H + h0 + h) * a.kmax + j] = v * scale;
-      }
-    }
-    pdl_exit(a.logits_late);
-    return;
-  }
   const int gw = blockIdx.z * (blockDim.x / 32) + threadIdx.x / 32, nw = gridDim.z * (blockDim.x / 32);
+  const float* keys = a.keys + int64_t(i) * a.kmax * hd;
   for (int j = gw; j < nk; j += nw) {
     float dot[kAttHeadsQK];
 #pragma unroll
@@ -5232,12 +5187,7 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   // DSUF_PV_KEYS_EARLY=1|0: the P·V kernel stages its keys before the dependency wait (default since
   // v28: −0.04 ms a step).
   static const bool pv_keys_early = !env_picks("DSUF_PV_KEYS_EARLY", "1", "0");
-  // DSUF_LOGITS_HEADS=8|2: k_attention_logits' HPW (2: two heads a warp, their queries in registers;
-  // session 30). Beyond 512 dims a lane, 8.
-  static const bool two_heads = env_picks("DSUF_LOGITS_HEADS", "8", "2");
-  auto* logits_k = two_heads && a.hd <= 512 && a.hd % 32 == 0
-                       ? (minb == 4 ? k_attention_logits<4, true, 2> : k_attention_logits<0, true, 2>)
-                   : tree_scatter ? (minb == 5   ? k_attention_logits<5, true>
+  auto* logits_k = tree_scatter ? (minb == 5   ? k_attention_logits<5, true>
                                    : minb == 4 ? k_attention_logits<4, true>
                                                : k_attention_logits<0, true>)
                                 : (minb == 5   ? k_attention_logits<5, false>
