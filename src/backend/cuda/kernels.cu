@@ -2912,8 +2912,6 @@ __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(A
 // 1.6× the instructions of a block: 0.06 ms a step faster (v18). k_attention_pv_tiles below
 // (DSUF_PV=tiles) tiles the keys 64 rows at a time.
 constexpr int kPvHeads = 8, kPvDims = 32, kPvMaxTile = 640;
-// k_attention_pv<…, kCl>: a block's chunk of keys for the softmax, a multiple of 4.
-__host__ __device__ constexpr int pv_cluster_chunk(int kp, int C) { return ((kp + C - 1) / C + 3) & ~3; }
 
 // The attention output v of row i, head h (of the rank's H), dim d, held by lane `lane` of a warp
 // that holds 32 consecutive dims of the head, laid out as wo_a's input: k_linear_input's arithmetic
@@ -2931,12 +2929,7 @@ __device__ __forceinline__ void emit_attention_out(const AttentionArgs& a, int i
 // UNR > 2: the P·V loop takes UNR groups of 4 keys at a time, all their shared loads issued before
 // the products (DSUF_PV_UNROLL: 8, the v23 candidate; 2: v22's loop alone); every accumulator adds
 // its keys in order either way.
-// kCl (DSUF_PV_CLUSTER=on; HPW = 1, one key tile): the hd / 32 blocks of a head group form a cluster
-// (grid x: the dim slices) and share the softmax: each block takes the max of its heads' logits, then
-// exp(logit − max) for its chunk of the keys only, and pushes those into every block's weight rows
-// (distributed shared memory) between two cluster barriers, instead of every block exponentiating
-// all 8 × nk (~22 % of the kernel's instructions at 8K, session 30's source view).
-template <int HPW, int UNR, bool kCl = false>
+template <int HPW, int UNR>
 __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionArgs a, int tile) {
   constexpr int kThreads = 32 * kPvHeads / HPW;
   // The warp's heads' attention sinks (weights: nothing in a step writes them) before the dependency
@@ -2958,8 +2951,7 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
   float* kt = p + kPvHeads * kp;                  // [tile][kPvDims] key slice
   __shared__ float den_s[kPvHeads];
   __shared__ int first_free;
-  const int i = kCl ? blockIdx.z : blockIdx.x, h0 = blockIdx.y * kPvHeads;
-  const int d0 = (kCl ? blockIdx.x : blockIdx.z) * kPvDims;
+  const int i = blockIdx.x, h0 = blockIdx.y * kPvHeads, d0 = blockIdx.z * kPvDims;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t hd = a.hd;
   // pv_keys_early: the key count and the first key tile before the wait (gather_keys wrote them at
@@ -2999,51 +2991,8 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
   if (!a.pv_keys_early) stage_keys(0);
   cp_async_wait_all();
   __syncthreads();
-  if constexpr (kCl) {
-    static_assert(HPW == 1, "a warp a head");
-    namespace cg = cooperative_groups;
-    cg::cluster_group cluster = cg::this_cluster();
-    const int C = int(cluster.num_blocks()), c = int(cluster.block_rank());
-    const int ch = pv_cluster_chunk(kp, C), c0 = c * ch, nb = max(0, min(ch, nk - c0));
-    float* et = kt + tile * kPvDims;  // [8][ch] this block's chunk of weights
-    __shared__ float mx_s[kPvHeads];
-    if (warp < nh) {
-      const float* ph = p + warp * kp;
-      float mx = -INFINITY;
-      for (int j = lane; j < nk; j += 32) mx = fmaxf(mx, ph[j]);
-      mx = warp_max(mx);
-      if (lane == 0) mx_s[warp] = mx;
-    }
-    __syncthreads();
-    for (int t = threadIdx.x; t < nh * nb; t += kThreads) {
-      const int h = t / nb, j = t % nb;
-      et[h * ch + j] = det::fexp(p[h * kp + c0 + j] - mx_s[h]);
-    }
-    cluster.sync();  // every block's max taken (its logits may now be overwritten) and its chunk ready
-    const int n4 = (nb + 3) / 4;  // whole float4s: up to 3 past nb land in the chunk, at or past nk
-    for (int t = threadIdx.x; t < C * nh * n4; t += kThreads) {
-      const int r = t / (nh * n4), h = t / n4 % nh, j = 4 * (t % n4);
-      *reinterpret_cast<float4*>(cluster.map_shared_rank(p + h * kp + c0 + j, r)) =
-          *reinterpret_cast<const float4*>(et + h * ch + j);
-    }
-    cluster.sync();  // every block's weights in place
-    if (warp < nh) {  // the reference's block_sum<128> order, as below
-      const float* ph = p + warp * kp;
-      float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      for (int j0 = 0; j0 < nk; j0 += 128)
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const int j = j0 + 32 * u + lane;
-          if (j < nk) part[u] += ph[j];
-        }
-      float q[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) q[u] = warp_sum(part[u]);
-      if (lane == 0) den_s[warp] = ((q[0] + q[2]) + (q[1] + q[3])) + det::fexp(sink_v[0] - mx_s[warp]);
-    }
-  }
-#pragma unroll
-  for (int u = 0; u < (kCl ? 0 : HPW); ++u) {
+  for (int u = 0; u < HPW; ++u) {
     const int h = HPW * warp + u;
     if (h >= nh) break;
     float* ph = p + h * kp;
@@ -5286,19 +5235,6 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   pa.pv_late = pv_late;
   const int hpw = pv == kPvOneHead ? 1 : 2;
   static const bool deep_unroll = !env_picks("DSUF_PV_UNROLL", "8", "2");
-  // DSUF_PV_CLUSTER=on|off: k_attention_pv<1, 8, true> (the softmax shared by a cluster of the group's
-  // hd / 32 blocks) where one tile holds the row's keys.
-  static const bool pv_cluster = env_picks("DSUF_PV_CLUSTER", "off", "on");
-  const int C = int(a.hd / kPvDims);
-  if (pv_cluster && hpw == 1 && deep_unroll && tile == kp && a.hd % kPvDims == 0 && C >= 1 && C <= 16) {
-    auto* kc = k_attention_pv<1, 8, true>;
-    const size_t smem = pv_smem + sizeof(float) * kPvHeads * pv_cluster_chunk(kp, C);
-    DSUF_CUDA(cudaFuncSetAttribute(kc, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    if (C > 8) DSUF_CUDA(cudaFuncSetAttribute(kc, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    launch_step_in(unsigned(C), kc, dim3(C, blocks_for(a.H, kPvHeads), a.rows), dim3(32 * kPvHeads), smem, s, pa,
-                   tile);
-    return layout();
-  }
   auto* k = hpw == 2 ? (deep_unroll ? k_attention_pv<2, 8> : k_attention_pv<2, 2>)
                      : deep_unroll ? k_attention_pv<1, 8> : k_attention_pv<1, 2>;
   set_smem(k, pv_smem);
