@@ -197,7 +197,8 @@ source)
   # one launch of each kernel named in $KERNELS (default: top_k, compress_emit, collapse_norm),
   # from a middle layer ($SKIP launches skipped, default 4; k_compress_emit runs about once a step:
   # SKIP=0 for it; EXPERTS routed experts a layer, default 16 — the router's rows, so EXPERTS=96 for
-  # k_bf16_linear and k_route): $L/source-<kernel>.txt.
+  # k_bf16_linear and k_route): $L/source-<kernel>.txt (scripts/ncu_source.py reads it: the
+  # segments — loops, straight stretches — with the most stall samples).
   export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
   for k in ${KERNELS:-k_top_k k_compress_emit k_collapse_norm}; do
     DSUF_CUDA_GRAPHS=0 timeout 200 ncu --clock-control none --cache-control none --section SourceCounters \

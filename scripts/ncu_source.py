@@ -2,8 +2,10 @@
 """Where a kernel's time goes, from Nsight Compute's SASS source view as CSV.
 
 Usage: scripts/ncu_source.py source.csv [--top N]
-The CSV: `ncu --import K.ncu-rep --page source --print-source sass --csv` of one kernel profiled with
-the SourceCounters section (its first line names the kernel, its second is the header). Prints the
+The page: `ncu --import K.ncu-rep --page source --print-source sass --csv` of one kernel profiled with
+the SourceCounters section (its first line names the kernel, its second is the header), or the same
+page as ncu prints it without --csv — what `scripts/kernel-check.sh source` writes: fixed-width
+columns under a rule of dashes, each header cell wrapped over several lines. Prints the
 kernel, its instructions, warp-stall samples and executed warp instructions; the stall reasons with
 the most samples; then the segments with the most samples — a segment is a run of consecutive
 instructions executed equally often (a loop's body, a straight stretch between branches), so a
@@ -13,6 +15,7 @@ with the most samples. Session 25 read k_attention_pv this way (docs/perf.md v39
 """
 import argparse
 import csv
+import re
 import sys
 
 SAMPLES = "Warp Stall Sampling (All Samples)"
@@ -26,10 +29,45 @@ def count(text):
         return 0
 
 
+def load_fixed(text):
+    """(kernel name, header, rows) of ncu's printed (fixed-width) source page, or None if it is not one.
+    The last rule of dashes before the first instruction row gives the columns; a header cell is the
+    concatenation of its slices of the lines between that rule and the first row."""
+    lines = text.split("\n")
+    first = next((n for n, l in enumerate(lines) if l.startswith("0x")), None)
+    rules = [n for n, l in enumerate(lines[:first or 0]) if l.startswith("---") and set(l) <= {"-", " "}]
+    if first is None or not rules:
+        return None
+    spans = [(m.start(), m.end()) for m in re.finditer(r"-+", lines[rules[-1]])]
+    header = ["".join(l[a:b] for l in lines[rules[-1] + 1:first]).strip() for a, b in spans]
+    header = [" ".join(h.split()) for h in header]
+    name_at = next((n for n, l in enumerate(lines[:rules[-1]]) if l.startswith("Kernel Name")), None)
+    kernel = "?"
+    if name_at is not None:
+        a, b = spans[1] if len(spans) > 1 else (18, len(lines[name_at]))
+        parts = [lines[name_at][a:].strip()]
+        for l in lines[name_at + 1:]:
+            if l.startswith("---") or not l.startswith(" "):
+                break
+            parts.append(l.strip())
+        kernel = "".join(parts)
+    rows = [[l[a:b].strip() for a, b in spans] for l in lines[first:] if l.startswith("0x")]
+    return kernel, header, rows
+
+
 def load(path):
-    """(kernel name, header, rows) of the CSV."""
+    """(kernel name, header, rows) of the page (CSV or printed)."""
     with open(path, newline="") as f:
-        lines = list(csv.reader(f))
+        text = f.read()
+    if not text.startswith('"'):
+        fixed = load_fixed(text)
+        if fixed is not None:
+            kernel, header, rows = fixed
+            for col in ("Source", SAMPLES, EXECUTED):
+                if col not in header:
+                    raise SystemExit(f"{path}: no column {col!r} (profile with --section SourceCounters)")
+            return kernel, header, rows
+    lines = list(csv.reader(text.splitlines()))
     if len(lines) < 2 or not lines[0] or lines[0][0] != "Kernel Name":
         raise SystemExit(f"{path}: not ncu's source page (its first line should name the kernel)")
     header = lines[1]
