@@ -2929,7 +2929,13 @@ __device__ __forceinline__ void emit_attention_out(const AttentionArgs& a, int i
 // UNR > 2: the P·V loop takes UNR groups of 4 keys at a time, all their shared loads issued before
 // the products (DSUF_PV_UNROLL: 8, the v23 candidate; 2: v22's loop alone); every accumulator adds
 // its keys in order either way.
-template <int HPW, int UNR>
+// LPW (DSUF_PV=split: HPW 1, LPW 2; session 30, waiting: built, not run on a GPU): the softmax a head
+// a warp as HPW = 1, the sums LPW heads a thread in the first 8 / LPW warps, so that each key value
+// read from shared memory serves LPW heads: per key 4 warps' loads (and 2 for the weights) instead of
+// 8 (and 2) — the key loop at HPW = 1 is bound by the shared-memory wavefronts (~6,400 cycles for 640
+// keys, the loop's own ~4,200 issue cycles at 2 warps a scheduler). v27's two heads a thread (+0.25)
+// also ran the softmax two heads a warp.
+template <int HPW, int UNR, int LPW = HPW>
 __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionArgs a, int tile) {
   constexpr int kThreads = 32 * kPvHeads / HPW;
   // The warp's heads' attention sinks (weights: nothing in a step writes them) before the dependency
@@ -3012,10 +3018,15 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
     if (lane == 0) den_s[h] = ((q[0] + q[2]) + (q[1] + q[3])) + det::fexp(sink_v[u] - mx);
   }
   __syncthreads();
-  const float* ph[HPW];
-  float acc[HPW];
+  // LPW > HPW (one key tile only: no barrier below): warps 0 … 8 / LPW − 1 take LPW heads each for the
+  // sums, the rest are done.
+  if constexpr (LPW > HPW) {
+    if (warp >= kPvHeads / LPW) return;
+  }
+  const float* ph[LPW];
+  float acc[LPW];
 #pragma unroll
-  for (int u = 0; u < HPW; ++u) ph[u] = p + (HPW * warp + u) * kp, acc[u] = 0.0f;
+  for (int u = 0; u < LPW; ++u) ph[u] = p + (LPW * warp + u) * kp, acc[u] = 0.0f;
   for (int j0 = 0; j0 < nk; j0 += tile) {
     if (j0 > 0) {
       __syncthreads();
@@ -3029,19 +3040,19 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
       // UNR groups of 4 keys: every group's weights and keys loaded first, then the products in key
       // order (the compiler, left to itself, reuses one group's registers and keeps ~1 group ahead).
       for (; jj + 4 * UNR <= n; jj += 4 * UNR) {
-        float4 w[UNR][HPW];
+        float4 w[UNR][LPW];
         float kk[UNR][4];
 #pragma unroll
         for (int g = 0; g < UNR; ++g) {
 #pragma unroll
-          for (int u = 0; u < HPW; ++u) w[g][u] = *reinterpret_cast<const float4*>(ph[u] + j0 + jj + 4 * g);
+          for (int u = 0; u < LPW; ++u) w[g][u] = *reinterpret_cast<const float4*>(ph[u] + j0 + jj + 4 * g);
 #pragma unroll
           for (int c = 0; c < 4; ++c) kk[g][c] = kt[(jj + 4 * g + c) * kPvDims + lane];
         }
 #pragma unroll
         for (int g = 0; g < UNR; ++g)
 #pragma unroll
-          for (int u = 0; u < HPW; ++u) {
+          for (int u = 0; u < LPW; ++u) {
             acc[u] += w[g][u].x * kk[g][0];
             acc[u] += w[g][u].y * kk[g][1];
             acc[u] += w[g][u].z * kk[g][2];
@@ -3051,13 +3062,13 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
     }
 #pragma unroll 2
     for (; jj + 4 <= n; jj += 4) {
-      float4 w[HPW];
+      float4 w[LPW];
 #pragma unroll
-      for (int u = 0; u < HPW; ++u) w[u] = *reinterpret_cast<const float4*>(ph[u] + j0 + jj);
+      for (int u = 0; u < LPW; ++u) w[u] = *reinterpret_cast<const float4*>(ph[u] + j0 + jj);
       const float k0 = kt[(jj + 0) * kPvDims + lane], k1 = kt[(jj + 1) * kPvDims + lane];
       const float k2 = kt[(jj + 2) * kPvDims + lane], k3 = kt[(jj + 3) * kPvDims + lane];
 #pragma unroll
-      for (int u = 0; u < HPW; ++u) {
+      for (int u = 0; u < LPW; ++u) {
         acc[u] += w[u].x * k0;
         acc[u] += w[u].y * k1;
         acc[u] += w[u].z * k2;
@@ -3067,22 +3078,22 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
     for (; jj < n; ++jj) {
       const float k = kt[jj * kPvDims + lane];
 #pragma unroll
-      for (int u = 0; u < HPW; ++u) acc[u] += ph[u][j0 + jj] * k;
+      for (int u = 0; u < LPW; ++u) acc[u] += ph[u][j0 + jj] * k;
     }
   }
   pdl_exit(a.pv_late);
   const int64_t d = d0 + lane;
   if (a.o_sink.xq) {  // wo_a's input, as k_linear_input lays it out (whole warps: attention() checks)
 #pragma unroll
-    for (int u = 0; u < HPW; ++u)
-      emit_attention_out(a, i, h0 + HPW * warp + u, d, lane, rb(acc[u] / den_s[HPW * warp + u], a.r));
+    for (int u = 0; u < LPW; ++u)
+      emit_attention_out(a, i, h0 + LPW * warp + u, d, lane, rb(acc[u] / den_s[LPW * warp + u], a.r));
     return;
   }
   if (d < hd) {
     float* o = a.out + (int64_t(i) * a.H + h0) * hd + d;
 #pragma unroll
-    for (int u = 0; u < HPW; ++u)
-      if (HPW * warp + u < nh) o[(HPW * warp + u) * hd] = rb(acc[u] / den_s[HPW * warp + u], a.r);
+    for (int u = 0; u < LPW; ++u)
+      if (LPW * warp + u < nh) o[(LPW * warp + u) * hd] = rb(acc[u] / den_s[LPW * warp + u], a.r);
   }
 }
 
@@ -5142,15 +5153,17 @@ void pack_window(const float* kv, int rows, const RowMeta* meta, const SeqMeta* 
   const int64_t t = int64_t(rows) * (hd / 32);
   if (t > 0) launch_step(k_pack_window, dim3(blocks_for(t, 8)), dim3(256), 0, s, kv, rows, meta, seqs, layer, hd, W);
 }
-// DSUF_PV=auto|warps|cp|tiles picks the softmax + P·V kernel: k_attention_pv<1, UNR> (warps, a head a
-// warp: v18 measured 0.06 ms a step faster than two; UNR by DSUF_PV_UNROLL), k_attention_pv<2, UNR>
-// (cp: two heads a thread: each key slice value loaded once for both, half the shared-memory
-// wavefronts of the loop, twice each warp's softmax) or k_attention_pv_tiles. auto (session 23): tiles
+// DSUF_PV=auto|warps|cp|tiles|split picks the softmax + P·V kernel: k_attention_pv<1, UNR> (warps, a
+// head a warp: v18 measured 0.06 ms a step faster than two; UNR by DSUF_PV_UNROLL), k_attention_pv<2,
+// UNR> (cp: two heads a thread: each key slice value loaded once for both, half the shared-memory
+// wavefronts of the loop, twice each warp's softmax), k_attention_pv<1, UNR, 2> (split: the softmax a
+// head a warp, the sums two heads a thread; one key tile only, else warps; session 30: built, not yet
+// run on a GPU) or k_attention_pv_tiles. auto (session 23): tiles
 // for 16 to 128 rows (batch 16 −0.2 to −0.25 ms in three rounds over two sessions, 64 −0.6 in two),
 // warps otherwise (batch 1–4; prefill chunks of more rows: not re-measured).
-enum PvKernel { kPvOneHead = 0, kPvTwoHeads = 1, kPvTiles = 2 };
+enum PvKernel { kPvOneHead = 0, kPvTwoHeads = 1, kPvTiles = 2, kPvSplit = 3 };
 int pv_kernel(int rows) {
-  static const int k = env_choice("DSUF_PV", {"auto", "warps", "cp", "tiles"});
+  static const int k = env_choice("DSUF_PV", {"auto", "warps", "cp", "tiles", "split"});
   if (k == 0) return rows >= 16 && rows <= 128 ? kPvTiles : kPvOneHead;
   return k - 1;  // in PvKernel's order
 }
@@ -5233,10 +5246,11 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   // DSUF_PV_TRIGGER=entry (default) or late: −0.03 ms with the logits' trigger at entry, ±0 with it late.
   static const bool pv_late = env_picks("DSUF_PV_TRIGGER", "entry", "late");
   pa.pv_late = pv_late;
-  const int hpw = pv == kPvOneHead ? 1 : 2;
+  const int hpw = pv == kPvOneHead || pv == kPvSplit ? 1 : 2;
   static const bool deep_unroll = !env_picks("DSUF_PV_UNROLL", "8", "2");
   auto* k = hpw == 2 ? (deep_unroll ? k_attention_pv<2, 8> : k_attention_pv<2, 2>)
                      : deep_unroll ? k_attention_pv<1, 8> : k_attention_pv<1, 2>;
+  if (pv == kPvSplit && tile == kp) k = deep_unroll ? k_attention_pv<1, 8, 2> : k_attention_pv<1, 2, 2>;
   set_smem(k, pv_smem);
   launch_step(k, dim3(pv_grid), dim3(32 * kPvHeads / hpw), pv_smem, s, pa, tile);
   return layout();
