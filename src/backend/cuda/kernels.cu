@@ -1066,14 +1066,20 @@ __device__ __forceinline__ void fp8_slice(const uint8_t* __restrict__& W, const 
 // the block also lays its 32 outputs out as one K-block of the next linear's input through `sink`
 // (linear_input's arithmetic on the same rounded values: wo_a's outputs as wo_b's input, one launch
 // fewer), triggering its dependents at entry (1) or at its end (2).
+// kSink == 3 (fp8_glu_pair, DSUF_SHARED_GLU=fused; one row, a pair of equal widths, OPW·kWarps dividing
+// 32): the pair is a gated unit's w1 (z = 0, y) and w3 (z = 1, pair.y); the last of the blocks holding a
+// 32-row group's outputs of both (2·32 / (OPW·kWarps) of them, counted in glu.count) applies k_swiglu's
+// arithmetic to the group's 32 rows and lays them out through glu.sink, one launch fewer.
 template <int OPW, int R, bool kExact, int kMode, int kWarps = 8, int kSink = 0, bool kInter = false>
 __global__ void __launch_bounds__(kWarps > 8 ? 32 * kWarps : 256)
     k_fp8_gemv(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws, int64_t out, int64_t K,
                const float* __restrict__ x, int64_t x_stride, int64_t x_group, const float* __restrict__ xs,
                int64_t xs_stride, int rows, float* __restrict__ y, int64_t y_stride, bool r, Fp8Pair pair, bool early,
-               InputSink sink) {
-  static_assert(kSink == 0 || (R == 1 && OPW * kWarps == 32), "a sink block's outputs are one K-block");
+               InputSink sink, Fp8Glu glu) {
+  static_assert(kSink == 0 || kSink == 3 || (R == 1 && OPW * kWarps == 32), "a sink block's outputs are one K-block");
+  static_assert(kSink != 3 || (R == 1 && 32 % (OPW * kWarps) == 0), "a GLU block's outputs lie in one 32-row group");
   const int nb = int(K / 32);
+  float* const y1 = y;  // kSink == 3: w1's outputs (fp8_slice moves y to w3's at z = 1)
   fp8_slice(W, Ws, out, K, x, x_group, xs, y, y_stride, pair);
   const int row0 = blockIdx.y * R, nr = min(R, rows - row0);
   x += int64_t(row0) * x_stride, xs += int64_t(row0) * xs_stride;
@@ -1214,6 +1220,31 @@ __global__ void __launch_bounds__(kWarps > 8 ? 32 * kWarps : 256)
     if (warp == 0)
       emit_input(sink, int64_t(gridDim.z) * out, row0, int((int64_t(blockIdx.z) * out) / 32) + int(blockIdx.x), lane,
                  so[lane]);
+  }
+  if constexpr (kSink == 3) {
+    // Hand-off as k_hc_mix's: every block publishes its outputs, then counts itself in; the last of
+    // the group's both linears applies SwiGLU (no warp left early: the launch checks out % (OPW·kWarps)).
+    __shared__ bool last;
+    const int64_t g = int64_t(blockIdx.x) * kWarps * OPW / 32;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const int done = atomicAdd(glu.count + g, 1);
+      last = done == 2 * 32 / (OPW * kWarps) - 1;
+      if (last) glu.count[g] = 0;  // every other block of the group has counted itself in
+    }
+    __syncthreads();
+    if (!last || warp != 0) return;
+    __threadfence();
+    const int64_t t = 32 * g + lane;  // k_swiglu's arithmetic on row 0, column t of F = out
+    float gv = __ldcg(y1 + t), u = __ldcg(pair.y + t);
+    if (glu.clamp && glu.limit > 0) {
+      gv = fminf(gv, glu.limit);
+      u = fminf(fmaxf(u, -glu.limit), glu.limit);
+    }
+    const float h = rb(1.0f * (det::silu(gv) * u), r);
+    y1[t] = h;
+    if (glu.sink.xq) emit_input(glu.sink, out, 0, int(g), lane, h);
   }
 }
 
@@ -4667,7 +4698,7 @@ void launch_fp8(const Fp8Call& c) {
   const int64_t out = std::max(c.out, c.pair.out);
   const dim3 grid(blocks_for(out, warps * OPW), blocks_for(c.rows, R), c.groups);
   launch_pdl(k, grid, dim3(32 * warps), 0, c.s, c.W, c.Ws, c.out, c.K, c.in.x, c.in.stride, c.in.group_stride, c.in.scale,
-             c.in.scale_stride, int(c.rows), c.y, c.y_stride, c.r, c.pair, early, InputSink{});
+             c.in.scale_stride, int(c.rows), c.y, c.y_stride, c.r, c.pair, early, InputSink{}, Fp8Glu{});
 }
 template <int R, bool kExact>
 void launch_fp8_opw(const Fp8Call& c) {
@@ -4695,7 +4726,21 @@ bool launch_fp8_sink(const Fp8Call& c, const InputSink& sink, bool late) {
   const bool early = fp8_early();
   auto k = late ? k_fp8_gemv<2, 1, kExact, kRegs, 16, 2> : k_fp8_gemv<2, 1, kExact, kRegs, 16, 1>;
   launch_pdl(k, dim3(int(c.out / 32), 1, c.groups), dim3(512), 0, c.s, c.W, c.Ws, c.out, c.K, c.in.x, c.in.stride,
-             c.in.group_stride, c.in.scale, c.in.scale_stride, int(c.rows), c.y, c.y_stride, c.r, c.pair, early, sink);
+             c.in.group_stride, c.in.scale, c.in.scale_stride, int(c.rows), c.y, c.y_stride, c.r, c.pair, early, sink,
+             Fp8Glu{});
+  return true;
+}
+// One-row k_fp8_gemv<2, 1, kExact, kRegs, 4, 3> (the pair's SwiGLU by its last blocks): where launch_fp8
+// would take k_fp8_gemv<2, 1, kExact, kRegs, 4> for the pair; false elsewhere.
+template <bool kExact>
+bool launch_fp8_glu(const Fp8Call& c, const Fp8Glu& glu) {
+  if (c.rows != 1 || !c.pair.W || c.pair.out != c.out || c.out % 32 != 0 || gemv_mode() != kRegs ||
+      fp8_block_warps() != 4 || outputs_per_warp(c.out + c.pair.out) != 2 || fp8_tiles_fit(c, 2) ||
+      (fp8_gemm_rows() > 0 && c.rows >= fp8_gemm_rows()) || !glu.count)
+    return false;
+  launch_pdl(k_fp8_gemv<2, 1, kExact, kRegs, 4, 3>, dim3(int(c.out / 8), 1, 2), dim3(128), 0, c.s, c.W, c.Ws, c.out,
+             c.K, c.in.x, c.in.stride, c.in.group_stride, c.in.scale, c.in.scale_stride, int(c.rows), c.y, c.y_stride,
+             c.r, c.pair, fp8_early(), InputSink{}, glu);
   return true;
 }
 template <bool kExact>
@@ -4948,6 +4993,16 @@ void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, con
   const Fp8Call c{W, Ws, out, K, in, rows, y, y_stride, 2, r, s, pair};
   if (in.scale) return launch_fp8_rows<true>(c);
   launch_fp8_rows<false>(c);
+}
+bool fp8_glu_pair(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const LinearInput& in, int64_t rows,
+                  float* y, bool r, cudaStream_t s, const Fp8Pair& pair, const Fp8Glu& glu) {
+  // DSUF_SHARED_GLU=separate|fused (session 30: built, not yet run on a GPU).
+  static const bool fused = env_picks("DSUF_SHARED_GLU", "separate", "fused");
+  if (!fused || !pair.W || K % 32 != 0 || in.group_stride != interleaved_k(K) || in.stride != in.group_stride)
+    return false;
+  DSUF_CHECK(!glu.sink.xq || out % 32 == 0, "fp8_glu_pair: F = ", out, " with an input sink");
+  const Fp8Call c{W, Ws, out, K, in, rows, y, out, 2, r, s, pair};
+  return in.scale ? launch_fp8_glu<true>(c, glu) : launch_fp8_glu<false>(c, glu);
 }
 int64_t group_bound(int64_t rows, int experts, int size) {
   return std::min<int64_t>(rows, (rows + size - 1) / size + experts);
