@@ -1210,7 +1210,7 @@ __global__ void __launch_bounds__(kWarps > 8 ? 32 * kWarps : 256)
       if (rr == 0) vo[o] = rb(v, r);
       if (lane == 0 && rr < nr && o0 + o < out) y[int64_t(row0 + rr) * y_stride + o0 + o] = rb(v, r);
     }
-  if constexpr (kSink != 0) {
+  if constexpr (kSink == 1 || kSink == 2) {
     __shared__ float so[32];
     if (lane == 0)
 #pragma unroll
