@@ -44,7 +44,7 @@ def load_fixed(text):
     name_at = next((n for n, l in enumerate(lines[:rules[-1]]) if l.startswith("Kernel Name")), None)
     kernel = "?"
     if name_at is not None:
-        a, b = spans[1] if len(spans) > 1 else (18, len(lines[name_at]))
+        a = spans[1][0] if len(spans) > 1 else len("Kernel Name")
         parts = [lines[name_at][a:].strip()]
         for l in lines[name_at + 1:]:
             if l.startswith("---") or not l.startswith(" "):
