@@ -217,7 +217,6 @@ struct CudaBackend::Impl {
     float* qs;
     float* mix_part;          // hc_mix scratch: warp sums
     unsigned* mix_count;      // hc_mix scratch: one counter per row tile (kept zero between launches)
-    int* glu_count;           // fp8_glu_pair's counters, one a 32-row group of F (kept zero between launches)
     float* sample_w;          // [sample_chunk][V] sampling weights
     uint32_t* sample_max;     // [max_rows]
     int32_t* sample_out;      // [max_rows] sampled tokens, one per sampling job
@@ -670,14 +669,13 @@ struct WorkspaceSizes {
       router, ids, h, ye, hs, emb, ekv, logits, keys, att, sample_w, sample, aq, aq_shared, mix_part, topk;
   int64_t row_groups;  // int32: order (ids), groups (3·ids), the count (1)
   int64_t aqp;  // bytes of each of the two byte-plane buffers of the FP4 linears' inputs
-  int64_t glu_count;  // int32: the shared expert's SwiGLU hand-off, a counter a 32-row group (fp8_glu_pair)
   int64_t score_stride, bscore_stride;
   size_t bytes() const {
     const int64_t floats = X + pre + 2 * mix + 3 * vecD + tmp + q_lat + q + kvw + ag + o + zg + qi +
                            wts + scores + bscores + router + ids /*rw*/ + 2 * h + ye + vecD /*ys*/ + 2 * hs + emb + ekv +
                            logits + keys + att + sample_w + 2 * (aq + aq / 32) + aq_shared + aq_shared / 32 + qi / 32 +
                            mix_part + row_groups;
-    return size_t(floats) * 4 + size_t(sel + cand + ids + 2 * sample + sample /*mix counters*/ + glu_count) * 4 +
+    return size_t(floats) * 4 + size_t(sel + cand + ids + 2 * sample + sample /*mix counters*/) * 4 +
            size_t(cand_mask + qi) + size_t(topk + sel /*picks*/) * 8 + size_t(2 * aqp);
   }
 };
@@ -700,7 +698,7 @@ WorkspaceSizes workspace_sizes(const TextConfig& t, int64_t N, int64_t max_conte
   const int64_t min_chunk = topk_min_chunk();
   w.topk = std::max(topk::scratch_slots(N, w.score_stride, t.index_topk, min_chunk),
                     topk::scratch_slots(N, w.bscore_stride, t.candidate_topk_blocks, min_chunk));
-  w.router = N * E, w.ids = N * K, w.h = N * K * F, w.ye = N * K * D, w.hs = N * F, w.glu_count = (F + 31) / 32;
+  w.router = N * E, w.ids = N * K, w.h = N * K * F, w.ye = N * K * D, w.hs = N * F;
   w.row_groups = 4 * w.ids + 1;
   w.emb = N * std::max<int64_t>(R * ehd, 1), w.ekv = N * (hc + 1) * D, w.logits = N * t.vocab_size;
   w.keys = N * (t.sliding_window + t.index_topk) * hd;
@@ -811,8 +809,6 @@ void CudaBackend::Impl::alloc_workspace() {
   ws.keys = alloc<float>(w.keys);
   ws.mix_part = alloc<float>(w.mix_part), ws.mix_count = alloc<unsigned>(w.sample);
   DSUF_CUDA(cudaMemset(ws.mix_count, 0, size_t(w.sample) * sizeof(unsigned)));
-  ws.glu_count = alloc<int>(w.glu_count);
-  DSUF_CUDA(cudaMemset(ws.glu_count, 0, size_t(w.glu_count) * sizeof(int)));
   ws.att = alloc<float>(w.att);
   const TpScratch tps = tp_scratch(t, part, max_rows);
   if (tps.recv) tp_send = alloc<float>(tps.send), tp_recv = alloc<float>(tps.recv), tp_send_floats = tps.send;
@@ -1281,14 +1277,10 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
     if (!part.owns_shared(l)) return;
     fork();
     cudaStream_t s2 = branch();
-    const cuda::Fp8Pair w3{.W = d.sw3.w, .Ws = d.sw3.s, .out = F, .y = ws.h3s, .y_stride = F};
+    cuda::fp8_linear(d.sw1.w, d.sw1.s, F, D, xin, n, ws.h1s, F, r, s2,
+                     {.W = d.sw3.w, .Ws = d.sw3.s, .out = F, .y = ws.h3s, .y_stride = F});
     const cuda::InputSink hssink{ws.xq[2], ws.xs[2], aq};
-    // DSUF_SHARED_GLU=fused: SwiGLU by the pair's last blocks (one row), else the pair then k_swiglu.
-    if (!cuda::fp8_glu_pair(d.sw1.w, d.sw1.s, F, D, xin, n, ws.h1s, r, s2, w3,
-                            {ws.glu_count, hssink, limit, opt.numerics.shared_expert_clamp})) {
-      cuda::fp8_linear(d.sw1.w, d.sw1.s, F, D, xin, n, ws.h1s, F, r, s2, w3);
-      cuda::swiglu(ws.h1s, ws.h3s, n, F, nullptr, limit, opt.numerics.shared_expert_clamp, r, s2, hssink);
-    }
+    cuda::swiglu(ws.h1s, ws.h3s, n, F, nullptr, limit, opt.numerics.shared_expert_clamp, r, s2, hssink);
     const cuda::LinearInput hsin = cuda::sink_input(hssink, F);
     cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, hsin, n, ws.ys, D, r, s2);
   };

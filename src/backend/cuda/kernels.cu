@@ -1066,20 +1066,14 @@ __device__ __forceinline__ void fp8_slice(const uint8_t* __restrict__& W, const 
 // the block also lays its 32 outputs out as one K-block of the next linear's input through `sink`
 // (linear_input's arithmetic on the same rounded values: wo_a's outputs as wo_b's input, one launch
 // fewer), triggering its dependents at entry (1) or at its end (2).
-// kSink == 3 (fp8_glu_pair, DSUF_SHARED_GLU=fused; one row, a pair of equal widths, OPW·kWarps dividing
-// 32): the pair is a gated unit's w1 (z = 0, y) and w3 (z = 1, pair.y); the last of the blocks holding a
-// 32-row group's outputs of both (2·32 / (OPW·kWarps) of them, counted in glu.count) applies k_swiglu's
-// arithmetic to the group's 32 rows and lays them out through glu.sink, one launch fewer.
 template <int OPW, int R, bool kExact, int kMode, int kWarps = 8, int kSink = 0, bool kInter = false>
 __global__ void __launch_bounds__(kWarps > 8 ? 32 * kWarps : 256)
     k_fp8_gemv(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws, int64_t out, int64_t K,
                const float* __restrict__ x, int64_t x_stride, int64_t x_group, const float* __restrict__ xs,
                int64_t xs_stride, int rows, float* __restrict__ y, int64_t y_stride, bool r, Fp8Pair pair, bool early,
-               InputSink sink, Fp8Glu glu) {
-  static_assert(kSink == 0 || kSink == 3 || (R == 1 && OPW * kWarps == 32), "a sink block's outputs are one K-block");
-  static_assert(kSink != 3 || (R == 1 && 32 % (OPW * kWarps) == 0), "a GLU block's outputs lie in one 32-row group");
+               InputSink sink) {
+  static_assert(kSink == 0 || (R == 1 && OPW * kWarps == 32), "a sink block's outputs are one K-block");
   const int nb = int(K / 32);
-  float* const y1 = y;  // kSink == 3: w1's outputs (fp8_slice moves y to w3's at z = 1)
   fp8_slice(W, Ws, out, K, x, x_group, xs, y, y_stride, pair);
   const int row0 = blockIdx.y * R, nr = min(R, rows - row0);
   x += int64_t(row0) * x_stride, xs += int64_t(row0) * xs_stride;
@@ -1210,7 +1204,7 @@ __global__ void __launch_bounds__(kWarps > 8 ? 32 * kWarps : 256)
       if (rr == 0) vo[o] = rb(v, r);
       if (lane == 0 && rr < nr && o0 + o < out) y[int64_t(row0 + rr) * y_stride + o0 + o] = rb(v, r);
     }
-  if constexpr (kSink == 1 || kSink == 2) {
+  if constexpr (kSink != 0) {
     __shared__ float so[32];
     if (lane == 0)
 #pragma unroll
@@ -1220,31 +1214,6 @@ __global__ void __launch_bounds__(kWarps > 8 ? 32 * kWarps : 256)
     if (warp == 0)
       emit_input(sink, int64_t(gridDim.z) * out, row0, int((int64_t(blockIdx.z) * out) / 32) + int(blockIdx.x), lane,
                  so[lane]);
-  }
-  if constexpr (kSink == 3) {
-    // Hand-off as k_hc_mix's: every block publishes its outputs, then counts itself in; the last of
-    // the group's both linears applies SwiGLU (no warp left early: the launch checks out % (OPW·kWarps)).
-    __shared__ bool last;
-    const int64_t g = int64_t(blockIdx.x) * kWarps * OPW / 32;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      const int done = atomicAdd(glu.count + g, 1);
-      last = done == 2 * 32 / (OPW * kWarps) - 1;
-      if (last) glu.count[g] = 0;  // every other block of the group has counted itself in
-    }
-    __syncthreads();
-    if (!last || warp != 0) return;
-    __threadfence();
-    const int64_t t = 32 * g + lane;  // k_swiglu's arithmetic on row 0, column t of F = out
-    float gv = __ldcg(y1 + t), u = __ldcg(pair.y + t);
-    if (glu.clamp && glu.limit > 0) {
-      gv = fminf(gv, glu.limit);
-      u = fminf(fmaxf(u, -glu.limit), glu.limit);
-    }
-    const float h = rb(1.0f * (det::silu(gv) * u), r);
-    y1[t] = h;
-    if (glu.sink.xq) emit_input(glu.sink, out, 0, int(g), lane, h);
   }
 }
 
@@ -2960,13 +2929,7 @@ __device__ __forceinline__ void emit_attention_out(const AttentionArgs& a, int i
 // UNR > 2: the P·V loop takes UNR groups of 4 keys at a time, all their shared loads issued before
 // the products (DSUF_PV_UNROLL: 8, the v23 candidate; 2: v22's loop alone); every accumulator adds
 // its keys in order either way.
-// LPW (DSUF_PV=split: HPW 1, LPW 2; session 30, waiting: built, not run on a GPU): the softmax a head
-// a warp as HPW = 1, the sums LPW heads a thread in the first 8 / LPW warps, so that each key value
-// read from shared memory serves LPW heads: per key 4 warps' loads (and 2 for the weights) instead of
-// 8 (and 2) — the key loop at HPW = 1 is bound by the shared-memory wavefronts (~6,400 cycles for 640
-// keys, the loop's own ~4,200 issue cycles at 2 warps a scheduler). v27's two heads a thread (+0.25)
-// also ran the softmax two heads a warp.
-template <int HPW, int UNR, int LPW = HPW>
+template <int HPW, int UNR>
 __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionArgs a, int tile) {
   constexpr int kThreads = 32 * kPvHeads / HPW;
   // The warp's heads' attention sinks (weights: nothing in a step writes them) before the dependency
@@ -3049,15 +3012,10 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
     if (lane == 0) den_s[h] = ((q[0] + q[2]) + (q[1] + q[3])) + det::fexp(sink_v[u] - mx);
   }
   __syncthreads();
-  // LPW > HPW (one key tile only: no barrier below): warps 0 … 8 / LPW − 1 take LPW heads each for the
-  // sums, the rest are done.
-  if constexpr (LPW > HPW) {
-    if (warp >= kPvHeads / LPW) return;
-  }
-  const float* ph[LPW];
-  float acc[LPW];
+  const float* ph[HPW];
+  float acc[HPW];
 #pragma unroll
-  for (int u = 0; u < LPW; ++u) ph[u] = p + (LPW * warp + u) * kp, acc[u] = 0.0f;
+  for (int u = 0; u < HPW; ++u) ph[u] = p + (HPW * warp + u) * kp, acc[u] = 0.0f;
   for (int j0 = 0; j0 < nk; j0 += tile) {
     if (j0 > 0) {
       __syncthreads();
@@ -3071,19 +3029,19 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
       // UNR groups of 4 keys: every group's weights and keys loaded first, then the products in key
       // order (the compiler, left to itself, reuses one group's registers and keeps ~1 group ahead).
       for (; jj + 4 * UNR <= n; jj += 4 * UNR) {
-        float4 w[UNR][LPW];
+        float4 w[UNR][HPW];
         float kk[UNR][4];
 #pragma unroll
         for (int g = 0; g < UNR; ++g) {
 #pragma unroll
-          for (int u = 0; u < LPW; ++u) w[g][u] = *reinterpret_cast<const float4*>(ph[u] + j0 + jj + 4 * g);
+          for (int u = 0; u < HPW; ++u) w[g][u] = *reinterpret_cast<const float4*>(ph[u] + j0 + jj + 4 * g);
 #pragma unroll
           for (int c = 0; c < 4; ++c) kk[g][c] = kt[(jj + 4 * g + c) * kPvDims + lane];
         }
 #pragma unroll
         for (int g = 0; g < UNR; ++g)
 #pragma unroll
-          for (int u = 0; u < LPW; ++u) {
+          for (int u = 0; u < HPW; ++u) {
             acc[u] += w[g][u].x * kk[g][0];
             acc[u] += w[g][u].y * kk[g][1];
             acc[u] += w[g][u].z * kk[g][2];
@@ -3093,13 +3051,13 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
     }
 #pragma unroll 2
     for (; jj + 4 <= n; jj += 4) {
-      float4 w[LPW];
+      float4 w[HPW];
 #pragma unroll
-      for (int u = 0; u < LPW; ++u) w[u] = *reinterpret_cast<const float4*>(ph[u] + j0 + jj);
+      for (int u = 0; u < HPW; ++u) w[u] = *reinterpret_cast<const float4*>(ph[u] + j0 + jj);
       const float k0 = kt[(jj + 0) * kPvDims + lane], k1 = kt[(jj + 1) * kPvDims + lane];
       const float k2 = kt[(jj + 2) * kPvDims + lane], k3 = kt[(jj + 3) * kPvDims + lane];
 #pragma unroll
-      for (int u = 0; u < LPW; ++u) {
+      for (int u = 0; u < HPW; ++u) {
         acc[u] += w[u].x * k0;
         acc[u] += w[u].y * k1;
         acc[u] += w[u].z * k2;
@@ -3109,22 +3067,22 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
     for (; jj < n; ++jj) {
       const float k = kt[jj * kPvDims + lane];
 #pragma unroll
-      for (int u = 0; u < LPW; ++u) acc[u] += ph[u][j0 + jj] * k;
+      for (int u = 0; u < HPW; ++u) acc[u] += ph[u][j0 + jj] * k;
     }
   }
   pdl_exit(a.pv_late);
   const int64_t d = d0 + lane;
   if (a.o_sink.xq) {  // wo_a's input, as k_linear_input lays it out (whole warps: attention() checks)
 #pragma unroll
-    for (int u = 0; u < LPW; ++u)
-      emit_attention_out(a, i, h0 + LPW * warp + u, d, lane, rb(acc[u] / den_s[LPW * warp + u], a.r));
+    for (int u = 0; u < HPW; ++u)
+      emit_attention_out(a, i, h0 + HPW * warp + u, d, lane, rb(acc[u] / den_s[HPW * warp + u], a.r));
     return;
   }
   if (d < hd) {
     float* o = a.out + (int64_t(i) * a.H + h0) * hd + d;
 #pragma unroll
-    for (int u = 0; u < LPW; ++u)
-      if (LPW * warp + u < nh) o[(LPW * warp + u) * hd] = rb(acc[u] / den_s[LPW * warp + u], a.r);
+    for (int u = 0; u < HPW; ++u)
+      if (HPW * warp + u < nh) o[(HPW * warp + u) * hd] = rb(acc[u] / den_s[HPW * warp + u], a.r);
   }
 }
 
@@ -4698,7 +4656,7 @@ void launch_fp8(const Fp8Call& c) {
   const int64_t out = std::max(c.out, c.pair.out);
   const dim3 grid(blocks_for(out, warps * OPW), blocks_for(c.rows, R), c.groups);
   launch_pdl(k, grid, dim3(32 * warps), 0, c.s, c.W, c.Ws, c.out, c.K, c.in.x, c.in.stride, c.in.group_stride, c.in.scale,
-             c.in.scale_stride, int(c.rows), c.y, c.y_stride, c.r, c.pair, early, InputSink{}, Fp8Glu{});
+             c.in.scale_stride, int(c.rows), c.y, c.y_stride, c.r, c.pair, early, InputSink{});
 }
 template <int R, bool kExact>
 void launch_fp8_opw(const Fp8Call& c) {
@@ -4726,21 +4684,7 @@ bool launch_fp8_sink(const Fp8Call& c, const InputSink& sink, bool late) {
   const bool early = fp8_early();
   auto k = late ? k_fp8_gemv<2, 1, kExact, kRegs, 16, 2> : k_fp8_gemv<2, 1, kExact, kRegs, 16, 1>;
   launch_pdl(k, dim3(int(c.out / 32), 1, c.groups), dim3(512), 0, c.s, c.W, c.Ws, c.out, c.K, c.in.x, c.in.stride,
-             c.in.group_stride, c.in.scale, c.in.scale_stride, int(c.rows), c.y, c.y_stride, c.r, c.pair, early, sink,
-             Fp8Glu{});
-  return true;
-}
-// One-row k_fp8_gemv<2, 1, kExact, kRegs, 4, 3> (the pair's SwiGLU by its last blocks): where launch_fp8
-// would take k_fp8_gemv<2, 1, kExact, kRegs, 4> for the pair; false elsewhere.
-template <bool kExact>
-bool launch_fp8_glu(const Fp8Call& c, const Fp8Glu& glu) {
-  if (c.rows != 1 || !c.pair.W || c.pair.out != c.out || c.out % 32 != 0 || gemv_mode() != kRegs ||
-      fp8_block_warps() != 4 || outputs_per_warp(c.out + c.pair.out) != 2 || fp8_tiles_fit(c, 2) ||
-      (fp8_gemm_rows() > 0 && c.rows >= fp8_gemm_rows()) || !glu.count)
-    return false;
-  launch_pdl(k_fp8_gemv<2, 1, kExact, kRegs, 4, 3>, dim3(int(c.out / 8), 1, 2), dim3(128), 0, c.s, c.W, c.Ws, c.out,
-             c.K, c.in.x, c.in.stride, c.in.group_stride, c.in.scale, c.in.scale_stride, int(c.rows), c.y, c.y_stride,
-             c.r, c.pair, fp8_early(), InputSink{}, glu);
+             c.in.group_stride, c.in.scale, c.in.scale_stride, int(c.rows), c.y, c.y_stride, c.r, c.pair, early, sink);
   return true;
 }
 template <bool kExact>
@@ -4994,16 +4938,6 @@ void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, con
   if (in.scale) return launch_fp8_rows<true>(c);
   launch_fp8_rows<false>(c);
 }
-bool fp8_glu_pair(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const LinearInput& in, int64_t rows,
-                  float* y, bool r, cudaStream_t s, const Fp8Pair& pair, const Fp8Glu& glu) {
-  // DSUF_SHARED_GLU=separate|fused (session 30: built, not yet run on a GPU).
-  static const bool fused = env_picks("DSUF_SHARED_GLU", "separate", "fused");
-  if (!fused || !pair.W || K % 32 != 0 || in.group_stride != interleaved_k(K) || in.stride != in.group_stride)
-    return false;
-  DSUF_CHECK(!glu.sink.xq || out % 32 == 0, "fp8_glu_pair: F = ", out, " with an input sink");
-  const Fp8Call c{W, Ws, out, K, in, rows, y, out, 2, r, s, pair};
-  return in.scale ? launch_fp8_glu<true>(c, glu) : launch_fp8_glu<false>(c, glu);
-}
 int64_t group_bound(int64_t rows, int experts, int size) {
   return std::min<int64_t>(rows, (rows + size - 1) / size + experts);
 }
@@ -5208,17 +5142,15 @@ void pack_window(const float* kv, int rows, const RowMeta* meta, const SeqMeta* 
   const int64_t t = int64_t(rows) * (hd / 32);
   if (t > 0) launch_step(k_pack_window, dim3(blocks_for(t, 8)), dim3(256), 0, s, kv, rows, meta, seqs, layer, hd, W);
 }
-// DSUF_PV=auto|warps|cp|tiles|split picks the softmax + P·V kernel: k_attention_pv<1, UNR> (warps, a
-// head a warp: v18 measured 0.06 ms a step faster than two; UNR by DSUF_PV_UNROLL), k_attention_pv<2,
-// UNR> (cp: two heads a thread: each key slice value loaded once for both, half the shared-memory
-// wavefronts of the loop, twice each warp's softmax), k_attention_pv<1, UNR, 2> (split: the softmax a
-// head a warp, the sums two heads a thread; one key tile only, else warps; session 30: built, not yet
-// run on a GPU) or k_attention_pv_tiles. auto (session 23): tiles
+// DSUF_PV=auto|warps|cp|tiles picks the softmax + P·V kernel: k_attention_pv<1, UNR> (warps, a head a
+// warp: v18 measured 0.06 ms a step faster than two; UNR by DSUF_PV_UNROLL), k_attention_pv<2, UNR>
+// (cp: two heads a thread: each key slice value loaded once for both, half the shared-memory
+// wavefronts of the loop, twice each warp's softmax) or k_attention_pv_tiles. auto (session 23): tiles
 // for 16 to 128 rows (batch 16 −0.2 to −0.25 ms in three rounds over two sessions, 64 −0.6 in two),
 // warps otherwise (batch 1–4; prefill chunks of more rows: not re-measured).
-enum PvKernel { kPvOneHead = 0, kPvTwoHeads = 1, kPvTiles = 2, kPvSplit = 3 };
+enum PvKernel { kPvOneHead = 0, kPvTwoHeads = 1, kPvTiles = 2 };
 int pv_kernel(int rows) {
-  static const int k = env_choice("DSUF_PV", {"auto", "warps", "cp", "tiles", "split"});
+  static const int k = env_choice("DSUF_PV", {"auto", "warps", "cp", "tiles"});
   if (k == 0) return rows >= 16 && rows <= 128 ? kPvTiles : kPvOneHead;
   return k - 1;  // in PvKernel's order
 }
@@ -5301,11 +5233,10 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   // DSUF_PV_TRIGGER=entry (default) or late: −0.03 ms with the logits' trigger at entry, ±0 with it late.
   static const bool pv_late = env_picks("DSUF_PV_TRIGGER", "entry", "late");
   pa.pv_late = pv_late;
-  const int hpw = pv == kPvOneHead || pv == kPvSplit ? 1 : 2;
+  const int hpw = pv == kPvOneHead ? 1 : 2;
   static const bool deep_unroll = !env_picks("DSUF_PV_UNROLL", "8", "2");
   auto* k = hpw == 2 ? (deep_unroll ? k_attention_pv<2, 8> : k_attention_pv<2, 2>)
                      : deep_unroll ? k_attention_pv<1, 8> : k_attention_pv<1, 2>;
-  if (pv == kPvSplit && tile == kp) k = deep_unroll ? k_attention_pv<1, 8, 2> : k_attention_pv<1, 2, 2>;
   set_smem(k, pv_smem);
   launch_step(k, dim3(pv_grid), dim3(32 * kPvHeads / hpw), pv_smem, s, pa, tile);
   return layout();

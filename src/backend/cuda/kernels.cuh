@@ -108,19 +108,6 @@ struct Fp8Pair {
   float* y = nullptr;
   int64_t y_stride = 0;
 };
-// The SwiGLU tail of a gated unit's w1/w3 pair (fp8_glu_pair).
-struct Fp8Glu {
-  int* count = nullptr;  // [out / 32] arrivals a 32-row group, zero between launches (the last block resets)
-  InputSink sink = {};
-  float limit = 0.0f;
-  bool clamp = false;
-};
-// fp8_linear(W, Ws, out, K, in, 1, y, out, r, s, pair) then swiglu(y, pair.y, 1, out, nullptr, glu.limit,
-// glu.clamp, r, s, glu.sink) in one launch: the last block of each 32-row group applies SwiGLU
-// (DSUF_SHARED_GLU=fused; session 30, built, not yet run on a GPU). Returns false, launching nothing,
-// where it does not apply (off, several rows, widths that differ, another kernel's shape).
-bool fp8_glu_pair(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const LinearInput& in, int64_t rows,
-                  float* y, bool r, cudaStream_t s, const Fp8Pair& pair, const Fp8Glu& glu);
 // y[r][o] = Σ_kb s_x[r][kb]·s_w[o/32][kb]·Σ x·w (scales 1 for unquantized inputs); y rows have
 // stride y_stride. W may be a row slice of a larger weight. With pair.W, the pair's linear too.
 // tile_sm > 0: where k_fp8_gemv_tiles takes the linear, at most tile_sm of its blocks an SM (the tests
