@@ -1182,17 +1182,9 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   // kv_norm also applies the window KV's rope and FP8 fake quantization (the same arithmetic as rope()
   // then fp8_fake_quant(), one launch fewer); nothing reads ws.kvw before the attention.
   const cuda::FusedRope kv_rope{.cs = cs, .half = half, .heads = 1, .dim = hd, .sign = 1.0f, .r = r};
-  const cuda::RmsJob kv_job{.x = ws.kvw, .dim = hd, .w = d.kv_norm, .y = ws.kvw, .fake_quant = true, .fq_rope = kv_rope};
-  // DSUF_QNORM=wqb: at one row in a layer without the indexer (nothing else reads the normalized q),
-  // wq_b's blocks norm the q latent themselves (fp8_linear_normed: the same bits) and kv_norm runs on
-  // the side stream before the key gather, so that no norm launch sits between wq_a and wq_b.
-  bool wqb_done = false;
-  if (cuda::qnorm_in_wqb() && n == 1 && aq && !lp.runs_indexer && !q_main && branch() != stream) {
-    fork();
-    wqb_done = cuda::fp8_linear_normed(d.wq_b.w, d.wq_b.s, Hr * hd, qr, {ws.tmp, d.q_norm, eps, r}, ws.q, r, stream);
-    if (wqb_done) cuda::rmsnorm2(kv_job, {}, n, eps, r, branch());
-  }
-  if (!wqb_done) cuda::rmsnorm2({ws.tmp, qr, d.q_norm, ws.q_lat, qsink}, kv_job, n, eps, r, stream);
+  cuda::rmsnorm2({ws.tmp, qr, d.q_norm, ws.q_lat, qsink},
+                 {.x = ws.kvw, .dim = hd, .w = d.kv_norm, .y = ws.kvw, .fake_quant = true, .fq_rope = kv_rope}, n, eps,
+                 r, stream);
   const cuda::LinearInput qin = cuda::sink_input(qsink, qr);
   if (q_main) {
     indexer_xn_part(l, st, stream);
@@ -1203,12 +1195,12 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   // RoPE is fused into the kernels around it (the same arithmetic, one launch fewer each): the window
   // KV's into kv_norm's, the queries' into the logits kernel's query staging (ws.q stays unrotated:
   // nothing else reads it), the output's inverse into the P·V kernel's layout of wo_a's input.
-  if (!wqb_done) fork();
+  fork();
   // DSUF_WQB_WAIT=scores: in an indexer layer the side stream's compressor and indexer are enqueued
   // first and wq_b waits for the scores kernel (below); otherwise wq_b goes now, beside them.
   const bool wqb_gate = wqb_after_scores && lp.runs_indexer && branch() != stream;
   auto wq_b = [&] { cuda::fp8_linear(d.wq_b.w, d.wq_b.s, Hr * hd, qr, qin, n, ws.q, Hr * hd, r, stream); };
-  if (!wqb_gate && !wqb_done) wq_b();
+  if (!wqb_gate) wq_b();
 
   const int slot = layout.source_slot[l];
   const int ratio = lp.ratio;

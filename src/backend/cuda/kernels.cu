@@ -1240,60 +1240,13 @@ __host__ __device__ constexpr int64_t fp8_tiles_x_bytes(int64_t K) { return inte
 size_t fp8_tiles_smem(int OPW, int warps, int stages, int64_t K) {
   return size_t(fp8_tiles_x_bytes(K) + int64_t(warps) * stages * fp8_tiles_slot(OPW, K));
 }
-// The q norm inside wq_b (kNorm): row x of K ≤ kTileNormVals·128 values, thread t of the 4-warp block
-// holding x[t + 128p] — in warp t/32's K-block (t/32) + 4p, lane t mod 32. Its sum of squares keeps
-// k_rmsnorm's block_sum<256> order: canonical partial c < 256 adds x[c], x[c + 256], … from 0 (thread t
-// holds partials t and t + 128: its even and odd p), each warp of 32 partials by warp_sum, then the
-// tree of the 8 warp sums padded with zeros — every warp computes that last tree itself (the same
-// bits), so one barrier. Then rinv, rb(w·(x·rinv)) and emit_input's quantization and layout, into
-// the block's staged row and its K-blocks' scales (xs_norm) instead of global memory.
-constexpr int kTileNormVals = 16, kTileNormBlocks = 64;  // K ≤ 2,048
-template <int kWarps>
-__device__ __forceinline__ void tile_norm_weights(const TileNorm& n, int64_t K, float (&w)[kTileNormVals]) {
-#pragma unroll
-  for (int p = 0; p < kTileNormVals; ++p) {
-    const int64_t j = threadIdx.x + 32 * kWarps * p;
-    w[p] = j < K ? bf16_load(n.w, j) : 0.0f;
-  }
-}
-template <int kWarps>
-__device__ __forceinline__ void tile_norm_stage(const TileNorm& n, const float* __restrict__ x, int64_t K,
-                                                const float (&w)[kTileNormVals], float* xq, float* xs) {
-  static_assert(kWarps == 4, "two canonical partials a thread");
-  __shared__ float wsum[8];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  float v[kTileNormVals];
-#pragma unroll
-  for (int p = 0; p < kTileNormVals; ++p) {
-    const int64_t j = threadIdx.x + 128 * p;
-    v[p] = j < K ? x[j] : 0.0f;
-  }
-  float ss[2] = {0.0f, 0.0f};
-#pragma unroll
-  for (int p = 0; p < kTileNormVals; ++p)
-    if (threadIdx.x + 128 * p < K) ss[p % 2] += v[p] * v[p];
-  const float s0 = warp_sum(ss[0]), s1 = warp_sum(ss[1]);
-  if (lane == 0) wsum[warp] = s0, wsum[4 + warp] = s1;
-  __syncthreads();
-  const float tot = warp_sum(lane < 8 ? wsum[lane] : 0.0f);
-  const float rinv = 1.0f / sqrtf(tot / float(K) + n.eps);
-#pragma unroll
-  for (int p = 0; p < kTileNormVals; ++p) {
-    const int kb = warp + 4 * p;
-    if (32 * kb < K) emit_input(rb(w[p] * (v[p] * rinv), n.r), true, xq, xs + kb, kb, lane);
-  }
-}
 // At least 3 blocks of 8 warps an SM (what the shared memory of K = 8,192 allows) or 7 of 4 (K ≤ 2,048).
-// kNorm (DSUF_QNORM=wqb, the q norm inside wq_b): x is the raw row (wq_a's output), not its layout;
-// every block computes rmsnorm(x)·w and its FP8 quantization into its staged row itself, with
-// k_rmsnorm's arithmetic and emit_input's (tile_norm_stage below), instead of a launch on the chain.
-template <int OPW, bool kExact, int kWarps, int kStages, bool kNorm = false>
+template <int OPW, bool kExact, int kWarps, int kStages>
 __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 3 : 7)
     k_fp8_gemv_tiles(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws, int64_t out, int64_t K,
                      const float* __restrict__ x, const float* __restrict__ xs, float* __restrict__ y, bool r,
-                     bool early, TileNorm nrm) {
+                     bool early) {
   static_assert(kStages >= 2, "a ring of at least two chunks");
-  static_assert(!kNorm || (kExact && kWarps == 4), "the q norm's form: quantized input, 4 warps");
   const int nb = int(K / 32), lane = threadIdx.x % 32;
   const int full = nb / 32, rem = nb % 32;  // a tile's chunks: its full rounds
   const int64_t slot_bytes = fp8_tiles_slot(OPW, K), codes = fp8_tiles_codes(OPW, K);
@@ -1349,26 +1302,14 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 3 : 7)
   };
   if (active && early)
     for (int q = 0; q < kStages - 1; ++q) issue_next(q);  // weights only before the wait
-  // kNorm: the norm's weights (nothing in a step writes them) before the wait, then the row after it.
-  __shared__ float xs_norm[kNorm ? kTileNormBlocks : 1];
-  [[maybe_unused]] float norm_w[kNorm ? kTileNormVals : 1];
-  if constexpr (kNorm) tile_norm_weights<kWarps>(nrm, K, norm_w);
   pdl_wait();
   if (active && !early)
     for (int q = 0; q < kStages - 1; ++q) issue_next(q);
-  if constexpr (kNorm) {
-    tile_norm_stage<kWarps>(nrm, x, K, norm_w, reinterpret_cast<float*>(xsm), xs_norm);
-  } else {
-    for (int i = threadIdx.x; i < interleaved_k(K) / 4; i += 32 * kWarps)
-      xsm[i] = __ldg(reinterpret_cast<const float4*>(x) + i);
-  }
+  for (int i = threadIdx.x; i < interleaved_k(K) / 4; i += 32 * kWarps)
+    xsm[i] = __ldg(reinterpret_cast<const float4*>(x) + i);
   __syncthreads();
   if (!active) return;
-  auto x_scale = [&](int kb) {
-    if constexpr (kNorm) return xs_norm[kb];
-    return kExact ? __ldg(xs + kb) : 1.0f;
-  };
-  const float sat = kExact && rt.mine ? x_scale(rt.kb) : 1.0f;
+  const float sat = kExact && rt.mine ? __ldg(xs + rt.kb) : 1.0f;
   float acc[OPW];
 #pragma unroll
   for (int o = 0; o < OPW; ++o) acc[o] = 0.0f;
@@ -1402,7 +1343,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 3 : 7)
       for (int j = 0; j < 8; ++j) xv[j] = xsm[xpos4(kb, j)];
       float p[OPW];
       fp8_kb_parts<OPW, kExact>(w, xv, p);
-      const float sa = x_scale(kb), sw = e8m0(uint8_t(sc));
+      const float sa = kExact ? __ldg(xs + kb) : 1.0f, sw = e8m0(uint8_t(sc));
 #pragma unroll
       for (int o = 0; o < OPW; ++o) acc[o] = acc[o] + fp8_kb_term<kExact>(p[o], sa, sw);
     }
@@ -4561,7 +4502,7 @@ void rmsnorm2(const RmsJob& a, const RmsJob& b, int64_t rows, float eps, bool r,
     DSUF_CHECK(!j->fq_rope.cs || (j->fake_quant && j->fq_rope.heads == 1 && j->fq_rope.dim == j->dim),
                "rmsnorm2: a fused rope goes with fake_quant, one head of dim values");
   }
-  if (rows > 0) launch_step(rmsnorm_kernel(), dim3(unsigned(rows), b.x ? 2 : 1), dim3(256), 0, s, a, b, eps, r, weights_early(),
+  if (rows > 0) launch_step(rmsnorm_kernel(), dim3(unsigned(rows), 2), dim3(256), 0, s, a, b, eps, r, weights_early(),
                             late_trigger(kLateRmsnorm));
 }
 namespace {
@@ -4652,9 +4593,9 @@ bool fp8_tiles_fit(const Fp8Call& c, int opw) {
 // sets instead of the ring 6.669 / 6.651 / 6.657, k_fp8_gemv 6.696 / 6.699 / 6.688; 4 rows +0.06
 // against 2; 4 blocks an SM instead of 7 +0.22 (the more warps an SM, the faster).
 int sm_count();
-template <int OPW, bool kExact, int kWarps, int kStages, bool kNorm = false>
-void launch_fp8_tiles_k(const Fp8Call& c, const TileNorm& nrm = {}) {
-  auto k = k_fp8_gemv_tiles<OPW, kExact, kWarps, kStages, kNorm>;
+template <int OPW, bool kExact, int kWarps, int kStages>
+void launch_fp8_tiles_k(const Fp8Call& c) {
+  auto k = k_fp8_gemv_tiles<OPW, kExact, kWarps, kStages>;
   const size_t smem = fp8_tiles_smem(OPW, kWarps, kStages, c.K);
   DSUF_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   int fit = 0;
@@ -4668,8 +4609,8 @@ void launch_fp8_tiles_k(const Fp8Call& c, const TileNorm& nrm = {}) {
   const int64_t per_sm = std::max(1, std::min({fit, want, c.tile_sm > 0 ? c.tile_sm : fit}));
   const int64_t tiles = (c.out + OPW - 1) / OPW, most = int64_t(sm_count()) * per_sm * kWarps;
   const int64_t per_warp = (tiles + most - 1) / most, warps = (tiles + per_warp - 1) / per_warp;
-  launch_pdl(k, dim3(blocks_for(warps, kWarps)), dim3(32 * kWarps), smem, c.s, c.W, c.Ws, c.out, c.K,
-             kNorm ? nrm.x : c.in.x, c.in.scale, c.y, c.r, fp8_early(), nrm);
+  launch_pdl(k, dim3(blocks_for(warps, kWarps)), dim3(32 * kWarps), smem, c.s, c.W, c.Ws, c.out, c.K, c.in.x,
+             c.in.scale, c.y, c.r, fp8_early());
 }
 template <int OPW, bool kExact, int kWarps>
 void launch_fp8_tiles_w(const Fp8Call& c) {
@@ -4996,22 +4937,6 @@ void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, con
   const Fp8Call c{W, Ws, out, K, in, rows, y, y_stride, 2, r, s, pair};
   if (in.scale) return launch_fp8_rows<true>(c);
   launch_fp8_rows<false>(c);
-}
-bool qnorm_in_wqb() {
-  static const bool on = env_picks("DSUF_QNORM", "launch", "wqb");  // launch: the default
-  return on;
-}
-bool fp8_linear_normed(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const TileNorm& n, float* y,
-                       bool r, cudaStream_t s) {
-  // k_fp8_gemv_tiles' shape (one row, the default ring), its 4-warp form, the norm's registers.
-  Fp8Call c{W, Ws, out, K, LinearInput{nullptr, interleaved_k(K), interleaved_k(K), nullptr, K / 32}, 1, y, out, 1,
-            r, s, {}};
-  const bool ring2 = std::getenv("DSUF_FP8_TILES_RING") == nullptr;
-  if (!ring2 || K > 2048 || K > int64_t(kTileNormVals) * 128 || K / 32 > kTileNormBlocks || !fp8_tiles_fit(c, 2) ||
-      !n.x || !n.w)
-    return false;
-  launch_fp8_tiles_k<2, true, 4, 2, true>(c, n);
-  return true;
 }
 int64_t group_bound(int64_t rows, int experts, int size) {
   return std::min<int64_t>(rows, (rows + size - 1) / size + experts);

@@ -72,7 +72,6 @@ struct RmsJob {
   bool fake_quant = false;
   FusedRope fq_rope = {};
 };
-// Two jobs a launch (grid.y = 2); b.x == nullptr: a alone.
 void rmsnorm2(const RmsJob& a, const RmsJob& b, int64_t rows, float eps, bool r, cudaStream_t s);
 // The input rows of the FP8/FP4 linears, laid out by linear_input: per row `stride` floats, per group
 // of K inputs interleaved_k(K) floats (group_stride), interleaved so that a warp's loads are
@@ -116,21 +115,6 @@ struct Fp8Pair {
 // docs/perf.md v39).
 void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const LinearInput& in, int64_t rows,
                 float* y, int64_t y_stride, bool r, cudaStream_t s, const Fp8Pair& pair = {}, int tile_sm = 0);
-// The input of fp8_linear_normed: rmsnorm(x)·w of one row of K values (eps; rounded to BF16 when r).
-struct TileNorm {
-  const float* x = nullptr;
-  const uint16_t* w = nullptr;
-  float eps = 0.0f;
-  bool r = false;
-};
-// DSUF_QNORM=wqb|launch (on / off): the q norm inside wq_b (fp8_linear_normed) where it fits.
-bool qnorm_in_wqb();
-// fp8_linear of one row whose input is k_rmsnorm's (rmsnorm(n.x)·n.w, quantized and laid out as its
-// sink does, `quantize` on) — the same bits — computed by every block of the linear's kernel from the
-// raw row instead of by a launch before it. Returns false, launching nothing, where the shape does
-// not fit k_fp8_gemv_tiles' 4-warp form (K ≤ 2,048); the caller then norms and runs fp8_linear.
-bool fp8_linear_normed(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const TileNorm& n, float* y,
-                       bool r, cudaStream_t s);
 // `groups` independent products in one launch (the grouped o-projection): group g uses weight rows
 // [g·out, (g+1)·out) (out a multiple of 32), inputs g·K.. of each row, outputs g·out.. of each row.
 // With sink.xq set, y is also laid out through sink as the next linear's input (one group of
