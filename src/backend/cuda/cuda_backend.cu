@@ -159,7 +159,6 @@ struct CudaBackend::Impl {
   // 1 routed row per expert (batch 16) lost 9 %, 4 (batch 64) gained 6 %, a 512-token chunk 12 %.
   int64_t group_rows_per_expert = 4;
   int shared_fork = 0;  // DSUF_SHARED_FORK=auto|early|late: 0|1|2 (moe())
-  bool kvnorm_side = env_picks("DSUF_KVNORM", "main", "side");  // attention()
   // DSUF_HEAD_INPUT=direct|gather: when every row gets logits in row order (decode), the head's
   // collapse reads the streams and the last FFN site's pre where they are (direct, the default since
   // v36: one graph memcpy node — which no programmatic launch crosses — and k_gather_rows' 15 µs off
@@ -1183,18 +1182,9 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   // kv_norm also applies the window KV's rope and FP8 fake quantization (the same arithmetic as rope()
   // then fp8_fake_quant(), one launch fewer); nothing reads ws.kvw before the attention.
   const cuda::FusedRope kv_rope{.cs = cs, .half = half, .heads = 1, .dim = hd, .sign = 1.0f, .r = r};
-  const cuda::RmsJob q_job{ws.tmp, qr, d.q_norm, ws.q_lat, qsink};
-  const cuda::RmsJob kv_job{.x = ws.kvw, .dim = hd, .w = d.kv_norm, .y = ws.kvw, .fake_quant = true, .fq_rope = kv_rope};
-  // DSUF_KVNORM=side: kv_norm on the side stream after the q norm (it is read only by the key gather
-  // and the attention, both after the join), so that wq_b waits for the q norm's blocks alone; main
-  // (the default): both in one launch before wq_b.
-  if (kvnorm_side && branch() != stream) {
-    cuda::rmsnorm2(q_job, {}, n, eps, r, stream);
-    fork();
-    cuda::rmsnorm2(kv_job, {}, n, eps, r, branch());
-  } else {
-    cuda::rmsnorm2(q_job, kv_job, n, eps, r, stream);
-  }
+  cuda::rmsnorm2({ws.tmp, qr, d.q_norm, ws.q_lat, qsink},
+                 {.x = ws.kvw, .dim = hd, .w = d.kv_norm, .y = ws.kvw, .fake_quant = true, .fq_rope = kv_rope}, n, eps,
+                 r, stream);
   const cuda::LinearInput qin = cuda::sink_input(qsink, qr);
   if (q_main) {
     indexer_xn_part(l, st, stream);

@@ -745,16 +745,9 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
 // value is neither loaded after the first four return nor reloaded with its weight after the block
 // sum — two dependent L2 round trips on the attention chain in the 4-register form's SASS.)
 // w_early (DSUF_W_EARLY=1, the default): the norm weights are loaded before the dependency wait.
-// kSplit (DSUF_RMS_SPLIT=on; job a of dim ≤ 256·kRmsRegs, the q norm): job a over ⌈dim / 256⌉ blocks
-// (grid.y = those + 1 for job b), each computing the whole row's sum the same way (the same bits) but
-// storing and laying out only its 256 values — one emit_input a thread on the chain instead of five
-// one after the other.
-template <int kRmsRegs = 4, bool kSplit = false>
+template <int kRmsRegs = 4>
 __global__ void __launch_bounds__(256) k_rmsnorm(RmsJob a, RmsJob b, float eps, bool r, bool w_early, bool late) {
-  const int a_parts = kSplit ? int((a.dim + 255) / 256) : 1;
-  const bool is_a = kSplit ? int(blockIdx.y) < a_parts : blockIdx.y == 0;
-  const int part = kSplit && is_a ? int(blockIdx.y) : -1;  // −1: every value of the row
-  const RmsJob jb = is_a ? a : b;
+  const RmsJob jb = blockIdx.y == 0 ? a : b;
   const int64_t dim = jb.dim;
   float xv[kRmsRegs], wv[kRmsRegs];
   auto load_w = [&] {
@@ -794,10 +787,9 @@ __global__ void __launch_bounds__(256) k_rmsnorm(RmsJob a, RmsJob b, float eps, 
   };
 #pragma unroll
   for (int p = 0; p < kRmsRegs; ++p)
-    if (threadIdx.x + 256 * p < dim && (part < 0 || p == part)) store(threadIdx.x + 256 * p, rb(wv[p] * (xv[p] * rinv), r));
-  if (part < 0)
-    for (int64_t j = threadIdx.x + 256 * kRmsRegs; j < dim; j += 256)
-      store(j, rb((jb.w ? bf16_load(jb.w, j) : 1.0f) * (xr[j] * rinv), r));
+    if (threadIdx.x + 256 * p < dim) store(threadIdx.x + 256 * p, rb(wv[p] * (xv[p] * rinv), r));
+  for (int64_t j = threadIdx.x + 256 * kRmsRegs; j < dim; j += 256)
+    store(j, rb((jb.w ? bf16_load(jb.w, j) : 1.0f) * (xr[j] * rinv), r));
   pdl_exit(late);
 }
 
@@ -4510,16 +4502,8 @@ void rmsnorm2(const RmsJob& a, const RmsJob& b, int64_t rows, float eps, bool r,
     DSUF_CHECK(!j->fq_rope.cs || (j->fake_quant && j->fq_rope.heads == 1 && j->fq_rope.dim == j->dim),
                "rmsnorm2: a fused rope goes with fake_quant, one head of dim values");
   }
-  // DSUF_RMS_SPLIT=off|on: job a over ⌈dim / 256⌉ blocks (k_rmsnorm's kSplit) where it fits the
-  // registers of the 5-value form (off: the default).
-  static const bool split = env_picks("DSUF_RMS_SPLIT", "off", "on") && !env_picks("DSUF_RMS_REGS", "5", "4");
-  if (split && a.dim <= 256 * 5 && rows > 0) {
-    launch_step(k_rmsnorm<5, true>, dim3(unsigned(rows), unsigned((a.dim + 255) / 256 + (b.x ? 1 : 0))), dim3(256), 0,
-                s, a, b, eps, r, weights_early(), late_trigger(kLateRmsnorm));
-    return;
-  }
-  if (rows > 0) launch_step(rmsnorm_kernel(), dim3(unsigned(rows), b.x ? 2 : 1), dim3(256), 0, s, a, b, eps, r,
-                            weights_early(), late_trigger(kLateRmsnorm));
+  if (rows > 0) launch_step(rmsnorm_kernel(), dim3(unsigned(rows), 2), dim3(256), 0, s, a, b, eps, r, weights_early(),
+                            late_trigger(kLateRmsnorm));
 }
 namespace {
 // Outputs per warp: more per warp (more weight bytes in flight per input read) while the grid still

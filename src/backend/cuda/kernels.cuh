@@ -72,8 +72,6 @@ struct RmsJob {
   bool fake_quant = false;
   FusedRope fq_rope = {};
 };
-// Jobs a and b in one launch; b.x == nullptr: a alone. DSUF_RMS_SPLIT=on: job a (dim ≤ 1,280) over
-// ⌈dim / 256⌉ blocks, the same bits (k_rmsnorm's kSplit).
 void rmsnorm2(const RmsJob& a, const RmsJob& b, int64_t rows, float eps, bool r, cudaStream_t s);
 // The input rows of the FP8/FP4 linears, laid out by linear_input: per row `stride` floats, per group
 // of K inputs interleaved_k(K) floats (group_stride), interleaved so that a warp's loads are
