@@ -1241,21 +1241,17 @@ size_t fp8_tiles_smem(int OPW, int warps, int stages, int64_t K) {
   return size_t(fp8_tiles_x_bytes(K) + int64_t(warps) * stages * fp8_tiles_slot(OPW, K));
 }
 // At least 3 blocks of 8 warps an SM (what the shared memory of K = 8,192 allows) or 7 of 4 (K ≤ 2,048).
-// kForm (DSUF_FP8_TILES_LEAN=on): 1 — the next tile's sources by adding the grid's stride (a few
-// 64-bit adds; the full computation with the row clamp only where the stride is not whole scale rows or
-// the tile is the partial last one) instead of recomputing them (~35 instructions a tile: a chunk for
-// wq_b, whose tiles are one chunk); 2 — that, and no remainder (nb mod 32 = 0: wo_b, Engram's wkv),
-// known at compile time: no per-chunk tests and branches for it, a chunk's copies one basic block
-// (ptxas pads each block's first cp.async with three dummy shared loads) — the main loop's SASS 656 →
-// 395 instructions, ~287 → ~250 issued a chunk. The same copies and arithmetic: the same bits.
-template <int OPW, bool kExact, int kWarps, int kStages, int kForm = 0>
+// kNoRem (DSUF_FP8_TILES_LEAN=on, where nb mod 32 = 0: wo_b, Engram's wkv): no remainder, known at
+// compile time — no per-chunk tests and branches for it, and a chunk's copies one basic block (ptxas
+// pads each block's first cp.async with three dummy shared loads): the main loop's SASS 656 → 395
+// instructions, ~287 → ~250 issued a chunk. The same copies and arithmetic: the same bits.
+template <int OPW, bool kExact, int kWarps, int kStages, bool kNoRem = false>
 __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 3 : 7)
     k_fp8_gemv_tiles(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws, int64_t out, int64_t K,
                      const float* __restrict__ x, const float* __restrict__ xs, float* __restrict__ y, bool r,
                      bool early) {
   static_assert(kStages >= 2, "a ring of at least two chunks");
   const int nb = int(K / 32), lane = threadIdx.x % 32;
-  constexpr bool kNoRem = kForm == 2;
   const int full = nb / 32, rem = kNoRem ? 0 : nb % 32;  // a tile's chunks: its full rounds
   const int64_t slot_bytes = fp8_tiles_slot(OPW, K), codes = fp8_tiles_codes(OPW, K);
   const int64_t tiles = (out + OPW - 1) / OPW, nw = int64_t(gridDim.x) * kWarps;
@@ -1281,9 +1277,6 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 3 : 7)
     csrc = Ws + (o0 / 32) * nb + 4 * lane;
   };
   if (active) set_tile();
-  // kForm ≥ 1: from a tile's sources after its `full` chunks to the next tile's (it + nw).
-  const bool stride_whole = kForm >= 1 && (nw * OPW) % 32 == 0;
-  const int64_t tile_step = nw * OPW * K - int64_t(full) * 1024, code_step = nw * OPW / 32 * nb - 32 * full;
   const uint32_t ring_u32 = smem_u32(ring);
   // The slot's layout is fp8_tiles_slot's; the last chunk of a tile also carries the remainder (rem
   // K-blocks of each row after its full rounds, and their rem codes after the round's 32).
@@ -1306,13 +1299,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 3 : 7)
       csrc += 32;
       if (++ip == full) {
         ip = 0, it += nw;
-        if (stride_whole && (it + 1) * OPW <= out) {
-#pragma unroll
-          for (int o = 0; o < OPW; ++o) src[o] += tile_step;
-          csrc += code_step;
-        } else if (it < tiles) {
-          set_tile();
-        }
+        if (it < tiles) set_tile();
       }
     }
     cp_async_commit();
@@ -4610,13 +4597,12 @@ bool fp8_tiles_fit(const Fp8Call& c, int opw) {
 // sets instead of the ring 6.669 / 6.651 / 6.657, k_fp8_gemv 6.696 / 6.699 / 6.688; 4 rows +0.06
 // against 2; 4 blocks an SM instead of 7 +0.22 (the more warps an SM, the faster).
 int sm_count();
-// DSUF_FP8_TILES_LEAN=off|on: k_fp8_gemv_tiles' kForm 2 where nb mod 32 = 0, else 1.
+// DSUF_FP8_TILES_LEAN=off|on: k_fp8_gemv_tiles' kNoRem form where nb mod 32 = 0.
 template <int OPW, bool kExact, int kWarps, int kStages>
 auto fp8_tiles_kernel(int64_t K) {
   static const bool lean = env_picks("DSUF_FP8_TILES_LEAN", "off", "on");
-  if (!lean) return k_fp8_gemv_tiles<OPW, kExact, kWarps, kStages>;
-  return K / 32 % 32 == 0 ? k_fp8_gemv_tiles<OPW, kExact, kWarps, kStages, 2>
-                          : k_fp8_gemv_tiles<OPW, kExact, kWarps, kStages, 1>;
+  if (lean && K / 32 % 32 == 0) return k_fp8_gemv_tiles<OPW, kExact, kWarps, kStages, true>;
+  return k_fp8_gemv_tiles<OPW, kExact, kWarps, kStages>;
 }
 template <int OPW, bool kExact, int kWarps, int kStages>
 void launch_fp8_tiles_k(const Fp8Call& c) {
