@@ -1241,18 +1241,14 @@ size_t fp8_tiles_smem(int OPW, int warps, int stages, int64_t K) {
   return size_t(fp8_tiles_x_bytes(K) + int64_t(warps) * stages * fp8_tiles_slot(OPW, K));
 }
 // At least 3 blocks of 8 warps an SM (what the shared memory of K = 8,192 allows) or 7 of 4 (K ≤ 2,048).
-// kNoRem (DSUF_FP8_TILES_LEAN=on, where nb mod 32 = 0: wo_b, Engram's wkv): no remainder, known at
-// compile time — no per-chunk tests and branches for it, and a chunk's copies one basic block (ptxas
-// pads each block's first cp.async with three dummy shared loads): the main loop's SASS 656 → 395
-// instructions, ~287 → ~250 issued a chunk. The same copies and arithmetic: the same bits.
-template <int OPW, bool kExact, int kWarps, int kStages, bool kNoRem = false>
+template <int OPW, bool kExact, int kWarps, int kStages>
 __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 3 : 7)
     k_fp8_gemv_tiles(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws, int64_t out, int64_t K,
                      const float* __restrict__ x, const float* __restrict__ xs, float* __restrict__ y, bool r,
                      bool early) {
   static_assert(kStages >= 2, "a ring of at least two chunks");
   const int nb = int(K / 32), lane = threadIdx.x % 32;
-  const int full = nb / 32, rem = kNoRem ? 0 : nb % 32;  // a tile's chunks: its full rounds
+  const int full = nb / 32, rem = nb % 32;  // a tile's chunks: its full rounds
   const int64_t slot_bytes = fp8_tiles_slot(OPW, K), codes = fp8_tiles_codes(OPW, K);
   const int64_t tiles = (out + OPW - 1) / OPW, nw = int64_t(gridDim.x) * kWarps;
   const int64_t t0 = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
@@ -1283,7 +1279,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 3 : 7)
   auto issue_next = [&](int slot) {
     if (it < tiles) {
       const uint32_t dst = ring_u32 + uint32_t(slot * slot_bytes);
-      const bool last = !kNoRem && ip == full - 1 && rem > 0;
+      const bool last = ip == full - 1 && rem > 0;
 #pragma unroll
       for (int o = 0; o < OPW; ++o) {
         cp_async16_to(dst + uint32_t(o * 1024 + 16 * lane), src[o]);
@@ -1330,7 +1326,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 3 : 7)
       w[o][1] = *reinterpret_cast<const uint4*>(slot + o * 1024 + 32 * lane + 16);
     }
     const uint32_t sc = slot[codes + lane];
-    const bool last = !kNoRem && part == full - 1 && rem > 0;
+    const bool last = part == full - 1 && rem > 0;
     uint32_t tsc = 0;
     if (last && rt.mine) {
       const int j = rt.kb - 32 * full;
@@ -4597,16 +4593,9 @@ bool fp8_tiles_fit(const Fp8Call& c, int opw) {
 // sets instead of the ring 6.669 / 6.651 / 6.657, k_fp8_gemv 6.696 / 6.699 / 6.688; 4 rows +0.06
 // against 2; 4 blocks an SM instead of 7 +0.22 (the more warps an SM, the faster).
 int sm_count();
-// DSUF_FP8_TILES_LEAN=off|on: k_fp8_gemv_tiles' kNoRem form where nb mod 32 = 0.
-template <int OPW, bool kExact, int kWarps, int kStages>
-auto fp8_tiles_kernel(int64_t K) {
-  static const bool lean = env_picks("DSUF_FP8_TILES_LEAN", "off", "on");
-  if (lean && K / 32 % 32 == 0) return k_fp8_gemv_tiles<OPW, kExact, kWarps, kStages, true>;
-  return k_fp8_gemv_tiles<OPW, kExact, kWarps, kStages>;
-}
 template <int OPW, bool kExact, int kWarps, int kStages>
 void launch_fp8_tiles_k(const Fp8Call& c) {
-  auto k = fp8_tiles_kernel<OPW, kExact, kWarps, kStages>(c.K);
+  auto k = k_fp8_gemv_tiles<OPW, kExact, kWarps, kStages>;
   const size_t smem = fp8_tiles_smem(OPW, kWarps, kStages, c.K);
   DSUF_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   int fit = 0;
