@@ -193,7 +193,9 @@ struct CudaBackend::Impl {
   bool mix_pending = false;  // a mix on `mix_side` that `stream` has not waited for yet
   // DSUF_MIX_FORK=late: a site's mix is launched after the site's first linear (wq_a+wkv; the router
   // and route) instead of right after its collapse, so it overlaps other kernels (docs/perf.md v15).
-  bool mix_late = false;
+  // attn: the attention site's mix after wq_b (beside the attention pair instead of wq_b), the FFN
+  // site's right after its collapse (early).
+  int mix_mode = 0;  // early | late | attn
   std::function<void()> mix_deferred;  // the site's mix, when late and not launched yet
   std::vector<DevMem> owned;
   std::vector<void*> pinned;
@@ -375,7 +377,7 @@ struct CudaBackend::Impl {
                    const std::function<void(cudaStream_t)>& also = {});
   void hc_mix_join();
   // Launches the site's mix now (early), or keeps it for run_deferred_mix (late).
-  void fork_mix(std::function<void()> launch);
+  void fork_mix(std::function<void()> launch, bool attention_site);
   void run_deferred_mix();
 };
 
@@ -555,7 +557,7 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   comp_fork_early = !env_picks("DSUF_COMP_FORK", "early", "late");
   idx_q_main = !env_picks("DSUF_IDX_Q", "main", "side");
   idx_rope_fused = !env_picks("DSUF_IDX_ROPE", "fused", "split");
-  mix_late = env_picks("DSUF_MIX_FORK", "early", "late");
+  mix_mode = env_choice("DSUF_MIX_FORK", {"early", "late", "attn"});
   if (const char* f = std::getenv("DSUF_HC_FORK"); !f || std::string(f) != "0") {
     DSUF_CUDA(cudaStreamCreate(&mix_side));
     DSUF_CUDA(cudaEventCreateWithFlags(&mix_ev_fork, cudaEventDisableTiming));
@@ -1177,7 +1179,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   // wq_a and wkv in one launch (same input), then q_norm and kv_norm in one (kv normalized in place).
   cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, xin, n, ws.tmp, qr, r, stream,
                    {.W = d.wkv.w, .Ws = d.wkv.s, .out = hd, .y = ws.kvw, .y_stride = hd});
-  run_deferred_mix();  // DSUF_MIX_FORK=late: the site's mix beside what follows
+  if (mix_mode == 1) run_deferred_mix();  // DSUF_MIX_FORK=late: the site's mix beside what follows
   const cuda::InputSink qsink{ws.xq[1], ws.xs[1], aq};  // the normalized q latent, laid out for wq_b
   // kv_norm also applies the window KV's rope and FP8 fake quantization (the same arithmetic as rope()
   // then fp8_fake_quant(), one launch fewer); nothing reads ws.kvw before the attention.
@@ -1233,6 +1235,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   // The keys decoded on the side stream after the selection, beside wq_b, instead of first on the
   // attention's path (DSUF_GATHER=late: the other way; −0.05 to −0.1 ms a step, docs/perf.md v19).
   if (gather_early) cuda::gather_keys(aa, branch());
+  run_deferred_mix();  // DSUF_MIX_FORK=attn: the site's mix after wq_b, beside the attention pair
   join();
   mark(kAttention);
   const cuda::LinearInput oin = cuda::attention(aa, stream, gather_early);
@@ -1360,9 +1363,9 @@ void CudaBackend::Impl::hc_mix_fork(const float* fn, const float* base, const fl
     mix_pending = true;
   }
 }
-void CudaBackend::Impl::fork_mix(std::function<void()> launch) {
+void CudaBackend::Impl::fork_mix(std::function<void()> launch, bool attention_site) {
   DSUF_CHECK(!mix_deferred, "fork_mix: the previous site's mix was not launched");
-  if (mix_late) mix_deferred = std::move(launch);
+  if (mix_mode == 1 || (mix_mode == 2 && attention_site)) mix_deferred = std::move(launch);
   else launch();
 }
 void CudaBackend::Impl::run_deferred_mix() {
@@ -1415,7 +1418,7 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
     const cuda::LinearInput xin = cuda::sink_input(xsink, D);
     cuda::collapse_norm(pre, pre_stride, nullptr, 0, nullptr, ws.X, n, hc, D, d.attn_norm, eps, ws.xn, r, stream,
                         xsink);
-    fork_mix([&] { hc_mix_fork(d.hca_fn, d.hca_base, d.hca_scale, n, ws.mix_a); });
+    fork_mix([&] { hc_mix_fork(d.hca_fn, d.hca_base, d.hca_scale, n, ws.mix_a); }, true);
     attention(l, st, xin, ws.y);
     // FFN site: the attention site's expansion, then the collapse with its pre, in one kernel.
     mark(kMhc);
@@ -1429,7 +1432,7 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
       hc_mix_fork(d.hcf_fn, d.hcf_base, d.hcf_scale, n, ws.mix_f, [&](cudaStream_t s) {
         cuda::pack_window(ws.kvw, n, st.meta, st.seqtab, l, t.head_dim, t.sliding_window, s);
       });
-    });
+    }, false);
     mark(kMoe);
     moe(l, n, st.image, cuda::sink_input(fsink, D), ws.mix_f);  // ends with the FFN site's expansion
     // pre of the FFN site feeds the next attention site's collapse.
