@@ -193,9 +193,13 @@ struct CudaBackend::Impl {
   bool mix_pending = false;  // a mix on `mix_side` that `stream` has not waited for yet
   // DSUF_MIX_FORK=late: a site's mix is launched after the site's first linear (wq_a+wkv; the router
   // and route) instead of right after its collapse, so it overlaps other kernels (docs/perf.md v15).
-  // attn: the attention site's mix after wq_b (beside the attention pair instead of wq_b), the FFN
-  // site's right after its collapse (early).
-  int mix_mode = 0;  // early | late | attn
+  // attn: the attention site's mix after wq_b (beside the attention pair instead of wq_b: the mix's
+  // blocks slowed wq_b's stream), the FFN site's right after its collapse (early). auto (the default
+  // since session 31): attn for one row, early for more. Measured (docs/perf.md session 31, gpu ms,
+  // same call): batch 1 at 8K attn −0.045 (4 of 4 rounds below early's), 128K −0.041; batch 4
+  // +0.24 (the attention kernels of 4 rows take the SMs the mix would use).
+  int mix_mode = 0;  // auto | early | late | attn
+  bool mix_attn = false;  // this step: the attention sites' mixes after wq_b (enqueue_step)
   std::function<void()> mix_deferred;  // the site's mix, when late and not launched yet
   std::vector<DevMem> owned;
   std::vector<void*> pinned;
@@ -557,7 +561,7 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   comp_fork_early = !env_picks("DSUF_COMP_FORK", "early", "late");
   idx_q_main = !env_picks("DSUF_IDX_Q", "main", "side");
   idx_rope_fused = !env_picks("DSUF_IDX_ROPE", "fused", "split");
-  mix_mode = env_choice("DSUF_MIX_FORK", {"early", "late", "attn"});
+  mix_mode = env_choice("DSUF_MIX_FORK", {"auto", "early", "late", "attn"});
   if (const char* f = std::getenv("DSUF_HC_FORK"); !f || std::string(f) != "0") {
     DSUF_CUDA(cudaStreamCreate(&mix_side));
     DSUF_CUDA(cudaEventCreateWithFlags(&mix_ev_fork, cudaEventDisableTiming));
@@ -1179,7 +1183,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   // wq_a and wkv in one launch (same input), then q_norm and kv_norm in one (kv normalized in place).
   cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, xin, n, ws.tmp, qr, r, stream,
                    {.W = d.wkv.w, .Ws = d.wkv.s, .out = hd, .y = ws.kvw, .y_stride = hd});
-  if (mix_mode == 1) run_deferred_mix();  // DSUF_MIX_FORK=late: the site's mix beside what follows
+  if (mix_mode == 2) run_deferred_mix();  // DSUF_MIX_FORK=late: the site's mix beside what follows
   const cuda::InputSink qsink{ws.xq[1], ws.xs[1], aq};  // the normalized q latent, laid out for wq_b
   // kv_norm also applies the window KV's rope and FP8 fake quantization (the same arithmetic as rope()
   // then fp8_fake_quant(), one launch fewer); nothing reads ws.kvw before the attention.
@@ -1235,7 +1239,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   // The keys decoded on the side stream after the selection, beside wq_b, instead of first on the
   // attention's path (DSUF_GATHER=late: the other way; −0.05 to −0.1 ms a step, docs/perf.md v19).
   if (gather_early) cuda::gather_keys(aa, branch());
-  run_deferred_mix();  // DSUF_MIX_FORK=attn: the site's mix after wq_b, beside the attention pair
+  run_deferred_mix();  // DSUF_MIX_FORK=attn (auto at one row): the site's mix after wq_b, beside the attention pair
   join();
   mark(kAttention);
   const cuda::LinearInput oin = cuda::attention(aa, stream, gather_early);
@@ -1365,7 +1369,7 @@ void CudaBackend::Impl::hc_mix_fork(const float* fn, const float* base, const fl
 }
 void CudaBackend::Impl::fork_mix(std::function<void()> launch, bool attention_site) {
   DSUF_CHECK(!mix_deferred, "fork_mix: the previous site's mix was not launched");
-  if (mix_mode == 1 || (mix_mode == 2 && attention_site)) mix_deferred = std::move(launch);
+  if (mix_mode == 2 || (mix_attn && attention_site)) mix_deferred = std::move(launch);
   else launch();
 }
 void CudaBackend::Impl::run_deferred_mix() {
@@ -1390,6 +1394,7 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
   const int hc = t.hc_mult, n = st.rows, ms = cuda::hc_mix_stride(hc);
   const int64_t D = t.hidden_size, V = t.vocab_size;
   const float eps = float(t.rms_norm_eps);
+  mix_attn = mix_mode == 3 || (mix_mode == 0 && n == 1);
   mark(kEmbed);
   DSUF_CUDA(cudaMemcpyAsync(stage.dev, stage.host, stage.used, cudaMemcpyHostToDevice, stream));
   cuda::embed(st.tok, n, embed, D, hc, ws.X, ws.pre, stream);
