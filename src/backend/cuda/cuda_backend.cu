@@ -197,8 +197,11 @@ struct CudaBackend::Impl {
   // blocks slowed wq_b's stream), the FFN site's right after its collapse (early). auto (the default
   // since session 31): attn for one row, early for more. Measured (docs/perf.md session 31, gpu ms,
   // same call): batch 1 at 8K attn −0.045 (4 of 4 rounds below early's), 128K −0.041; batch 4
-  // +0.24 (the attention kernels of 4 rows take the SMs the mix would use).
-  int mix_mode = 0;  // auto | early | late | attn
+  // +0.24 (the attention kernels of 4 rows take the SMs the mix would use). attn_route / attn_experts
+  // (waiting: built, not yet run on a GPU): attn, and the FFN site's mix after the route / after the
+  // routed experts' w1/w3 launch instead of right after the FFN collapse (beside the router and the
+  // experts' start, whose whole-SM blocks it may delay).
+  int mix_mode = 0;  // auto | early | late | attn | attn_route | attn_experts
   bool mix_attn = false;  // this step: the attention sites' mixes after wq_b (enqueue_step)
   std::function<void()> mix_deferred;  // the site's mix, when late and not launched yet
   std::vector<DevMem> owned;
@@ -561,7 +564,7 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   comp_fork_early = !env_picks("DSUF_COMP_FORK", "early", "late");
   idx_q_main = !env_picks("DSUF_IDX_Q", "main", "side");
   idx_rope_fused = !env_picks("DSUF_IDX_ROPE", "fused", "split");
-  mix_mode = env_choice("DSUF_MIX_FORK", {"auto", "early", "late", "attn"});
+  mix_mode = env_choice("DSUF_MIX_FORK", {"auto", "early", "late", "attn", "attn_route", "attn_experts"});
   if (const char* f = std::getenv("DSUF_HC_FORK"); !f || std::string(f) != "0") {
     DSUF_CUDA(cudaStreamCreate(&mix_side));
     DSUF_CUDA(cudaEventCreateWithFlags(&mix_ev_fork, cudaEventDisableTiming));
@@ -1295,7 +1298,7 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
   cuda::bf16_linear(d.gate, E, D, ws.xn, D, n, ws.router, E, false, stream);
   cuda::route(ws.router, n, E, K, d.bias, d.bias_vl, image, float(t.gate_temp), float(t.routed_scaling_factor),
               ws.ids, ws.rw, stream);
-  run_deferred_mix();  // DSUF_MIX_FORK=late
+  if (mix_mode == 2 || mix_mode == 4) run_deferred_mix();  // DSUF_MIX_FORK=late|attn_route
   if (!shared_early) shared_expert();
   const int64_t rows = int64_t(n) * K;
   const cuda::RowGroups* grouped = nullptr;
@@ -1325,6 +1328,7 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
     };
     cuda::fp4_linear_grouped(d.experts.w1, d.experts.s1, ws.ids, Fr, D, xin, K, rows, ws.hc1, r, stream,
                              {.W = d.experts.w3, .Ws = d.experts.s3, .y = ws.hc3}, grouped);
+    run_deferred_mix();  // DSUF_MIX_FORK=attn_experts
     place(ws.h1, F, f0, ws.hc1, Fr), place(ws.h3, F, f0, ws.hc3, Fr);
     cuda::gather_cols(comm, ffn_split, ws.h1, rows, F, tp_send, tp_recv, stream);
     cuda::gather_cols(comm, ffn_split, ws.h3, rows, F, tp_send, tp_recv, stream);
@@ -1338,6 +1342,7 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
   } else {
     cuda::fp4_swiglu_grouped(d.experts.w1, d.experts.s1, d.experts.w3, d.experts.s3, ws.ids, F, D, xin, K, rows,
                              ws.h1, ws.h3, r, stream, grouped, experts_tiled, ws.rw, limit, true, hsink);
+    run_deferred_mix();  // DSUF_MIX_FORK=attn_experts: the FFN site's mix beside w2 and the shared expert
     cuda::fp4_linear_grouped(d.experts.w2, d.experts.s2, ws.ids, D, F, hin, 1, rows, ws.ye, r, stream, {},
                              grouped, experts_tiled);
     // Tensor parallel: the rows of ye whose expert another rank owns were computed with a stand-in
@@ -1369,7 +1374,8 @@ void CudaBackend::Impl::hc_mix_fork(const float* fn, const float* base, const fl
 }
 void CudaBackend::Impl::fork_mix(std::function<void()> launch, bool attention_site) {
   DSUF_CHECK(!mix_deferred, "fork_mix: the previous site's mix was not launched");
-  if (mix_mode == 2 || (mix_attn && attention_site)) mix_deferred = std::move(launch);
+  const bool ffn_later = mix_mode == 4 || mix_mode == 5;
+  if (mix_mode == 2 || (attention_site ? mix_attn : ffn_later)) mix_deferred = std::move(launch);
   else launch();
 }
 void CudaBackend::Impl::run_deferred_mix() {
@@ -1394,7 +1400,7 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
   const int hc = t.hc_mult, n = st.rows, ms = cuda::hc_mix_stride(hc);
   const int64_t D = t.hidden_size, V = t.vocab_size;
   const float eps = float(t.rms_norm_eps);
-  mix_attn = mix_mode == 3 || (mix_mode == 0 && n == 1);
+  mix_attn = mix_mode >= 3 || (mix_mode == 0 && n == 1);
   mark(kEmbed);
   DSUF_CUDA(cudaMemcpyAsync(stage.dev, stage.host, stage.used, cudaMemcpyHostToDevice, stream));
   cuda::embed(st.tok, n, embed, D, hc, ws.X, ws.pre, stream);
