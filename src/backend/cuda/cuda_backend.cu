@@ -201,7 +201,8 @@ struct CudaBackend::Impl {
   // (waiting: built, not yet run on a GPU): attn, and the FFN site's mix after the route / after the
   // routed experts' w1/w3 launch instead of right after the FFN collapse (beside the router and the
   // experts' start, whose whole-SM blocks it may delay).
-  int mix_mode = 0;  // auto | early | late | attn | attn_route | attn_experts
+  enum MixFork { kMixAuto, kMixEarly, kMixLate, kMixAttn, kMixAttnRoute, kMixAttnExperts };
+  int mix_mode = kMixAuto;  // DSUF_MIX_FORK, in MixFork's order
   bool mix_attn = false;  // this step: the attention sites' mixes after wq_b (enqueue_step)
   std::function<void()> mix_deferred;  // the site's mix, when late and not launched yet
   std::vector<DevMem> owned;
@@ -383,7 +384,7 @@ struct CudaBackend::Impl {
   void hc_mix_fork(const float* fn, const float* base, const float* scale, int n, float* out,
                    const std::function<void(cudaStream_t)>& also = {});
   void hc_mix_join();
-  // Launches the site's mix now (early), or keeps it for run_deferred_mix (late).
+  // Launches the site's mix now, or keeps it for run_deferred_mix where DSUF_MIX_FORK defers it.
   void fork_mix(std::function<void()> launch, bool attention_site);
   void run_deferred_mix();
 };
@@ -1186,7 +1187,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   // wq_a and wkv in one launch (same input), then q_norm and kv_norm in one (kv normalized in place).
   cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, xin, n, ws.tmp, qr, r, stream,
                    {.W = d.wkv.w, .Ws = d.wkv.s, .out = hd, .y = ws.kvw, .y_stride = hd});
-  if (mix_mode == 2) run_deferred_mix();  // DSUF_MIX_FORK=late: the site's mix beside what follows
+  if (mix_mode == kMixLate) run_deferred_mix();  // DSUF_MIX_FORK=late: the site's mix beside what follows
   const cuda::InputSink qsink{ws.xq[1], ws.xs[1], aq};  // the normalized q latent, laid out for wq_b
   // kv_norm also applies the window KV's rope and FP8 fake quantization (the same arithmetic as rope()
   // then fp8_fake_quant(), one launch fewer); nothing reads ws.kvw before the attention.
@@ -1298,7 +1299,7 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
   cuda::bf16_linear(d.gate, E, D, ws.xn, D, n, ws.router, E, false, stream);
   cuda::route(ws.router, n, E, K, d.bias, d.bias_vl, image, float(t.gate_temp), float(t.routed_scaling_factor),
               ws.ids, ws.rw, stream);
-  if (mix_mode == 2 || mix_mode == 4) run_deferred_mix();  // DSUF_MIX_FORK=late|attn_route
+  if (mix_mode == kMixLate || mix_mode == kMixAttnRoute) run_deferred_mix();  // DSUF_MIX_FORK=late|attn_route
   if (!shared_early) shared_expert();
   const int64_t rows = int64_t(n) * K;
   const cuda::RowGroups* grouped = nullptr;
@@ -1374,8 +1375,8 @@ void CudaBackend::Impl::hc_mix_fork(const float* fn, const float* base, const fl
 }
 void CudaBackend::Impl::fork_mix(std::function<void()> launch, bool attention_site) {
   DSUF_CHECK(!mix_deferred, "fork_mix: the previous site's mix was not launched");
-  const bool ffn_later = mix_mode == 4 || mix_mode == 5;
-  if (mix_mode == 2 || (attention_site ? mix_attn : ffn_later)) mix_deferred = std::move(launch);
+  const bool ffn_later = mix_mode == kMixAttnRoute || mix_mode == kMixAttnExperts;
+  if (mix_mode == kMixLate || (attention_site ? mix_attn : ffn_later)) mix_deferred = std::move(launch);
   else launch();
 }
 void CudaBackend::Impl::run_deferred_mix() {
@@ -1400,7 +1401,7 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
   const int hc = t.hc_mult, n = st.rows, ms = cuda::hc_mix_stride(hc);
   const int64_t D = t.hidden_size, V = t.vocab_size;
   const float eps = float(t.rms_norm_eps);
-  mix_attn = mix_mode >= 3 || (mix_mode == 0 && n == 1);
+  mix_attn = mix_mode >= kMixAttn || (mix_mode == kMixAuto && n == 1);
   mark(kEmbed);
   DSUF_CUDA(cudaMemcpyAsync(stage.dev, stage.host, stage.used, cudaMemcpyHostToDevice, stream));
   cuda::embed(st.tok, n, embed, D, hc, ws.X, ws.pre, stream);
