@@ -202,9 +202,9 @@ struct CudaBackend::Impl {
   // routed experts' w1/w3 launch instead of right after the FFN collapse (beside the router and the
   // experts' start, whose whole-SM blocks it may delay).
   enum MixFork { kMixAuto, kMixEarly, kMixLate, kMixAttn, kMixAttnRoute, kMixAttnExperts };
-  int mix_mode = kMixAuto;  // DSUF_MIX_FORK, in MixFork's order
+  MixFork mix_mode = kMixAuto;  // DSUF_MIX_FORK
   bool mix_attn = false;  // this step: the attention sites' mixes after wq_b (enqueue_step)
-  std::function<void()> mix_deferred;  // the site's mix, when late and not launched yet
+  std::function<void()> mix_deferred;  // the site's mix, when DSUF_MIX_FORK defers it and not launched yet
   std::vector<DevMem> owned;
   std::vector<void*> pinned;
   size_t weight_bytes = 0;
@@ -565,7 +565,7 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   comp_fork_early = !env_picks("DSUF_COMP_FORK", "early", "late");
   idx_q_main = !env_picks("DSUF_IDX_Q", "main", "side");
   idx_rope_fused = !env_picks("DSUF_IDX_ROPE", "fused", "split");
-  mix_mode = env_choice("DSUF_MIX_FORK", {"auto", "early", "late", "attn", "attn_route", "attn_experts"});
+  mix_mode = MixFork(env_choice("DSUF_MIX_FORK", {"auto", "early", "late", "attn", "attn_route", "attn_experts"}));
   if (const char* f = std::getenv("DSUF_HC_FORK"); !f || std::string(f) != "0") {
     DSUF_CUDA(cudaStreamCreate(&mix_side));
     DSUF_CUDA(cudaEventCreateWithFlags(&mix_ev_fork, cudaEventDisableTiming));
@@ -1401,7 +1401,8 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
   const int hc = t.hc_mult, n = st.rows, ms = cuda::hc_mix_stride(hc);
   const int64_t D = t.hidden_size, V = t.vocab_size;
   const float eps = float(t.rms_norm_eps);
-  mix_attn = mix_mode >= kMixAttn || (mix_mode == kMixAuto && n == 1);
+  mix_attn = mix_mode == kMixAttn || mix_mode == kMixAttnRoute || mix_mode == kMixAttnExperts ||
+             (mix_mode == kMixAuto && n == 1);
   mark(kEmbed);
   DSUF_CUDA(cudaMemcpyAsync(stage.dev, stage.host, stage.used, cudaMemcpyHostToDevice, stream));
   cuda::embed(st.tok, n, embed, D, hc, ws.X, ws.pre, stream);
