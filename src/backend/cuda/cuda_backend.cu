@@ -197,14 +197,38 @@ struct CudaBackend::Impl {
   // blocks slowed wq_b's stream), the FFN site's right after its collapse (early). auto (the default
   // since session 31): attn for one row, early for more. Measured (docs/perf.md session 31, gpu ms,
   // same call): batch 1 at 8K attn −0.045 (4 of 4 rounds below early's), 128K −0.041; batch 4
-  // +0.24 (the attention kernels of 4 rows take the SMs the mix would use). attn_route / attn_experts
-  // (waiting: built, not yet run on a GPU): attn, and the FFN site's mix after the route / after the
-  // routed experts' w1/w3 launch instead of right after the FFN collapse (beside the router and the
-  // experts' start, whose whole-SM blocks it may delay).
-  enum MixFork { kMixAuto, kMixEarly, kMixLate, kMixAttn, kMixAttnRoute, kMixAttnExperts };
+  // +0.24 (the attention kernels of 4 rows take the SMs the mix would use). The FFN site's mix after
+  // the route or after the routed experts' w1/w3 launch (with attn) measured +0.044 and +0.27 (session
+  // 32): removed.
+  enum MixFork { kMixAuto, kMixEarly, kMixLate, kMixAttn };
   MixFork mix_mode = kMixAuto;  // DSUF_MIX_FORK
   bool mix_attn = false;  // this step: the attention sites' mixes after wq_b (enqueue_step)
   std::function<void()> mix_deferred;  // the site's mix, when DSUF_MIX_FORK defers it and not launched yet
+  // Engram ahead of its layer (DSUF_ENGRAM=start|inline|prev): an Engram layer's table rows, their
+  // quantized layout and wkv depend on the token ids alone, not on the residual streams; only the
+  // gate reads the streams. start (the default since session 32): every Engram layer's part is
+  // launched on `e_side` right after the step's upload, beside layer 0; prev: at the previous
+  // layer's attention site after wq_b (beside the latency-bound attention pair, as DSUF_MIX_FORK=attn
+  // places the mix); inline: on the layer's own path (before session 32). The gate waits for its
+  // layer's event. Steps of at most e_rows rows; own buffers per Engram layer. Measured (docs/perf.md
+  // session 32, gpu ms against inline in the same call, 4 rounds): batch 1 at 8K start −0.029 and
+  // −0.022 (two calls), prev −0.018 and −0.009; batch 4 start −0.073 and −0.055, prev −0.092 and −0.064.
+  // DSUF_ENGRAM_SM=n: the ahead wkv's tile kernel at most n blocks an SM (0: as many as fit).
+  // DSUF_ENGRAM_CHUNKS=n (prev): layer L's wkv in p = min(n, L + 1) slices of its output rows, one
+  // beside each attention pair of layers L − p … L − 1, where "layer −1" is the step's start (the rows'
+  // gather and layout go with the first slice). Neither beat start beyond the noise (±0.01).
+  enum EngramMode { kEngramStart, kEngramInline, kEngramPrev };  // DSUF_ENGRAM's order
+  EngramMode engram_mode = kEngramStart;
+  int engram_sm = 0, engram_chunks = 1;
+  cudaStream_t e_side = nullptr;
+  cudaEvent_t e_ev_fork = nullptr;
+  struct EngramAhead {
+    float *emb = nullptr, *xq = nullptr, *xs = nullptr, *ekv = nullptr;
+    cudaEvent_t done = nullptr;
+  };
+  std::vector<EngramAhead> e_ahead;  // one per Engram layer (its hasher slot)
+  int e_rows = 0;                    // the most rows a step may have for the ahead path
+  bool e_ahead_step = false;         // this step takes the ahead path (enqueue_step)
   std::vector<DevMem> owned;
   std::vector<void*> pinned;
   size_t weight_bytes = 0;
@@ -387,6 +411,15 @@ struct CudaBackend::Impl {
   // Launches the site's mix now, or keeps it for run_deferred_mix where DSUF_MIX_FORK defers it.
   void fork_mix(std::function<void()> launch, bool attention_site);
   void run_deferred_mix();
+  // Engram layer l's projection of its table rows into ekv, on s: slice `part` of `parts` of wkv's
+  // output rows (multiples of 32), the gather and the quantized layout first with slice 0.
+  void engram_project(int l, const Step& st, float* emb, float* xq, float* xs, float* ekv, cudaStream_t s,
+                      int tile_sm, int part = 0, int parts = 1);
+  // The ahead path: slice `part` of layer l's projection on e_side into its own buffers, after what
+  // `stream` has so far; the layer's event after the last slice.
+  void engram_ahead(int l, const Step& st, int part = 0, int parts = 1);
+  // DSUF_ENGRAM=prev: the slices due beside layer `site`'s attention pair (−1: the step's start).
+  void engram_ahead_at(int site, const Step& st);
 };
 
 bool cuda_available() {
@@ -417,6 +450,17 @@ uint8_t synthetic_scale(int64_t fan_in, bool fp4) {
 // each 5.625 MiB FP4 expert matrix took 6 MiB (≈ 7.7 GiB a rank the plan did not count). The plan
 // counts the arena to the byte.
 constexpr size_t kWeightAlign = 256;
+// The Engram ahead path (DSUF_ENGRAM=start|prev) serves steps of at most this many rows (decode
+// batches); its buffers, per Engram layer and row: the gathered rows, their layout, wkv's output.
+constexpr int64_t kEngramAheadRows = 64;
+bool engram_ahead_wanted() { return env_choice("DSUF_ENGRAM", {"start", "inline", "prev"}) != 1; }
+int64_t engram_ahead_floats(const TextConfig& t, int64_t max_rows) {
+  if (t.engram_layer_ids.empty() || !engram_ahead_wanted()) return 0;
+  const int64_t rows = std::min(max_rows, kEngramAheadRows);
+  const int64_t in = int64_t(t.engram_max_ngram_size - 1) * t.engram_n_heads * t.engram_head_dim;
+  const int64_t laid = cuda::interleaved_k(in);  // the quantized layout's row (linear_input)
+  return int64_t(t.engram_layer_ids.size()) * rows * (in + laid + laid / 32 + (t.hc_mult + 1) * t.hidden_size);
+}
 size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 // Every backbone tensor of the inventory in order, with its synthetic salt (seed + its position
@@ -565,7 +609,7 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   comp_fork_early = !env_picks("DSUF_COMP_FORK", "early", "late");
   idx_q_main = !env_picks("DSUF_IDX_Q", "main", "side");
   idx_rope_fused = !env_picks("DSUF_IDX_ROPE", "fused", "split");
-  mix_mode = MixFork(env_choice("DSUF_MIX_FORK", {"auto", "early", "late", "attn", "attn_route", "attn_experts"}));
+  mix_mode = MixFork(env_choice("DSUF_MIX_FORK", {"auto", "early", "late", "attn"}));
   if (const char* f = std::getenv("DSUF_HC_FORK"); !f || std::string(f) != "0") {
     DSUF_CUDA(cudaStreamCreate(&mix_side));
     DSUF_CUDA(cudaEventCreateWithFlags(&mix_ev_fork, cudaEventDisableTiming));
@@ -574,6 +618,19 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   const TextConfig& t = cfg.text;
   DSUF_CHECK(int64_t(cids.size()) >= t.vocab_size, "compressed-id table too short");
   if (!t.engram_layer_ids.empty()) hasher = std::make_unique<EngramHasher>(t, cids.at(t.engram_pad_token_id));
+  engram_mode = EngramMode(env_choice("DSUF_ENGRAM", {"start", "inline", "prev"}));  // as engram_ahead_wanted()
+  if (const char* v = std::getenv("DSUF_ENGRAM_SM")) {
+    engram_sm = std::atoi(v);
+    DSUF_CHECK(engram_sm >= 0 && engram_sm <= 32, "DSUF_ENGRAM_SM=", v, ": expected 0..32");
+  }
+  if (const char* v = std::getenv("DSUF_ENGRAM_CHUNKS")) {
+    engram_chunks = std::atoi(v);
+    DSUF_CHECK(engram_chunks >= 1 && engram_chunks <= 16, "DSUF_ENGRAM_CHUNKS=", v, ": expected 1..16");
+  }
+  if (hasher && engram_mode != kEngramInline) {
+    DSUF_CUDA(cudaStreamCreateWithFlags(&e_side, cudaStreamNonBlocking));
+    DSUF_CUDA(cudaEventCreateWithFlags(&e_ev_fork, cudaEventDisableTiming));
+  }
   place_tensors(synthetic_seed);
   auto u16 = [&](const std::string& n) -> const uint16_t* {
     auto it = dev.find(n);
@@ -781,7 +838,8 @@ CudaMemoryPlan plan_cuda_memory(const ModelConfig& cfg, const CudaOptions& opt, 
   const WorkspaceSizes w =
       workspace_sizes(t, std::max(opt.max_chunk, opt.max_batch), opt.max_context, R, std::max(opt.max_batch, 1));
   const TpScratch tps = tp_scratch(t, part, std::max(opt.max_chunk, opt.max_batch));
-  p.workspace = w.bytes() + size_t(w.X + w.pre) * 4 + size_t(tps.send + tps.recv + tps.compact) * 4;  // + the head's gathered rows
+  p.workspace = w.bytes() + size_t(w.X + w.pre) * 4 + size_t(tps.send + tps.recv + tps.compact) * 4 +  // + the head's gathered rows
+                size_t(engram_ahead_floats(t, std::max(opt.max_chunk, opt.max_batch))) * 4;
   return p;
 }
 
@@ -829,6 +887,16 @@ void CudaBackend::Impl::alloc_workspace() {
     ws.xq[i] = alloc<float>(floats), ws.xs[i] = alloc<float>(floats / 32);
   }
   for (int i = 0; i < 2; ++i) ws.xp[i] = alloc<uint8_t>(w.aqp);
+  if (e_side) {  // the Engram ahead path's buffers (DSUF_ENGRAM), for decode steps of up to e_rows rows
+    e_rows = int(std::min<int64_t>(max_rows, kEngramAheadRows));
+    const int64_t in = int64_t(hasher->rows_per_token()) * t.engram_head_dim, laid = cuda::interleaved_k(in);
+    e_ahead.resize(size_t(hasher->num_slots()));
+    for (EngramAhead& e : e_ahead) {
+      e.emb = alloc<float>(e_rows * in), e.xq = alloc<float>(e_rows * laid), e.xs = alloc<float>(e_rows * laid / 32);
+      e.ekv = alloc<float>(e_rows * (t.hc_mult + 1) * t.hidden_size);
+      DSUF_CUDA(cudaEventCreateWithFlags(&e.done, cudaEventDisableTiming));
+    }
+  }
   logits_rows = max_rows;
   ws.logits = alloc<float>(w.logits);
   DSUF_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&logits_host), size_t(w.logits) * 4, cudaHostAllocDefault));
@@ -1244,6 +1312,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   // attention's path (DSUF_GATHER=late: the other way; −0.05 to −0.1 ms a step, docs/perf.md v19).
   if (gather_early) cuda::gather_keys(aa, branch());
   run_deferred_mix();  // DSUF_MIX_FORK=attn (auto at one row): the site's mix after wq_b, beside the attention pair
+  if (e_ahead_step && engram_mode == kEngramPrev) engram_ahead_at(l, st);  // beside this attention pair
   join();
   mark(kAttention);
   const cuda::LinearInput oin = cuda::attention(aa, stream, gather_early);
@@ -1299,7 +1368,7 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
   cuda::bf16_linear(d.gate, E, D, ws.xn, D, n, ws.router, E, false, stream);
   cuda::route(ws.router, n, E, K, d.bias, d.bias_vl, image, float(t.gate_temp), float(t.routed_scaling_factor),
               ws.ids, ws.rw, stream);
-  if (mix_mode == kMixLate || mix_mode == kMixAttnRoute) run_deferred_mix();  // DSUF_MIX_FORK=late|attn_route
+  if (mix_mode == kMixLate) run_deferred_mix();  // DSUF_MIX_FORK=late
   if (!shared_early) shared_expert();
   const int64_t rows = int64_t(n) * K;
   const cuda::RowGroups* grouped = nullptr;
@@ -1329,7 +1398,6 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
     };
     cuda::fp4_linear_grouped(d.experts.w1, d.experts.s1, ws.ids, Fr, D, xin, K, rows, ws.hc1, r, stream,
                              {.W = d.experts.w3, .Ws = d.experts.s3, .y = ws.hc3}, grouped);
-    run_deferred_mix();  // DSUF_MIX_FORK=attn_experts
     place(ws.h1, F, f0, ws.hc1, Fr), place(ws.h3, F, f0, ws.hc3, Fr);
     cuda::gather_cols(comm, ffn_split, ws.h1, rows, F, tp_send, tp_recv, stream);
     cuda::gather_cols(comm, ffn_split, ws.h3, rows, F, tp_send, tp_recv, stream);
@@ -1343,7 +1411,6 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
   } else {
     cuda::fp4_swiglu_grouped(d.experts.w1, d.experts.s1, d.experts.w3, d.experts.s3, ws.ids, F, D, xin, K, rows,
                              ws.h1, ws.h3, r, stream, grouped, experts_tiled, ws.rw, limit, true, hsink);
-    run_deferred_mix();  // DSUF_MIX_FORK=attn_experts: the FFN site's mix beside w2 and the shared expert
     cuda::fp4_linear_grouped(d.experts.w2, d.experts.s2, ws.ids, D, F, hin, 1, rows, ws.ye, r, stream, {},
                              grouped, experts_tiled);
     // Tensor parallel: the rows of ye whose expert another rank owns were computed with a stand-in
@@ -1375,8 +1442,7 @@ void CudaBackend::Impl::hc_mix_fork(const float* fn, const float* base, const fl
 }
 void CudaBackend::Impl::fork_mix(std::function<void()> launch, bool attention_site) {
   DSUF_CHECK(!mix_deferred, "fork_mix: the previous site's mix was not launched");
-  const bool ffn_later = mix_mode == kMixAttnRoute || mix_mode == kMixAttnExperts;
-  if (mix_mode == kMixLate || (attention_site ? mix_attn : ffn_later)) mix_deferred = std::move(launch);
+  if (mix_mode == kMixLate || (attention_site && mix_attn)) mix_deferred = std::move(launch);
   else launch();
 }
 void CudaBackend::Impl::run_deferred_mix() {
@@ -1384,6 +1450,36 @@ void CudaBackend::Impl::run_deferred_mix() {
   std::function<void()> launch = std::move(mix_deferred);
   mix_deferred = nullptr;
   launch();
+}
+void CudaBackend::Impl::engram_project(int l, const Step& st, float* emb, float* xq, float* xs, float* ekv,
+                                       cudaStream_t s, int tile_sm, int part, int parts) {
+  const TextConfig& t = cfg.text;
+  const DevLayer& d = layers[l];
+  const int n = st.rows, Rr = hasher->rows_per_token();
+  const int64_t ehd = t.engram_head_dim, K = d.e_wkv.in, out = d.e_wkv.out;
+  if (part == 0) cuda::engram_gather(st.engram_rows[cfg.layers[l].engram_slot], n, Rr, d.e_table, d.e_scale, ehd, emb, s);
+  // The layout (launched with slice 0; rows = 0 describes it without a launch).
+  const cuda::LinearInput ein =
+      cuda::linear_input(emb, Rr * ehd, part == 0 ? n : 0, K, opt.numerics.act_quant, xq, xs, s);
+  const int64_t blocks = (out + 31) / 32, per = (blocks + parts - 1) / parts;
+  const int64_t r0 = std::min(out, part * per * 32), r1 = std::min(out, (part + 1) * per * 32);
+  if (r1 <= r0) return;
+  // Rows [r0, r1) of W and their 32×32 blocks' scales ([out/32][K/32]).
+  cuda::fp8_linear(d.e_wkv.w + r0 * K, d.e_wkv.s + (r0 / 32) * (K / 32), r1 - r0, K, ein, n, ekv + r0,
+                   (t.hc_mult + 1) * t.hidden_size, opt.numerics.bf16_activations, s, {}, tile_sm);
+}
+void CudaBackend::Impl::engram_ahead(int l, const Step& st, int part, int parts) {
+  const EngramAhead& e = e_ahead[size_t(cfg.layers[l].engram_slot)];
+  DSUF_CUDA(cudaEventRecord(e_ev_fork, stream));
+  DSUF_CUDA(cudaStreamWaitEvent(e_side, e_ev_fork, 0));
+  engram_project(l, st, e.emb, e.xq, e.xs, e.ekv, e_side, engram_sm, part, parts);
+  if (part == parts - 1) DSUF_CUDA(cudaEventRecord(e.done, e_side));
+}
+void CudaBackend::Impl::engram_ahead_at(int site, const Step& st) {
+  for (const LayerPlan& lp : cfg.layers) {
+    const int L = lp.layer, parts = std::min(engram_chunks, L + 1);
+    if (lp.engram_slot >= 0 && L > site && site >= L - parts) engram_ahead(L, st, site - (L - parts), parts);
+  }
 }
 void CudaBackend::Impl::hc_mix_join() {
   run_deferred_mix();
@@ -1401,10 +1497,14 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
   const int hc = t.hc_mult, n = st.rows, ms = cuda::hc_mix_stride(hc);
   const int64_t D = t.hidden_size, V = t.vocab_size;
   const float eps = float(t.rms_norm_eps);
-  mix_attn = mix_mode == kMixAttn || mix_mode == kMixAttnRoute || mix_mode == kMixAttnExperts ||
-             (mix_mode == kMixAuto && n == 1);
+  mix_attn = mix_mode == kMixAttn || (mix_mode == kMixAuto && n == 1);
   mark(kEmbed);
   DSUF_CUDA(cudaMemcpyAsync(stage.dev, stage.host, stage.used, cudaMemcpyHostToDevice, stream));
+  e_ahead_step = e_side && n <= e_rows && !comp_timing;
+  if (e_ahead_step && engram_mode == kEngramStart)
+    for (const LayerPlan& lp : c.layers)
+      if (lp.engram_slot >= 0) engram_ahead(lp.layer, st);
+  if (e_ahead_step && engram_mode == kEngramPrev) engram_ahead_at(-1, st);
   cuda::embed(st.tok, n, embed, D, hc, ws.X, ws.pre, stream);
   const float* pre = ws.pre;  // the next attention site's collapse weights: the embedding's one-hot
   int pre_stride = hc;
@@ -1412,14 +1512,16 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
     const int l = lp.layer;
     const DevLayer& d = layers[l];
     if (lp.engram_slot >= 0) {
-      const int Rr = hasher->rows_per_token();
-      const int64_t ehd = t.engram_head_dim;
       mark(kEngram);
-      cuda::engram_gather(st.engram_rows[lp.engram_slot], n, Rr, d.e_table, d.e_scale, ehd, ws.emb, stream);
-      const cuda::LinearInput ein = cuda::linear_input(ws.emb, Rr * ehd, n, d.e_wkv.in, opt.numerics.act_quant,
-                                                       ws.xq[0], ws.xs[0], stream);
-      cuda::fp8_linear(d.e_wkv.w, d.e_wkv.s, d.e_wkv.out, d.e_wkv.in, ein, n, ws.ekv, (hc + 1) * D, r, stream);
-      cuda::engram_gate(ws.X, ws.ekv, d.e_q, d.e_k, st.dead, n, hc, D, eps, r, stream);
+      float* ekv = ws.ekv;
+      if (e_ahead_step) {
+        const EngramAhead& e = e_ahead[size_t(lp.engram_slot)];
+        DSUF_CUDA(cudaStreamWaitEvent(stream, e.done, 0));
+        ekv = e.ekv;
+      } else {
+        engram_project(l, st, ws.emb, ws.xq[0], ws.xs[0], ws.ekv, stream, 0);
+      }
+      cuda::engram_gate(ws.X, ekv, d.e_q, d.e_k, st.dead, n, hc, D, eps, r, stream);
     }
     // Attention site: the collapse (with the previous site's pre) first, then the site's mix on the
     // mix stream: launched the other way round, the mix's blocks held the multiprocessors the
@@ -1702,6 +1804,8 @@ CudaBackend::~CudaBackend() {
     for (void* p : im.pinned) cudaFreeHost(p);
     if (im.mix_ev_fork) cudaEventDestroy(im.mix_ev_fork), cudaEventDestroy(im.ev_mix);
     if (im.mix_side) cudaStreamDestroy(im.mix_side);
+    for (auto& e : im.e_ahead) cudaEventDestroy(e.done);
+    if (im.e_side) cudaStreamDestroy(im.e_side), cudaEventDestroy(im.e_ev_fork);
     if (im.stream) cudaStreamDestroy(im.stream);
     if (im.side)
       cudaStreamDestroy(im.side), cudaEventDestroy(im.ev_fork), cudaEventDestroy(im.ev_join),

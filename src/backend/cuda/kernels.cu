@@ -4161,6 +4161,12 @@ __global__ void k_engram_gather(const int64_t* row_ids, int rows, const uint8_t*
   }
 }
 
+// A block per (token, stream): the stream's gate from the RMS-normalized stream and key (their dot
+// product through q and k), then stream += gate · value. kBatch: rows of the block's loops a thread
+// loads before it adds any (1: one at a time, each load's round trip in turn — ~17 µs a launch at one
+// token, 20 rounds of D = 5,120; 10: two rounds). Every thread adds its elements in the same order
+// either way (block_sum<256>'s partials): the same bits.
+template <int kBatch>
 __global__ void k_engram_gate(float* X, const float* kv, const uint16_t* qw, const uint16_t* kw, const uint8_t* dead,
                               int hc, int64_t D, float eps, bool r) {
   pdl_entry();
@@ -4169,11 +4175,23 @@ __global__ void k_engram_gate(float* X, const float* kv, const uint16_t* qw, con
   float* x = X + (int64_t(i) * hc + k) * D;
   const float* key = kv + int64_t(i) * (hc + 1) * D + k * D;
   const float* v = kv + int64_t(i) * (hc + 1) * D + hc * D;
+  const int64_t step = blockDim.x;
   float sx = 0.0f, sk = 0.0f, dot = 0.0f;
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
-    sx += x[d] * x[d];
-    sk += key[d] * key[d];
-    dot += x[d] * bf16_load(qw, k * D + d) * bf16_load(kw, k * D + d) * key[d];
+  for (int64_t d0 = threadIdx.x; d0 < D; d0 += step * kBatch) {
+    float xv[kBatch], kv_[kBatch], qv[kBatch], wv[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t d = d0 + u * step;
+      if (d >= D) break;
+      xv[u] = x[d], kv_[u] = key[d], qv[u] = bf16_load(qw, k * D + d), wv[u] = bf16_load(kw, k * D + d);
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      if (d0 + u * step >= D) break;
+      sx += xv[u] * xv[u];
+      sk += kv_[u] * kv_[u];
+      dot += xv[u] * qv[u] * wv[u] * kv_[u];
+    }
   }
   sx = block_sum(sx);
   sk = block_sum(sk);
@@ -4181,7 +4199,21 @@ __global__ void k_engram_gate(float* X, const float* kv, const uint16_t* qw, con
   const float rx = 1.0f / sqrtf(sx / float(D) + eps), rk = 1.0f / sqrtf(sk / float(D) + eps);
   dot = dot * rx * rk * (1.0f / sqrtf(float(D)));
   const float g = det::sigmoid((dot >= 0 ? 1.0f : -1.0f) * sqrtf(fmaxf(fabsf(dot), 1e-6f)));
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) x[d] = rb(x[d] + g * v[d], r);
+  for (int64_t d0 = threadIdx.x; d0 < D; d0 += step * kBatch) {
+    float xv[kBatch], vv[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t d = d0 + u * step;
+      if (d >= D) break;
+      xv[u] = x[d], vv[u] = v[d];
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t d = d0 + u * step;
+      if (d >= D) break;
+      x[d] = rb(xv[u] + g * vv[u], r);
+    }
+  }
 }
 
 __global__ void k_gather_rows(const float* X, const float* pre, const int32_t* rows, int hc, int64_t D, float* Xo,
@@ -5423,7 +5455,10 @@ void engram_gather(const int64_t* row_ids, int n, int rows, const uint8_t* table
 }
 void engram_gate(float* X, const float* kv, const uint16_t* qw, const uint16_t* kw, const uint8_t* dead, int n, int hc,
                  int64_t D, float eps, bool r, cudaStream_t s) {
-  launch_step(k_engram_gate, dim3(n, hc), dim3(256), 0, s, X, kv, qw, kw, dead, hc, D, eps, r);
+  // DSUF_ENGRAM_GATE=batched|loop: kBatch 10 (the default) or 1 (the form before session 32).
+  static const bool loop = env_picks("DSUF_ENGRAM_GATE", "batched", "loop");
+  launch_step(loop ? k_engram_gate<1> : k_engram_gate<10>, dim3(n, hc), dim3(256), 0, s, X, kv, qw, kw, dead, hc, D,
+              eps, r);
 }
 void add_rows(float* y, const float* x, int64_t n, cudaStream_t s) {
   launch_step(k_add_rows, dim3(blocks_for(n, 256)), dim3(256), 0, s, y, x, n);
