@@ -4168,10 +4168,13 @@ __global__ void k_engram_gather(const int64_t* row_ids, int rows, const uint8_t*
 // either way (block_sum<256>'s partials): the same bits.
 template <int kBatch>
 __global__ void k_engram_gate(float* X, const float* kv, const uint16_t* qw, const uint16_t* kw, const uint8_t* dead,
-                              int hc, int64_t D, float eps, bool r) {
-  pdl_entry();
+                              int hc, int64_t D, float eps, bool r, bool late) {
+  pdl_entry(late);
   const int i = blockIdx.x, k = blockIdx.y;
-  if (dead[i]) return;
+  if (dead[i]) {
+    pdl_exit(late);
+    return;
+  }
   float* x = X + (int64_t(i) * hc + k) * D;
   const float* key = kv + int64_t(i) * (hc + 1) * D + k * D;
   const float* v = kv + int64_t(i) * (hc + 1) * D + hc * D;
@@ -4214,6 +4217,7 @@ __global__ void k_engram_gate(float* X, const float* kv, const uint16_t* qw, con
       x[d] = rb(xv[u] + g * vv[u], r);
     }
   }
+  pdl_exit(late);
 }
 
 __global__ void k_gather_rows(const float* X, const float* pre, const int32_t* rows, int hc, int64_t D, float* Xo,
@@ -4462,12 +4466,14 @@ bool weights_early() {
   static const bool early = !env_picks("DSUF_W_EARLY", "1", "0");
   return early;
 }
-// DSUF_LATE_TRIGGER=name,… (rmsnorm, collapse, route, linear_input, swiglu; none: none, the v25
+// DSUF_LATE_TRIGGER=name,… (rmsnorm, collapse, route, linear_input, swiglu, engram_gate; none: none, the v25
 // behaviour; unset: linear_input, the v26 default): those kernels trigger their dependents at their end
 // (pdl_exit) instead of at entry, so that the linear after them does not load its first weights beside
 // them. v26 measured linear_input −0.05 ms (wo_b after it), rmsnorm +0.02, route +0.02, swiglu +0.01,
 // collapse +0.24 (wq_a+wkv and the router lose their head start) — docs/perf.md v26.
-enum LateTrigger : unsigned { kLateRmsnorm = 1, kLateCollapse = 2, kLateRoute = 4, kLateLinearInput = 8, kLateSwiglu = 16 };
+enum LateTrigger : unsigned {
+  kLateRmsnorm = 1, kLateCollapse = 2, kLateRoute = 4, kLateLinearInput = 8, kLateSwiglu = 16, kLateEngramGate = 32
+};
 bool late_trigger(unsigned which) {
   static const unsigned mask = [] {
     const char* v = std::getenv("DSUF_LATE_TRIGGER");
@@ -4476,7 +4482,7 @@ bool late_trigger(unsigned which) {
     if (std::string(v) == "none" || !*v) return m;
     const std::pair<const char*, unsigned> names[] = {{"rmsnorm", kLateRmsnorm}, {"collapse", kLateCollapse},
                                                       {"route", kLateRoute}, {"linear_input", kLateLinearInput},
-                                                      {"swiglu", kLateSwiglu}};
+                                                      {"swiglu", kLateSwiglu}, {"engram_gate", kLateEngramGate}};
     std::string rest = v;
     while (!rest.empty()) {
       const size_t comma = rest.find(',');
@@ -4486,7 +4492,7 @@ bool late_trigger(unsigned which) {
       for (const auto& [n, bit] : names)
         if (name == n) m |= bit, known = true;
       DSUF_CHECK(known, "DSUF_LATE_TRIGGER: unknown kernel '", name,
-                 "' (rmsnorm, collapse, route, linear_input, swiglu, none)");
+                 "' (rmsnorm, collapse, route, linear_input, swiglu, engram_gate, none)");
     }
     return m;
   }();
@@ -5458,7 +5464,7 @@ void engram_gate(float* X, const float* kv, const uint16_t* qw, const uint16_t* 
   // DSUF_ENGRAM_GATE=batched|loop: kBatch 10 (the default) or 1 (the form before session 32).
   static const bool loop = env_picks("DSUF_ENGRAM_GATE", "batched", "loop");
   launch_step(loop ? k_engram_gate<1> : k_engram_gate<10>, dim3(n, hc), dim3(256), 0, s, X, kv, qw, kw, dead, hc, D,
-              eps, r);
+              eps, r, late_trigger(kLateEngramGate));
 }
 void add_rows(float* y, const float* x, int64_t n, cudaStream_t s) {
   launch_step(k_add_rows, dim3(blocks_for(n, 256)), dim3(256), 0, s, y, x, n);
