@@ -4220,6 +4220,70 @@ __global__ void k_engram_gate(float* X, const float* kv, const uint16_t* qw, con
   pdl_exit(late);
 }
 
+// The same gate over a cluster of kNormCluster blocks a (token, stream), as k_collapse_norm spreads
+// its norm: block c takes the positions of block_sum<256>'s warp c (32c + l + 256j), so each of the
+// three sums keeps the canonical order — block c's warp 0 adds its 32 partials position by position
+// (lane l: f(32c + l), f(32c + l + 256), …), tree-reduces them, and every block reads the 8 warp sums
+// from the cluster's shared memory. The products are rounded as k_engram_gate's (no FMA contraction:
+// --fmad=false), so the bits are the same. Dynamic shared memory: 3 · 32 · ⌈D / 256⌉ floats.
+__global__ void __launch_bounds__(256) k_engram_gate_cluster(float* X, const float* kv, const uint16_t* qw,
+                                                             const uint16_t* kw, const uint8_t* dead, int hc,
+                                                             int64_t D, float eps, bool r) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  pdl_entry();
+  const int c = int(cluster.block_rank()), k = blockIdx.y, i = blockIdx.z, lane = threadIdx.x % 32;
+  if (dead[i]) return;  // the whole cluster: dead is per token
+  extern __shared__ float gs[];  // [3][32·J]: x², key², the dot's terms, at 32j + l
+  __shared__ float q[3];
+  const int J = int((D + 255) / 256), E = 32 * J;
+  float* x = X + (int64_t(i) * hc + k) * D;
+  const float* key = kv + int64_t(i) * (hc + 1) * D + k * D;
+  const float* v = kv + int64_t(i) * (hc + 1) * D + hc * D;
+  auto pos = [&](int e) { return int64_t(32 * c + e % 32) + 256 * int64_t(e / 32); };
+  constexpr int kPer = 4;  // positions a thread (E ≤ 1,024: D ≤ 8,192)
+  float xv[kPer], vv[kPer];
+#pragma unroll
+  for (int p = 0; p < kPer; ++p) {
+    const int e = int(threadIdx.x) + 256 * p;
+    const bool ok = e < E && pos(e) < D;
+    const int64_t d = ok ? pos(e) : 0;
+    xv[p] = ok ? x[d] : 0.0f, vv[p] = ok ? v[d] : 0.0f;
+    const float kd = ok ? key[d] : 0.0f, qd = ok ? bf16_load(qw, k * D + d) : 0.0f,
+                wd = ok ? bf16_load(kw, k * D + d) : 0.0f;
+    if (e < E) {
+      gs[e] = xv[p] * xv[p];
+      gs[E + e] = kd * kd;
+      gs[2 * E + e] = xv[p] * qd * wd * kd;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float sx = 0.0f, sk = 0.0f, dot = 0.0f;
+    for (int j = 0; j < J; ++j) {
+      if (pos(32 * j + lane) >= D) continue;
+      sx += gs[32 * j + lane];
+      sk += gs[E + 32 * j + lane];
+      dot += gs[2 * E + 32 * j + lane];
+    }
+    sx = warp_sum(sx), sk = warp_sum(sk), dot = warp_sum(dot);
+    if (lane == 0) q[0] = sx, q[1] = sk, q[2] = dot;
+  }
+  cluster.sync();  // every block's warp sums written and visible
+  float t[3];
+#pragma unroll
+  for (int m = 0; m < 3; ++m) t[m] = warp_sum(lane < kNormCluster ? *cluster.map_shared_rank(&q[m], lane) : 0.0f);
+  const float rx = 1.0f / sqrtf(t[0] / float(D) + eps), rk = 1.0f / sqrtf(t[1] / float(D) + eps);
+  const float dot = t[2] * rx * rk * (1.0f / sqrtf(float(D)));
+  const float g = det::sigmoid((dot >= 0 ? 1.0f : -1.0f) * sqrtf(fmaxf(fabsf(dot), 1e-6f)));
+#pragma unroll
+  for (int p = 0; p < kPer; ++p) {
+    const int e = int(threadIdx.x) + 256 * p;
+    if (e < E && pos(e) < D) x[pos(e)] = rb(xv[p] + g * vv[p], r);
+  }
+  cluster.sync();  // no block leaves while another may still read its q
+}
+
 __global__ void k_gather_rows(const float* X, const float* pre, const int32_t* rows, int hc, int64_t D, float* Xo,
                               float* preo) {
   pdl_entry();
@@ -5461,10 +5525,18 @@ void engram_gather(const int64_t* row_ids, int n, int rows, const uint8_t* table
 }
 void engram_gate(float* X, const float* kv, const uint16_t* qw, const uint16_t* kw, const uint8_t* dead, int n, int hc,
                  int64_t D, float eps, bool r, cudaStream_t s) {
-  // DSUF_ENGRAM_GATE=batched|loop: kBatch 10 (the default) or 1 (the form before session 32).
-  static const bool loop = env_picks("DSUF_ENGRAM_GATE", "batched", "loop");
-  launch_step(loop ? k_engram_gate<1> : k_engram_gate<10>, dim3(n, hc), dim3(256), 0, s, X, kv, qw, kw, dead, hc, D,
-              eps, r, late_trigger(kLateEngramGate));
+  // DSUF_ENGRAM_GATE=batched|loop|cluster: kBatch 10 (the default) or 1 (the form before session 32),
+  // or k_engram_gate_cluster (D ≤ 8,192).
+  static const int mode = env_choice("DSUF_ENGRAM_GATE", {"batched", "loop", "cluster"});
+  if (mode == 2 && D <= 8192) {
+    const size_t smem = size_t(3) * 32 * size_t((D + 255) / 256) * sizeof(float);
+    set_smem(k_engram_gate_cluster, smem);
+    launch_step_in(kNormCluster, k_engram_gate_cluster, dim3(kNormCluster, hc, n), dim3(256), smem, s, X, kv, qw, kw,
+                   dead, hc, D, eps, r);
+    return;
+  }
+  launch_step(mode == 1 ? k_engram_gate<1> : k_engram_gate<10>, dim3(n, hc), dim3(256), 0, s, X, kv, qw, kw, dead, hc,
+              D, eps, r, late_trigger(kLateEngramGate));
 }
 void add_rows(float* y, const float* x, int64_t n, cudaStream_t s) {
   launch_step(k_add_rows, dim3(blocks_for(n, 256)), dim3(256), 0, s, y, x, n);
