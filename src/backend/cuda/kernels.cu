@@ -4161,6 +4161,12 @@ __global__ void k_engram_gather(const int64_t* row_ids, int rows, const uint8_t*
   }
 }
 
+// The gate from the three sums over D: Σx², Σkey², Σ x·q·k·key (the reference's arithmetic).
+__device__ __forceinline__ float engram_gate_value(float sx, float sk, float dot, int64_t D, float eps) {
+  const float rx = 1.0f / sqrtf(sx / float(D) + eps), rk = 1.0f / sqrtf(sk / float(D) + eps);
+  dot = dot * rx * rk * (1.0f / sqrtf(float(D)));
+  return det::sigmoid((dot >= 0 ? 1.0f : -1.0f) * sqrtf(fmaxf(fabsf(dot), 1e-6f)));
+}
 // A block per (token, stream): the stream's gate from the RMS-normalized stream and key (their dot
 // product through q and k), then stream += gate · value. kBatch: rows of the block's loops a thread
 // loads before it adds any (1: one at a time, each load's round trip in turn — ~17 µs a launch at one
@@ -4199,9 +4205,7 @@ __global__ void k_engram_gate(float* X, const float* kv, const uint16_t* qw, con
   sx = block_sum(sx);
   sk = block_sum(sk);
   dot = block_sum(dot);
-  const float rx = 1.0f / sqrtf(sx / float(D) + eps), rk = 1.0f / sqrtf(sk / float(D) + eps);
-  dot = dot * rx * rk * (1.0f / sqrtf(float(D)));
-  const float g = det::sigmoid((dot >= 0 ? 1.0f : -1.0f) * sqrtf(fmaxf(fabsf(dot), 1e-6f)));
+  const float g = engram_gate_value(sx, sk, dot, D, eps);
   for (int64_t d0 = threadIdx.x; d0 < D; d0 += step * kBatch) {
     float xv[kBatch], vv[kBatch];
 #pragma unroll
@@ -4273,9 +4277,7 @@ __global__ void __launch_bounds__(256) k_engram_gate_cluster(float* X, const flo
   float t[3];
 #pragma unroll
   for (int m = 0; m < 3; ++m) t[m] = warp_sum(lane < kNormCluster ? *cluster.map_shared_rank(&q[m], lane) : 0.0f);
-  const float rx = 1.0f / sqrtf(t[0] / float(D) + eps), rk = 1.0f / sqrtf(t[1] / float(D) + eps);
-  const float dot = t[2] * rx * rk * (1.0f / sqrtf(float(D)));
-  const float g = det::sigmoid((dot >= 0 ? 1.0f : -1.0f) * sqrtf(fmaxf(fabsf(dot), 1e-6f)));
+  const float g = engram_gate_value(t[0], t[1], t[2], D, eps);
 #pragma unroll
   for (int p = 0; p < kPer; ++p) {
     const int e = int(threadIdx.x) + 256 * p;
@@ -5525,17 +5527,19 @@ void engram_gather(const int64_t* row_ids, int n, int rows, const uint8_t* table
 }
 void engram_gate(float* X, const float* kv, const uint16_t* qw, const uint16_t* kw, const uint8_t* dead, int n, int hc,
                  int64_t D, float eps, bool r, cudaStream_t s) {
-  // DSUF_ENGRAM_GATE=batched|loop|cluster: kBatch 10 (the default) or 1 (the form before session 32),
-  // or k_engram_gate_cluster (D ≤ 8,192).
-  static const int mode = env_choice("DSUF_ENGRAM_GATE", {"batched", "loop", "cluster"});
-  if (mode == 2 && D <= 8192) {
+  // DSUF_ENGRAM_GATE=cluster|batched|loop: k_engram_gate_cluster (the default since session 32, for
+  // D ≤ 8,192; else batched), k_engram_gate<10> or <1> (the form before session 32). Measured (docs/perf.md
+  // v44, batch 1 at 8K, gpu ms): batched −0.006 and −0.013 against loop; cluster −0.007 against batched
+  // (5 rounds; batch 4 not measured with it).
+  static const int mode = env_choice("DSUF_ENGRAM_GATE", {"cluster", "batched", "loop"});
+  if (mode == 0 && D <= 8192) {
     const size_t smem = size_t(3) * 32 * size_t((D + 255) / 256) * sizeof(float);
     set_smem(k_engram_gate_cluster, smem);
     launch_step_in(kNormCluster, k_engram_gate_cluster, dim3(kNormCluster, hc, n), dim3(256), smem, s, X, kv, qw, kw,
                    dead, hc, D, eps, r);
     return;
   }
-  launch_step(mode == 1 ? k_engram_gate<1> : k_engram_gate<10>, dim3(n, hc), dim3(256), 0, s, X, kv, qw, kw, dead, hc,
+  launch_step(mode == 2 ? k_engram_gate<1> : k_engram_gate<10>, dim3(n, hc), dim3(256), 0, s, X, kv, qw, kw, dead, hc,
               D, eps, r, late_trigger(kLateEngramGate));
 }
 void add_rows(float* y, const float* x, int64_t n, cudaStream_t s) {
