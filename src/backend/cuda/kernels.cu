@@ -4174,13 +4174,10 @@ __device__ __forceinline__ float engram_gate_value(float sx, float sk, float dot
 // either way (block_sum<256>'s partials): the same bits.
 template <int kBatch>
 __global__ void k_engram_gate(float* X, const float* kv, const uint16_t* qw, const uint16_t* kw, const uint8_t* dead,
-                              int hc, int64_t D, float eps, bool r, bool late) {
-  pdl_entry(late);
+                              int hc, int64_t D, float eps, bool r) {
+  pdl_entry();
   const int i = blockIdx.x, k = blockIdx.y;
-  if (dead[i]) {
-    pdl_exit(late);
-    return;
-  }
+  if (dead[i]) return;
   float* x = X + (int64_t(i) * hc + k) * D;
   const float* key = kv + int64_t(i) * (hc + 1) * D + k * D;
   const float* v = kv + int64_t(i) * (hc + 1) * D + hc * D;
@@ -4221,7 +4218,6 @@ __global__ void k_engram_gate(float* X, const float* kv, const uint16_t* qw, con
       x[d] = rb(xv[u] + g * vv[u], r);
     }
   }
-  pdl_exit(late);
 }
 
 // The same gate over a cluster of kNormCluster blocks a (token, stream), as k_collapse_norm spreads
@@ -4532,14 +4528,12 @@ bool weights_early() {
   static const bool early = !env_picks("DSUF_W_EARLY", "1", "0");
   return early;
 }
-// DSUF_LATE_TRIGGER=name,… (rmsnorm, collapse, route, linear_input, swiglu, engram_gate; none: none, the v25
+// DSUF_LATE_TRIGGER=name,… (rmsnorm, collapse, route, linear_input, swiglu; none: none, the v25
 // behaviour; unset: linear_input, the v26 default): those kernels trigger their dependents at their end
 // (pdl_exit) instead of at entry, so that the linear after them does not load its first weights beside
 // them. v26 measured linear_input −0.05 ms (wo_b after it), rmsnorm +0.02, route +0.02, swiglu +0.01,
 // collapse +0.24 (wq_a+wkv and the router lose their head start) — docs/perf.md v26.
-enum LateTrigger : unsigned {
-  kLateRmsnorm = 1, kLateCollapse = 2, kLateRoute = 4, kLateLinearInput = 8, kLateSwiglu = 16, kLateEngramGate = 32
-};
+enum LateTrigger : unsigned { kLateRmsnorm = 1, kLateCollapse = 2, kLateRoute = 4, kLateLinearInput = 8, kLateSwiglu = 16 };
 bool late_trigger(unsigned which) {
   static const unsigned mask = [] {
     const char* v = std::getenv("DSUF_LATE_TRIGGER");
@@ -4548,7 +4542,7 @@ bool late_trigger(unsigned which) {
     if (std::string(v) == "none" || !*v) return m;
     const std::pair<const char*, unsigned> names[] = {{"rmsnorm", kLateRmsnorm}, {"collapse", kLateCollapse},
                                                       {"route", kLateRoute}, {"linear_input", kLateLinearInput},
-                                                      {"swiglu", kLateSwiglu}, {"engram_gate", kLateEngramGate}};
+                                                      {"swiglu", kLateSwiglu}};
     std::string rest = v;
     while (!rest.empty()) {
       const size_t comma = rest.find(',');
@@ -4558,7 +4552,7 @@ bool late_trigger(unsigned which) {
       for (const auto& [n, bit] : names)
         if (name == n) m |= bit, known = true;
       DSUF_CHECK(known, "DSUF_LATE_TRIGGER: unknown kernel '", name,
-                 "' (rmsnorm, collapse, route, linear_input, swiglu, engram_gate, none)");
+                 "' (rmsnorm, collapse, route, linear_input, swiglu, none)");
     }
     return m;
   }();
@@ -5540,7 +5534,7 @@ void engram_gate(float* X, const float* kv, const uint16_t* qw, const uint16_t* 
     return;
   }
   launch_step(mode == 2 ? k_engram_gate<1> : k_engram_gate<10>, dim3(n, hc), dim3(256), 0, s, X, kv, qw, kw, dead, hc,
-              D, eps, r, late_trigger(kLateEngramGate));
+              D, eps, r);
 }
 void add_rows(float* y, const float* x, int64_t n, cudaStream_t s) {
   launch_step(k_add_rows, dim3(blocks_for(n, 256)), dim3(256), 0, s, y, x, n);
