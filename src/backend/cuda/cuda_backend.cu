@@ -899,7 +899,7 @@ void CudaBackend::Impl::alloc_workspace() {
     ws.xq[i] = alloc<float>(floats), ws.xs[i] = alloc<float>(floats / 32);
   }
   for (int i = 0; i < 2; ++i) ws.xp[i] = alloc<uint8_t>(w.aqp);
-  if (e_side) {  // the Engram ahead path's buffers (DSUF_ENGRAM), for decode steps of up to e_rows rows
+  if (e_side) {  // the Engram ahead path's buffers (DSUF_ENGRAM), for steps of up to e_rows rows
     e_rows = int(std::min<int64_t>(max_rows, kEngramAheadRows));
     const int64_t in = int64_t(hasher->rows_per_token()) * t.engram_head_dim, laid = cuda::interleaved_k(in);
     e_ahead.resize(size_t(hasher->num_slots()));
