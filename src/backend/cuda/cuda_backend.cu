@@ -457,12 +457,19 @@ constexpr size_t kWeightAlign = 256;
 // batches); its buffers, per Engram layer and row: the gathered rows, their layout, wkv's output.
 constexpr int64_t kEngramAheadRows = 64;
 bool engram_ahead_wanted() { return env_choice("DSUF_ENGRAM", {"start", "inline", "prev"}) != 1; }
+// One Engram layer's ahead buffers a row, in floats (alloc_workspace allocates them, the plan counts them).
+struct EngramAheadRow {
+  int64_t emb, xq, xs, ekv;  // the gathered rows, their layout (linear_input's row) and scales, wkv's output
+  int64_t total() const { return emb + xq + xs + ekv; }
+};
+EngramAheadRow engram_ahead_row(const TextConfig& t) {
+  const int64_t in = int64_t(t.engram_max_ngram_size - 1) * t.engram_n_heads * t.engram_head_dim;
+  const int64_t laid = cuda::interleaved_k(in);
+  return {in, laid, laid / 32, (t.hc_mult + 1) * t.hidden_size};
+}
 int64_t engram_ahead_floats(const TextConfig& t, int64_t max_rows) {
   if (t.engram_layer_ids.empty() || !engram_ahead_wanted()) return 0;
-  const int64_t rows = std::min(max_rows, kEngramAheadRows);
-  const int64_t in = int64_t(t.engram_max_ngram_size - 1) * t.engram_n_heads * t.engram_head_dim;
-  const int64_t laid = cuda::interleaved_k(in);  // the quantized layout's row (linear_input)
-  return int64_t(t.engram_layer_ids.size()) * rows * (in + laid + laid / 32 + (t.hc_mult + 1) * t.hidden_size);
+  return int64_t(t.engram_layer_ids.size()) * std::min(max_rows, kEngramAheadRows) * engram_ahead_row(t).total();
 }
 size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
@@ -901,11 +908,11 @@ void CudaBackend::Impl::alloc_workspace() {
   for (int i = 0; i < 2; ++i) ws.xp[i] = alloc<uint8_t>(w.aqp);
   if (e_side) {  // the Engram ahead path's buffers (DSUF_ENGRAM), for steps of up to e_rows rows
     e_rows = int(std::min<int64_t>(max_rows, kEngramAheadRows));
-    const int64_t in = int64_t(hasher->rows_per_token()) * t.engram_head_dim, laid = cuda::interleaved_k(in);
+    const EngramAheadRow row = engram_ahead_row(t);
     e_ahead.resize(size_t(hasher->num_slots()));
     for (EngramAhead& e : e_ahead) {
-      e.emb = alloc<float>(e_rows * in), e.xq = alloc<float>(e_rows * laid), e.xs = alloc<float>(e_rows * laid / 32);
-      e.ekv = alloc<float>(e_rows * (t.hc_mult + 1) * t.hidden_size);
+      e.emb = alloc<float>(e_rows * row.emb), e.xq = alloc<float>(e_rows * row.xq), e.xs = alloc<float>(e_rows * row.xs);
+      e.ekv = alloc<float>(e_rows * row.ekv);
       DSUF_CUDA(cudaEventCreateWithFlags(&e.done, cudaEventDisableTiming));
     }
   }
