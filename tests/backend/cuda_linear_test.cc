@@ -11,7 +11,6 @@
 #include <cstring>
 #include <random>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -142,9 +141,7 @@ std::vector<T> to_host(const T* p, size_t n) {
 // (6,144), K = 1,024 and 1,536 (no remainder, 16 K-blocks of it), 5,120 and one that k_fp8_gemv_tiles
 // cannot take (K = 1,120: nb mod 4 ≠ 0). Which kernel takes which depends on DSUF_FP8_TILES (all,
 // one, mid, off): the device runs check them all. Each also with fp8_linear's tile_sm = 1 and 3 (the
-// tile kernel's grid capped: other warps take the tiles) and tile_blocks = 12 and 1 (the tile kernel
-// wherever it fits, whatever the output count — the shared expert's w1/w3 at 2,304 × 5,120 under
-// DSUF_SHARED_FORK=capped — in at most that many blocks).
+// tile kernel's grid capped: other warps take the tiles).
 TEST(CudaFp8Linear, OneRowEqualsTheReferenceSum) {
   std::mt19937 rng(20261202);
   struct Shape {
@@ -169,16 +166,14 @@ TEST(CudaFp8Linear, OneRowEqualsTheReferenceSum) {
         DSUF_CUDA(cudaMemcpy(dWs.p, Ws.data(), Ws.size(), cudaMemcpyHostToDevice));
         DSUF_CUDA(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
         const std::vector<float> want = reference_fp8(W.data(), Ws.data(), sh.out, sh.K, v, sa, r);
-        const std::pair<int, int> caps[] = {{0, 0}, {1, 0}, {3, 0}, {0, 12}, {0, 1}};  // (tile_sm, tile_blocks)
-        for (const auto& [tile_sm, tile_blocks] : caps) {
+        for (const int tile_sm : {0, 1, 3}) {
           DSUF_CUDA(cudaMemset(dy.p, 0xff, size_t(sh.out) * 4));  // NaN where nothing is written
           const cuda::LinearInput in = cuda::linear_input(dx.p, sh.K, 1, sh.K, quantize, dxq.p, dxs.p, s);
-          cuda::fp8_linear(dW.p, dWs.p, sh.out, sh.K, in, 1, dy.p, sh.out, r, s, {}, tile_sm, tile_blocks);
+          cuda::fp8_linear(dW.p, dWs.p, sh.out, sh.K, in, 1, dy.p, sh.out, r, s, {}, tile_sm);
           DSUF_CUDA(cudaStreamSynchronize(s));
           const std::string what = "fp8_linear out " + std::to_string(sh.out) + " K " + std::to_string(sh.K) +
                                    " quantized " + std::to_string(quantize) + " bf16 " + std::to_string(r) +
-                                   " tile_sm " + std::to_string(tile_sm) + " tile_blocks " +
-                                   std::to_string(tile_blocks);
+                                   " tile_sm " + std::to_string(tile_sm);
           EXPECT_EQ(count_differ(to_host(dy.p, size_t(sh.out)), want, what), 0);
         }
       }

@@ -158,10 +158,7 @@ struct CudaBackend::Impl {
   // layer on average (DSUF_MOE_GROUP_ROWS; 0: never). Measured (docs/perf.md, v14, 96 experts):
   // 1 routed row per expert (batch 16) lost 9 %, 4 (batch 64) gained 6 %, a 512-token chunk 12 %.
   int64_t group_rows_per_expert = 4;
-  int shared_fork = 0;  // DSUF_SHARED_FORK=auto|early|late|capped: 0|1|2|3 (moe())
-  int shared_cap = 12;  // DSUF_SHARED_CAP: blocks of each of the shared w1, w3 under capped
-  cudaStream_t side2 = nullptr;  // capped: the shared w3 beside w1
-  cudaEvent_t ev_side2_fork = nullptr, ev_side2_join = nullptr;
+  int shared_fork = 0;  // DSUF_SHARED_FORK=auto|early|late: 0|1|2 (moe())
   // DSUF_HEAD_INPUT=direct|gather: when every row gets logits in row order (decode), the head's
   // collapse reads the streams and the last FFN site's pre where they are (direct, the default since
   // v36: one graph memcpy node — which no programmatic launch crosses — and k_gather_rows' 15 µs off
@@ -610,16 +607,7 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   DSUF_CUDA(cudaEventCreateWithFlags(&ev_join, cudaEventDisableTiming));
   DSUF_CUDA(cudaEventCreateWithFlags(&ev_scores, cudaEventDisableTiming));
   if (const char* v = std::getenv("DSUF_OVERLAP")) overlap = std::string(v) != "0";
-  shared_fork = env_choice("DSUF_SHARED_FORK", {"auto", "early", "late", "capped"});
-  if (const char* v = std::getenv("DSUF_SHARED_CAP")) {
-    shared_cap = std::atoi(v);
-    DSUF_CHECK(shared_cap >= 1 && shared_cap <= 132, "DSUF_SHARED_CAP=", v, ": expected 1..132");
-  }
-  if (shared_fork == 3) {
-    DSUF_CUDA(cudaStreamCreateWithFlags(&side2, cudaStreamNonBlocking));
-    DSUF_CUDA(cudaEventCreateWithFlags(&ev_side2_fork, cudaEventDisableTiming));
-    DSUF_CUDA(cudaEventCreateWithFlags(&ev_side2_join, cudaEventDisableTiming));
-  }
+  shared_fork = env_choice("DSUF_SHARED_FORK", {"auto", "early", "late"});
   gather_early = !env_picks("DSUF_GATHER", "early", "late");
   gather_reuse = !env_picks("DSUF_GATHER_REUSE", "on", "off");
   rank_gather = !env_picks("DSUF_TOPK_RANK", "gather", "sort");
@@ -1371,28 +1359,13 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
   // anyway). The two now end within ~1 µs of each other: the routed launches at the greatest
   // priority made the shared expert the tail (+0.25, docs/perf.md v39). (Measured on one GPU; under
   // tensor parallelism the launches' shapes differ and auto was not timed there.)
-  // capped (waiting: built in session 32, not yet run on a GPU): at one row the shared expert forked
-  // before the router, its w1 and w3 as two tile launches side by side (w3 on side2) of at most
-  // DSUF_SHARED_CAP blocks each (default 12: 24 SMs, what the routed w1/w3's 108 whole-SM blocks leave
-  // of 132), so that it streams while the routing's latency-bound kernels leave the memory idle without
-  // holding the SMs the routed experts start on. Other rows: as auto.
-  const bool capped = shared_fork == 3 && n == 1 && side2 && branch() != stream;
-  const bool shared_early = shared_fork == 1 || capped || (shared_fork != 2 && n > 1);
+  const bool shared_early = shared_fork == 1 || (shared_fork == 0 && n > 1);
   auto shared_expert = [&] {
     if (!part.owns_shared(l)) return;
     fork();
     cudaStream_t s2 = branch();
-    if (capped) {
-      DSUF_CUDA(cudaEventRecord(ev_side2_fork, s2));
-      DSUF_CUDA(cudaStreamWaitEvent(side2, ev_side2_fork, 0));
-      cuda::fp8_linear(d.sw1.w, d.sw1.s, F, D, xin, n, ws.h1s, F, r, s2, {}, 0, shared_cap);
-      cuda::fp8_linear(d.sw3.w, d.sw3.s, F, D, xin, n, ws.h3s, F, r, side2, {}, 0, shared_cap);
-      DSUF_CUDA(cudaEventRecord(ev_side2_join, side2));
-      DSUF_CUDA(cudaStreamWaitEvent(s2, ev_side2_join, 0));
-    } else {
-      cuda::fp8_linear(d.sw1.w, d.sw1.s, F, D, xin, n, ws.h1s, F, r, s2,
-                       {.W = d.sw3.w, .Ws = d.sw3.s, .out = F, .y = ws.h3s, .y_stride = F});
-    }
+    cuda::fp8_linear(d.sw1.w, d.sw1.s, F, D, xin, n, ws.h1s, F, r, s2,
+                     {.W = d.sw3.w, .Ws = d.sw3.s, .out = F, .y = ws.h3s, .y_stride = F});
     const cuda::InputSink hssink{ws.xq[2], ws.xs[2], aq};
     cuda::swiglu(ws.h1s, ws.h3s, n, F, nullptr, limit, opt.numerics.shared_expert_clamp, r, s2, hssink);
     const cuda::LinearInput hsin = cuda::sink_input(hssink, F);
@@ -1838,7 +1811,6 @@ CudaBackend::~CudaBackend() {
     for (void* p : im.pinned) cudaFreeHost(p);
     if (im.mix_ev_fork) cudaEventDestroy(im.mix_ev_fork), cudaEventDestroy(im.ev_mix);
     if (im.mix_side) cudaStreamDestroy(im.mix_side);
-    if (im.side2) cudaStreamDestroy(im.side2), cudaEventDestroy(im.ev_side2_fork), cudaEventDestroy(im.ev_side2_join);
     for (auto& e : im.e_ahead) cudaEventDestroy(e.done);
     if (im.e_side) cudaStreamDestroy(im.e_side), cudaEventDestroy(im.e_ev_fork);
     if (im.stream) cudaStreamDestroy(im.stream);

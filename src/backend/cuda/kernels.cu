@@ -4622,8 +4622,7 @@ struct Fp8Call {
   bool r;
   cudaStream_t s;
   Fp8Pair pair;
-  int tile_sm = 0;      // > 0: k_fp8_gemv_tiles at most this many blocks an SM (fp8_linear's tile_sm)
-  int tile_blocks = 0;  // > 0: one row through k_fp8_gemv_tiles where it fits, at most this many blocks
+  int tile_sm = 0;  // > 0: k_fp8_gemv_tiles at most this many blocks an SM (fp8_linear's tile_sm)
 };
 // DSUF_GEMV=regs|pipe|deep picks how the FP8/FP4 linears fetch weights (see GemvMode); regs by default.
 // DSUF_FP8_EARLY=1|0: the FP8 GEMV's kRegs loads its first round (weights, scale codes, the spread
@@ -4706,9 +4705,7 @@ void launch_fp8_tiles_k(const Fp8Call& c) {
     return n;
   }();
   const int64_t per_sm = std::max(1, std::min({fit, want, c.tile_sm > 0 ? c.tile_sm : fit}));
-  int64_t most = int64_t(sm_count()) * per_sm * kWarps;
-  if (c.tile_blocks > 0) most = std::min<int64_t>(most, int64_t(c.tile_blocks) * kWarps);
-  const int64_t tiles = (c.out + OPW - 1) / OPW;
+  const int64_t tiles = (c.out + OPW - 1) / OPW, most = int64_t(sm_count()) * per_sm * kWarps;
   const int64_t per_warp = (tiles + most - 1) / most, warps = (tiles + per_warp - 1) / per_warp;
   launch_pdl(k, dim3(blocks_for(warps, kWarps)), dim3(32 * kWarps), smem, c.s, c.W, c.Ws, c.out, c.K, c.in.x,
              c.in.scale, c.y, c.r, fp8_early());
@@ -4731,10 +4728,6 @@ template <int OPW, int R, bool kExact>
 void launch_fp8(const Fp8Call& c) {
   const int mode = gemv_mode();
   const bool early = fp8_early();
-  // A capped grid (tile_blocks): the tile kernel whatever the output count (k_fp8_gemv has no
-  // grid-stride form).
-  if constexpr (R == 1)
-    if (c.tile_blocks > 0 && fp8_tiles_fit(c, 2)) return launch_fp8_tiles<2, kExact>(c);
   if constexpr (R == 1 && OPW >= 2) {
     // 2 rows a tile (the launch's 4 where DSUF_FP8_TILES_OPW=4 and it fits).
     static const bool four = env_picks("DSUF_FP8_TILES_OPW", "2", "4");
@@ -5015,12 +5008,12 @@ LinearInput sink_input(const InputSink& sink, int64_t K) {
 }
 void fp8_linear_groups(const uint8_t* W, const uint8_t* Ws, int groups, int64_t out, int64_t K,
                        const LinearInput& in, int64_t rows, float* y, int64_t y_stride, bool r, cudaStream_t s,
-                       const InputSink& sink, int tile_sm, int tile_blocks) {
+                       const InputSink& sink, int tile_sm) {
   DSUF_CHECK(K % 32 == 0 && groups >= 1 && (groups == 1 || out % 32 == 0) && in.group_stride == interleaved_k(K),
              "fp8_linear: K = ", K, ", groups = ", groups, ", out = ", out, ", input laid out for ",
              in.group_stride, " per group");
   if (rows <= 0) return;
-  const Fp8Call c{W, Ws, out, K, in, rows, y, y_stride, groups, r, s, {}, tile_sm, tile_blocks};
+  const Fp8Call c{W, Ws, out, K, in, rows, y, y_stride, groups, r, s, {}, tile_sm};
   if (sink.xq) {
     const bool late = fp8_sink_mode() == 2;
     if (in.scale ? launch_fp8_sink<true>(c, sink, late) : launch_fp8_sink<false>(c, sink, late)) return;
@@ -5034,9 +5027,8 @@ int fp8_sink_mode() {  // fused by default since v34 (−0.10 ms at batch 1 and 
   return v;
 }
 void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const LinearInput& in, int64_t rows,
-                float* y, int64_t y_stride, bool r, cudaStream_t s, const Fp8Pair& pair, int tile_sm,
-                int tile_blocks) {
-  if (!pair.W) return fp8_linear_groups(W, Ws, 1, out, K, in, rows, y, y_stride, r, s, {}, tile_sm, tile_blocks);
+                float* y, int64_t y_stride, bool r, cudaStream_t s, const Fp8Pair& pair, int tile_sm) {
+  if (!pair.W) return fp8_linear_groups(W, Ws, 1, out, K, in, rows, y, y_stride, r, s, {}, tile_sm);
   DSUF_CHECK(K % 32 == 0 && in.group_stride == interleaved_k(K) && in.stride == in.group_stride,
              "fp8_linear (pair): K = ", K, ", input laid out for ", in.group_stride);
   if (rows <= 0) return;

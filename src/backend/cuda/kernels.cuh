@@ -112,12 +112,9 @@ struct Fp8Pair {
 // stride y_stride. W may be a row slice of a larger weight. With pair.W, the pair's linear too.
 // tile_sm > 0: where k_fp8_gemv_tiles takes the linear, at most tile_sm of its blocks an SM (the tests
 // use it to vary which warp takes which tiles; capping wq_b's grid beside the indexer measured no gain,
-// docs/perf.md v39). tile_blocks > 0: one row through k_fp8_gemv_tiles wherever it fits (whatever the
-// output count), its grid at most tile_blocks blocks (the shared expert beside the routing,
-// DSUF_SHARED_FORK=capped).
+// docs/perf.md v39).
 void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const LinearInput& in, int64_t rows,
-                float* y, int64_t y_stride, bool r, cudaStream_t s, const Fp8Pair& pair = {}, int tile_sm = 0,
-                int tile_blocks = 0);
+                float* y, int64_t y_stride, bool r, cudaStream_t s, const Fp8Pair& pair = {}, int tile_sm = 0);
 // `groups` independent products in one launch (the grouped o-projection): group g uses weight rows
 // [g·out, (g+1)·out) (out a multiple of 32), inputs g·K.. of each row, outputs g·out.. of each row.
 // With sink.xq set, y is also laid out through sink as the next linear's input (one group of
@@ -125,7 +122,7 @@ void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, con
 // DSUF_WOB_INPUT=fused|fused_late: fp8_sink_mode() 1|2), else by linear_input after it.
 void fp8_linear_groups(const uint8_t* W, const uint8_t* Ws, int groups, int64_t out, int64_t K,
                        const LinearInput& in, int64_t rows, float* y, int64_t y_stride, bool r, cudaStream_t s,
-                       const InputSink& sink = {}, int tile_sm = 0, int tile_blocks = 0);
+                       const InputSink& sink = {}, int tile_sm = 0);
 // DSUF_WOB_INPUT=fused|separate|fused_late (1|0|2): wo_b's input laid out by wo_a's kernel (1, the
 // default since v34: its dependents triggered at entry; 2: at its end) or by a linear_input launch
 // between them (0).
