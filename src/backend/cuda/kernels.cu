@@ -1217,6 +1217,108 @@ __global__ void __launch_bounds__(kWarps > 8 ? 32 * kWarps : 256)
   }
 }
 
+// ---- wo_a with its weights on the chip before its input (DSUF_WOA_PRELOAD, session 33) -------------
+// The grouped o-projection follows the attention pair, a latency-bound stretch (~24 µs a layer at one
+// row) during which DRAM idles; k_fp8_gemv's wo_a blocks, launched beside the P·V kernel under PDL,
+// load only their first round before the dependency wait and stream the rest after it (12.2 µs from
+// the P·V's end in v44's timeline). Here a block of 8 warps takes 32 rows — one K-block of wo_b's input,
+// as k_fp8_gemv's kSink block — and before the wait bulk-copies its rows' first kPreRounds − 1 rounds
+// (1 KB a row a round: 96 KB at K = 4,096) into shared memory and loads the last round's weights and
+// every scale code into registers. 96 KB leaves room for the P·V kernel's 100 KB beside it, so one block
+// an SM is on the chip, its weights loaded, when the P·V ends; the rest start as the P·V's blocks leave.
+// After the wait a warp's 4 rows are k_fp8_gemv<…, kRegs>'s: the same block sums and terms
+// (fp8_kb_mac) added from 0 in round order, warp_sum's tree, the rounding, and the sink's layout.
+// Shapes (launch_fp8_sink): one row, K = 32·32·kPreRounds, out % 32 == 0.
+constexpr int kPreWarps = 8, kPreOpw = 4, kPreRounds = 4;
+constexpr size_t kPreSmem = size_t(32) * (kPreRounds - 1) * 1024;
+template <bool kExact>
+__global__ void __launch_bounds__(32 * kPreWarps) k_fp8_gemv_preload(const uint8_t* __restrict__ W,
+                                                                    const uint8_t* __restrict__ Ws, int64_t out,
+                                                                    int64_t K, const float* __restrict__ x,
+                                                                    int64_t x_group, const float* __restrict__ xs,
+                                                                    float* __restrict__ y, bool r, InputSink sink) {
+  static_assert(kPreWarps * kPreOpw == 32, "a block's rows are one K-block of the next linear's input");
+  constexpr int kPre = kPreRounds - 1;     // rounds in shared memory; the last one in registers
+  constexpr int kRowBytes = kPre * 1024;   // a row's shared-memory share
+  extern __shared__ __align__(128) uint8_t pre_sm[];  // [32 rows][kRowBytes]
+  __shared__ __align__(8) uint64_t bar;
+  __shared__ float so[32];
+  const int nb = int(K / 32);
+  int64_t y_stride = 0;
+  fp8_slice(W, Ws, out, K, x, x_group, xs, y, y_stride, Fp8Pair{});
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t b0 = int64_t(blockIdx.x) * 32, o0 = b0 + warp * kPreOpw;
+  pdl_trigger();  // as k_fp8_gemv's kSink = 1: wo_b's blocks may launch
+  const uint32_t sbar = smem_u32(&bar);
+  if (threadIdx.x == 0) {
+    mbar_init(sbar);
+    mbar_init_fence();
+  }
+  __syncthreads();
+  if (warp == 0) {  // lane L copies row b0 + L's first kPre rounds: one barrier phase for all 32
+    if (lane == 0)
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(sbar), "r"(32u * kRowBytes)
+                   : "memory");
+    __syncwarp();
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     smem_u32(pre_sm + lane * kRowBytes)),
+                 "l"(W + (b0 + lane) * K), "r"(uint32_t(kRowBytes)), "r"(sbar)
+                 : "memory");
+  }
+  // The last round's weights (K-block 32·kPre + lane of the warp's rows) and every scale code.
+  const uint8_t* __restrict__ ws_row = Ws + (o0 / 32) * nb;
+  // (In a basic block of their own — o0 < out always holds — so that ptxas, which moves the wait up
+  // within its block, leaves them before it: scripts/wait_loads.py.)
+  uint4 wl[kPreOpw][2] = {};
+  uint8_t sc[kPreRounds] = {};
+  if (o0 < out) {
+#pragma unroll
+    for (int o = 0; o < kPreOpw; ++o) {
+      const uint8_t* wr = W + (o0 + o) * K + int64_t(32 * kPre + lane) * 32;
+      wl[o][0] = __ldg(reinterpret_cast<const uint4*>(wr));
+      wl[o][1] = __ldg(reinterpret_cast<const uint4*>(wr + 16));
+    }
+#pragma unroll
+    for (int m = 0; m < kPreRounds; ++m) sc[m] = __ldg(ws_row + 32 * m + lane);
+  }
+  pdl_wait();
+  float acc[kPreOpw][1];
+#pragma unroll
+  for (int o = 0; o < kPreOpw; ++o) acc[o][0] = 0.0f;
+  mbar_wait(sbar, 0);
+#pragma unroll
+  for (int m = 0; m < kPreRounds; ++m) {
+    uint4 w[kPreOpw][2];
+#pragma unroll
+    for (int o = 0; o < kPreOpw; ++o) {
+      if (m < kPre) {
+        const uint8_t* p = pre_sm + (warp * kPreOpw + o) * kRowBytes + m * 1024 + lane * 32;
+        w[o][0] = *reinterpret_cast<const uint4*>(p);
+        w[o][1] = *reinterpret_cast<const uint4*>(p + 16);
+      } else {
+        w[o][0] = wl[o][0], w[o][1] = wl[o][1];
+      }
+    }
+    float sw[kPreOpw];
+#pragma unroll
+    for (int o = 0; o < kPreOpw; ++o) sw[o] = e8m0(sc[m]);
+    fp8_kb_mac<kPreOpw, 1, kExact>(w, sw, x, 0, xs, 0, 32 * m + lane, 1, acc);
+  }
+#pragma unroll
+  for (int o = 0; o < kPreOpw; ++o) {
+    const float v = rb(warp_sum(acc[o][0]), r);
+    if (lane == 0) {
+      y[o0 + o] = v;
+      so[warp * kPreOpw + o] = v;
+    }
+  }
+  __syncthreads();
+  // Output blockIdx.x·32 + lane of group blockIdx.z is input column z·out + that of the next linear.
+  if (warp == 0)
+    emit_input(sink, int64_t(gridDim.z) * out, 0, int((int64_t(blockIdx.z) * out) / 32) + int(blockIdx.x), lane,
+               so[lane]);
+}
+
 // ---- One-row FP8 linears as a stream of tiles (DSUF_FP8_TILES) -----------------------------------
 // k_fp8_gemv gives each warp of `wq_b` (K = 1,280: 40 K-blocks, one full round and the spread
 // remainder) a single round: a DRAM round trip, then ~900 instructions, about half of them its
@@ -4779,6 +4881,15 @@ bool launch_fp8_sink(const Fp8Call& c, const InputSink& sink, bool late) {
   if (c.rows != 1 || c.pair.W || c.out % 32 != 0 || gemv_mode() != kRegs || c.K / 32 < 32 ||
       outputs_per_warp(c.out * c.groups) != 2 || (fp8_gemm_rows() > 0 && c.rows >= fp8_gemm_rows()))
     return false;
+  // DSUF_WOA_PRELOAD=off|on: wo_a's weights on the chip before its input (k_fp8_gemv_preload; measuring).
+  static const bool preload = env_picks("DSUF_WOA_PRELOAD", "off", "on");
+  if (preload && !late && c.K == 32 * 32 * kPreRounds) {
+    auto kp = k_fp8_gemv_preload<kExact>;
+    set_smem(kp, kPreSmem);
+    launch_pdl(kp, dim3(int(c.out / 32), 1, c.groups), dim3(32 * kPreWarps), kPreSmem, c.s, c.W, c.Ws, c.out, c.K,
+               c.in.x, c.in.group_stride, c.in.scale, c.y, c.r, sink);
+    return true;
+  }
   const bool early = fp8_early();
   auto k = late ? k_fp8_gemv<2, 1, kExact, kRegs, 16, 2> : k_fp8_gemv<2, 1, kExact, kRegs, 16, 1>;
   launch_pdl(k, dim3(int(c.out / 32), 1, c.groups), dim3(512), 0, c.s, c.W, c.Ws, c.out, c.K, c.in.x, c.in.stride,

@@ -1,0 +1,313 @@
+// How fast the exact one-row FP8 arithmetic consumes weights that are already in shared memory
+// (docs/perf.md, session 33). The question behind a "load the weights during the latency-bound
+// segments, compute when the input arrives" design: every FP8 linear of the decode step is slower
+// than DRAM allows in its own shape (bench/linear_probe: only 3–27 % faster with its weights in L2),
+// so a preload can only pay if the arithmetic itself, fed from shared memory, runs well above DRAM's
+// rate. Here each of the GPU's SMs gets one block that
+//   1. bulk-copies its slice of the weights (R rows × K E4M3 bytes, ~192 KB) into shared memory, and
+//   2. computes its R outputs from there with the quantized path's arithmetic in the canonical order
+//      of core/detmath.h: lane l takes the K-blocks kb ≡ l (mod 32); a K-block's 32 products are
+//      added one at a time from zero (each product of two E4M3 values is exact, so fma = mul + add);
+//      the part times s_act·s_w is added to the lane's sum; the 32 lane sums reduce by tree32.
+// Each phase is timed on the device (%globaltimer at entry, after the copy, after the outputs), and
+// every output is checked bit for bit against a CPU computation of the same order on fresh random
+// inputs before any time is printed. Lines: the configuration, the copy phase (µs, TB/s from DRAM),
+// the compute phase (median and slowest block, µs; the bytes over the slowest block's time as TB/s,
+// and that against the device-to-device copy rate measured in the same run).
+//
+//   smem_probe [--reps 20] [--seed 7]
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "smem_probe: %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+__device__ __forceinline__ uint64_t now_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// Four E4M3 bytes as their exact values: two cvt.rn.f16x2.e4m3x2 and four F16 → F32 widenings.
+__device__ __forceinline__ void e4m3x4(uint32_t t, float (&v)[4]) {
+  uint32_t lo, hi;
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}"
+      : "=r"(lo), "=r"(hi)
+      : "r"(t));
+  const float2 p = __half22float2(*reinterpret_cast<const __half2*>(&lo));
+  const float2 q = __half22float2(*reinterpret_cast<const __half2*>(&hi));
+  v[0] = p.x, v[1] = p.y, v[2] = q.x, v[3] = q.y;
+}
+
+struct Args {
+  const uint8_t* w;      // [blocks][R][K] E4M3: block b's rows contiguous
+  const float* scale;    // [blocks · R / 32][K / 32]: s_w of each 32 × 32 weight block (a float here)
+  const float* x;        // [K] the input's E4M3 values as floats
+  const float* sa;       // [K / 32] the input's scales
+  float* y;              // [blocks · R]
+  unsigned long long* t; // [blocks][3]: entry, copy done, outputs done (ns)
+  int R, K;
+};
+
+// RPW rows a warp at a time (RPW independent chains a lane), WARPS warps.
+template <int RPW>
+__global__ void k_smem_gemv(Args a) {
+  extern __shared__ __align__(128) uint8_t sm[];
+  __shared__ __align__(8) unsigned long long bar;
+  const int R = a.R, K = a.K, nb = K / 32, warps = blockDim.x / 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  uint8_t* ws = sm;                                               // [R][K]
+  float* xs = reinterpret_cast<float*>(sm + size_t(R) * K);       // [K]
+  const uint64_t t0 = now_ns();
+  const uint32_t b = smem_addr(&bar);
+  if (threadIdx.x == 0) {
+    asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(b));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  const int64_t bytes = int64_t(R) * K;
+  if (threadIdx.x == 0) {
+    asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(b), "r"(uint32_t(bytes)) : "memory");
+    const uint8_t* src = a.w + int64_t(blockIdx.x) * bytes;
+    for (int64_t o = 0; o < bytes; o += 32768) {
+      const uint32_t n = uint32_t(bytes - o < 32768 ? bytes - o : 32768);
+      asm volatile(
+          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+              smem_addr(ws + o)),
+          "l"(src + o), "r"(n), "r"(b)
+          : "memory");
+    }
+  }
+  for (int i = threadIdx.x; i < K; i += blockDim.x) xs[i] = a.x[i];
+  // Wait for the copy (phase 0 of the barrier).
+  asm volatile(
+      "{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared.b64 p, [%0], 0;\n @!p bra W;\n}" ::"r"(b)
+      : "memory");
+  __syncthreads();
+  const uint64_t t1 = now_ns();
+  for (int r0 = warp * RPW; r0 < R; r0 += warps * RPW) {
+    float sum[RPW];
+#pragma unroll
+    for (int j = 0; j < RPW; ++j) sum[j] = 0.0f;
+    for (int kb = lane; kb < nb; kb += 32) {
+      float part[RPW];
+#pragma unroll
+      for (int j = 0; j < RPW; ++j) part[j] = 0.0f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // the K-block's two 16-byte halves
+        float xv[16];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const float4 v = *reinterpret_cast<const float4*>(xs + kb * 32 + 16 * h + 4 * c);
+          xv[4 * c] = v.x, xv[4 * c + 1] = v.y, xv[4 * c + 2] = v.z, xv[4 * c + 3] = v.w;
+        }
+        uint4 wv[RPW];
+#pragma unroll
+        for (int j = 0; j < RPW; ++j)
+          wv[j] = *reinterpret_cast<const uint4*>(ws + size_t(r0 + j) * K + kb * 32 + 16 * h);
+#pragma unroll
+        for (int j = 0; j < RPW; ++j) {
+          const uint32_t words[4] = {wv[j].x, wv[j].y, wv[j].z, wv[j].w};
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            float f[4];
+            e4m3x4(words[c], f);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) part[j] = __fmaf_rn(xv[4 * c + e], f[e], part[j]);
+          }
+        }
+      }
+      const int64_t row0 = int64_t(blockIdx.x) * R + r0;
+#pragma unroll
+      for (int j = 0; j < RPW; ++j)
+        sum[j] = __fadd_rn(sum[j], __fmul_rn(part[j], __fmul_rn(a.sa[kb], a.scale[((row0 + j) / 32) * nb + kb])));
+    }
+#pragma unroll
+    for (int j = 0; j < RPW; ++j) {
+      float v = sum[j];
+      for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+      if (lane == 0) a.y[int64_t(blockIdx.x) * R + r0 + j] = v;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned long long* t = a.t + 3 * blockIdx.x;
+    t[0] = t0, t[1] = t1, t[2] = now_ns();
+  }
+}
+
+// The CPU's E4M3 value of a code (no NaN codes are generated).
+float e4m3(uint8_t c) {
+  const int s = c >> 7, e = (c >> 3) & 15, m = c & 7;
+  const float v = e == 0 ? std::ldexp(float(m), -9) : std::ldexp(float(8 + m), e - 10);
+  return s ? -v : v;
+}
+uint8_t random_code(std::mt19937& rng) {
+  for (;;) {
+    const uint8_t c = uint8_t(rng());
+    if ((c & 0x7f) != 0x7f) return c;
+  }
+}
+
+struct Config {
+  int rpw, warps, R, K;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 20;
+  unsigned seed = 7;
+  for (int i = 1; i < argc; ++i) {
+    const std::string s = argv[i];
+    if (s == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (s == "--seed" && i + 1 < argc) seed = unsigned(std::atoi(argv[++i]));
+    else {
+      std::fprintf(stderr, "usage: smem_probe [--reps 20] [--seed 7]\n");
+      return 2;
+    }
+  }
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "properties");
+  const int blocks = prop.multiProcessorCount;
+  std::printf("device: %s, %d SMs; one block an SM\n", prop.name, blocks);
+
+  // The copy rate of this device in this run: device-to-device, 1 GiB read + written.
+  const size_t cbytes = size_t(1) << 29;
+  void *ca = nullptr, *cb = nullptr;
+  check(cudaMalloc(&ca, cbytes), "malloc");
+  check(cudaMalloc(&cb, cbytes), "malloc");
+  check(cudaMemset(ca, 1, cbytes), "memset");
+  cudaEvent_t e0, e1;
+  check(cudaEventCreate(&e0), "event");
+  check(cudaEventCreate(&e1), "event");
+  std::vector<double> copy_ms;
+  for (int r = 0; r < 7; ++r) {
+    check(cudaEventRecord(e0), "record");
+    check(cudaMemcpy(cb, ca, cbytes, cudaMemcpyDeviceToDevice), "copy");
+    check(cudaEventRecord(e1), "record");
+    check(cudaEventSynchronize(e1), "sync");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
+    copy_ms.push_back(ms);
+  }
+  const double copy_tbs = 2.0 * double(cbytes) / (median(copy_ms) * 1e-3) / 1e12;
+  std::printf("device copy: %.2f TB/s (read + written, median of 7)\n", copy_tbs);
+
+  const Config configs[] = {
+      {2, 8, 192, 1024}, {4, 8, 192, 1024}, {8, 8, 192, 1024}, {2, 16, 192, 1024}, {4, 16, 192, 1024},
+      {2, 8, 48, 4096},  {1, 16, 48, 4096}, {3, 16, 48, 4096},
+  };
+  std::mt19937 rng(seed);
+  bool all_exact = true;
+  for (const Config& c : configs) {
+    const int R = c.R, K = c.K, nb = K / 32;
+    const size_t wbytes = size_t(blocks) * R * K;
+    std::vector<uint8_t> w(wbytes);
+    for (auto& v : w) v = random_code(rng);
+    std::vector<float> scale(size_t(blocks) * R / 32 * nb), x(static_cast<size_t>(K)), sa(static_cast<size_t>(nb));
+    for (auto& v : scale) v = std::ldexp(1.0f, int(rng() % 11) - 5);
+    for (auto& v : x) v = e4m3(random_code(rng));
+    for (auto& v : sa) v = std::ldexp(1.0f, int(rng() % 7) - 3);
+    uint8_t* dw = nullptr;
+    float *dscale = nullptr, *dx = nullptr, *dsa = nullptr, *dy = nullptr;
+    unsigned long long* dt = nullptr;
+    check(cudaMalloc(&dw, wbytes), "malloc");
+    check(cudaMalloc(&dscale, scale.size() * 4), "malloc");
+    check(cudaMalloc(&dx, x.size() * 4), "malloc");
+    check(cudaMalloc(&dsa, sa.size() * 4), "malloc");
+    check(cudaMalloc(&dy, size_t(blocks) * R * 4), "malloc");
+    check(cudaMalloc(&dt, size_t(blocks) * 3 * 8), "malloc");
+    check(cudaMemcpy(dw, w.data(), wbytes, cudaMemcpyHostToDevice), "h2d");
+    check(cudaMemcpy(dscale, scale.data(), scale.size() * 4, cudaMemcpyHostToDevice), "h2d");
+    check(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice), "h2d");
+    check(cudaMemcpy(dsa, sa.data(), sa.size() * 4, cudaMemcpyHostToDevice), "h2d");
+    check(cudaMemset(dy, 0xff, size_t(blocks) * R * 4), "memset");  // NaN until written
+    const Args a{dw, dscale, dx, dsa, dy, dt, R, K};
+    const size_t smem = size_t(R) * K + size_t(K) * 4;
+    auto kernel = c.rpw == 1   ? k_smem_gemv<1>
+                  : c.rpw == 2 ? k_smem_gemv<2>
+                  : c.rpw == 3 ? k_smem_gemv<3>
+                  : c.rpw == 4 ? k_smem_gemv<4>
+                               : k_smem_gemv<8>;
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "smem attribute");
+    // Correctness first: the same order on the CPU, every output bit for bit.
+    kernel<<<blocks, 32 * c.warps, smem>>>(a);
+    check(cudaGetLastError(), "launch");
+    check(cudaDeviceSynchronize(), "run");
+    std::vector<float> y(size_t(blocks) * R);
+    check(cudaMemcpy(y.data(), dy, y.size() * 4, cudaMemcpyDeviceToHost), "d2h");
+    int64_t bad = 0;
+    for (int64_t o = 0; o < int64_t(blocks) * R; ++o) {
+      const uint8_t* wr = w.data() + o * K;
+      float lane_sum[32] = {};
+      for (int l = 0; l < 32; ++l)
+        for (int kb = l; kb < nb; kb += 32) {
+          float part = 0.0f;
+          for (int k = 0; k < 32; ++k) part = part + x[size_t(kb * 32 + k)] * e4m3(wr[kb * 32 + k]);
+          lane_sum[l] = lane_sum[l] + part * (sa[size_t(kb)] * scale[size_t((o / 32) * nb + kb)]);
+        }
+      for (int off = 16; off > 0; off >>= 1)
+        for (int l = 0; l < off; ++l) lane_sum[l] = lane_sum[l] + lane_sum[l + off];
+      uint32_t gb, wb;
+      std::memcpy(&gb, &y[size_t(o)], 4);
+      std::memcpy(&wb, &lane_sum[0], 4);
+      if (gb != wb && bad++ < 3)
+        std::printf("  MISMATCH output %lld: %.9g, CPU %.9g\n", static_cast<long long>(o), y[size_t(o)], lane_sum[0]);
+    }
+    all_exact = all_exact && bad == 0;
+    // Timed: L2 flushed before each launch (the copy phase reads DRAM, as a preload would).
+    std::vector<double> copy_us, med_us, max_us;
+    std::vector<unsigned long long> t(size_t(blocks) * 3);
+    for (int r = 0; r < reps; ++r) {
+      check(cudaMemset(ca, r & 0xff, cbytes), "flush");
+      kernel<<<blocks, 32 * c.warps, smem>>>(a);
+      check(cudaDeviceSynchronize(), "run");
+      check(cudaMemcpy(t.data(), dt, t.size() * 8, cudaMemcpyDeviceToHost), "d2h");
+      unsigned long long first = ~0ull, copied = 0;
+      std::vector<double> comp;
+      for (int b = 0; b < blocks; ++b) {
+        first = std::min(first, t[3 * b]);
+        copied = std::max(copied, t[3 * b + 1]);
+        comp.push_back(double(t[3 * b + 2] - t[3 * b + 1]) * 1e-3);
+      }
+      copy_us.push_back(double(copied - first) * 1e-3);
+      std::sort(comp.begin(), comp.end());
+      med_us.push_back(comp[comp.size() / 2]);
+      max_us.push_back(comp.back());
+    }
+    const double cu = median(copy_us), mu = median(med_us), xu = median(max_us);
+    const double tbs = double(wbytes) / (xu * 1e-6) / 1e12;
+    std::printf(
+        "RPW %d, %2d warps, R %3d, K %4d (%3zu KB a block, %5.1f MB): %s | copy %6.2f µs (%.2f TB/s) | "
+        "compute median %6.2f µs, slowest %6.2f µs = %.2f TB/s (%.2f× the copy rate)\n",
+        c.rpw, c.warps, R, K, size_t(R) * K / 1024, double(wbytes) / 1e6, bad ? "NOT EXACT" : "exact", cu,
+        double(wbytes) / (cu * 1e-6) / 1e12, mu, xu, tbs, tbs / copy_tbs);
+    cudaFree(dw), cudaFree(dscale), cudaFree(dx), cudaFree(dsa), cudaFree(dy), cudaFree(dt);
+  }
+  std::printf("%s\n", all_exact ? "every output exact" : "SOME OUTPUTS DIFFER");
+  return all_exact ? 0 : 1;
+}
