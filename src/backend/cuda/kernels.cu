@@ -1236,7 +1236,8 @@ __global__ void __launch_bounds__(32 * kPreWarps) k_fp8_gemv_preload(const uint8
                                                                     const uint8_t* __restrict__ Ws, int64_t out,
                                                                     int64_t K, const float* __restrict__ x,
                                                                     int64_t x_group, const float* __restrict__ xs,
-                                                                    float* __restrict__ y, bool r, InputSink sink) {
+                                                                    float* __restrict__ y, bool r, InputSink sink,
+                                                                    bool l2_next) {
   static_assert(kPreWarps * kPreOpw == 32, "a block's rows are one K-block of the next linear's input");
   constexpr int kPre = kPreRounds - 1;     // rounds in shared memory; the last one in registers
   constexpr int kRowBytes = kPre * 1024;   // a row's shared-memory share
@@ -1255,6 +1256,18 @@ __global__ void __launch_bounds__(32 * kPreWarps) k_fp8_gemv_preload(const uint8
     mbar_init_fence();
   }
   __syncthreads();
+  // l2_next (DSUF_WOA_PRELOAD=l2): the block of the grid's second half that pairs with this one of the
+  // first half — one that finds no room beside the P·V kernel and starts only after it — has its
+  // 128 KB prefetched into L2 now, so that its copies after the wait come from L2 (bulk prefetches:
+  // issued by one thread, no registers or shared memory held).
+  const int nblk = int(gridDim.x * gridDim.z), id = int(blockIdx.z * gridDim.x + blockIdx.x);
+  if (l2_next && threadIdx.x == 32 && id < nblk / 2) {
+    const int pid = id + nblk / 2;
+    const uint8_t* src = W - int64_t(blockIdx.z) * out * K + (int64_t(pid / gridDim.x) * out +
+                                                                  int64_t(pid % gridDim.x) * 32) * K;
+    for (int64_t o = 0; o < 32 * K; o += 32768)
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src + o), "r"(32768u) : "memory");
+  }
   if (warp == 0) {  // lane L copies row b0 + L's first kPre rounds: one barrier phase for all 32
     if (lane == 0)
       asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(sbar), "r"(32u * kRowBytes)
@@ -4882,12 +4895,13 @@ bool launch_fp8_sink(const Fp8Call& c, const InputSink& sink, bool late) {
       outputs_per_warp(c.out * c.groups) != 2 || (fp8_gemm_rows() > 0 && c.rows >= fp8_gemm_rows()))
     return false;
   // DSUF_WOA_PRELOAD=off|on: wo_a's weights on the chip before its input (k_fp8_gemv_preload; measuring).
-  static const bool preload = env_picks("DSUF_WOA_PRELOAD", "off", "on");
-  if (preload && !late && c.K == 32 * 32 * kPreRounds) {
+  // l2: the second half's weights also prefetched into L2 by the first half's blocks.
+  static const int preload = env_choice("DSUF_WOA_PRELOAD", {"off", "on", "l2"});
+  if (preload > 0 && !late && c.K == 32 * 32 * kPreRounds) {
     auto kp = k_fp8_gemv_preload<kExact>;
     set_smem(kp, kPreSmem);
     launch_pdl(kp, dim3(int(c.out / 32), 1, c.groups), dim3(32 * kPreWarps), kPreSmem, c.s, c.W, c.Ws, c.out, c.K,
-               c.in.x, c.in.group_stride, c.in.scale, c.y, c.r, sink);
+               c.in.x, c.in.group_stride, c.in.scale, c.y, c.r, sink, preload == 2);
     return true;
   }
   const bool early = fp8_early();
