@@ -1229,15 +1229,15 @@ __global__ void __launch_bounds__(kWarps > 8 ? 32 * kWarps : 256)
 // After the wait a warp's 4 rows are k_fp8_gemv<…, kRegs>'s: the same block sums and terms
 // (fp8_kb_mac) added from 0 in round order, warp_sum's tree, the rounding, and the sink's layout.
 // Shapes (launch_fp8_sink): one row, K = 32·32·kPreRounds, out % 32 == 0.
-constexpr int kPreRounds = 4;
+constexpr int kPreWarps = 8, kPreOpw = 4, kPreRounds = 4;
 constexpr size_t kPreSmem = size_t(32) * (kPreRounds - 1) * 1024;
-template <bool kExact, int kPreOpw>
-__global__ void __launch_bounds__(32 * 32 / kPreOpw) k_fp8_gemv_preload(const uint8_t* __restrict__ W,
+template <bool kExact>
+__global__ void __launch_bounds__(32 * kPreWarps) k_fp8_gemv_preload(const uint8_t* __restrict__ W,
                                                                     const uint8_t* __restrict__ Ws, int64_t out,
                                                                     int64_t K, const float* __restrict__ x,
                                                                     int64_t x_group, const float* __restrict__ xs,
                                                                     float* __restrict__ y, bool r, InputSink sink) {
-  static_assert(32 % kPreOpw == 0, "a block's 32 rows are one K-block of the next linear's input");
+  static_assert(kPreWarps * kPreOpw == 32, "a block's rows are one K-block of the next linear's input");
   constexpr int kPre = kPreRounds - 1;     // rounds in shared memory; the last one in registers
   constexpr int kRowBytes = kPre * 1024;   // a row's shared-memory share
   extern __shared__ __align__(128) uint8_t pre_sm[];  // [32 rows][kRowBytes]
@@ -4881,15 +4881,15 @@ bool launch_fp8_sink(const Fp8Call& c, const InputSink& sink, bool late) {
   if (c.rows != 1 || c.pair.W || c.out % 32 != 0 || gemv_mode() != kRegs || c.K / 32 < 32 ||
       outputs_per_warp(c.out * c.groups) != 2 || (fp8_gemm_rows() > 0 && c.rows >= fp8_gemm_rows()))
     return false;
-  // DSUF_WOA_PRELOAD=on|off|wide: wo_a's weights on the chip before its input (k_fp8_gemv_preload; on, the
-  // default since session 33: −0.070 ms a step at batch 1 and 8K); wide: 4 warps of 8 rows a block
-  // instead of 8 of 4 (more independent sums a warp; measuring).
-  static const int preload = env_choice("DSUF_WOA_PRELOAD", {"on", "off", "wide"});
-  if (preload != 1 && !late && c.K == 32 * 32 * kPreRounds) {
-    auto kp = preload == 2 ? k_fp8_gemv_preload<kExact, 8> : k_fp8_gemv_preload<kExact, 4>;
+  // DSUF_WOA_PRELOAD=on|off: wo_a's weights on the chip before its input (k_fp8_gemv_preload; on, the
+  // default since session 33: −0.070 and −0.088 ms a step at batch 1 and 8K in two calls, −0.077 at
+  // 128K; 4 warps of 8 rows a block instead of 8 of 4 measured +0.17 against it: docs/perf.md v45).
+  static const bool preload = !env_picks("DSUF_WOA_PRELOAD", "on", "off");
+  if (preload && !late && c.K == 32 * 32 * kPreRounds) {
+    auto kp = k_fp8_gemv_preload<kExact>;
     set_smem(kp, kPreSmem);
-    launch_pdl(kp, dim3(int(c.out / 32), 1, c.groups), dim3(preload == 2 ? 128 : 256), kPreSmem, c.s, c.W, c.Ws,
-               c.out, c.K, c.in.x, c.in.group_stride, c.in.scale, c.y, c.r, sink);
+    launch_pdl(kp, dim3(int(c.out / 32), 1, c.groups), dim3(32 * kPreWarps), kPreSmem, c.s, c.W, c.Ws, c.out, c.K,
+               c.in.x, c.in.group_stride, c.in.scale, c.y, c.r, sink);
     return true;
   }
   const bool early = fp8_early();
