@@ -196,11 +196,19 @@ __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier
 // Orders this thread's earlier shared-memory accesses (and, after a __syncwarp, its warp's) before
 // its later bulk copies' writes: a slot is refilled only after every lane has read it.
 __device__ __forceinline__ void async_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void bulk_to_smem(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+// The barrier's one arrival, announcing `bytes` that bulk copies will complete on it.
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// A bulk copy completing `bytes` on bar (announced by an mbar_expect_tx of this phase).
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
+}
+__device__ __forceinline__ void bulk_to_smem(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  mbar_expect_tx(bar, bytes);
+  bulk_copy(dst, src, bytes, bar);
 }
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
@@ -1256,14 +1264,9 @@ __global__ void __launch_bounds__(32 * kPreWarps) k_fp8_gemv_preload(const uint8
   }
   __syncthreads();
   if (warp == 0) {  // lane L copies row b0 + L's first kPre rounds: one barrier phase for all 32
-    if (lane == 0)
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(sbar), "r"(32u * kRowBytes)
-                   : "memory");
+    if (lane == 0) mbar_expect_tx(sbar, 32u * kRowBytes);
     __syncwarp();
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                     smem_u32(pre_sm + lane * kRowBytes)),
-                 "l"(W + (b0 + lane) * K), "r"(uint32_t(kRowBytes)), "r"(sbar)
-                 : "memory");
+    bulk_copy(smem_u32(pre_sm + lane * kRowBytes), W + (b0 + lane) * K, uint32_t(kRowBytes), sbar);
   }
   // The last round's weights (K-block 32·kPre + lane of the warp's rows) and every scale code.
   const uint8_t* __restrict__ ws_row = Ws + (o0 / 32) * nb;
