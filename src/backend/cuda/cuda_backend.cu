@@ -453,7 +453,9 @@ constexpr size_t kWeightAlign = 256;
 // The Engram ahead path (DSUF_ENGRAM=start|prev) serves steps of at most this many rows (decode
 // batches); its buffers, per Engram layer and row: the gathered rows, their layout, wkv's output.
 constexpr int64_t kEngramAheadRows = 64;
-bool engram_ahead_wanted() { return env_choice("DSUF_ENGRAM", {"start", "inline", "prev"}) != 1; }
+// DSUF_ENGRAM=start|inline|prev, as Impl::EngramMode's order.
+int engram_mode_env() { return env_choice("DSUF_ENGRAM", {"start", "inline", "prev"}); }
+bool engram_ahead_wanted() { return engram_mode_env() != 1; }
 // One Engram layer's ahead buffers a row, in floats (alloc_workspace allocates them, the plan counts them).
 struct EngramAheadRow {
   int64_t emb, xq, xs, ekv;  // the gathered rows, their layout (linear_input's row) and scales, wkv's output
@@ -625,7 +627,7 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   const TextConfig& t = cfg.text;
   DSUF_CHECK(int64_t(cids.size()) >= t.vocab_size, "compressed-id table too short");
   if (!t.engram_layer_ids.empty()) hasher = std::make_unique<EngramHasher>(t, cids.at(t.engram_pad_token_id));
-  engram_mode = EngramMode(env_choice("DSUF_ENGRAM", {"start", "inline", "prev"}));  // as engram_ahead_wanted()
+  engram_mode = EngramMode(engram_mode_env());
   if (const char* v = std::getenv("DSUF_ENGRAM_SM")) {
     engram_sm = std::atoi(v);
     DSUF_CHECK(engram_sm >= 0 && engram_sm <= 32, "DSUF_ENGRAM_SM=", v, ": expected 0..32");

@@ -5640,7 +5640,7 @@ void engram_gate(float* X, const float* kv, const uint16_t* qw, const uint16_t* 
   // DSUF_ENGRAM_GATE=cluster|batched|loop: k_engram_gate_cluster (the default since session 32, for
   // D ≤ 8,192; else batched), k_engram_gate<10> or <1> (the form before session 32). Measured (docs/perf.md
   // v44, batch 1 at 8K, gpu ms): batched −0.006 and −0.013 against loop; cluster −0.007 against batched
-  // (5 rounds; batch 4 not measured with it).
+  // (5 rounds), and in session 33 −0.010 at batch 4, −0.016 at 128K.
   static const int mode = env_choice("DSUF_ENGRAM_GATE", {"cluster", "batched", "loop"});
   if (mode == 0 && D <= 8192) {
     const size_t smem = size_t(3) * 32 * size_t((D + 255) / 256) * sizeof(float);
