@@ -618,8 +618,12 @@ constexpr int kNormCluster = 8;  // the warps of block_sum<256>
 // (Fewer blocks a row, each taking several of those warps, measured +0.8 to +7 ms a step: v19.)
 constexpr int kNormPerThread = 4;  // positions per thread per pass (one pass for D ≤ 8192)
 
-template <int HC>
-__global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__ pre, int pre_stride,
+// kWide (DSUF_COLLAPSE=wide, session 34): a block of 32·J threads (J = ⌈D/256⌉: 640 at D = 5,120), one
+// position a thread, instead of 256 threads of up to kNormPerThread positions each: the same values,
+// sums and stores, spread over 2.5× the warps (the kernel is a chain of dependent instructions at two
+// warps a scheduler: 0.24 issued a cycle under Nsight, ~1,130 instructions a warp).
+template <int HC, bool kWide = false>
+__global__ void __launch_bounds__(kWide ? 1024 : 256) k_collapse_norm(const float* __restrict__ pre, int pre_stride,
                                                        const float* __restrict__ emix, int emix_stride,
                                                        const float* __restrict__ y_in, float* __restrict__ X,
                                                        int64_t D, const uint16_t* __restrict__ w, float eps,
@@ -631,15 +635,17 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
   __shared__ float q;
   const int c = int(cluster.block_rank()), i = blockIdx.y, lane = threadIdx.x % 32;
   const int J = int((D + 255) / 256), E = 32 * J;
-  constexpr int kPass = kNormPerThread * 256;
+  constexpr int kPer = kWide ? 1 : kNormPerThread;  // positions a thread a pass
+  const int kStride = kWide ? int(blockDim.x) : 256;  // threads a pass (a constant for 256)
+  const int kPass = kPer * kStride;
   auto pos = [&](int e) { return int64_t(32 * c + e % 32) + 256 * int64_t(e / 32); };
   // The norm weights of the first pass first: before the dependency wait (w_early, DSUF_W_EARLY=1:
   // nothing in a step writes them), or right after it; their latency overlaps the stream loads.
-  float wv[kNormPerThread];
+  float wv[kPer];
   auto load_w = [&] {
 #pragma unroll
-    for (int k = 0; k < kNormPerThread; ++k) {
-      const int e = threadIdx.x + 256 * k;
+    for (int k = 0; k < kPer; ++k) {
+      const int e = threadIdx.x + kStride * k;
       wv[k] = w && e < E && pos(e) < D ? bf16_load(w, pos(e)) : 1.0f;
     }
   };
@@ -658,18 +664,18 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
   }
   float* x = X + int64_t(i) * HC * D;
   for (int e0 = 0; e0 < E; e0 += kPass) {
-    float xv[kNormPerThread][HC], yv[kNormPerThread];
+    float xv[kPer][HC], yv[kPer];
 #pragma unroll
-    for (int p = 0; p < kNormPerThread; ++p) {  // all loads of the pass first
-      const int e = e0 + threadIdx.x + 256 * p;
+    for (int p = 0; p < kPer; ++p) {  // all loads of the pass first
+      const int e = e0 + threadIdx.x + kStride * p;
       const bool ok = e < E && pos(e) < D;
 #pragma unroll
       for (int k = 0; k < HC; ++k) xv[p][k] = ok ? x[int64_t(k) * D + pos(e)] : 0.0f;
       yv[p] = ok && emix ? y_in[int64_t(i) * D + pos(e)] : 0.0f;
     }
 #pragma unroll
-    for (int p = 0; p < kNormPerThread; ++p) {
-      const int e = e0 + threadIdx.x + 256 * p;
+    for (int p = 0; p < kPer; ++p) {
+      const int e = e0 + threadIdx.x + kStride * p;
       if (e >= E) continue;
       float u = 0.0f;
       if (pos(e) < D) {
@@ -710,8 +716,8 @@ __global__ void __launch_bounds__(256) k_collapse_norm(const float* __restrict__
   const float rinv = 1.0f / sqrtf(ss / float(D) + eps);
   for (int e0 = 0; e0 < E; e0 += kPass) {
 #pragma unroll
-    for (int p = 0; p < kNormPerThread; ++p) {
-      const int e = e0 + threadIdx.x + 256 * p;
+    for (int p = 0; p < kPer; ++p) {
+      const int e = e0 + threadIdx.x + kStride * p;
       if (e >= E || pos(e) >= D) continue;
       const float wgt = e0 == 0 ? wv[p] : w ? bf16_load(w, pos(e)) : 1.0f;
       const float v = rb(wgt * (us[e] * rinv), r);
@@ -4671,11 +4677,16 @@ void collapse_norm(const float* pre, int pre_stride, const float* emix, int emix
   DSUF_CHECK(!sink.xq || D % 32 == 0, "collapse_norm: an input sink needs D % 32 == 0");
   const size_t smem = size_t((D + 255) / 256) * 32 * sizeof(float);
   DSUF_CHECK(smem <= 200 * 1024, "collapse_norm: hidden size ", D, " too large");
+  // DSUF_COLLAPSE=narrow|wide: 256 threads a block (narrow, the default) or one a position (wide:
+  // k_collapse_norm<HC, true>, up to 1,024 positions a block, D ≤ 8,192).
+  static const bool wide_env = env_picks("DSUF_COLLAPSE", "narrow", "wide");
+  const int E = int((D + 255) / 256) * 32;
+  const bool wide = wide_env && E <= 1024;
   with_hc(hc, [&](auto H) {
-    auto* k = k_collapse_norm<decltype(H)::value>;
+    auto* k = wide ? k_collapse_norm<decltype(H)::value, true> : k_collapse_norm<decltype(H)::value>;
     set_smem(k, smem);
-    launch_step_in(kNormCluster, k, dim3(kNormCluster, n), dim3(256), smem, s, pre, pre_stride, emix, emix_stride, y_in,
-                   X, D, w, eps, y, r, sink, weights_early(), late_trigger(kLateCollapse));
+    launch_step_in(kNormCluster, k, dim3(kNormCluster, n), dim3(wide ? E : 256), smem, s, pre, pre_stride, emix,
+                   emix_stride, y_in, X, D, w, eps, y, r, sink, weights_early(), late_trigger(kLateCollapse));
   });
 }
 namespace {
