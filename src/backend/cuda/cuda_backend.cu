@@ -165,6 +165,14 @@ struct CudaBackend::Impl {
   // the step's tail; −0.022 ms a batch-1 step, docs/perf.md) or through the copy and the gather (v35).
   bool head_direct = true;
   bool gather_early = true;  // DSUF_GATHER=early|late (attention())
+  // DSUF_SUM_EXPAND=collapse|kernel: the FFN site's MoE sum and expansion by the next attention site's
+  // collapse (collapse, the default since session 34, with the wide collapse, where no Engram gate or
+  // trace comes between: −0.031 ms at batch 1 and 8K, −0.028 at 128K, −0.037 at batch 4 against the
+  // wide collapse alone, docs/perf.md v46) or by k_moe_sum_expand (kernel; in v45's 256-thread collapse
+  // the sum cost more than the launch it saved, v24). moe() leaves the sum to enqueue_step when
+  // sum_deferred is set.
+  bool sum_in_collapse = false;
+  bool sum_deferred = false;
   // DSUF_GATHER_REUSE=on|off: ws.keys past each row's window keeps the selected entries' keys of the
   // last gather; a layer that attends the same source slot's entries by the same selection (the
   // layers after an indexer layer, up to the next) has gather_keys decode only its window (on, the
@@ -611,6 +619,7 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   if (const char* v = std::getenv("DSUF_OVERLAP")) overlap = std::string(v) != "0";
   shared_fork = env_choice("DSUF_SHARED_FORK", {"auto", "early", "late"});
   gather_early = !env_picks("DSUF_GATHER", "early", "late");
+  sum_in_collapse = !env_picks("DSUF_SUM_EXPAND", "collapse", "kernel");
   gather_reuse = !env_picks("DSUF_GATHER_REUSE", "on", "off");
   rank_gather = !env_picks("DSUF_TOPK_RANK", "gather", "sort");
   head_direct = !env_picks("DSUF_HEAD_INPUT", "direct", "gather");
@@ -1428,7 +1437,9 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
     cuda::gather_expert_rows(comm, ws.ye, ws.ids, rows, D, tp_recv, ws.ys, n, part.shared_owner(l), stream);
   }
   hc_mix_join();  // the site's mix (post, comb) expands the output into the streams
-  cuda::moe_sum_expand(ws.ye, K, ws.ys, n, t.hc_mult, D, expand_mix, cuda::hc_mix_stride(t.hc_mult), ws.X, r, stream);
+  if (!sum_deferred)  // (else the next attention site's collapse sums and expands: enqueue_step)
+    cuda::moe_sum_expand(ws.ye, K, ws.ys, n, t.hc_mult, D, expand_mix, cuda::hc_mix_stride(t.hc_mult), ws.X, r,
+                         stream);
 }
 
 void CudaBackend::Impl::hc_mix_fork(const float* fn, const float* base, const float* scale, int n, float* out,
@@ -1517,7 +1528,9 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
   cuda::embed(st.tok, n, embed, D, hc, ws.X, ws.pre, stream);
   const float* pre = ws.pre;  // the next attention site's collapse weights: the embedding's one-hot
   int pre_stride = hc;
-  for (const LayerPlan& lp : c.layers) {
+  cuda::MoeSumIn moe_sum;  // set: the previous FFN site's sum and expansion is left to this collapse
+  for (size_t li = 0; li < c.layers.size(); ++li) {
+    const LayerPlan& lp = c.layers[li];
     const int l = lp.layer;
     const DevLayer& d = layers[l];
     if (lp.engram_slot >= 0) {
@@ -1540,8 +1553,13 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
     // Both collapses also lay their rows out for the site's first linears (xq[0], no linear_input).
     const cuda::InputSink xsink{ws.xq[0], ws.xs[0], opt.numerics.act_quant};
     const cuda::LinearInput xin = cuda::sink_input(xsink, D);
-    cuda::collapse_norm(pre, pre_stride, nullptr, 0, nullptr, ws.X, n, hc, D, d.attn_norm, eps, ws.xn, r, stream,
-                        xsink);
+    if (moe_sum.ye)  // the previous FFN site's sum and expansion first, with its mix (pre's rows)
+      cuda::collapse_norm(pre, pre_stride, pre, pre_stride, nullptr, ws.X, n, hc, D, d.attn_norm, eps, ws.xn, r,
+                          stream, xsink, moe_sum);
+    else
+      cuda::collapse_norm(pre, pre_stride, nullptr, 0, nullptr, ws.X, n, hc, D, d.attn_norm, eps, ws.xn, r, stream,
+                          xsink);
+    moe_sum = {};
     fork_mix([&] { hc_mix_fork(d.hca_fn, d.hca_base, d.hca_scale, n, ws.mix_a); }, true);
     attention(l, st, xin, ws.y);
     // FFN site: the attention site's expansion, then the collapse with its pre, in one kernel.
@@ -1558,7 +1576,13 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
       });
     }, false);
     mark(kMoe);
+    // The sum and expansion left to the next attention site's collapse where nothing reads the streams
+    // before it: a next layer without an Engram gate, no trace.
+    sum_deferred = sum_in_collapse && !trace && li + 1 < c.layers.size() && c.layers[li + 1].engram_slot < 0 &&
+                   cuda::moe_sum_fits(D, t.num_experts_per_tok);
     moe(l, n, st.image, cuda::sink_input(fsink, D), ws.mix_f);  // ends with the FFN site's expansion
+    if (sum_deferred) moe_sum = {.ye = ws.ye, .ys = ws.ys, .k = t.num_experts_per_tok};
+    sum_deferred = false;
     // pre of the FFN site feeds the next attention site's collapse.
     pre = ws.mix_f, pre_stride = ms;
     if (trace) {

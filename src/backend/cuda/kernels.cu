@@ -618,7 +618,7 @@ constexpr int kNormCluster = 8;  // the warps of block_sum<256>
 // (Fewer blocks a row, each taking several of those warps, measured +0.8 to +7 ms a step: v19.)
 constexpr int kNormPerThread = 4;  // positions per thread per pass (one pass for D ≤ 8192)
 
-// kWide (DSUF_COLLAPSE=wide, session 34): a block of 32·J threads (J = ⌈D/256⌉: 640 at D = 5,120), one
+// kWide (DSUF_COLLAPSE=wide, the default since session 34): a block of 32·J threads (J = ⌈D/256⌉: 640 at D = 5,120), one
 // position a thread, instead of 256 threads of up to kNormPerThread positions each: the same values,
 // sums and stores, spread over 2.5× the warps (the kernel is a chain of dependent instructions at two
 // warps a scheduler: 0.24 issued a cycle under Nsight, ~1,130 instructions a warp).
@@ -628,7 +628,7 @@ __global__ void __launch_bounds__(kWide ? 1024 : 256) k_collapse_norm(const floa
                                                        const float* __restrict__ y_in, float* __restrict__ X,
                                                        int64_t D, const uint16_t* __restrict__ w, float eps,
                                                        float* __restrict__ y, bool r, InputSink sink,
-                                                       bool w_early, bool late) {
+                                                       bool w_early, bool late, MoeSumIn moe) {
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ float us[];  // [32·J]: u[32c + l + 256j] at 32j + l
@@ -671,6 +671,21 @@ __global__ void __launch_bounds__(kWide ? 1024 : 256) k_collapse_norm(const floa
       const bool ok = e < E && pos(e) < D;
 #pragma unroll
       for (int k = 0; k < HC; ++k) xv[p][k] = ok ? x[int64_t(k) * D + pos(e)] : 0.0f;
+      if constexpr (kWide) {
+        if (moe.ye) {  // k_moe_sum_expand's y: the k rows added from 0 in order, then the shared row
+          float ev[kMoeSumMax];
+#pragma unroll
+          for (int j = 0; j < kMoeSumMax; ++j)
+            ev[j] = ok && j < moe.k ? moe.ye[(int64_t(i) * moe.k + j) * D + pos(e)] : 0.0f;
+          const float sv = ok ? moe.ys[int64_t(i) * D + pos(e)] : 0.0f;
+          float acc = 0.0f;
+#pragma unroll
+          for (int j = 0; j < kMoeSumMax; ++j)
+            if (j < moe.k) acc += ev[j];
+          yv[p] = rb(acc + sv, r);
+          continue;
+        }
+      }
       yv[p] = ok && emix ? y_in[int64_t(i) * D + pos(e)] : 0.0f;
     }
 #pragma unroll
@@ -4670,23 +4685,32 @@ bool late_trigger(unsigned which) {
   return (mask & which) != 0;
 }
 }  // namespace
+namespace {
+// DSUF_COLLAPSE=wide|narrow: one thread a position (wide, k_collapse_norm<HC, true>, up to 1,024 positions
+// a block, D ≤ 8,192; the default since session 34: −0.089 to −0.100 ms a step at batch 1 and 8K in two
+// calls, −0.096 at 128K, −0.123 at batch 4: docs/perf.md v46) or 256 threads a block (narrow, v45).
+bool collapse_wide(int64_t D) {
+  static const bool wide = !env_picks("DSUF_COLLAPSE", "wide", "narrow");
+  return wide && (D + 255) / 256 * 32 <= 1024;
+}
+}  // namespace
+bool moe_sum_fits(int64_t D, int k) { return collapse_wide(D) && k >= 1 && k <= kMoeSumMax; }
 void collapse_norm(const float* pre, int pre_stride, const float* emix, int emix_stride, const float* y_in, float* X,
                    int n, int hc, int64_t D, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s,
-                   const InputSink& sink) {
+                   const InputSink& sink, const MoeSumIn& moe) {
   if (n <= 0) return;
+  DSUF_CHECK(!moe.ye || (emix && moe.ys && moe_sum_fits(D, moe.k)),
+             "collapse_norm: the MoE's sum needs the mix, the shared rows and the wide kernel with k ≤ ", kMoeSumMax);
   DSUF_CHECK(!sink.xq || D % 32 == 0, "collapse_norm: an input sink needs D % 32 == 0");
   const size_t smem = size_t((D + 255) / 256) * 32 * sizeof(float);
   DSUF_CHECK(smem <= 200 * 1024, "collapse_norm: hidden size ", D, " too large");
-  // DSUF_COLLAPSE=narrow|wide: 256 threads a block (narrow, the default) or one a position (wide:
-  // k_collapse_norm<HC, true>, up to 1,024 positions a block, D ≤ 8,192).
-  static const bool wide_env = env_picks("DSUF_COLLAPSE", "narrow", "wide");
   const int E = int((D + 255) / 256) * 32;
-  const bool wide = wide_env && E <= 1024;
+  const bool wide = collapse_wide(D);
   with_hc(hc, [&](auto H) {
     auto* k = wide ? k_collapse_norm<decltype(H)::value, true> : k_collapse_norm<decltype(H)::value>;
     set_smem(k, smem);
     launch_step_in(kNormCluster, k, dim3(kNormCluster, n), dim3(wide ? E : 256), smem, s, pre, pre_stride, emix,
-                   emix_stride, y_in, X, D, w, eps, y, r, sink, weights_early(), late_trigger(kLateCollapse));
+                   emix_stride, y_in, X, D, w, eps, y, r, sink, weights_early(), late_trigger(kLateCollapse), moe);
   });
 }
 namespace {

@@ -54,9 +54,19 @@ struct InputSink {
 // streams are first expanded in place with the mix rows emix (stride emix_stride) and the site output
 // y_in, as the reference's hc_expand: X_k ← bf16(post_k·y_in + Σ_j C[j][k]·X_j). y is also laid out for
 // the linears through sink when set (D % 32 == 0).
+// With moe.ye set, y_in is the FFN site's output instead, summed as moe_sum_expand sums it —
+// bf16(Σ_j moe.ye[row·k + j] + moe.ys[row]) — so that the next attention site's collapse does the MoE's
+// sum and expansion (moe_sum_fits says where: the wide kernel, k ≤ kMoeSumMax).
+struct MoeSumIn {
+  const float* ye = nullptr;
+  const float* ys = nullptr;
+  int k = 0;
+};
+constexpr int kMoeSumMax = 8;
+bool moe_sum_fits(int64_t D, int k);
 void collapse_norm(const float* pre, int pre_stride, const float* emix, int emix_stride, const float* y_in, float* X,
                    int n, int hc, int64_t D, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s,
-                   const InputSink& sink = {});
+                   const InputSink& sink = {}, const MoeSumIn& moe = {});
 // y = bf16(w ⊙ x·rsqrt(mean(x²)+eps)) per row (w optional; y may be x).
 void rmsnorm(const float* x, int64_t rows, int64_t dim, const uint16_t* w, float eps, float* y, bool r,
              cudaStream_t s);
