@@ -3055,14 +3055,9 @@ __device__ __forceinline__ void emit_attention_out(const AttentionArgs& a, int i
 // UNR > 2: the P·V loop takes UNR groups of 4 keys at a time, all their shared loads issued before
 // the products (DSUF_PV_UNROLL: 8, the v23 candidate; 2: v22's loop alone); every accumulator adds
 // its keys in order either way.
-// SMW = 2 (DSUF_PV_SOFTMAX=split, session 34; HPW = 1): 16 warps, two a head for the softmax — warp w
-// and w + 8 each take the full max (order-free) and two of the denominator's four partial sums (c = 0, 1
-// and c = 2, 3, each in its own order: the exponentials of the keys j ≡ 32c + lane mod 128), so a warp's
-// chain of exponentials is half as long; the sums over the keys stay with warps 0–7 (one head each).
-template <int HPW, int UNR, int SMW = 1>
-__global__ void __launch_bounds__(32 * kPvHeads / HPW * SMW) k_attention_pv(AttentionArgs a, int tile) {
-  static_assert(SMW == 1 || HPW == 1, "the softmax split is for one head a warp");
-  constexpr int kThreads = 32 * kPvHeads / HPW * SMW;
+template <int HPW, int UNR>
+__global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionArgs a, int tile) {
+  constexpr int kThreads = 32 * kPvHeads / HPW;
   // The warp's heads' attention sinks (weights: nothing in a step writes them) before the dependency
   // wait, so that their DRAM latency is not paid after the softmax (DSUF_W_EARLY=1; 0: after it).
   float sink_v[HPW];
@@ -3081,8 +3076,6 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW * SMW) k_attention_pv(Atte
   float* p = reinterpret_cast<float*>(pv_smem4);  // [kPvHeads][kp] logits, then exp(logit − max)
   float* kt = p + kPvHeads * kp;                  // [tile][kPvDims] key slice
   __shared__ float den_s[kPvHeads];
-  __shared__ float q_s[SMW > 1 ? kPvHeads : 1][4];  // SMW > 1: a head's four partial sums, then
-  __shared__ float sink_s[kPvHeads];                 // its sink's term
   __shared__ int first_free;
   const int i = blockIdx.x, h0 = blockIdx.y * kPvHeads, d0 = blockIdx.z * kPvDims;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -3124,38 +3117,8 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW * SMW) k_attention_pv(Atte
   if (!a.pv_keys_early) stage_keys(0);
   cp_async_wait_all();
   __syncthreads();
-  if constexpr (SMW > 1) {
-    const int h = warp % kPvHeads, half = warp / kPvHeads;
-    float* ph = p + h * kp;
-    float mx = -INFINITY;
-    if (h < nh) {
-      for (int j = lane; j < nk; j += 32) mx = fmaxf(mx, ph[j]);
-      mx = warp_max(mx);
-    }
-    __syncthreads();  // both warps of a head have read its logits before either overwrites them
-    if (h < nh) {
-      float part[2] = {0.0f, 0.0f};
-      for (int j0 = 0; j0 < nk; j0 += 128)
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int j = j0 + 32 * (2 * half + c) + lane;
-          if (j < nk) part[c] += (ph[j] = det::fexp(ph[j] - mx));
-        }
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const float q = warp_sum(part[c]);
-        if (lane == 0) q_s[h][2 * half + c] = q;
-      }
-      if (half == 0 && lane == 0) sink_s[h] = det::fexp(sink_v[0] - mx);
-    }
-    __syncthreads();
-    if (threadIdx.x < nh) {
-      const float* q = q_s[threadIdx.x];
-      den_s[threadIdx.x] = ((q[0] + q[2]) + (q[1] + q[3])) + sink_s[threadIdx.x];
-    }
-  }
-#pragma unroll
-  for (int u = 0; u < (SMW > 1 ? 0 : HPW); ++u) {
+  for (int u = 0; u < HPW; ++u) {
     const int h = HPW * warp + u;
     if (h >= nh) break;
     float* ph = p + h * kp;
@@ -3175,11 +3138,10 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW * SMW) k_attention_pv(Atte
     if (lane == 0) den_s[h] = ((q[0] + q[2]) + (q[1] + q[3])) + det::fexp(sink_v[u] - mx);
   }
   __syncthreads();
-  const bool sums = SMW == 1 || warp < kPvHeads;  // warp-uniform: SMW > 1's warps 8–15 only stage tiles
   const float* ph[HPW];
   float acc[HPW];
 #pragma unroll
-  for (int u = 0; u < HPW; ++u) ph[u] = p + (HPW * (sums ? warp : 0) + u) * kp, acc[u] = 0.0f;
+  for (int u = 0; u < HPW; ++u) ph[u] = p + (HPW * warp + u) * kp, acc[u] = 0.0f;
   for (int j0 = 0; j0 < nk; j0 += tile) {
     if (j0 > 0) {
       __syncthreads();
@@ -3187,7 +3149,7 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW * SMW) k_attention_pv(Atte
       cp_async_wait_all();
       __syncthreads();
     }
-    const int n = sums ? min(tile, nk - j0) : 0;
+    const int n = min(tile, nk - j0);
     int jj = 0;
     if constexpr (UNR > 2) {
       // UNR groups of 4 keys: every group's weights and keys loaded first, then the products in key
@@ -3235,7 +3197,6 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW * SMW) k_attention_pv(Atte
     }
   }
   pdl_exit(a.pv_late);
-  if (!sums) return;
   const int64_t d = d0 + lane;
   if (a.o_sink.xq) {  // wo_a's input, as k_linear_input lays it out (whole warps: attention() checks)
 #pragma unroll
@@ -5523,15 +5484,10 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   pa.pv_late = pv_late;
   const int hpw = pv == kPvOneHead ? 1 : 2;
   static const bool deep_unroll = !env_picks("DSUF_PV_UNROLL", "8", "2");
-  // DSUF_PV_SOFTMAX=one|split: a head's softmax by its warp (one) or by two (split: k_attention_pv<1, 8, 2>,
-  // 512 threads; one head a warp and the 8-group loop only).
-  static const bool split = env_picks("DSUF_PV_SOFTMAX", "one", "split");
-  const int smw = split && hpw == 1 && deep_unroll ? 2 : 1;
   auto* k = hpw == 2 ? (deep_unroll ? k_attention_pv<2, 8> : k_attention_pv<2, 2>)
-            : smw == 2 ? k_attention_pv<1, 8, 2>
-                       : deep_unroll ? k_attention_pv<1, 8> : k_attention_pv<1, 2>;
+                     : deep_unroll ? k_attention_pv<1, 8> : k_attention_pv<1, 2>;
   set_smem(k, pv_smem);
-  launch_step(k, dim3(pv_grid), dim3(32 * kPvHeads / hpw * smw), pv_smem, s, pa, tile);
+  launch_step(k, dim3(pv_grid), dim3(32 * kPvHeads / hpw), pv_smem, s, pa, tile);
   return layout();
 }
 void compress_emit(const CompressArgs& a, cudaStream_t s) {
