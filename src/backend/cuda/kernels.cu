@@ -4115,7 +4115,10 @@ __device__ __forceinline__ uint32_t route_key(float v) {
   const uint32_t u = __float_as_uint(v == 0.0f ? 0.0f : v);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
-template <bool kRedux>
+// kSlots (session 34): the slots a lane scans, the fewest that hold E (4 for the bench's 96 experts, 12
+// for the model's 384): each pick's scan is a chain of compare-selects through every slot, so slots
+// past the last expert cost ~4 dependent instructions each a pick.
+template <bool kRedux, int kSlots = kRouteSlots>
 __global__ void k_route(const float* logits, int E, int k, const float* bias, const float* bias_vl,
                         const uint8_t* image, float temp, float route_scale, int32_t* ids, float* w,
                         bool w_early, bool late) {
@@ -4146,10 +4149,11 @@ __global__ void k_route(const float* logits, int E, int k, const float* bias, co
   if (threadIdx.x >= 32) return;
   float sum = 0.0f;
   if constexpr (kRedux) {
-    float vr[kRouteSlots];
+    static_assert(kSlots <= kRouteSlots, "at most kRouteSlots slots");
+    float vr[kSlots];
     uint32_t avail = 0;
 #pragma unroll
-    for (int m = 0; m < kRouteSlots; ++m) {
+    for (int m = 0; m < kSlots; ++m) {
       const int e = lane + 32 * m;
       vr[m] = e < E ? val[e] : 0.0f;
       if (e < E) avail |= 1u << m;
@@ -4158,7 +4162,7 @@ __global__ void k_route(const float* logits, int E, int k, const float* bias, co
       int lm = -1;
       float lb = 0.0f;
 #pragma unroll
-      for (int m = 0; m < kRouteSlots; ++m)
+      for (int m = 0; m < kSlots; ++m)
         if (((avail >> m) & 1u) && (lm < 0 || vr[m] > lb)) lb = vr[m], lm = m;
       const uint32_t key = lm < 0 ? 0u : route_key(lb);
       const uint32_t kmax = __reduce_max_sync(0xffffffffu, key);
@@ -5625,7 +5629,15 @@ void route(const float* logits, int n, int E, int k, const float* bias, const fl
   DSUF_CHECK(k <= 32 && k <= E, "route: top-", k, " of ", E, " experts");
   const size_t smem = sizeof(float) * 3 * E;
   static const bool redux_pick = !env_picks("DSUF_ROUTE", "redux", "scan");  // redux: the default since v32
-  auto* kern = redux_pick && E <= 32 * kRouteSlots ? k_route<true> : k_route<false>;
+  // DSUF_ROUTE_SLOTS=fit|all: the redux form's scan over the fewest slots that hold E (fit, session 34)
+  // or all kRouteSlots (v32 to v46).
+  static const bool all_slots = env_picks("DSUF_ROUTE_SLOTS", "fit", "all");
+  const int64_t slots = (E + 31) / 32;
+  auto* kern = !redux_pick || E > 32 * kRouteSlots ? k_route<false>
+               : all_slots || slots > 12          ? k_route<true>
+               : slots > 8                        ? k_route<true, 12>
+               : slots > 4                        ? k_route<true, 8>
+                                                  : k_route<true, 4>;
   set_smem(kern, smem);
   const int threads = int(std::clamp<int64_t>((E + 31) / 32 * 32, 32, 1024));
   if (n) launch_step(kern, dim3(n), dim3(threads), smem, s, logits, E, k, bias, bias_vl, image, temp, route_scale,
