@@ -5629,7 +5629,8 @@ void route(const float* logits, int n, int E, int k, const float* bias, const fl
   DSUF_CHECK(k <= 32 && k <= E, "route: top-", k, " of ", E, " experts");
   const size_t smem = sizeof(float) * 3 * E;
   static const bool redux_pick = !env_picks("DSUF_ROUTE", "redux", "scan");  // redux: the default since v32
-  // DSUF_ROUTE_SLOTS=fit|all: the redux form's scan over the fewest slots that hold E (fit, session 34)
+  // DSUF_ROUTE_SLOTS=fit|all: the redux form's scan over the fewest slots that hold E (fit, the default
+  // since session 34: −0.027 ms a step at batch 1 and 8K with the bench's 96 experts, docs/perf.md v46)
   // or all kRouteSlots (v32 to v46).
   static const bool all_slots = env_picks("DSUF_ROUTE_SLOTS", "fit", "all");
   const int64_t slots = (E + 31) / 32;
