@@ -618,10 +618,11 @@ constexpr int kNormCluster = 8;  // the warps of block_sum<256>
 // (Fewer blocks a row, each taking several of those warps, measured +0.8 to +7 ms a step: v19.)
 constexpr int kNormPerThread = 4;  // positions per thread per pass (one pass for D ≤ 8192)
 
-// kWide (DSUF_COLLAPSE=wide, the default since session 34): a block of 32·J threads (J = ⌈D/256⌉: 640 at D = 5,120), one
-// position a thread, instead of 256 threads of up to kNormPerThread positions each: the same values,
-// sums and stores, spread over 2.5× the warps (the kernel is a chain of dependent instructions at two
-// warps a scheduler: 0.24 issued a cycle under Nsight, ~1,130 instructions a warp).
+// kWide (DSUF_COLLAPSE=wide, the default since session 34): a block of 32·J threads (J = ⌈D/256⌉:
+// 640 at D = 5,120), one position a thread, instead of 256 threads of up to kNormPerThread positions
+// each: the same values, sums and stores, spread over 2.5× the warps (the kernel is a chain of
+// dependent instructions at two warps a scheduler: 0.24 issued a cycle under Nsight, ~1,130
+// instructions a warp). With moe.ye set (wide only) the site output it expands is the MoE's sum.
 template <int HC, bool kWide = false>
 __global__ void __launch_bounds__(kWide ? 1024 : 256) k_collapse_norm(const float* __restrict__ pre, int pre_stride,
                                                        const float* __restrict__ emix, int emix_stride,
@@ -636,8 +637,8 @@ __global__ void __launch_bounds__(kWide ? 1024 : 256) k_collapse_norm(const floa
   const int c = int(cluster.block_rank()), i = blockIdx.y, lane = threadIdx.x % 32;
   const int J = int((D + 255) / 256), E = 32 * J;
   constexpr int kPer = kWide ? 1 : kNormPerThread;  // positions a thread a pass
-  const int kStride = kWide ? int(blockDim.x) : 256;  // threads a pass (a constant for 256)
-  const int kPass = kPer * kStride;
+  const int stride = kWide ? int(blockDim.x) : 256;  // threads a pass (a constant for 256)
+  const int pass = kPer * stride;
   auto pos = [&](int e) { return int64_t(32 * c + e % 32) + 256 * int64_t(e / 32); };
   // The norm weights of the first pass first: before the dependency wait (w_early, DSUF_W_EARLY=1:
   // nothing in a step writes them), or right after it; their latency overlaps the stream loads.
@@ -645,7 +646,7 @@ __global__ void __launch_bounds__(kWide ? 1024 : 256) k_collapse_norm(const floa
   auto load_w = [&] {
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
-      const int e = threadIdx.x + kStride * k;
+      const int e = threadIdx.x + stride * k;
       wv[k] = w && e < E && pos(e) < D ? bf16_load(w, pos(e)) : 1.0f;
     }
   };
@@ -663,11 +664,11 @@ __global__ void __launch_bounds__(kWide ? 1024 : 256) k_collapse_norm(const floa
     for (int k = 0; k < HC * HC; ++k) C[k] = m[2 * HC + k];
   }
   float* x = X + int64_t(i) * HC * D;
-  for (int e0 = 0; e0 < E; e0 += kPass) {
+  for (int e0 = 0; e0 < E; e0 += pass) {
     float xv[kPer][HC], yv[kPer];
 #pragma unroll
     for (int p = 0; p < kPer; ++p) {  // all loads of the pass first
-      const int e = e0 + threadIdx.x + kStride * p;
+      const int e = e0 + threadIdx.x + stride * p;
       const bool ok = e < E && pos(e) < D;
 #pragma unroll
       for (int k = 0; k < HC; ++k) xv[p][k] = ok ? x[int64_t(k) * D + pos(e)] : 0.0f;
@@ -690,7 +691,7 @@ __global__ void __launch_bounds__(kWide ? 1024 : 256) k_collapse_norm(const floa
     }
 #pragma unroll
     for (int p = 0; p < kPer; ++p) {
-      const int e = e0 + threadIdx.x + kStride * p;
+      const int e = e0 + threadIdx.x + stride * p;
       if (e >= E) continue;
       float u = 0.0f;
       if (pos(e) < D) {
@@ -729,10 +730,10 @@ __global__ void __launch_bounds__(kWide ? 1024 : 256) k_collapse_norm(const floa
   float ss = lane < kNormCluster ? *cluster.map_shared_rank(&q, lane) : 0.0f;
   ss = warp_sum(ss);
   const float rinv = 1.0f / sqrtf(ss / float(D) + eps);
-  for (int e0 = 0; e0 < E; e0 += kPass) {
+  for (int e0 = 0; e0 < E; e0 += pass) {
 #pragma unroll
     for (int p = 0; p < kPer; ++p) {
-      const int e = e0 + threadIdx.x + kStride * p;
+      const int e = e0 + threadIdx.x + stride * p;
       if (e >= E || pos(e) >= D) continue;
       const float wgt = e0 == 0 ? wv[p] : w ? bf16_load(w, pos(e)) : 1.0f;
       const float v = rb(wgt * (us[e] * rinv), r);
