@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """scripts/layer_view.py on a hand-made timeline: two layers (four collapses) and the head's collapse;
 layer 1 must hold exactly its own records, in start order, times from its first collapse, and a
-layer past the last must be refused."""
+layer past the last must be refused. --median on a second timeline: three layers of one shape and a
+fourth with one more launch; each record's median comes from the three alike."""
 from script_run import run_on_csv
 
 ROWS = [  # step, stream, start, end, name
@@ -17,8 +18,18 @@ ROWS = [  # step, stream, start, end, name
 ]
 
 
-def run(*args):
-    text = "step,stream,start_us,end_us,name\n" + "".join(",".join(f'"{v}"' for v in r) + "\n" for r in ROWS)
+ALIKE = [  # three layers of one shape (collapse, linear, collapse), a fourth with a mix too, the head
+    (1, 1, 0, 5, "k_collapse_norm<4>"), (1, 1, 1, 9, "k_fp8_gemv"), (1, 1, 10, 14, "k_collapse_norm<4>"),
+    (1, 1, 20, 26, "k_collapse_norm<4>"), (1, 1, 21, 31, "k_fp8_gemv"), (1, 1, 32, 35, "k_collapse_norm<4>"),
+    (1, 1, 40, 47, "k_collapse_norm<4>"), (1, 1, 42, 50, "k_fp8_gemv"), (1, 1, 51, 60, "k_collapse_norm<4>"),
+    (1, 1, 80, 81, "k_collapse_norm<4>"), (1, 1, 81, 99, "k_fp8_gemv"), (1, 2, 82, 90, "k_hc_mix<4>"),
+    (1, 1, 91, 92, "k_collapse_norm<4>"),
+    (1, 1, 100, 101, "k_collapse_norm<4>"),
+]
+
+
+def run(*args, rows=ROWS):
+    text = "step,stream,start_us,end_us,name\n" + "".join(",".join(f'"{v}"' for v in r) + "\n" for r in rows)
     return run_on_csv("layer_view.py", text, *args)
 
 
@@ -36,6 +47,15 @@ def main():
     assert p.stdout.splitlines()[0] == "step 1, layer 0: 4 records", p.stdout
     p = run("--step", "1", "--layer", "3")
     assert p.returncode != 0 and "no layer 3" in p.stderr, (p.returncode, p.stderr)
+    p = run("--step", "1", "--layer", "1", "--median", rows=ALIKE)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == "step 1, layer 1's 3 records: medians over 3 of 4 layers with the same launches", lines
+    body = [l.split() for l in lines[2:]]
+    assert [b[:3] for b in body] == [["0.0", "6.0", "6.0"], ["1.0", "10.0", "8.0"], ["11.0", "15.0", "4.0"]], body
+    assert [b[4] for b in body] == ["k_collapse_norm<4>", "k_fp8_gemv", "k_collapse_norm<4>"], body
+    p = run("--step", "1", "--layer", "3", "--median", rows=ALIKE)
+    assert p.stdout.splitlines()[0] == "step 1, layer 3's 4 records: medians over 1 of 4 layers with the same launches"
     print("layer_view: ok")
 
 
