@@ -5,6 +5,7 @@
 // longer rows than it gets (as a captured decode graph plans for max_context). GPU machine only
 // (label "gpu", in cuda_backend_tests). CudaTopK.Timing prints both paths' device time.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -17,6 +18,7 @@
 #include "cuda_buf.h"
 #include "backend/cuda/kernels.cuh"
 #include "backend/cuda/topk_plan.h"
+#include "core/detmath.h"
 #include "core/topk.h"
 #include "topk_rows.h"
 
@@ -294,6 +296,66 @@ TEST(CudaTopK, Timing) {
                   (long long)c.count, c.what, rows, us_single, us_multi,
                   topk::chunks(c.count, c.k, topk::kMaxGroups, topk::kDefaultChunk).G);
     }
+  }
+}
+
+// cuda::route against the CPU reference's routing (cpu_backend.cc moe): scores sqrt(softplus(l / temp)),
+// the top k of score + bias (bias_vl for image rows; ties to the lower index), weights score / (Σ of the
+// picked scores in pick order + 1e-20) · scale — ids equal, weights bit for bit. E from one slot of the
+// redux picks to all 16 (k_route<true, kSlots> scans 4, 8, 12 or 16), and past 512 (the scan form);
+// every row has planted ties (equal selection values) among its leaders.
+TEST(CudaRoute, PicksAndWeightsEqualTheReference) {
+  const int k = 6, n = 3;
+  const float temp = 1.5f, scale = 2.5f;
+  const std::vector<uint8_t> image = {0, 1, 0};
+  std::mt19937 rng(34);
+  std::normal_distribution<float> logit(0.0f, 2.0f), small(0.0f, 0.05f);
+  for (const int E : {8, 33, 96, 130, 256, 300, 384, 512, 600}) {
+    std::vector<float> l(size_t(n) * E), bias(E), bias_vl(E);
+    for (auto& v : l) v = logit(rng);
+    for (int e = 0; e < E; ++e) bias[e] = small(rng), bias_vl[e] = small(rng);
+    for (int i = 0; i < n; ++i) {  // the row's leader copied to experts after it: equal values, lower index first
+      float* li = l.data() + size_t(i) * E;
+      const int lead = int(std::max_element(li, li + E) - li);
+      for (const int e : {lead + E / 3, lead + 2 * E / 3 + 1})
+        if (e < E) {
+          li[e] = li[lead] + 0.5f;  // above the leader: both picked, the lower index first
+          bias[e] = bias[std::min(lead + E / 3, E - 1)], bias_vl[e] = bias_vl[std::min(lead + E / 3, E - 1)];
+        }
+    }
+    std::vector<int32_t> ids_ref(size_t(n) * k);
+    std::vector<float> w_ref(size_t(n) * k);
+    for (int i = 0; i < n; ++i) {
+      std::vector<float> score(E), sel(E);
+      const std::vector<float>& b = image[i] ? bias_vl : bias;
+      for (int e = 0; e < E; ++e) {
+        score[e] = std::sqrt(det::softplus(l[size_t(i) * E + e] / temp));
+        sel[e] = score[e] + b[e];
+      }
+      const std::vector<int32_t> chosen = top_k(sel, k);
+      float wsum = 0.0f;
+      for (const int32_t e : chosen) wsum += score[e];
+      for (int j = 0; j < k; ++j) {
+        ids_ref[size_t(i) * k + j] = chosen[j];
+        w_ref[size_t(i) * k + j] = score[chosen[j]] / (wsum + 1e-20f) * scale;
+      }
+    }
+    Buf<float> dl(l.size()), db(E), dbv(E), dw(w_ref.size());
+    Buf<uint8_t> dimg(n);
+    Buf<int32_t> dids(ids_ref.size());
+    DSUF_CUDA(cudaMemcpy(dl.p, l.data(), l.size() * 4, cudaMemcpyHostToDevice));
+    DSUF_CUDA(cudaMemcpy(db.p, bias.data(), size_t(E) * 4, cudaMemcpyHostToDevice));
+    DSUF_CUDA(cudaMemcpy(dbv.p, bias_vl.data(), size_t(E) * 4, cudaMemcpyHostToDevice));
+    DSUF_CUDA(cudaMemcpy(dimg.p, image.data(), size_t(n), cudaMemcpyHostToDevice));
+    cuda::route(dl.p, n, E, k, db.p, dbv.p, dimg.p, temp, scale, dids.p, dw.p, nullptr);
+    DSUF_CUDA(cudaDeviceSynchronize());
+    std::vector<int32_t> ids(ids_ref.size());
+    std::vector<float> w(w_ref.size());
+    DSUF_CUDA(cudaMemcpy(ids.data(), dids.p, ids.size() * 4, cudaMemcpyDeviceToHost));
+    DSUF_CUDA(cudaMemcpy(w.data(), dw.p, w.size() * 4, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(ids, ids_ref) << "E " << E;
+    for (size_t j = 0; j < w.size(); ++j)
+      EXPECT_EQ(std::bit_cast<uint32_t>(w[j]), std::bit_cast<uint32_t>(w_ref[j])) << "E " << E << " pick " << j;
   }
 }
 
