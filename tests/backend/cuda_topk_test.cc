@@ -319,7 +319,7 @@ TEST(CudaRoute, PicksAndWeightsEqualTheReference) {
       const int lead = int(std::max_element(li, li + E) - li);
       for (const int e : {lead + E / 3, lead + 2 * E / 3 + 1})
         if (e < E) {
-          li[e] = li[lead] + 0.5f;  // above the leader: both picked, the lower index first
+          li[e] = li[lead] + 0.5f;  // above the leader: a tie at the top, the lower index first
           bias[e] = bias[std::min(lead + E / 3, E - 1)], bias_vl[e] = bias_vl[std::min(lead + E / 3, E - 1)];
         }
     }
