@@ -169,10 +169,8 @@ struct CudaBackend::Impl {
   // collapse (collapse, the default since session 34, with the wide collapse, where no Engram gate or
   // trace comes between: −0.031 ms at batch 1 and 8K, −0.028 at 128K, −0.037 at batch 4 against the
   // wide collapse alone, docs/perf.md v46) or by k_moe_sum_expand (kernel; in v45's 256-thread collapse
-  // the sum cost more than the launch it saved, v24). moe() leaves the sum to enqueue_step when
-  // sum_deferred is set.
+  // the sum cost more than the launch it saved, v24).
   bool sum_in_collapse = false;
-  bool sum_deferred = false;
   // DSUF_GATHER_REUSE=on|off: ws.keys past each row's window keeps the selected entries' keys of the
   // last gather; a layer that attends the same source slot's entries by the same selection (the
   // layers after an indexer layer, up to the next) has gather_keys decode only its window (on, the
@@ -408,7 +406,9 @@ struct CudaBackend::Impl {
   // recorded on `stream` right after the scores kernel (null: none).
   bool indexer_branch(int l, const Step& st, const cuda::LinearInput& qin, bool with_query, cudaStream_t stream,
                       cudaEvent_t after_scores = nullptr);
-  void moe(int l, int n, const uint8_t* image, const cuda::LinearInput& xin, const float* expand_mix);
+  // sum_to_next: the sum and expansion left to the next attention site's collapse (enqueue_step).
+  void moe(int l, int n, const uint8_t* image, const cuda::LinearInput& xin, const float* expand_mix,
+           bool sum_to_next = false);
   // mHC mixes on a second stream (off the critical path: a site's mix is read only by its expansion,
   // after its attention/MoE, and by the next site's collapse); DSUF_HC_FORK=0 keeps them on `stream`.
   // `also`, when set, is enqueued on the mix's stream after the mix (work that nothing reads before
@@ -1351,7 +1351,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
 }
 
 void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::LinearInput& xin,
-                            const float* expand_mix) {
+                            const float* expand_mix, bool sum_to_next) {
   const TextConfig& t = cfg.text;
   const DevLayer& d = layers[l];
   const bool r = opt.numerics.bf16_activations, aq = opt.numerics.act_quant;
@@ -1437,7 +1437,7 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
     cuda::gather_expert_rows(comm, ws.ye, ws.ids, rows, D, tp_recv, ws.ys, n, part.shared_owner(l), stream);
   }
   hc_mix_join();  // the site's mix (post, comb) expands the output into the streams
-  if (!sum_deferred)  // (else the next attention site's collapse sums and expands: enqueue_step)
+  if (!sum_to_next)
     cuda::moe_sum_expand(ws.ye, K, ws.ys, n, t.hc_mult, D, expand_mix, cuda::hc_mix_stride(t.hc_mult), ws.X, r,
                          stream);
 }
@@ -1578,11 +1578,11 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
     mark(kMoe);
     // The sum and expansion left to the next attention site's collapse where nothing reads the streams
     // before it: a next layer without an Engram gate, no trace.
-    sum_deferred = sum_in_collapse && !trace && li + 1 < c.layers.size() && c.layers[li + 1].engram_slot < 0 &&
-                   cuda::moe_sum_fits(D, t.num_experts_per_tok);
-    moe(l, n, st.image, cuda::sink_input(fsink, D), ws.mix_f);  // ends with the FFN site's expansion
-    if (sum_deferred) moe_sum = {.ye = ws.ye, .ys = ws.ys, .k = t.num_experts_per_tok};
-    sum_deferred = false;
+    const bool sum_to_next = sum_in_collapse && !trace && li + 1 < c.layers.size() &&
+                             c.layers[li + 1].engram_slot < 0 && cuda::moe_sum_fits(D, t.num_experts_per_tok);
+    // (ends with the FFN site's expansion, unless sum_to_next)
+    moe(l, n, st.image, cuda::sink_input(fsink, D), ws.mix_f, sum_to_next);
+    if (sum_to_next) moe_sum = {.ye = ws.ye, .ys = ws.ys, .k = t.num_experts_per_tok};
     // pre of the FFN site feeds the next attention site's collapse.
     pre = ws.mix_f, pre_stride = ms;
     if (trace) {
