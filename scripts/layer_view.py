@@ -15,8 +15,8 @@ over the step's layers that launch the same kernels as many times (an indexer la
 from the indexer layers, the others' from the others), the k-th launch of a kernel matched with the
 k-th — one layer's jitter out of the reading (docs/perf.md v46 read its in-place numbers so).
 """
-import statistics
 import argparse
+import statistics
 import sys
 
 from critical_path import load  # the timeline CSV's records (scripts/ is the first import path)

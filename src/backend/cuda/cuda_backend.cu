@@ -1553,12 +1553,10 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
     // Both collapses also lay their rows out for the site's first linears (xq[0], no linear_input).
     const cuda::InputSink xsink{ws.xq[0], ws.xs[0], opt.numerics.act_quant};
     const cuda::LinearInput xin = cuda::sink_input(xsink, D);
-    if (moe_sum.ye)  // the previous FFN site's sum and expansion first, with its mix (pre's rows)
-      cuda::collapse_norm(pre, pre_stride, pre, pre_stride, nullptr, ws.X, n, hc, D, d.attn_norm, eps, ws.xn, r,
-                          stream, xsink, moe_sum);
-    else
-      cuda::collapse_norm(pre, pre_stride, nullptr, 0, nullptr, ws.X, n, hc, D, d.attn_norm, eps, ws.xn, r, stream,
-                          xsink);
+    // With moe_sum set, the previous FFN site's sum and expansion first, with its mix (pre's rows).
+    const float* emix = moe_sum.ye ? pre : nullptr;
+    cuda::collapse_norm(pre, pre_stride, emix, emix ? pre_stride : 0, nullptr, ws.X, n, hc, D, d.attn_norm, eps, ws.xn,
+                        r, stream, xsink, moe_sum);
     moe_sum = {};
     fork_mix([&] { hc_mix_fork(d.hca_fn, d.hca_base, d.hca_scale, n, ws.mix_a); }, true);
     attention(l, st, xin, ws.y);

@@ -4707,14 +4707,14 @@ void collapse_norm(const float* pre, int pre_stride, const float* emix, int emix
   DSUF_CHECK(!moe.ye || (emix && moe.ys && moe_sum_fits(D, moe.k)),
              "collapse_norm: the MoE's sum needs the mix, the shared rows and the wide kernel with k ≤ ", kMoeSumMax);
   DSUF_CHECK(!sink.xq || D % 32 == 0, "collapse_norm: an input sink needs D % 32 == 0");
-  const size_t smem = size_t((D + 255) / 256) * 32 * sizeof(float);
+  const int64_t E = (D + 255) / 256 * 32;  // a block's positions: its shared floats, the wide kernel's threads
+  const size_t smem = size_t(E) * sizeof(float);
   DSUF_CHECK(smem <= 200 * 1024, "collapse_norm: hidden size ", D, " too large");
-  const int E = int((D + 255) / 256) * 32;
   const bool wide = collapse_wide(D);
   with_hc(hc, [&](auto H) {
     auto* k = wide ? k_collapse_norm<decltype(H)::value, true> : k_collapse_norm<decltype(H)::value>;
     set_smem(k, smem);
-    launch_step_in(kNormCluster, k, dim3(kNormCluster, n), dim3(wide ? E : 256), smem, s, pre, pre_stride, emix,
+    launch_step_in(kNormCluster, k, dim3(kNormCluster, n), dim3(wide ? unsigned(E) : 256u), smem, s, pre, pre_stride, emix,
                    emix_stride, y_in, X, D, w, eps, y, r, sink, weights_early(), late_trigger(kLateCollapse), moe);
   });
 }
