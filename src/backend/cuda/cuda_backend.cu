@@ -171,9 +171,6 @@ struct CudaBackend::Impl {
   // wide collapse alone, docs/perf.md v46) or by k_moe_sum_expand (kernel; in v45's 256-thread collapse
   // the sum cost more than the launch it saved, v24).
   bool sum_in_collapse = false;
-  // DSUF_SHARED_GLU=tail|kernel: the shared expert's SwiGLU by the last block of each 32 columns of its
-  // w1/w3 launch (tail, cuda::fp8_swiglu; where its shape allows: one row) or by k_swiglu after it.
-  bool shared_glu_tail = true;
   // DSUF_GATHER_REUSE=on|off: ws.keys past each row's window keeps the selected entries' keys of the
   // last gather; a layer that attends the same source slot's entries by the same selection (the
   // layers after an indexer layer, up to the next) has gather_keys decode only its window (on, the
@@ -260,7 +257,6 @@ struct CudaBackend::Impl {
     float* qs;
     float* mix_part;          // hc_mix scratch: warp sums
     unsigned* mix_count;      // hc_mix scratch: one counter per row tile (kept zero between launches)
-    int* glu_count;           // fp8_swiglu's tail: one counter per 32 columns of h (kept zero between launches)
     float* sample_w;          // [sample_chunk][V] sampling weights
     uint32_t* sample_max;     // [max_rows]
     int32_t* sample_out;      // [max_rows] sampled tokens, one per sampling job
@@ -624,7 +620,6 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   shared_fork = env_choice("DSUF_SHARED_FORK", {"auto", "early", "late"});
   gather_early = !env_picks("DSUF_GATHER", "early", "late");
   sum_in_collapse = !env_picks("DSUF_SUM_EXPAND", "collapse", "kernel");
-  shared_glu_tail = !env_picks("DSUF_SHARED_GLU", "tail", "kernel");
   gather_reuse = !env_picks("DSUF_GATHER_REUSE", "on", "off");
   rank_gather = !env_picks("DSUF_TOPK_RANK", "gather", "sort");
   head_direct = !env_picks("DSUF_HEAD_INPUT", "direct", "gather");
@@ -900,9 +895,6 @@ void CudaBackend::Impl::alloc_workspace() {
   ws.keys = alloc<float>(w.keys);
   ws.mix_part = alloc<float>(w.mix_part), ws.mix_count = alloc<unsigned>(w.sample);
   DSUF_CUDA(cudaMemset(ws.mix_count, 0, size_t(w.sample) * sizeof(unsigned)));
-  const int64_t glu_groups = (t.moe_intermediate_size + 31) / 32;
-  ws.glu_count = alloc<int>(glu_groups);
-  DSUF_CUDA(cudaMemset(ws.glu_count, 0, size_t(glu_groups) * sizeof(int)));
   ws.att = alloc<float>(w.att);
   const TpScratch tps = tp_scratch(t, part, max_rows);
   if (tps.recv) tp_send = alloc<float>(tps.send), tp_recv = alloc<float>(tps.recv), tp_send_floats = tps.send;
@@ -1383,9 +1375,10 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
     if (!part.owns_shared(l)) return;
     fork();
     cudaStream_t s2 = branch();
+    cuda::fp8_linear(d.sw1.w, d.sw1.s, F, D, xin, n, ws.h1s, F, r, s2,
+                     {.W = d.sw3.w, .Ws = d.sw3.s, .out = F, .y = ws.h3s, .y_stride = F});
     const cuda::InputSink hssink{ws.xq[2], ws.xs[2], aq};
-    cuda::fp8_swiglu(d.sw1.w, d.sw1.s, d.sw3.w, d.sw3.s, F, D, xin, n, ws.h1s, ws.h3s, r, s2, limit,
-                     opt.numerics.shared_expert_clamp, hssink, ws.glu_count, shared_glu_tail);
+    cuda::swiglu(ws.h1s, ws.h3s, n, F, nullptr, limit, opt.numerics.shared_expert_clamp, r, s2, hssink);
     const cuda::LinearInput hsin = cuda::sink_input(hssink, F);
     cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, hsin, n, ws.ys, D, r, s2);
   };

@@ -1096,26 +1096,14 @@ __device__ __forceinline__ void fp8_slice(const uint8_t* __restrict__& W, const 
 // the block also lays its 32 outputs out as one K-block of the next linear's input through `sink`
 // (linear_input's arithmetic on the same rounded values: wo_a's outputs as wo_b's input, one launch
 // fewer), triggering its dependents at entry (1) or at its end (2).
-// kSink = 3 (session 35, fp8_swiglu; a pair at one row): SwiGLU's tail. Each block counts itself in
-// glu.count[its 32 columns]; the last of the group's blocks of both linears (32 / (OPW·kWarps) of each)
-// reads the 32 outputs of y (h1) and pair.y (h3) back from L2 and applies k_swiglu's arithmetic (no
-// row weight): h into y and laid out through `sink`. It resets the count (kept zero between launches,
-// as hc_mix's). Triggers its dependents at entry.
-struct Fp8GluTail {
-  int* count = nullptr;
-  float limit = 0.0f;
-  bool clamp = false;
-};
 template <int OPW, int R, bool kExact, int kMode, int kWarps = 8, int kSink = 0, bool kInter = false>
 __global__ void __launch_bounds__(kWarps > 8 ? 32 * kWarps : 256)
     k_fp8_gemv(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws, int64_t out, int64_t K,
                const float* __restrict__ x, int64_t x_stride, int64_t x_group, const float* __restrict__ xs,
                int64_t xs_stride, int rows, float* __restrict__ y, int64_t y_stride, bool r, Fp8Pair pair, bool early,
-               InputSink sink, Fp8GluTail glu) {
-  static_assert(kSink == 0 || (R == 1 && (kSink == 3 ? 32 % (OPW * kWarps) == 0 : OPW * kWarps == 32)),
-                "a sink block's outputs are one K-block (a SwiGLU tail's: a part of one)");
+               InputSink sink) {
+  static_assert(kSink == 0 || (R == 1 && OPW * kWarps == 32), "a sink block's outputs are one K-block");
   const int nb = int(K / 32);
-  float* const h1 = y;  // kSink = 3: the first linear's outputs (y is the pair's at z = 1)
   fp8_slice(W, Ws, out, K, x, x_group, xs, y, y_stride, pair);
   const int row0 = blockIdx.y * R, nr = min(R, rows - row0);
   x += int64_t(row0) * x_stride, xs += int64_t(row0) * xs_stride;
@@ -1246,31 +1234,7 @@ __global__ void __launch_bounds__(kWarps > 8 ? 32 * kWarps : 256)
       if (rr == 0) vo[o] = rb(v, r);
       if (lane == 0 && rr < nr && o0 + o < out) y[int64_t(row0 + rr) * y_stride + o0 + o] = rb(v, r);
     }
-  if constexpr (kSink == 3) {
-    __shared__ int last;
-    constexpr int kPer = 32 / (OPW * kWarps);  // a linear's blocks in one group of 32 columns
-    const int grp = int(blockIdx.x) / kPer;
-    // Hand-off as hc_mix's: the stores, then the block counts itself in; the last one finishes.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      const int done = atomicAdd(glu.count + grp, 1);
-      last = done == 2 * kPer - 1;
-      if (last) glu.count[grp] = 0;  // every other block of the group has counted itself in
-    }
-    __syncthreads();
-    if (!last || warp != 0) return;
-    __threadfence();
-    const int64_t f = int64_t(grp) * 32 + lane;
-    float g = __ldcg(h1 + f), u = __ldcg(pair.y + f);
-    if (glu.clamp && glu.limit > 0) {
-      g = fminf(g, glu.limit);
-      u = fminf(fmaxf(u, -glu.limit), glu.limit);
-    }
-    const float hv = rb(1.0f * (det::silu(g) * u), r);
-    h1[f] = hv;
-    if (sink.xq) emit_input(sink, out, 0, grp, lane, hv);
-  } else if constexpr (kSink != 0) {
+  if constexpr (kSink != 0) {
     __shared__ float so[32];
     if (lane == 0)
 #pragma unroll
@@ -4935,7 +4899,7 @@ void launch_fp8(const Fp8Call& c) {
   const int64_t out = std::max(c.out, c.pair.out);
   const dim3 grid(blocks_for(out, warps * OPW), blocks_for(c.rows, R), c.groups);
   launch_pdl(k, grid, dim3(32 * warps), 0, c.s, c.W, c.Ws, c.out, c.K, c.in.x, c.in.stride, c.in.group_stride, c.in.scale,
-             c.in.scale_stride, int(c.rows), c.y, c.y_stride, c.r, c.pair, early, InputSink{}, Fp8GluTail{});
+             c.in.scale_stride, int(c.rows), c.y, c.y_stride, c.r, c.pair, early, InputSink{});
 }
 template <int R, bool kExact>
 void launch_fp8_opw(const Fp8Call& c) {
@@ -4974,8 +4938,7 @@ bool launch_fp8_sink(const Fp8Call& c, const InputSink& sink, bool late) {
   const bool early = fp8_early();
   auto k = late ? k_fp8_gemv<2, 1, kExact, kRegs, 16, 2> : k_fp8_gemv<2, 1, kExact, kRegs, 16, 1>;
   launch_pdl(k, dim3(int(c.out / 32), 1, c.groups), dim3(512), 0, c.s, c.W, c.Ws, c.out, c.K, c.in.x, c.in.stride,
-             c.in.group_stride, c.in.scale, c.in.scale_stride, int(c.rows), c.y, c.y_stride, c.r, c.pair, early, sink,
-             Fp8GluTail{});
+             c.in.group_stride, c.in.scale, c.in.scale_stride, int(c.rows), c.y, c.y_stride, c.r, c.pair, early, sink);
   return true;
 }
 template <bool kExact>
@@ -5228,25 +5191,6 @@ void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, con
   const Fp8Call c{W, Ws, out, K, in, rows, y, y_stride, 2, r, s, pair};
   if (in.scale) return launch_fp8_rows<true>(c);
   launch_fp8_rows<false>(c);
-}
-bool fp8_swiglu(const uint8_t* W1, const uint8_t* S1, const uint8_t* W3, const uint8_t* S3, int64_t F, int64_t K,
-                const LinearInput& in, int64_t rows, float* h1, float* h3, bool r, cudaStream_t s, float limit,
-                bool clamp, const InputSink& sink, int* count, bool tail) {
-  const Fp8Pair pair{.W = W3, .Ws = S3, .out = F, .y = h3, .y_stride = F};
-  // The shape launch_fp8 gives the pair at one row (2 outputs a warp, 4 warps a block), which the
-  // tail's 32-column groups need whole: 4 blocks of each linear a group.
-  if (tail && rows == 1 && count && in.scale && F % 32 == 0 && K % 32 == 0 && gemv_mode() == kRegs &&
-      fp8_block_warps() == 4 && outputs_per_warp(2 * F) == 2 && !(fp8_gemm_rows() > 0 && rows >= fp8_gemm_rows())) {
-    DSUF_CHECK(in.group_stride == interleaved_k(K) && in.stride == in.group_stride, "fp8_swiglu: K = ", K,
-               ", input laid out for ", in.group_stride);
-    launch_pdl(k_fp8_gemv<2, 1, true, kRegs, 4, 3>, dim3(int(F / 8), 1, 2), dim3(128), 0, s, W1, S1, F, K, in.x,
-               in.stride, in.group_stride, in.scale, in.scale_stride, 1, h1, F, r, pair, fp8_early(), sink,
-               Fp8GluTail{count, limit, clamp});
-    return true;
-  }
-  fp8_linear(W1, S1, F, K, in, rows, h1, F, r, s, pair);
-  swiglu(h1, h3, rows, F, nullptr, limit, clamp, r, s, sink);
-  return false;
 }
 int64_t group_bound(int64_t rows, int experts, int size) {
   return std::min<int64_t>(rows, (rows + size - 1) / size + experts);

@@ -137,15 +137,6 @@ void fp8_linear_groups(const uint8_t* W, const uint8_t* Ws, int groups, int64_t 
 // default since v34: its dependents triggered at entry; 2: at its end) or by a linear_input launch
 // between them (0).
 int fp8_sink_mode();
-// The shared expert's w1 and w3 (an FP8 pair of one input, F outputs each) then swiglu(h1, h3, rows, F,
-// no weights, limit, clamp, r, s, sink). With `tail`, at one row where the pair takes k_fp8_gemv's
-// 4-warp, 2-outputs-a-warp blocks (F % 32 == 0, quantized inputs): one launch, whose last block to
-// finish of each 32 columns of h (the 4 of w1 and the 4 of w3 that wrote them, counted in count[F/32],
-// which must be zero and is left zero) applies SwiGLU's arithmetic to them, as k_swiglu would; else the
-// two launches. Returns whether it took the one launch. Either way h1 holds h and h3 w3's outputs.
-bool fp8_swiglu(const uint8_t* W1, const uint8_t* S1, const uint8_t* W3, const uint8_t* S3, int64_t F, int64_t K,
-                const LinearInput& in, int64_t rows, float* h1, float* h3, bool r, cudaStream_t s, float limit,
-                bool clamp, const InputSink& sink, int* count, bool tail);
 // The second weights of a grouped FP4 pair (w1 and w3 of the experts) and their outputs.
 struct Fp4Pair {
   const uint8_t* const* W = nullptr;
