@@ -159,10 +159,6 @@ struct CudaBackend::Impl {
   // 1 routed row per expert (batch 16) lost 9 %, 4 (batch 64) gained 6 %, a 512-token chunk 12 %.
   int64_t group_rows_per_expert = 4;
   int shared_fork = 0;  // DSUF_SHARED_FORK=auto|early|late: 0|1|2 (moe())
-  // DSUF_SHARED_HEAD=cols: where the shared expert forks late (one row), its w1/w3's first `cols`
-  // columns (a multiple of 32) forked before the router instead, to stream while the router and the
-  // route run; the rest after the route as before (0: none, v46).
-  int64_t shared_head = 0;
   // DSUF_HEAD_INPUT=direct|gather: when every row gets logits in row order (decode), the head's
   // collapse reads the streams and the last FFN site's pre where they are (direct, the default since
   // v36: one graph memcpy node — which no programmatic launch crosses — and k_gather_rows' 15 µs off
@@ -622,10 +618,6 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   DSUF_CUDA(cudaEventCreateWithFlags(&ev_scores, cudaEventDisableTiming));
   if (const char* v = std::getenv("DSUF_OVERLAP")) overlap = std::string(v) != "0";
   shared_fork = env_choice("DSUF_SHARED_FORK", {"auto", "early", "late"});
-  if (const char* v = std::getenv("DSUF_SHARED_HEAD")) {
-    shared_head = std::atoll(v);
-    DSUF_CHECK(shared_head >= 0 && shared_head % 32 == 0, "DSUF_SHARED_HEAD=", v, ": expected a multiple of 32");
-  }
   gather_early = !env_picks("DSUF_GATHER", "early", "late");
   sum_in_collapse = !env_picks("DSUF_SUM_EXPAND", "collapse", "kernel");
   gather_reuse = !env_picks("DSUF_GATHER_REUSE", "on", "off");
@@ -1379,23 +1371,12 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
   // priority made the shared expert the tail (+0.25, docs/perf.md v39). (Measured on one GPU; under
   // tensor parallelism the launches' shapes differ and auto was not timed there.)
   const bool shared_early = shared_fork == 1 || (shared_fork == 0 && n > 1);
-  // Late, the first `head` columns of w1/w3 may still go before the router (DSUF_SHARED_HEAD).
-  const int64_t head = shared_early || !part.owns_shared(l) ? 0 : std::min(shared_head, F / 32 * 32);
-  auto shared_w13 = [&](int64_t f0, int64_t f1, cudaStream_t s2) {  // w1/w3's columns [f0, f1)
-    if (f1 <= f0) return;
-    const int64_t sb = (f0 / 32) * (D / 32);  // their 32×32 blocks' scales
-    cuda::fp8_linear(d.sw1.w + f0 * D, d.sw1.s + sb, f1 - f0, D, xin, n, ws.h1s + f0, F, r, s2,
-                     {.W = d.sw3.w + f0 * D, .Ws = d.sw3.s + sb, .out = f1 - f0, .y = ws.h3s + f0, .y_stride = F});
-  };
-  if (head > 0) {
-    fork();
-    shared_w13(0, head, branch());
-  }
   auto shared_expert = [&] {
     if (!part.owns_shared(l)) return;
     fork();
     cudaStream_t s2 = branch();
-    shared_w13(head, F, s2);
+    cuda::fp8_linear(d.sw1.w, d.sw1.s, F, D, xin, n, ws.h1s, F, r, s2,
+                     {.W = d.sw3.w, .Ws = d.sw3.s, .out = F, .y = ws.h3s, .y_stride = F});
     const cuda::InputSink hssink{ws.xq[2], ws.xs[2], aq};
     cuda::swiglu(ws.h1s, ws.h3s, n, F, nullptr, limit, opt.numerics.shared_expert_clamp, r, s2, hssink);
     const cuda::LinearInput hsin = cuda::sink_input(hssink, F);
