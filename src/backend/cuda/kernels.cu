@@ -4901,15 +4901,9 @@ void launch_fp8(const Fp8Call& c) {
   launch_pdl(k, grid, dim3(32 * warps), 0, c.s, c.W, c.Ws, c.out, c.K, c.in.x, c.in.stride, c.in.group_stride, c.in.scale,
              c.in.scale_stride, int(c.rows), c.y, c.y_stride, c.r, c.pair, early, InputSink{});
 }
-// DSUF_FP8_PAIR_OPW=auto|4: a pair's outputs a warp where auto would give it 2 (at one row the shared
-// expert's w1/w3 alone): 4 rows a warp, more independent sums in flight (bench/smem_probe, v45).
-int pair_opw(const Fp8Call& c, int opw) {
-  static const bool four = env_picks("DSUF_FP8_PAIR_OPW", "auto", "4");
-  return four && c.pair.W && opw == 2 ? 4 : opw;
-}
 template <int R, bool kExact>
 void launch_fp8_opw(const Fp8Call& c) {
-  switch (pair_opw(c, outputs_per_warp((c.out * (c.pair.W ? 1 : c.groups) + c.pair.out) * blocks_for(c.rows, R)))) {
+  switch (outputs_per_warp((c.out * (c.pair.W ? 1 : c.groups) + c.pair.out) * blocks_for(c.rows, R))) {
     case 4: return launch_fp8<4, R, kExact>(c);
     case 2: return launch_fp8<2, R, kExact>(c);
     default: return launch_fp8<1, R, kExact>(c);
