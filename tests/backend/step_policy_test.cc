@@ -6,14 +6,11 @@
 namespace dsuf::cuda {
 namespace {
 
-// DSUF_PRIORITY: auto raises the latency-bound kernels for one-row steps only; latency always,
-// none never, whatever the rows.
-TEST(StepPolicy, PriorityAutoIsForOneRowSteps) {
-  EXPECT_TRUE(latency_priority_for(PriorityMode::kAuto, 1));
-  EXPECT_FALSE(latency_priority_for(PriorityMode::kAuto, 2));
-  EXPECT_FALSE(latency_priority_for(PriorityMode::kAuto, 16));
-  EXPECT_FALSE(latency_priority_for(PriorityMode::kAuto, 64));
+// DSUF_PRIORITY: auto (since session 35) and none never raise the latency-bound kernels, latency
+// always, whatever the rows.
+TEST(StepPolicy, PriorityOnlyWhenAsked) {
   for (int64_t rows : {1, 4, 64, 512}) {
+    EXPECT_FALSE(latency_priority_for(PriorityMode::kAuto, rows)) << rows;
     EXPECT_TRUE(latency_priority_for(PriorityMode::kLatency, rows)) << rows;
     EXPECT_FALSE(latency_priority_for(PriorityMode::kNone, rows)) << rows;
   }

@@ -4514,7 +4514,7 @@ void fill_entries_synthetic(uint8_t* p, int64_t entries, int64_t entry_bytes, in
 // hold the SMs, a latency-bound kernel's pending blocks (often on a side stream: the gather, the
 // router, the indexer's) are dispatched first as slots free up. Decode graphs honour it
 // (cudaGraphInstantiateFlagUseNodePriority). Scheduling only: the same bits. auto (the default):
-// for one-row steps (step_policy.h says why).
+// never since session 35 (it had been for one-row steps; step_policy.h says why).
 namespace {
 thread_local int64_t t_priority_rows = INT64_MAX;  // unknown (no step on this thread yet): not one row
 }
