@@ -1663,7 +1663,6 @@ CudaBackend::Impl::Step CudaBackend::Impl::run_step(std::vector<Part>& parts) {
   }
   decode &= !trace;
   const Step st = stage_step(parts, decode);
-  cuda::set_priority_rows(st.rows);  // the step's rows, for DSUF_PRIORITY's policy (step_policy.h)
   if (decode) {
     // Decode steps replay a graph captured for this batch size; the staged inputs change, the
     // kernels and their arguments do not.

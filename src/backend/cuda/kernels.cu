@@ -4515,13 +4515,9 @@ void fill_entries_synthetic(uint8_t* p, int64_t entries, int64_t entry_bytes, in
 // router, the indexer's) are dispatched first as slots free up. Decode graphs honour it
 // (cudaGraphInstantiateFlagUseNodePriority). Scheduling only: the same bits. auto (the default):
 // never since session 35 (it had been for one-row steps; step_policy.h says why).
-namespace {
-thread_local int64_t t_priority_rows = INT64_MAX;  // unknown (no step on this thread yet): not one row
-}
-void set_priority_rows(int64_t rows) { t_priority_rows = rows; }
 bool latency_priority_on() {
   static const auto mode = PriorityMode(env_choice("DSUF_PRIORITY", {"auto", "latency", "none"}));
-  return latency_priority_for(mode, t_priority_rows);
+  return latency_priority_for(mode);
 }
 namespace {
 // Programmatic dependent launch, DSUF_PDL=1|gemv|0: every kernel of the step (the default), only

@@ -433,8 +433,7 @@ void fill_entries_synthetic(uint8_t* p, int64_t entries, int64_t entry_bytes, in
 
 // DSUF_PRIORITY=auto|latency|none: whether the step's latency-bound kernels are launched at the
 // greatest priority (the decode graph is then instantiated to honour node priorities); auto, the
-// default: for steps of one row. set_priority_rows: the rows of the step this thread enqueues next.
-void set_priority_rows(int64_t rows);
+// default, is none since session 35 (step_policy.h).
 bool latency_priority_on();
 
 // The device's fast conversions (hardware E4M3 code, pow2_ceil and division by a power of two by
