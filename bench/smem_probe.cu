@@ -57,6 +57,20 @@ __device__ __forceinline__ void e4m3x4(uint32_t t, float (&v)[4]) {
   v[0] = p.x, v[1] = p.y, v[2] = q.x, v[3] = q.y;
 }
 
+// The bit-placement decode (session 36): a byte stored re-encoded at load as s | (e0 m2 m1 m0) << 3 |
+// (e3 e2 e1) (place_code below), so that one PRMT puts the stored byte in the F32's top byte and the
+// same byte shifted left by one (u = t << 1, once a word) in the next: sign at bit 31, e3..e1 at
+// 26..24, e0 m2 m1 m0 at 23..20; the AND clears the rest. The F32 is the E4M3 value times 2^-120
+// (subnormals become F32 denormals, which FFMA keeps: no flush to zero in this build), so the inputs
+// are staged times 2^100 and the K-block's part comes out times 2^-20, exactly (every nonzero
+// product is at least 2^-38 in magnitude).
+__device__ __forceinline__ void e4m3x4_place(uint32_t t, float (&v)[4]) {
+  const uint32_t u = t << 1;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) v[e] = __uint_as_float(__byte_perm(t, u, (e << 12) | ((4 + e) << 8)) & 0x87F00000u);
+}
+uint8_t place_code(uint8_t c) { return uint8_t((c & 0x80) | ((c & 0x0F) << 3) | ((c >> 4) & 0x07)); }
+
 struct Args {
   const uint8_t* w;      // [blocks][R][K] E4M3: block b's rows contiguous
   const float* scale;    // [blocks · R / 32][K / 32]: s_w of each 32 × 32 weight block (a float here)
@@ -67,8 +81,9 @@ struct Args {
   int R, K;
 };
 
-// RPW rows a warp at a time (RPW independent chains a lane), WARPS warps.
-template <int RPW>
+// RPW rows a warp at a time (RPW independent chains a lane), WARPS warps. DEC 0: the cvt decode;
+// 1: the bit placement of re-encoded bytes (e4m3x4_place).
+template <int RPW, int DEC = 0>
 __global__ void k_smem_gemv(Args a) {
   extern __shared__ __align__(128) uint8_t sm[];
   __shared__ __align__(8) unsigned long long bar;
@@ -96,7 +111,7 @@ __global__ void k_smem_gemv(Args a) {
           : "memory");
     }
   }
-  for (int i = threadIdx.x; i < K; i += blockDim.x) xs[i] = a.x[i];
+  for (int i = threadIdx.x; i < K; i += blockDim.x) xs[i] = DEC ? a.x[i] * 0x1p100f : a.x[i];
   // Wait for the copy (phase 0 of the barrier).
   asm volatile(
       "{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared.b64 p, [%0], 0;\n @!p bra W;\n}" ::"r"(b)
@@ -129,7 +144,8 @@ __global__ void k_smem_gemv(Args a) {
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
             float f[4];
-            e4m3x4(words[c], f);
+            if constexpr (DEC == 1) e4m3x4_place(words[c], f);
+            else e4m3x4(words[c], f);
 #pragma unroll
             for (int e = 0; e < 4; ++e) part[j] = __fmaf_rn(xv[4 * c + e], f[e], part[j]);
           }
@@ -138,7 +154,8 @@ __global__ void k_smem_gemv(Args a) {
       const int64_t row0 = int64_t(blockIdx.x) * R + r0;
 #pragma unroll
       for (int j = 0; j < RPW; ++j)
-        sum[j] = __fadd_rn(sum[j], __fmul_rn(part[j], __fmul_rn(a.sa[kb], a.scale[((row0 + j) / 32) * nb + kb])));
+        sum[j] = __fadd_rn(sum[j], __fmul_rn(DEC ? __fmul_rn(part[j], 0x1p20f) : part[j],
+                                              __fmul_rn(a.sa[kb], a.scale[((row0 + j) / 32) * nb + kb])));
     }
 #pragma unroll
     for (int j = 0; j < RPW; ++j) {
@@ -168,7 +185,7 @@ uint8_t random_code(std::mt19937& rng) {
 }
 
 struct Config {
-  int rpw, warps, R, K;
+  int rpw, warps, R, K, dec = 0;
 };
 
 double median(std::vector<double> v) {
@@ -220,6 +237,9 @@ int main(int argc, char** argv) {
   const Config configs[] = {
       {2, 8, 192, 1024}, {4, 8, 192, 1024}, {8, 8, 192, 1024}, {2, 16, 192, 1024}, {4, 16, 192, 1024},
       {2, 8, 48, 4096},  {1, 16, 48, 4096}, {3, 16, 48, 4096},
+      // the bit-placement decode
+      {2, 8, 192, 1024, 1}, {4, 8, 192, 1024, 1}, {8, 8, 192, 1024, 1}, {2, 16, 192, 1024, 1},
+      {4, 16, 192, 1024, 1}, {2, 8, 48, 4096, 1}, {3, 16, 48, 4096, 1},
   };
   std::mt19937 rng(seed);
   bool all_exact = true;
@@ -241,18 +261,28 @@ int main(int argc, char** argv) {
     check(cudaMalloc(&dsa, sa.size() * 4), "malloc");
     check(cudaMalloc(&dy, size_t(blocks) * R * 4), "malloc");
     check(cudaMalloc(&dt, size_t(blocks) * 3 * 8), "malloc");
-    check(cudaMemcpy(dw, w.data(), wbytes, cudaMemcpyHostToDevice), "h2d");
+    if (c.dec == 1) {
+      std::vector<uint8_t> placed(w.size());
+      for (size_t i = 0; i < w.size(); ++i) placed[i] = place_code(w[i]);
+      check(cudaMemcpy(dw, placed.data(), wbytes, cudaMemcpyHostToDevice), "h2d");
+    } else {
+      check(cudaMemcpy(dw, w.data(), wbytes, cudaMemcpyHostToDevice), "h2d");
+    }
     check(cudaMemcpy(dscale, scale.data(), scale.size() * 4, cudaMemcpyHostToDevice), "h2d");
     check(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice), "h2d");
     check(cudaMemcpy(dsa, sa.data(), sa.size() * 4, cudaMemcpyHostToDevice), "h2d");
     check(cudaMemset(dy, 0xff, size_t(blocks) * R * 4), "memset");  // NaN until written
     const Args a{dw, dscale, dx, dsa, dy, dt, R, K};
     const size_t smem = size_t(R) * K + size_t(K) * 4;
-    auto kernel = c.rpw == 1   ? k_smem_gemv<1>
-                  : c.rpw == 2 ? k_smem_gemv<2>
-                  : c.rpw == 3 ? k_smem_gemv<3>
-                  : c.rpw == 4 ? k_smem_gemv<4>
-                               : k_smem_gemv<8>;
+    auto kernel = c.dec == 1 ? (c.rpw == 2   ? k_smem_gemv<2, 1>
+                                : c.rpw == 3 ? k_smem_gemv<3, 1>
+                                : c.rpw == 4 ? k_smem_gemv<4, 1>
+                                             : k_smem_gemv<8, 1>)
+                             : (c.rpw == 1   ? k_smem_gemv<1>
+                                : c.rpw == 2 ? k_smem_gemv<2>
+                                : c.rpw == 3 ? k_smem_gemv<3>
+                                : c.rpw == 4 ? k_smem_gemv<4>
+                                             : k_smem_gemv<8>);
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "smem attribute");
     // Correctness first: the same order on the CPU, every output bit for bit.
     kernel<<<blocks, 32 * c.warps, smem>>>(a);
@@ -302,9 +332,9 @@ int main(int argc, char** argv) {
     const double cu = median(copy_us), mu = median(med_us), xu = median(max_us);
     const double tbs = double(wbytes) / (xu * 1e-6) / 1e12;
     std::printf(
-        "RPW %d, %2d warps, R %3d, K %4d (%3zu KB a block, %5.1f MB): %s | copy %6.2f µs (%.2f TB/s) | "
+        "%s RPW %d, %2d warps, R %3d, K %4d (%3zu KB a block, %5.1f MB): %s | copy %6.2f µs (%.2f TB/s) | "
         "compute median %6.2f µs, slowest %6.2f µs = %.2f TB/s (%.2f× the copy rate)\n",
-        c.rpw, c.warps, R, K, size_t(R) * K / 1024, double(wbytes) / 1e6, bad ? "NOT EXACT" : "exact", cu,
+        c.dec ? "place" : "cvt  ", c.rpw, c.warps, R, K, size_t(R) * K / 1024, double(wbytes) / 1e6, bad ? "NOT EXACT" : "exact", cu,
         double(wbytes) / (cu * 1e-6) / 1e12, mu, xu, tbs, tbs / copy_tbs);
     cudaFree(dw), cudaFree(dscale), cudaFree(dx), cudaFree(dsa), cudaFree(dy), cudaFree(dt);
   }

@@ -1648,6 +1648,100 @@ __global__ void __launch_bounds__(256) k_fp8_gemm(const uint8_t* __restrict__ W,
 
 // Row `row`'s expert weights and scale codes; the ids come from this step's router, so it waits
 // for the previous kernel (programmatic dependent launch) first.
+// ---- MoE routing --------------------------------------------------------------------------------
+// One token's routing by a whole block (k_route's, and DSUF_ROUTE_INLINE's in the routed experts' w1/w3
+// launch): scores computed once per expert in parallel, then warp 0's k rounds of argmax (largest
+// score + bias among the experts not yet taken, ties to the lower id — the reference's sequential
+// scan picks the same one for any non-NaN scores).
+// DSUF_ROUTE=redux (session 18, measuring; kRedux): warp 0 holds the values in registers (expert
+// lane + 32m in slot m, at most 32·kRouteSlots experts) and finds each pick with two warp reductions
+// (redux.sync: the largest value as an order-preserving key, then the lowest index holding it) instead
+// of the shared-memory scan and five shuffle rounds of two — the same pick for every finite value
+// (the largest, ties to the lowest index; −0 is keyed as +0, as == treats them).
+constexpr int kRouteSlots = 16;
+__device__ __forceinline__ uint32_t route_key(float v) {
+  const uint32_t u = __float_as_uint(v == 0.0f ? 0.0f : v);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+// kSlots (session 34): the slots a lane scans, the fewest that hold E (4 for the bench's 96 experts, 12
+// for the model's 384): each pick's scan is a chain of compare-selects through every slot, so slots
+// past the last expert cost ~4 dependent instructions each a pick.
+// l: the token's E logits; b: its bias (bias or bias_vl), of which thread t's own expert's value is
+// early_b when `early` (loaded before the caller's dependency wait); sv: 3·E floats of shared memory,
+// picked: 32. Warp 0 writes ids_out[j] and w_out[j], j < k (generic pointers: global or shared); every
+// thread of the block calls it; the caller synchronizes before reading shared outputs.
+template <bool kRedux, int kSlots = kRouteSlots>
+__device__ __forceinline__ void route_pick(const float* l, int E, int k, const float* b, bool early, float early_b,
+                                           float temp, float route_scale, float* sv, float* picked,
+                                           int32_t* ids_out, float* w_out) {
+  float* sc = sv;
+  float* val = sv + E;
+  float* taken = sv + 2 * E;
+  // The scores a thread per expert (each a software exp and log1p: ~3 in a row on one warp at 96
+  // experts, 12 at 384, were most of the kernel's time on the step's chain), then the picks by warp 0.
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    const float x = l[e] / temp;
+    sc[e] = sqrtf(det::softplus(x));
+    val[e] = sc[e] + (early && e == int(threadIdx.x) ? early_b : b[e]);
+    taken[e] = 0.0f;
+  }
+  __syncthreads();
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x;
+  float sum = 0.0f;
+  if constexpr (kRedux) {
+    static_assert(kSlots <= kRouteSlots, "at most kRouteSlots slots");
+    float vr[kSlots];
+    uint32_t avail = 0;
+#pragma unroll
+    for (int m = 0; m < kSlots; ++m) {
+      const int e = lane + 32 * m;
+      vr[m] = e < E ? val[e] : 0.0f;
+      if (e < E) avail |= 1u << m;
+    }
+    for (int j = 0; j < k; ++j) {
+      int lm = -1;
+      float lb = 0.0f;
+#pragma unroll
+      for (int m = 0; m < kSlots; ++m)
+        if (((avail >> m) & 1u) && (lm < 0 || vr[m] > lb)) lb = vr[m], lm = m;
+      const uint32_t key = lm < 0 ? 0u : route_key(lb);
+      const uint32_t kmax = __reduce_max_sync(0xffffffffu, key);
+      const uint32_t best =
+          __reduce_min_sync(0xffffffffu, lm >= 0 && key == kmax ? uint32_t(lane + 32 * lm) : 0xffffffffu);
+      if (int(best % 32) == lane) avail &= ~(1u << (best / 32));
+      const float bs = sc[best];
+      sum += bs;
+      if (lane == 0) {
+        ids_out[j] = int32_t(best);
+        picked[j] = bs;
+      }
+    }
+    __syncwarp();
+  } else {
+    for (int j = 0; j < k; ++j) {
+      int best = -1;
+      float bv = -INFINITY;
+      for (int e = lane; e < E; e += 32)
+        if (taken[e] == 0.0f && (best < 0 || val[e] > bv)) best = e, bv = val[e];
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int ob = __shfl_xor_sync(0xffffffffu, best, o);
+        if (ob >= 0 && (best < 0 || ov > bv || (ov == bv && ob < best))) best = ob, bv = ov;
+      }
+      const float bs = sc[best];
+      sum += bs;
+      if (lane == 0) {
+        ids_out[j] = best;
+        picked[j] = bs;
+        taken[best] = 1.0f;
+      }
+      __syncwarp();
+    }
+  }
+  if (lane < k) w_out[lane] = picked[lane] / (sum + 1e-20f) * route_scale;
+}
+
 struct RoutedExpert {
   const uint8_t* W;
   const uint8_t* S;
@@ -2039,7 +2133,33 @@ struct GluTail {
   float limit = 0.0f;
   bool clamp = false;
   InputSink sink = {};
+  InlineRoute route = {};  // route.logits set: the blocks route their token themselves (route_in_block)
 };
+// DSUF_ROUTE_INLINE (session 36): instead of k_route's launch between the router and this one, each
+// block of the fused w1/w3 launch (one routed row a block, kRows = 1) routes its token itself with
+// route_pick — the same arithmetic, so the same ids and weights — in the shared memory its weight ring
+// has not used yet, then reads its row's expert and routing weight; the token's first slot's blocks
+// of grid column 0 also write route()'s ids and weights for the launches after this one (w2 and the
+// rest read them after their dependency wait, so after this whole launch). The biases load before the
+// wait. E ≤ 32·kRouteSlots (the redux picks; route_inline_fits).
+template <int kSlots>
+__device__ __forceinline__ void route_in_block(const InlineRoute& q, int row, float b0, float bv0, float* sm,
+                                               int32_t& e, float& wt) {
+  const int tok = row / q.k, j = row % q.k;
+  const bool vl = q.image && q.image[tok];
+  float* picked = sm + 3 * q.E;
+  float* w_s = picked + 32;
+  int32_t* ids_s = reinterpret_cast<int32_t*>(w_s + 32);
+  route_pick<true, kSlots>(q.logits + int64_t(tok) * q.E, q.E, q.k, vl ? q.bias_vl : q.bias, int(threadIdx.x) < q.E,
+                           vl ? bv0 : b0, q.temp, q.route_scale, sm, picked, ids_s, w_s);
+  __syncthreads();
+  e = ids_s[j], wt = w_s[j];
+  if (blockIdx.x == 0 && j == 0 && int(threadIdx.x) < q.k) {
+    q.ids[int64_t(tok) * q.k + threadIdx.x] = ids_s[threadIdx.x];
+    q.w[int64_t(tok) * q.k + threadIdx.x] = w_s[threadIdx.x];
+  }
+  __syncthreads();  // the scratch is the ring's: its copies start after this
+}
 // kRows > 1 (session 23, DSUF_EXPERT_ROWS): grid.y walks groups [expert, first, count] of up to kRows
 // routed rows of one expert (RowGroups built with that size; blocks past *n_groups leave at once),
 // and each stage's weights, decoded once, serve every row of the group — per row its own staged
@@ -2101,7 +2221,28 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
     row = order[row];
   }
   if constexpr (kRows == 1) rows_of[0] = row;
-  const auto [We, Se] = routed_expert(W, Ws, ids, row);
+  float route_w = 0.0f;  // the row's routing weight, when the block routes its token itself
+  const RoutedExpert rexp = [&] {
+    if constexpr (kGlu && kRows == 1) {
+      const InlineRoute& q = glu.route;
+      if (q.logits) {  // DSUF_ROUTE_INLINE
+        const bool early = int(threadIdx.x) < q.E;
+        const float b0 = early ? q.bias[threadIdx.x] : 0.0f;
+        const float bv0 = early && q.bias_vl ? q.bias_vl[threadIdx.x] : 0.0f;
+        pdl_wait();
+        float* sm = reinterpret_cast<float*>(imma_sm);
+        int32_t e = 0;
+        const int slots = (q.E + 31) / 32;
+        if (slots <= 4) route_in_block<4>(q, row, b0, bv0, sm, e, route_w);
+        else if (slots <= 8) route_in_block<8>(q, row, b0, bv0, sm, e, route_w);
+        else if (slots <= 12) route_in_block<12>(q, row, b0, bv0, sm, e, route_w);
+        else route_in_block<16>(q, row, b0, bv0, sm, e, route_w);
+        return RoutedExpert{W[e], Ws[e]};
+      }
+    }
+    return routed_expert(W, Ws, ids, row);
+  }();
+  const auto [We, Se] = rexp;
   const bool active = o0 < out;  // warp-uniform; an idle warp still stages inputs and meets the barrier
   // kGlu: both halves' rounded outputs, then k_swiglu on the block's kSets·16 columns of h (warp k <
   // kSets / 2 takes K-block k of them). Every thread of the block calls it once (idle warps too), from
@@ -2124,7 +2265,7 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
           gv = fminf(gv, glu.limit);
           u = fminf(fmaxf(u, -glu.limit), glu.limit);
         }
-        const float wt = glu.weight ? glu.weight[row_r] : 1.0f;
+        const float wt = glu.route.logits ? route_w : glu.weight ? glu.weight[row_r] : 1.0f;
         const float hv = rb(wt * (det::silu(gv) * u), r);
         y[int64_t(row_r) * out + f] = hv;
         if (glu.sink.xq) emit_input(glu.sink, out, row_r, int(f / 32), lane, hv);
@@ -4103,22 +4244,8 @@ __global__ void k_mask_from_selection(const int32_t* sel, int sel_stride, uint8_
 }
 
 // ---- MoE ---------------------------------------------------------------------------------------
-// One block per token (a thread per expert, up to 1,024): scores computed once per expert in
-// parallel, then warp 0's k rounds of argmax (largest score + bias among the experts not yet taken,
-// ties to the lower id — the reference's sequential scan picks the same one for any non-NaN scores).
-// DSUF_ROUTE=redux (session 18, measuring; kRedux): warp 0 holds the values in registers (expert
-// lane + 32m in slot m, at most 32·kRouteSlots experts) and finds each pick with two warp reductions
-// (redux.sync: the largest value as an order-preserving key, then the lowest index holding it) instead
-// of the shared-memory scan and five shuffle rounds of two — the same pick for every finite value
-// (the largest, ties to the lowest index; −0 is keyed as +0, as == treats them).
-constexpr int kRouteSlots = 16;
-__device__ __forceinline__ uint32_t route_key(float v) {
-  const uint32_t u = __float_as_uint(v == 0.0f ? 0.0f : v);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-// kSlots (session 34): the slots a lane scans, the fewest that hold E (4 for the bench's 96 experts, 12
-// for the model's 384): each pick's scan is a chain of compare-selects through every slot, so slots
-// past the last expert cost ~4 dependent instructions each a pick.
+// One block per token (a thread per expert, up to 1,024): route_pick (above), between the dependency
+// wait and the trigger.
 template <bool kRedux, int kSlots = kRouteSlots>
 __global__ void k_route(const float* logits, int E, int k, const float* bias, const float* bias_vl,
                         const uint8_t* image, float temp, float route_scale, int32_t* ids, float* w,
@@ -4131,75 +4258,10 @@ __global__ void k_route(const float* logits, int E, int k, const float* bias, co
   pdl_entry(late);
   extern __shared__ float sv[];  // [E] score s, [E] s + bias, [E] taken flags
   __shared__ float picked[32];
-  const int i = blockIdx.x, lane = threadIdx.x;
-  const float* l = logits + int64_t(i) * E;
+  const int i = blockIdx.x;
   const bool vl = image && image[i];
-  const float* b = vl ? bias_vl : bias;
-  float* sc = sv;
-  float* val = sv + E;
-  float* taken = sv + 2 * E;
-  // The scores a thread per expert (each a software exp and log1p: ~3 in a row on one warp at 96
-  // experts, 12 at 384, were most of the kernel's time on the step's chain), then the picks by warp 0.
-  for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    const float x = l[e] / temp;
-    sc[e] = sqrtf(det::softplus(x));
-    val[e] = sc[e] + (early && e == threadIdx.x ? (vl ? bv0 : b0) : b[e]);
-    taken[e] = 0.0f;
-  }
-  __syncthreads();
-  if (threadIdx.x >= 32) return;
-  float sum = 0.0f;
-  if constexpr (kRedux) {
-    static_assert(kSlots <= kRouteSlots, "at most kRouteSlots slots");
-    float vr[kSlots];
-    uint32_t avail = 0;
-#pragma unroll
-    for (int m = 0; m < kSlots; ++m) {
-      const int e = lane + 32 * m;
-      vr[m] = e < E ? val[e] : 0.0f;
-      if (e < E) avail |= 1u << m;
-    }
-    for (int j = 0; j < k; ++j) {
-      int lm = -1;
-      float lb = 0.0f;
-#pragma unroll
-      for (int m = 0; m < kSlots; ++m)
-        if (((avail >> m) & 1u) && (lm < 0 || vr[m] > lb)) lb = vr[m], lm = m;
-      const uint32_t key = lm < 0 ? 0u : route_key(lb);
-      const uint32_t kmax = __reduce_max_sync(0xffffffffu, key);
-      const uint32_t best =
-          __reduce_min_sync(0xffffffffu, lm >= 0 && key == kmax ? uint32_t(lane + 32 * lm) : 0xffffffffu);
-      if (int(best % 32) == lane) avail &= ~(1u << (best / 32));
-      const float bs = sc[best];
-      sum += bs;
-      if (lane == 0) {
-        ids[i * k + j] = int32_t(best);
-        picked[j] = bs;
-      }
-    }
-    __syncwarp();
-  } else {
-    for (int j = 0; j < k; ++j) {
-      int best = -1;
-      float bv = -INFINITY;
-      for (int e = lane; e < E; e += 32)
-        if (taken[e] == 0.0f && (best < 0 || val[e] > bv)) best = e, bv = val[e];
-      for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int ob = __shfl_xor_sync(0xffffffffu, best, o);
-        if (ob >= 0 && (best < 0 || ov > bv || (ov == bv && ob < best))) best = ob, bv = ov;
-      }
-      const float bs = sc[best];
-      sum += bs;
-      if (lane == 0) {
-        ids[i * k + j] = best;
-        picked[j] = bs;
-        taken[best] = 1.0f;
-      }
-      __syncwarp();
-    }
-  }
-  if (lane < k) w[i * k + lane] = picked[lane] / (sum + 1e-20f) * route_scale;
+  route_pick<kRedux, kSlots>(logits + int64_t(i) * E, E, k, vl ? bias_vl : bias, early, vl ? bv0 : b0, temp,
+                             route_scale, sv, picked, ids + i * k, w + i * k);
   pdl_exit(late);
 }
 
@@ -5621,6 +5683,7 @@ void gather_rows(const float* X, const float* pre, const int32_t* rows, int n, i
                  float* preo, cudaStream_t s) {
   launch_step(k_gather_rows, dim3(n), dim3(256), 0, s, X, pre, rows, hc, D, Xo, preo);
 }
+bool route_inline_fits(int E) { return E >= 1 && E <= 32 * kRouteSlots; }
 void route(const float* logits, int n, int E, int k, const float* bias, const float* bias_vl, const uint8_t* image,
            float temp, float route_scale, int32_t* ids, float* w, cudaStream_t s) {
   DSUF_CHECK(k <= 32 && k <= E, "route: top-", k, " of ", E, " experts");
@@ -5650,16 +5713,26 @@ void swiglu(float* h1, const float* h3, int64_t rows, int64_t F, const float* we
 void fp4_swiglu_grouped(const uint8_t* const* W1, const uint8_t* const* S1, const uint8_t* const* W3,
                         const uint8_t* const* S3, const int32_t* ids, int64_t F, int64_t K, const LinearInput& in,
                         int x_div, int64_t rows, float* h1, float* h3, bool r, cudaStream_t s, const RowGroups* groups,
-                        bool tiled, const float* weight, float limit, bool clamp, const InputSink& sink) {
+                        bool tiled, const float* weight, float limit, bool clamp, const InputSink& sink,
+                        const InlineRoute* route) {
   // DSUF_SWIGLU=auto (the default since v35: fused up to kSwigluFusedRows routed rows) | separate |
   // fused (up to kImmaBulkRows). Measured (session 21): batch 1 −0.055 ms, batch 4 (24 rows) −0.12,
   // batch 16 (96 rows) +0.14 against separate.
   static const int mode = env_choice("DSUF_SWIGLU", {"auto", "separate", "fused"});
   const bool fused = mode == 2 || (mode == 0 && rows <= kSwigluFusedRows);
-  if (fused && tiled && det::fp4_tileable(F, K) && F % 32 == 0 && in.scale && in.planes &&
-      !tiled_rows_mma(groups, K) && rows > 0 && rows <= kImmaBulkRows) {
+  const bool fits = fused && tiled && det::fp4_tileable(F, K) && F % 32 == 0 && in.scale && in.planes &&
+                    !tiled_rows_mma(groups, K) && rows > 0 && rows <= kImmaBulkRows;
+  if (route && !(fits && !groups && route_inline_fits(route->E) && route->ids == ids && route->w == weight &&
+                 rows == int64_t(x_div) * route->k && x_div == route->k)) {
+    // Not inside this launch: the routing first, as without `route`.
+    cuda::route(route->logits, int(rows / route->k), route->E, route->k, route->bias, route->bias_vl, route->image,
+                route->temp, route->route_scale, route->ids, route->w, s);
+    route = nullptr;
+  }
+  if (fits) {
     check_fp4_input(K, in);
-    const GluTail glu{weight, limit, clamp, sink};
+    GluTail glu{weight, limit, clamp, sink};
+    if (route) glu.route = *route;
     const bool multi = groups && groups->size != kRowGroup;
     launch_imma<true>(Fp4Call{W1, S1, ids, F, K, in, x_div, rows, h1, r, s, {.W = W3, .Ws = S3, .y = h3},
                               groups && !multi ? groups->order : nullptr, &glu, multi ? groups : nullptr});
