@@ -488,9 +488,25 @@ TEST(CudaFp4Experts, InlineRouteEqualsRouteThenLaunch) {
       const cuda::InlineRoute q{.logits = dl.p, .E = E, .k = k, .bias = db.p, .bias_vl = dbv.p, .image = dimg.p,
                                 .temp = temp, .route_scale = scale, .ids = ids.p, .w = w.p};
       if (!inline_route) cuda::route(dl.p, n, E, k, db.p, dbv.p, dimg.p, temp, scale, ids.p, w.p, s);
+      // Inline: captured, so that the test sees one kernel (no route() fallback before the launch).
+      DSUF_CUDA(cudaStreamSynchronize(s));
+      cudaGraph_t graph = nullptr;
+      if (inline_route) DSUF_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
       cuda::fp4_swiglu_grouped(dptr.p, dptr.p + 2 * E, dptr.p + E, dptr.p + 3 * E, ids.p, F, K, in, k, rows, y1.p,
                                y3.p, true, s, nullptr, true, w.p, 10.0f, true, cuda::InputSink{oq.p, os.p, true, op.p},
                                inline_route ? &q : nullptr);
+      if (inline_route) {
+        DSUF_CUDA(cudaStreamEndCapture(s, &graph));
+        size_t nodes = 0;
+        DSUF_CUDA(cudaGraphGetNodes(graph, nullptr, &nodes));
+        EXPECT_EQ(nodes, 1u) << "E " << E << ": the inline route launched more than the fused kernel";
+        cudaGraphExec_t exec = nullptr;
+        DSUF_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+        DSUF_CUDA(cudaGraphLaunch(exec, s));
+        DSUF_CUDA(cudaStreamSynchronize(s));
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+      }
       DSUF_CUDA(cudaStreamSynchronize(s));
       return Out{to_host(ids.p, size_t(rows)), to_host(w.p, size_t(rows)), to_host(y1.p, size_t(rows * F)),
                  to_host(oq.p, size_t(rows * fkp)), to_host(os.p, size_t(rows * fnb)), to_host(op.p, size_t(rows * fpl))};

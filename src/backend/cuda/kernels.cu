@@ -1648,98 +1648,58 @@ __global__ void __launch_bounds__(256) k_fp8_gemm(const uint8_t* __restrict__ W,
 
 // Row `row`'s expert weights and scale codes; the ids come from this step's router, so it waits
 // for the previous kernel (programmatic dependent launch) first.
-// ---- MoE routing --------------------------------------------------------------------------------
-// One token's routing by a whole block (k_route's, and DSUF_ROUTE_INLINE's in the routed experts' w1/w3
-// launch): scores computed once per expert in parallel, then warp 0's k rounds of argmax (largest
-// score + bias among the experts not yet taken, ties to the lower id — the reference's sequential
-// scan picks the same one for any non-NaN scores).
-// DSUF_ROUTE=redux (session 18, measuring; kRedux): warp 0 holds the values in registers (expert
-// lane + 32m in slot m, at most 32·kRouteSlots experts) and finds each pick with two warp reductions
-// (redux.sync: the largest value as an order-preserving key, then the lowest index holding it) instead
-// of the shared-memory scan and five shuffle rounds of two — the same pick for every finite value
-// (the largest, ties to the lowest index; −0 is keyed as +0, as == treats them).
+// ---- MoE routing inside the routed experts' launch (DSUF_ROUTE_INLINE) ---------------------------
+// kRouteSlots and route_key are k_route's (below): k_route's redux picks over its kSlots slots.
 constexpr int kRouteSlots = 16;
 __device__ __forceinline__ uint32_t route_key(float v) {
   const uint32_t u = __float_as_uint(v == 0.0f ? 0.0f : v);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
-// kSlots (session 34): the slots a lane scans, the fewest that hold E (4 for the bench's 96 experts, 12
-// for the model's 384): each pick's scan is a chain of compare-selects through every slot, so slots
-// past the last expert cost ~4 dependent instructions each a pick.
-// l: the token's E logits; b: its bias (bias or bias_vl), of which thread t's own expert's value is
-// early_b when `early` (loaded before the caller's dependency wait); sv: 3·E floats of shared memory,
-// picked: 32. Warp 0 writes ids_out[j] and w_out[j], j < k (generic pointers: global or shared); every
-// thread of the block calls it; the caller synchronizes before reading shared outputs.
-template <bool kRedux, int kSlots = kRouteSlots>
-__device__ __forceinline__ void route_pick(const float* l, int E, int k, const float* b, bool early, float early_b,
-                                           float temp, float route_scale, float* sv, float* picked,
-                                           int32_t* ids_out, float* w_out) {
+// One token's routing by a whole block, k_route<true, kSlots>'s arithmetic in its order (scores a
+// thread per expert, then warp 0's k redux picks; the same ids and weights): l its E logits, b its
+// bias (bias or bias_vl), of which thread t's own expert's value b_own was loaded before the caller's
+// dependency wait; sv 3·E floats of shared memory; warp 0 writes ids_s[j], w_s[j] (j < k, shared).
+// The caller synchronizes before reading them.
+template <int kSlots>
+__device__ __forceinline__ void route_pick_block(const float* l, int E, int k, const float* b, float b_own,
+                                                 float temp, float route_scale, float* sv, int32_t* ids_s,
+                                                 float* w_s) {
   float* sc = sv;
   float* val = sv + E;
-  float* taken = sv + 2 * E;
-  // The scores a thread per expert (each a software exp and log1p: ~3 in a row on one warp at 96
-  // experts, 12 at 384, were most of the kernel's time on the step's chain), then the picks by warp 0.
+  float* picked = sv + 2 * E;
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    const float x = l[e] / temp;
-    sc[e] = sqrtf(det::softplus(x));
-    val[e] = sc[e] + (early && e == int(threadIdx.x) ? early_b : b[e]);
-    taken[e] = 0.0f;
+    sc[e] = sqrtf(det::softplus(l[e] / temp));
+    val[e] = sc[e] + (e == int(threadIdx.x) ? b_own : b[e]);
   }
   __syncthreads();
   if (threadIdx.x >= 32) return;
   const int lane = threadIdx.x;
-  float sum = 0.0f;
-  if constexpr (kRedux) {
-    static_assert(kSlots <= kRouteSlots, "at most kRouteSlots slots");
-    float vr[kSlots];
-    uint32_t avail = 0;
+  float vr[kSlots];
+  uint32_t avail = 0;
 #pragma unroll
-    for (int m = 0; m < kSlots; ++m) {
-      const int e = lane + 32 * m;
-      vr[m] = e < E ? val[e] : 0.0f;
-      if (e < E) avail |= 1u << m;
-    }
-    for (int j = 0; j < k; ++j) {
-      int lm = -1;
-      float lb = 0.0f;
-#pragma unroll
-      for (int m = 0; m < kSlots; ++m)
-        if (((avail >> m) & 1u) && (lm < 0 || vr[m] > lb)) lb = vr[m], lm = m;
-      const uint32_t key = lm < 0 ? 0u : route_key(lb);
-      const uint32_t kmax = __reduce_max_sync(0xffffffffu, key);
-      const uint32_t best =
-          __reduce_min_sync(0xffffffffu, lm >= 0 && key == kmax ? uint32_t(lane + 32 * lm) : 0xffffffffu);
-      if (int(best % 32) == lane) avail &= ~(1u << (best / 32));
-      const float bs = sc[best];
-      sum += bs;
-      if (lane == 0) {
-        ids_out[j] = int32_t(best);
-        picked[j] = bs;
-      }
-    }
-    __syncwarp();
-  } else {
-    for (int j = 0; j < k; ++j) {
-      int best = -1;
-      float bv = -INFINITY;
-      for (int e = lane; e < E; e += 32)
-        if (taken[e] == 0.0f && (best < 0 || val[e] > bv)) best = e, bv = val[e];
-      for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int ob = __shfl_xor_sync(0xffffffffu, best, o);
-        if (ob >= 0 && (best < 0 || ov > bv || (ov == bv && ob < best))) best = ob, bv = ov;
-      }
-      const float bs = sc[best];
-      sum += bs;
-      if (lane == 0) {
-        ids_out[j] = best;
-        picked[j] = bs;
-        taken[best] = 1.0f;
-      }
-      __syncwarp();
-    }
+  for (int m = 0; m < kSlots; ++m) {
+    const int e = lane + 32 * m;
+    vr[m] = e < E ? val[e] : 0.0f;
+    if (e < E) avail |= 1u << m;
   }
-  if (lane < k) w_out[lane] = picked[lane] / (sum + 1e-20f) * route_scale;
+  float sum = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    int lm = -1;
+    float lb = 0.0f;
+#pragma unroll
+    for (int m = 0; m < kSlots; ++m)
+      if (((avail >> m) & 1u) && (lm < 0 || vr[m] > lb)) lb = vr[m], lm = m;
+    const uint32_t key = lm < 0 ? 0u : route_key(lb);
+    const uint32_t kmax = __reduce_max_sync(0xffffffffu, key);
+    const uint32_t best =
+        __reduce_min_sync(0xffffffffu, lm >= 0 && key == kmax ? uint32_t(lane + 32 * lm) : 0xffffffffu);
+    if (int(best % 32) == lane) avail &= ~(1u << (best / 32));
+    const float bs = sc[best];
+    sum += bs;
+    if (lane == 0) ids_s[j] = int32_t(best), picked[j] = bs;
+  }
+  __syncwarp();
+  if (lane < k) w_s[lane] = picked[lane] / (sum + 1e-20f) * route_scale;
 }
 
 struct RoutedExpert {
@@ -2143,22 +2103,23 @@ struct GluTail {
 // rest read them after their dependency wait, so after this whole launch). The biases load before the
 // wait. E ≤ 32·kRouteSlots (the redux picks; route_inline_fits).
 template <int kSlots>
-__device__ __forceinline__ void route_in_block(const InlineRoute& q, int row, float b0, float bv0, float* sm,
-                                               int32_t& e, float& wt) {
+__device__ __forceinline__ int32_t route_in_block(const InlineRoute& q, int row, float b0, float bv0, float* sm,
+                                                  float* wt_s) {
   const int tok = row / q.k, j = row % q.k;
   const bool vl = q.image && q.image[tok];
-  float* picked = sm + 3 * q.E;
-  float* w_s = picked + 32;
+  float* w_s = sm + 3 * q.E;
   int32_t* ids_s = reinterpret_cast<int32_t*>(w_s + 32);
-  route_pick<true, kSlots>(q.logits + int64_t(tok) * q.E, q.E, q.k, vl ? q.bias_vl : q.bias, int(threadIdx.x) < q.E,
-                           vl ? bv0 : b0, q.temp, q.route_scale, sm, picked, ids_s, w_s);
+  route_pick_block<kSlots>(q.logits + int64_t(tok) * q.E, q.E, q.k, vl ? q.bias_vl : q.bias, vl ? bv0 : b0, q.temp,
+                           q.route_scale, sm, ids_s, w_s);
   __syncthreads();
-  e = ids_s[j], wt = w_s[j];
+  const int32_t e = ids_s[j];
+  if (threadIdx.x == 0) *wt_s = w_s[j];  // for the tail (past the weight ring's space)
   if (blockIdx.x == 0 && j == 0 && int(threadIdx.x) < q.k) {
     q.ids[int64_t(tok) * q.k + threadIdx.x] = ids_s[threadIdx.x];
     q.w[int64_t(tok) * q.k + threadIdx.x] = w_s[threadIdx.x];
   }
   __syncthreads();  // the scratch is the ring's: its copies start after this
+  return e;
 }
 // kRows > 1 (session 23, DSUF_EXPERT_ROWS): grid.y walks groups [expert, first, count] of up to kRows
 // routed rows of one expert (RowGroups built with that size; blocks past *n_groups leave at once),
@@ -2172,7 +2133,7 @@ __device__ __forceinline__ void route_in_block(const InlineRoute& q, int row, fl
 // row runs the one-row path in the same kernel (block-uniform `merge`): the merged form would pay for
 // a second row.
 template <int kImmaStages, int kImmaWarps, bool kTiled, int kBulk = 0, bool kGlu = false, int kRows = 1,
-          bool kMerged = false>
+          bool kMerged = false, bool kRoute = false>
 __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(const uint8_t* const* W, const uint8_t* const* Ws,
                                                                  const int32_t* ids, int64_t out, int64_t K,
                                                                  const float* __restrict__ xs, int64_t xs_stride,
@@ -2184,6 +2145,7 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   static_assert(!kGlu || (kImmaWarps % 4 == 0 && kBulk > 0), "kGlu: half the warps a matrix, whole K-blocks of h");
   static_assert(kRows == 1 || kTiled, "several rows a block: tiled weights only");
   static_assert(!kMerged || kRows == 2, "a merged pair is two rows");
+  static_assert(!kRoute || (kGlu && kRows == 1), "kRoute: the fused w1/w3 launch, a routed row a block");
   extern __shared__ __align__(16) uint8_t imma_sm[];
   const int nb = int(K / 32), nst = (nb + 1) / 2;  // K-blocks; stages of two
   int row = blockIdx.y;
@@ -2221,26 +2183,26 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
     row = order[row];
   }
   if constexpr (kRows == 1) rows_of[0] = row;
-  float route_w = 0.0f;  // the row's routing weight, when the block routes its token itself
+  // kRoute: the row's routing weight, past the end of imma_smem's space (the glu outputs' end).
+  float* const route_wt = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(ssa + kRows * nb) +
+                                                   kImmaWarps * 16 * nb) + kRows * 2 * kSets * 16;
   const RoutedExpert rexp = [&] {
-    if constexpr (kGlu && kRows == 1) {
+    if constexpr (kRoute) {  // DSUF_ROUTE_INLINE
       const InlineRoute& q = glu.route;
-      if (q.logits) {  // DSUF_ROUTE_INLINE
-        const bool early = int(threadIdx.x) < q.E;
-        const float b0 = early ? q.bias[threadIdx.x] : 0.0f;
-        const float bv0 = early && q.bias_vl ? q.bias_vl[threadIdx.x] : 0.0f;
-        pdl_wait();
-        float* sm = reinterpret_cast<float*>(imma_sm);
-        int32_t e = 0;
-        const int slots = (q.E + 31) / 32;
-        if (slots <= 4) route_in_block<4>(q, row, b0, bv0, sm, e, route_w);
-        else if (slots <= 8) route_in_block<8>(q, row, b0, bv0, sm, e, route_w);
-        else if (slots <= 12) route_in_block<12>(q, row, b0, bv0, sm, e, route_w);
-        else route_in_block<16>(q, row, b0, bv0, sm, e, route_w);
-        return RoutedExpert{W[e], Ws[e]};
-      }
+      const bool own = int(threadIdx.x) < q.E;
+      const float b0 = own ? q.bias[threadIdx.x] : 0.0f;
+      const float bv0 = own && q.bias_vl ? q.bias_vl[threadIdx.x] : 0.0f;
+      pdl_wait();
+      float* sm = reinterpret_cast<float*>(imma_sm);
+      const int slots = (q.E + 31) / 32;
+      const int32_t e = slots <= 4    ? route_in_block<4>(q, row, b0, bv0, sm, route_wt)
+                        : slots <= 8  ? route_in_block<8>(q, row, b0, bv0, sm, route_wt)
+                        : slots <= 12 ? route_in_block<12>(q, row, b0, bv0, sm, route_wt)
+                                      : route_in_block<16>(q, row, b0, bv0, sm, route_wt);
+      return RoutedExpert{W[e], Ws[e]};
+    } else {
+      return routed_expert(W, Ws, ids, row);
     }
-    return routed_expert(W, Ws, ids, row);
   }();
   const auto [We, Se] = rexp;
   const bool active = o0 < out;  // warp-uniform; an idle warp still stages inputs and meets the barrier
@@ -2265,7 +2227,7 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
           gv = fminf(gv, glu.limit);
           u = fminf(fmaxf(u, -glu.limit), glu.limit);
         }
-        const float wt = glu.route.logits ? route_w : glu.weight ? glu.weight[row_r] : 1.0f;
+        const float wt = kRoute ? *route_wt : glu.weight ? glu.weight[row_r] : 1.0f;
         const float hv = rb(wt * (det::silu(gv) * u), r);
         y[int64_t(row_r) * out + f] = hv;
         if (glu.sink.xq) emit_input(glu.sink, out, row_r, int(f / 32), lane, hv);
@@ -4244,8 +4206,17 @@ __global__ void k_mask_from_selection(const int32_t* sel, int sel_stride, uint8_
 }
 
 // ---- MoE ---------------------------------------------------------------------------------------
-// One block per token (a thread per expert, up to 1,024): route_pick (above), between the dependency
-// wait and the trigger.
+// One block per token (a thread per expert, up to 1,024): scores computed once per expert in
+// parallel, then warp 0's k rounds of argmax (largest score + bias among the experts not yet taken,
+// ties to the lower id — the reference's sequential scan picks the same one for any non-NaN scores).
+// DSUF_ROUTE=redux (session 18, measuring; kRedux): warp 0 holds the values in registers (expert
+// lane + 32m in slot m, at most 32·kRouteSlots experts) and finds each pick with two warp reductions
+// (redux.sync: the largest value as an order-preserving key, then the lowest index holding it) instead
+// of the shared-memory scan and five shuffle rounds of two — the same pick for every finite value
+// (the largest, ties to the lowest index; −0 is keyed as +0, as == treats them).
+// kSlots (session 34): the slots a lane scans, the fewest that hold E (4 for the bench's 96 experts, 12
+// for the model's 384): each pick's scan is a chain of compare-selects through every slot, so slots
+// past the last expert cost ~4 dependent instructions each a pick.
 template <bool kRedux, int kSlots = kRouteSlots>
 __global__ void k_route(const float* logits, int E, int k, const float* bias, const float* bias_vl,
                         const uint8_t* image, float temp, float route_scale, int32_t* ids, float* w,
@@ -4258,10 +4229,75 @@ __global__ void k_route(const float* logits, int E, int k, const float* bias, co
   pdl_entry(late);
   extern __shared__ float sv[];  // [E] score s, [E] s + bias, [E] taken flags
   __shared__ float picked[32];
-  const int i = blockIdx.x;
+  const int i = blockIdx.x, lane = threadIdx.x;
+  const float* l = logits + int64_t(i) * E;
   const bool vl = image && image[i];
-  route_pick<kRedux, kSlots>(logits + int64_t(i) * E, E, k, vl ? bias_vl : bias, early, vl ? bv0 : b0, temp,
-                             route_scale, sv, picked, ids + i * k, w + i * k);
+  const float* b = vl ? bias_vl : bias;
+  float* sc = sv;
+  float* val = sv + E;
+  float* taken = sv + 2 * E;
+  // The scores a thread per expert (each a software exp and log1p: ~3 in a row on one warp at 96
+  // experts, 12 at 384, were most of the kernel's time on the step's chain), then the picks by warp 0.
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    const float x = l[e] / temp;
+    sc[e] = sqrtf(det::softplus(x));
+    val[e] = sc[e] + (early && e == threadIdx.x ? (vl ? bv0 : b0) : b[e]);
+    taken[e] = 0.0f;
+  }
+  __syncthreads();
+  if (threadIdx.x >= 32) return;
+  float sum = 0.0f;
+  if constexpr (kRedux) {
+    static_assert(kSlots <= kRouteSlots, "at most kRouteSlots slots");
+    float vr[kSlots];
+    uint32_t avail = 0;
+#pragma unroll
+    for (int m = 0; m < kSlots; ++m) {
+      const int e = lane + 32 * m;
+      vr[m] = e < E ? val[e] : 0.0f;
+      if (e < E) avail |= 1u << m;
+    }
+    for (int j = 0; j < k; ++j) {
+      int lm = -1;
+      float lb = 0.0f;
+#pragma unroll
+      for (int m = 0; m < kSlots; ++m)
+        if (((avail >> m) & 1u) && (lm < 0 || vr[m] > lb)) lb = vr[m], lm = m;
+      const uint32_t key = lm < 0 ? 0u : route_key(lb);
+      const uint32_t kmax = __reduce_max_sync(0xffffffffu, key);
+      const uint32_t best =
+          __reduce_min_sync(0xffffffffu, lm >= 0 && key == kmax ? uint32_t(lane + 32 * lm) : 0xffffffffu);
+      if (int(best % 32) == lane) avail &= ~(1u << (best / 32));
+      const float bs = sc[best];
+      sum += bs;
+      if (lane == 0) {
+        ids[i * k + j] = int32_t(best);
+        picked[j] = bs;
+      }
+    }
+    __syncwarp();
+  } else {
+    for (int j = 0; j < k; ++j) {
+      int best = -1;
+      float bv = -INFINITY;
+      for (int e = lane; e < E; e += 32)
+        if (taken[e] == 0.0f && (best < 0 || val[e] > bv)) best = e, bv = val[e];
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int ob = __shfl_xor_sync(0xffffffffu, best, o);
+        if (ob >= 0 && (best < 0 || ov > bv || (ov == bv && ob < best))) best = ob, bv = ov;
+      }
+      const float bs = sc[best];
+      sum += bs;
+      if (lane == 0) {
+        ids[i * k + j] = best;
+        picked[j] = bs;
+        taken[best] = 1.0f;
+      }
+      __syncwarp();
+    }
+  }
+  if (lane < k) w[i * k + lane] = picked[lane] / (sum + 1e-20f) * route_scale;
   pdl_exit(late);
 }
 
@@ -5157,13 +5193,17 @@ void launch_imma(const Fp4Call& c) {
                g.groups, g.n_groups);
     return;
   }
-  const Shape sh = glu        ? Shape{k_fp4_imma<4, 16, true, 2, true>, 4, 16, 2}
+  // DSUF_ROUTE_INLINE: the kRoute form, its routing weight stored past imma_smem's space.
+  const bool route = glu && c.glu->route.logits;
+  const Shape sh = route      ? Shape{k_fp4_imma<4, 16, true, 2, true, 1, false, true>, 4, 16, 2}
+                   : glu      ? Shape{k_fp4_imma<4, 16, true, 2, true>, 4, 16, 2}
                    : !kTiled ? ring[ring_pick]
                    : pick     ? tiled[pick]
                               : tiled[c.rows <= kImmaBulkRows ? 5 : 1];
   // Every call, not once: the attribute is per device, and tensor-parallel ranks launch on several.
   // (A bulk ring of 4 slots at the largest K would pass the 227 KB an SM has: this call's K.)
-  set_smem(sh.k, imma_smem(sh.bulk ? c.K / 32 : kImmaMaxNb, sh.stages, sh.warps, kTiled, sh.bulk, glu));
+  const size_t route_bytes = route ? 16 : 0;
+  set_smem(sh.k, imma_smem(sh.bulk ? c.K / 32 : kImmaMaxNb, sh.stages, sh.warps, kTiled, sh.bulk, glu) + route_bytes);
   // grid.y holds at most 65535 rows: a long prefill chunk (rows = tokens × top-k) goes in slices of
   // whole input rows (a multiple of x_div), each with its ids, outputs and inputs offset — or, in
   // expert order, its piece of the order (which names absolute rows).
@@ -5173,7 +5213,8 @@ void launch_imma(const Fp4Call& c) {
     Fp4Pair pair = c.pair;
     if (pair.y) pair.y += rb0 * c.out;
     launch_pdl(sh.k, dim3(blocks_for(c.out, 16 * (glu ? sh.warps / 2 : sh.warps)), int(n), glu || !c.pair.W ? 1 : 2),
-               dim3(32 * sh.warps), imma_smem(c.K / 32, sh.stages, sh.warps, kTiled, sh.bulk, glu), c.s, c.W, c.Ws,
+               dim3(32 * sh.warps), imma_smem(c.K / 32, sh.stages, sh.warps, kTiled, sh.bulk, glu) + route_bytes, c.s,
+               c.W, c.Ws,
                c.ids ? c.ids + rb0 : nullptr, c.out, c.K, c.in.scale + xr * c.in.scale_stride, c.in.scale_stride,
                c.in.planes + xr * c.in.plane_stride, c.in.plane_stride, c.x_div, c.y + rb0 * c.out, c.r, pair,
                c.order ? c.order + b : nullptr, glu ? *c.glu : GluTail{}, nullptr, nullptr);
@@ -5723,7 +5764,7 @@ void fp4_swiglu_grouped(const uint8_t* const* W1, const uint8_t* const* S1, cons
   const bool fits = fused && tiled && det::fp4_tileable(F, K) && F % 32 == 0 && in.scale && in.planes &&
                     !tiled_rows_mma(groups, K) && rows > 0 && rows <= kImmaBulkRows;
   if (route && !(fits && !groups && route_inline_fits(route->E) && route->ids == ids && route->w == weight &&
-                 rows == int64_t(x_div) * route->k && x_div == route->k)) {
+                 x_div == route->k && rows % route->k == 0)) {
     // Not inside this launch: the routing first, as without `route`.
     cuda::route(route->logits, int(rows / route->k), route->E, route->k, route->bias, route->bias_vl, route->image,
                 route->temp, route->route_scale, route->ids, route->w, s);
