@@ -159,7 +159,6 @@ struct CudaBackend::Impl {
   // 1 routed row per expert (batch 16) lost 9 %, 4 (batch 64) gained 6 %, a 512-token chunk 12 %.
   int64_t group_rows_per_expert = 4;
   int shared_fork = 0;  // DSUF_SHARED_FORK=auto|early|late: 0|1|2 (moe())
-  bool route_inline = false;  // DSUF_ROUTE_INLINE=off|on (moe(): the routing inside the routed w1/w3 launch)
   // DSUF_HEAD_INPUT=direct|gather: when every row gets logits in row order (decode), the head's
   // collapse reads the streams and the last FFN site's pre where they are (direct, the default since
   // v36: one graph memcpy node — which no programmatic launch crosses — and k_gather_rows' 15 µs off
@@ -619,7 +618,6 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   DSUF_CUDA(cudaEventCreateWithFlags(&ev_scores, cudaEventDisableTiming));
   if (const char* v = std::getenv("DSUF_OVERLAP")) overlap = std::string(v) != "0";
   shared_fork = env_choice("DSUF_SHARED_FORK", {"auto", "early", "late"});
-  route_inline = env_picks("DSUF_ROUTE_INLINE", "off", "on");
   gather_early = !env_picks("DSUF_GATHER", "early", "late");
   sum_in_collapse = !env_picks("DSUF_SUM_EXPAND", "collapse", "kernel");
   gather_reuse = !env_picks("DSUF_GATHER_REUSE", "on", "off");
@@ -1385,26 +1383,17 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
     cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, hsin, n, ws.ys, D, r, s2);
   };
   if (shared_early) shared_expert();
+  cuda::bf16_linear(d.gate, E, D, ws.xn, D, n, ws.router, E, false, stream);
+  cuda::route(ws.router, n, E, K, d.bias, d.bias_vl, image, float(t.gate_temp), float(t.routed_scaling_factor),
+              ws.ids, ws.rw, stream);
+  if (mix_mode == kMixLate) run_deferred_mix();  // DSUF_MIX_FORK=late
+  if (!shared_early) shared_expert();
   const int64_t rows = int64_t(n) * K;
+  const cuda::RowGroups* grouped = nullptr;
   // Tiled experts, not split by width: pairs of rows of one expert a block (imma_row_group) where the
   // kernels would otherwise take the rows one at a time; else kRowGroup's groups from
   // group_rows_per_expert rows an expert on average.
-  const bool width_split = part.world > 1 && part.width_experts();
-  const int multi = experts_tiled && !width_split ? cuda::imma_row_group(rows, E) : 0;
-  const bool grouping = multi > 0 || (group_rows_per_expert > 0 && rows >= group_rows_per_expert * E);
-  cuda::bf16_linear(d.gate, E, D, ws.xn, D, n, ws.router, E, false, stream);
-  // DSUF_ROUTE_INLINE=on: no route launch; the routed experts' w1/w3 launch routes (fp4_swiglu_grouped,
-  // which falls back to route() where its fused launch does not take the rows).
-  const cuda::InlineRoute inline_route{.logits = ws.router, .E = E, .k = K, .bias = d.bias, .bias_vl = d.bias_vl,
-                                       .image = image, .temp = float(t.gate_temp),
-                                       .route_scale = float(t.routed_scaling_factor), .ids = ws.ids, .w = ws.rw};
-  const bool route_later = route_inline && !width_split && !grouping;
-  if (!route_later)
-    cuda::route(ws.router, n, E, K, d.bias, d.bias_vl, image, float(t.gate_temp), float(t.routed_scaling_factor),
-                ws.ids, ws.rw, stream);
-  if (mix_mode == kMixLate) run_deferred_mix();  // DSUF_MIX_FORK=late
-  if (!shared_early) shared_expert();
-  const cuda::RowGroups* grouped = nullptr;
+  const int multi = experts_tiled && !(part.world > 1 && part.width_experts()) ? cuda::imma_row_group(rows, E) : 0;
   if (multi > 0) {
     cuda::group_rows(ws.ids, rows, E, ws.groups, stream, multi);
     grouped = &ws.groups;
@@ -1439,8 +1428,7 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
     cuda::gather_expert_rows(comm, ws.ye, nullptr, rows, D, tp_recv, ws.ys, n, part.shared_owner(l), stream);
   } else {
     cuda::fp4_swiglu_grouped(d.experts.w1, d.experts.s1, d.experts.w3, d.experts.s3, ws.ids, F, D, xin, K, rows,
-                             ws.h1, ws.h3, r, stream, grouped, experts_tiled, ws.rw, limit, true, hsink,
-                             route_later ? &inline_route : nullptr);
+                             ws.h1, ws.h3, r, stream, grouped, experts_tiled, ws.rw, limit, true, hsink);
     cuda::fp4_linear_grouped(d.experts.w2, d.experts.s2, ws.ids, D, F, hin, 1, rows, ws.ye, r, stream, {},
                              grouped, experts_tiled);
     // Tensor parallel: the rows of ye whose expert another rank owns were computed with a stand-in

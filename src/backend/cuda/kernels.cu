@@ -1648,60 +1648,6 @@ __global__ void __launch_bounds__(256) k_fp8_gemm(const uint8_t* __restrict__ W,
 
 // Row `row`'s expert weights and scale codes; the ids come from this step's router, so it waits
 // for the previous kernel (programmatic dependent launch) first.
-// ---- MoE routing inside the routed experts' launch (DSUF_ROUTE_INLINE) ---------------------------
-// kRouteSlots and route_key are k_route's (below): k_route's redux picks over its kSlots slots.
-constexpr int kRouteSlots = 16;
-__device__ __forceinline__ uint32_t route_key(float v) {
-  const uint32_t u = __float_as_uint(v == 0.0f ? 0.0f : v);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-// One token's routing by a whole block, k_route<true, kSlots>'s arithmetic in its order (scores a
-// thread per expert, then warp 0's k redux picks; the same ids and weights): l its E logits, b its
-// bias (bias or bias_vl), of which thread t's own expert's value b_own was loaded before the caller's
-// dependency wait; sv 3·E floats of shared memory; warp 0 writes ids_s[j], w_s[j] (j < k, shared).
-// The caller synchronizes before reading them.
-template <int kSlots>
-__device__ __forceinline__ void route_pick_block(const float* l, int E, int k, const float* b, float b_own,
-                                                 float temp, float route_scale, float* sv, int32_t* ids_s,
-                                                 float* w_s) {
-  float* sc = sv;
-  float* val = sv + E;
-  float* picked = sv + 2 * E;
-  for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    sc[e] = sqrtf(det::softplus(l[e] / temp));
-    val[e] = sc[e] + (e == int(threadIdx.x) ? b_own : b[e]);
-  }
-  __syncthreads();
-  if (threadIdx.x >= 32) return;
-  const int lane = threadIdx.x;
-  float vr[kSlots];
-  uint32_t avail = 0;
-#pragma unroll
-  for (int m = 0; m < kSlots; ++m) {
-    const int e = lane + 32 * m;
-    vr[m] = e < E ? val[e] : 0.0f;
-    if (e < E) avail |= 1u << m;
-  }
-  float sum = 0.0f;
-  for (int j = 0; j < k; ++j) {
-    int lm = -1;
-    float lb = 0.0f;
-#pragma unroll
-    for (int m = 0; m < kSlots; ++m)
-      if (((avail >> m) & 1u) && (lm < 0 || vr[m] > lb)) lb = vr[m], lm = m;
-    const uint32_t key = lm < 0 ? 0u : route_key(lb);
-    const uint32_t kmax = __reduce_max_sync(0xffffffffu, key);
-    const uint32_t best =
-        __reduce_min_sync(0xffffffffu, lm >= 0 && key == kmax ? uint32_t(lane + 32 * lm) : 0xffffffffu);
-    if (int(best % 32) == lane) avail &= ~(1u << (best / 32));
-    const float bs = sc[best];
-    sum += bs;
-    if (lane == 0) ids_s[j] = int32_t(best), picked[j] = bs;
-  }
-  __syncwarp();
-  if (lane < k) w_s[lane] = picked[lane] / (sum + 1e-20f) * route_scale;
-}
-
 struct RoutedExpert {
   const uint8_t* W;
   const uint8_t* S;
@@ -2093,34 +2039,7 @@ struct GluTail {
   float limit = 0.0f;
   bool clamp = false;
   InputSink sink = {};
-  InlineRoute route = {};  // route.logits set: the blocks route their token themselves (route_in_block)
 };
-// DSUF_ROUTE_INLINE (session 36): instead of k_route's launch between the router and this one, each
-// block of the fused w1/w3 launch (one routed row a block, kRows = 1) routes its token itself with
-// route_pick — the same arithmetic, so the same ids and weights — in the shared memory its weight ring
-// has not used yet, then reads its row's expert and routing weight; the token's first slot's blocks
-// of grid column 0 also write route()'s ids and weights for the launches after this one (w2 and the
-// rest read them after their dependency wait, so after this whole launch). The biases load before the
-// wait. E ≤ 32·kRouteSlots (the redux picks; route_inline_fits).
-template <int kSlots>
-__device__ __forceinline__ int32_t route_in_block(const InlineRoute& q, int row, float b0, float bv0, float* sm,
-                                                  float* wt_s) {
-  const int tok = row / q.k, j = row % q.k;
-  const bool vl = q.image && q.image[tok];
-  float* w_s = sm + 3 * q.E;
-  int32_t* ids_s = reinterpret_cast<int32_t*>(w_s + 32);
-  route_pick_block<kSlots>(q.logits + int64_t(tok) * q.E, q.E, q.k, vl ? q.bias_vl : q.bias, vl ? bv0 : b0, q.temp,
-                           q.route_scale, sm, ids_s, w_s);
-  __syncthreads();
-  const int32_t e = ids_s[j];
-  if (threadIdx.x == 0) *wt_s = w_s[j];  // for the tail (past the weight ring's space)
-  if (blockIdx.x == 0 && j == 0 && int(threadIdx.x) < q.k) {
-    q.ids[int64_t(tok) * q.k + threadIdx.x] = ids_s[threadIdx.x];
-    q.w[int64_t(tok) * q.k + threadIdx.x] = w_s[threadIdx.x];
-  }
-  __syncthreads();  // the scratch is the ring's: its copies start after this
-  return e;
-}
 // kRows > 1 (session 23, DSUF_EXPERT_ROWS): grid.y walks groups [expert, first, count] of up to kRows
 // routed rows of one expert (RowGroups built with that size; blocks past *n_groups leave at once),
 // and each stage's weights, decoded once, serve every row of the group — per row its own staged
@@ -2133,7 +2052,7 @@ __device__ __forceinline__ int32_t route_in_block(const InlineRoute& q, int row,
 // row runs the one-row path in the same kernel (block-uniform `merge`): the merged form would pay for
 // a second row.
 template <int kImmaStages, int kImmaWarps, bool kTiled, int kBulk = 0, bool kGlu = false, int kRows = 1,
-          bool kMerged = false, bool kRoute = false>
+          bool kMerged = false>
 __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(const uint8_t* const* W, const uint8_t* const* Ws,
                                                                  const int32_t* ids, int64_t out, int64_t K,
                                                                  const float* __restrict__ xs, int64_t xs_stride,
@@ -2145,7 +2064,6 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
   static_assert(!kGlu || (kImmaWarps % 4 == 0 && kBulk > 0), "kGlu: half the warps a matrix, whole K-blocks of h");
   static_assert(kRows == 1 || kTiled, "several rows a block: tiled weights only");
   static_assert(!kMerged || kRows == 2, "a merged pair is two rows");
-  static_assert(!kRoute || (kGlu && kRows == 1), "kRoute: the fused w1/w3 launch, a routed row a block");
   extern __shared__ __align__(16) uint8_t imma_sm[];
   const int nb = int(K / 32), nst = (nb + 1) / 2;  // K-blocks; stages of two
   int row = blockIdx.y;
@@ -2183,28 +2101,7 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
     row = order[row];
   }
   if constexpr (kRows == 1) rows_of[0] = row;
-  // kRoute: the row's routing weight, past the end of imma_smem's space (the glu outputs' end).
-  float* const route_wt = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(ssa + kRows * nb) +
-                                                   kImmaWarps * 16 * nb) + kRows * 2 * kSets * 16;
-  const RoutedExpert rexp = [&] {
-    if constexpr (kRoute) {  // DSUF_ROUTE_INLINE
-      const InlineRoute& q = glu.route;
-      const bool own = int(threadIdx.x) < q.E;
-      const float b0 = own ? q.bias[threadIdx.x] : 0.0f;
-      const float bv0 = own && q.bias_vl ? q.bias_vl[threadIdx.x] : 0.0f;
-      pdl_wait();
-      float* sm = reinterpret_cast<float*>(imma_sm);
-      const int slots = (q.E + 31) / 32;
-      const int32_t e = slots <= 4    ? route_in_block<4>(q, row, b0, bv0, sm, route_wt)
-                        : slots <= 8  ? route_in_block<8>(q, row, b0, bv0, sm, route_wt)
-                        : slots <= 12 ? route_in_block<12>(q, row, b0, bv0, sm, route_wt)
-                                      : route_in_block<16>(q, row, b0, bv0, sm, route_wt);
-      return RoutedExpert{W[e], Ws[e]};
-    } else {
-      return routed_expert(W, Ws, ids, row);
-    }
-  }();
-  const auto [We, Se] = rexp;
+  const auto [We, Se] = routed_expert(W, Ws, ids, row);
   const bool active = o0 < out;  // warp-uniform; an idle warp still stages inputs and meets the barrier
   // kGlu: both halves' rounded outputs, then k_swiglu on the block's kSets·16 columns of h (warp k <
   // kSets / 2 takes K-block k of them). Every thread of the block calls it once (idle warps too), from
@@ -2227,7 +2124,7 @@ __global__ void __launch_bounds__(32 * kImmaWarps, 16 / kImmaWarps) k_fp4_imma(c
           gv = fminf(gv, glu.limit);
           u = fminf(fmaxf(u, -glu.limit), glu.limit);
         }
-        const float wt = kRoute ? *route_wt : glu.weight ? glu.weight[row_r] : 1.0f;
+        const float wt = glu.weight ? glu.weight[row_r] : 1.0f;
         const float hv = rb(wt * (det::silu(gv) * u), r);
         y[int64_t(row_r) * out + f] = hv;
         if (glu.sink.xq) emit_input(glu.sink, out, row_r, int(f / 32), lane, hv);
@@ -4214,6 +4111,11 @@ __global__ void k_mask_from_selection(const int32_t* sel, int sel_stride, uint8_
 // (redux.sync: the largest value as an order-preserving key, then the lowest index holding it) instead
 // of the shared-memory scan and five shuffle rounds of two — the same pick for every finite value
 // (the largest, ties to the lowest index; −0 is keyed as +0, as == treats them).
+constexpr int kRouteSlots = 16;
+__device__ __forceinline__ uint32_t route_key(float v) {
+  const uint32_t u = __float_as_uint(v == 0.0f ? 0.0f : v);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
 // kSlots (session 34): the slots a lane scans, the fewest that hold E (4 for the bench's 96 experts, 12
 // for the model's 384): each pick's scan is a chain of compare-selects through every slot, so slots
 // past the last expert cost ~4 dependent instructions each a pick.
@@ -5193,17 +5095,13 @@ void launch_imma(const Fp4Call& c) {
                g.groups, g.n_groups);
     return;
   }
-  // DSUF_ROUTE_INLINE: the kRoute form, its routing weight stored past imma_smem's space.
-  const bool route = glu && c.glu->route.logits;
-  const Shape sh = route      ? Shape{k_fp4_imma<4, 16, true, 2, true, 1, false, true>, 4, 16, 2}
-                   : glu      ? Shape{k_fp4_imma<4, 16, true, 2, true>, 4, 16, 2}
+  const Shape sh = glu        ? Shape{k_fp4_imma<4, 16, true, 2, true>, 4, 16, 2}
                    : !kTiled ? ring[ring_pick]
                    : pick     ? tiled[pick]
                               : tiled[c.rows <= kImmaBulkRows ? 5 : 1];
   // Every call, not once: the attribute is per device, and tensor-parallel ranks launch on several.
   // (A bulk ring of 4 slots at the largest K would pass the 227 KB an SM has: this call's K.)
-  const size_t route_bytes = route ? 16 : 0;
-  set_smem(sh.k, imma_smem(sh.bulk ? c.K / 32 : kImmaMaxNb, sh.stages, sh.warps, kTiled, sh.bulk, glu) + route_bytes);
+  set_smem(sh.k, imma_smem(sh.bulk ? c.K / 32 : kImmaMaxNb, sh.stages, sh.warps, kTiled, sh.bulk, glu));
   // grid.y holds at most 65535 rows: a long prefill chunk (rows = tokens × top-k) goes in slices of
   // whole input rows (a multiple of x_div), each with its ids, outputs and inputs offset — or, in
   // expert order, its piece of the order (which names absolute rows).
@@ -5213,8 +5111,7 @@ void launch_imma(const Fp4Call& c) {
     Fp4Pair pair = c.pair;
     if (pair.y) pair.y += rb0 * c.out;
     launch_pdl(sh.k, dim3(blocks_for(c.out, 16 * (glu ? sh.warps / 2 : sh.warps)), int(n), glu || !c.pair.W ? 1 : 2),
-               dim3(32 * sh.warps), imma_smem(c.K / 32, sh.stages, sh.warps, kTiled, sh.bulk, glu) + route_bytes, c.s,
-               c.W, c.Ws,
+               dim3(32 * sh.warps), imma_smem(c.K / 32, sh.stages, sh.warps, kTiled, sh.bulk, glu), c.s, c.W, c.Ws,
                c.ids ? c.ids + rb0 : nullptr, c.out, c.K, c.in.scale + xr * c.in.scale_stride, c.in.scale_stride,
                c.in.planes + xr * c.in.plane_stride, c.in.plane_stride, c.x_div, c.y + rb0 * c.out, c.r, pair,
                c.order ? c.order + b : nullptr, glu ? *c.glu : GluTail{}, nullptr, nullptr);
@@ -5724,7 +5621,6 @@ void gather_rows(const float* X, const float* pre, const int32_t* rows, int n, i
                  float* preo, cudaStream_t s) {
   launch_step(k_gather_rows, dim3(n), dim3(256), 0, s, X, pre, rows, hc, D, Xo, preo);
 }
-bool route_inline_fits(int E) { return E >= 1 && E <= 32 * kRouteSlots; }
 void route(const float* logits, int n, int E, int k, const float* bias, const float* bias_vl, const uint8_t* image,
            float temp, float route_scale, int32_t* ids, float* w, cudaStream_t s) {
   DSUF_CHECK(k <= 32 && k <= E, "route: top-", k, " of ", E, " experts");
@@ -5754,26 +5650,16 @@ void swiglu(float* h1, const float* h3, int64_t rows, int64_t F, const float* we
 void fp4_swiglu_grouped(const uint8_t* const* W1, const uint8_t* const* S1, const uint8_t* const* W3,
                         const uint8_t* const* S3, const int32_t* ids, int64_t F, int64_t K, const LinearInput& in,
                         int x_div, int64_t rows, float* h1, float* h3, bool r, cudaStream_t s, const RowGroups* groups,
-                        bool tiled, const float* weight, float limit, bool clamp, const InputSink& sink,
-                        const InlineRoute* route) {
+                        bool tiled, const float* weight, float limit, bool clamp, const InputSink& sink) {
   // DSUF_SWIGLU=auto (the default since v35: fused up to kSwigluFusedRows routed rows) | separate |
   // fused (up to kImmaBulkRows). Measured (session 21): batch 1 −0.055 ms, batch 4 (24 rows) −0.12,
   // batch 16 (96 rows) +0.14 against separate.
   static const int mode = env_choice("DSUF_SWIGLU", {"auto", "separate", "fused"});
   const bool fused = mode == 2 || (mode == 0 && rows <= kSwigluFusedRows);
-  const bool fits = fused && tiled && det::fp4_tileable(F, K) && F % 32 == 0 && in.scale && in.planes &&
-                    !tiled_rows_mma(groups, K) && rows > 0 && rows <= kImmaBulkRows;
-  if (route && !(fits && !groups && route_inline_fits(route->E) && route->ids == ids && route->w == weight &&
-                 x_div == route->k && rows % route->k == 0)) {
-    // Not inside this launch: the routing first, as without `route`.
-    cuda::route(route->logits, int(rows / route->k), route->E, route->k, route->bias, route->bias_vl, route->image,
-                route->temp, route->route_scale, route->ids, route->w, s);
-    route = nullptr;
-  }
-  if (fits) {
+  if (fused && tiled && det::fp4_tileable(F, K) && F % 32 == 0 && in.scale && in.planes &&
+      !tiled_rows_mma(groups, K) && rows > 0 && rows <= kImmaBulkRows) {
     check_fp4_input(K, in);
-    GluTail glu{weight, limit, clamp, sink};
-    if (route) glu.route = *route;
+    const GluTail glu{weight, limit, clamp, sink};
     const bool multi = groups && groups->size != kRowGroup;
     launch_imma<true>(Fp4Call{W1, S1, ids, F, K, in, x_div, rows, h1, r, s, {.W = W3, .Ws = S3, .y = h3},
                               groups && !multi ? groups->order : nullptr, &glu, multi ? groups : nullptr});

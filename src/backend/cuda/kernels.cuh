@@ -378,19 +378,6 @@ void gather_rows(const float* X, const float* pre, const int32_t* rows, int n, i
 // image tokens), weights normalized (+1e-20) and scaled.
 void route(const float* logits, int n, int E, int k, const float* bias, const float* bias_vl,
            const uint8_t* image, float temp, float route_scale, int32_t* ids, float* w, cudaStream_t s);
-// route()'s arguments, for fp4_swiglu_grouped to route inside its launch (DSUF_ROUTE_INLINE).
-struct InlineRoute {
-  const float* logits = nullptr;  // [n][E]; null: no inline routing
-  int E = 0, k = 0;
-  const float* bias = nullptr;
-  const float* bias_vl = nullptr;
-  const uint8_t* image = nullptr;
-  float temp = 1.0f, route_scale = 1.0f;
-  int32_t* ids = nullptr;  // route()'s outputs, written for the launches after
-  float* w = nullptr;
-};
-// Whether fp4_swiglu_grouped can route E experts inside its launch (the redux picks' E).
-bool route_inline_fits(int E);
 // h1[row] = bf16(weight[row]·silu(min(h1,L))·clamp(h3,±L)) (clamps when clamp); also laid out for
 // the next linear through sink when set (F % 32 == 0).
 void swiglu(float* h1, const float* h3, int64_t rows, int64_t F, const float* weight, float limit, bool clamp,
@@ -399,14 +386,10 @@ void swiglu(float* h1, const float* h3, int64_t rows, int64_t F, const float* we
 // at up to 32 routed rows (DSUF_SWIGLU=auto, the default since v35; `fused`: up to 128, `separate`:
 // never), one k_fp4_imma launch whose blocks take w1's and w3's same rows and end with SwiGLU's
 // arithmetic on them (h into h1 and through sink; h3 is not written), else the two launches.
-// route (set): the routing of the rows' tokens is not done yet — ids and weight are route's outputs,
-// which this call computes: inside the fused launch (one routed row a block, groups null, E within
-// route_inline_fits), else by route() first.
 void fp4_swiglu_grouped(const uint8_t* const* W1, const uint8_t* const* S1, const uint8_t* const* W3,
                         const uint8_t* const* S3, const int32_t* ids, int64_t F, int64_t K, const LinearInput& in,
                         int x_div, int64_t rows, float* h1, float* h3, bool r, cudaStream_t s, const RowGroups* groups,
-                        bool tiled, const float* weight, float limit, bool clamp, const InputSink& sink,
-                        const InlineRoute* route = nullptr);
+                        bool tiled, const float* weight, float limit, bool clamp, const InputSink& sink);
 // The FFN site's end: y = bf16(Σ_j y_experts[row·k + j] + y_shared[row]), expanded straight into the
 // streams with the mix rows `mix` (as collapse_norm's expansion); y itself is not stored.
 void moe_sum_expand(const float* y_experts, int k, const float* y_shared, int n, int hc, int64_t D, const float* mix,
