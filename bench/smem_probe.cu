@@ -27,6 +27,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -82,8 +83,13 @@ struct Args {
 };
 
 // RPW rows a warp at a time (RPW independent chains a lane), WARPS warps. DEC 0: the cvt decode;
-// 1: the bit placement of re-encoded bytes (e4m3x4_place).
-template <int RPW, int DEC = 0>
+// 1: the bit placement of re-encoded bytes (e4m3x4_place). LAY 0: the input row and the weight rows
+// in their natural order in shared memory, so a warp's 32 lanes (32 K-blocks 128 bytes apart) read
+// the inputs from one bank group — 32 wavefronts a 16-byte load — and the weights at 32-byte strides;
+// LAY 1 (session 36): the inputs interleaved as the backend's kernels stage them (lane l's j-th
+// float4 of its K-block next to lane l + 1's) and each weight row's K-block halves grouped (the
+// host permutes the rows before the bulk copy), so every load is conflict-free.
+template <int RPW, int DEC = 0, int LAY = 0>
 __global__ void k_smem_gemv(Args a) {
   extern __shared__ __align__(128) uint8_t sm[];
   __shared__ __align__(8) unsigned long long bar;
@@ -111,7 +117,10 @@ __global__ void k_smem_gemv(Args a) {
           : "memory");
     }
   }
-  for (int i = threadIdx.x; i < K; i += blockDim.x) xs[i] = DEC ? a.x[i] * 0x1p100f : a.x[i];
+  for (int i = threadIdx.x; i < K; i += blockDim.x) {
+    const int kb = i / 32, q = (i % 32) / 4;
+    xs[LAY ? (((kb / 32) * 8 + q) * 32 + kb % 32) * 4 + i % 4 : i] = DEC ? a.x[i] * 0x1p100f : a.x[i];
+  }
   // Wait for the copy (phase 0 of the barrier).
   asm volatile(
       "{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared.b64 p, [%0], 0;\n @!p bra W;\n}" ::"r"(b)
@@ -131,13 +140,14 @@ __global__ void k_smem_gemv(Args a) {
         float xv[16];
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-          const float4 v = *reinterpret_cast<const float4*>(xs + kb * 32 + 16 * h + 4 * c);
+          const float4 v = *reinterpret_cast<const float4*>(
+              LAY ? xs + (((kb / 32) * 8 + 4 * h + c) * 32 + kb % 32) * 4 : xs + kb * 32 + 16 * h + 4 * c);
           xv[4 * c] = v.x, xv[4 * c + 1] = v.y, xv[4 * c + 2] = v.z, xv[4 * c + 3] = v.w;
         }
         uint4 wv[RPW];
 #pragma unroll
         for (int j = 0; j < RPW; ++j)
-          wv[j] = *reinterpret_cast<const uint4*>(ws + size_t(r0 + j) * K + kb * 32 + 16 * h);
+          wv[j] = *reinterpret_cast<const uint4*>(ws + size_t(r0 + j) * K + (LAY ? h * (K / 2) + kb * 16 : kb * 32 + 16 * h));
 #pragma unroll
         for (int j = 0; j < RPW; ++j) {
           const uint32_t words[4] = {wv[j].x, wv[j].y, wv[j].z, wv[j].w};
@@ -185,7 +195,7 @@ uint8_t random_code(std::mt19937& rng) {
 }
 
 struct Config {
-  int rpw, warps, R, K, dec = 0;
+  int rpw, warps, R, K, dec = 0, lay = 0;
 };
 
 double median(std::vector<double> v) {
@@ -240,6 +250,10 @@ int main(int argc, char** argv) {
       // the bit-placement decode
       {2, 8, 192, 1024, 1}, {4, 8, 192, 1024, 1}, {8, 8, 192, 1024, 1}, {2, 16, 192, 1024, 1},
       {4, 16, 192, 1024, 1}, {2, 8, 48, 4096, 1}, {3, 16, 48, 4096, 1},
+      // conflict-free shared-memory layouts (the cvt decode, then the bit placement)
+      {2, 8, 192, 1024, 0, 1}, {4, 8, 192, 1024, 0, 1}, {8, 8, 192, 1024, 0, 1}, {2, 16, 192, 1024, 0, 1},
+      {4, 16, 192, 1024, 0, 1}, {2, 8, 48, 4096, 0, 1}, {1, 16, 48, 4096, 0, 1}, {3, 16, 48, 4096, 0, 1},
+      {8, 8, 192, 1024, 1, 1}, {4, 16, 192, 1024, 1, 1},
   };
   std::mt19937 rng(seed);
   bool all_exact = true;
@@ -261,12 +275,16 @@ int main(int argc, char** argv) {
     check(cudaMalloc(&dsa, sa.size() * 4), "malloc");
     check(cudaMalloc(&dy, size_t(blocks) * R * 4), "malloc");
     check(cudaMalloc(&dt, size_t(blocks) * 3 * 8), "malloc");
-    if (c.dec == 1) {
-      std::vector<uint8_t> placed(w.size());
-      for (size_t i = 0; i < w.size(); ++i) placed[i] = place_code(w[i]);
-      check(cudaMemcpy(dw, placed.data(), wbytes, cudaMemcpyHostToDevice), "h2d");
-    } else {
-      check(cudaMemcpy(dw, w.data(), wbytes, cudaMemcpyHostToDevice), "h2d");
+    {  // the bytes as the bulk copy lands them: re-encoded (dec 1), K-block halves grouped (lay 1)
+      std::vector<uint8_t> dev(w.size());
+      for (size_t row = 0; row < w.size() / size_t(K); ++row)
+        for (int kb = 0; kb < nb; ++kb)
+          for (int i = 0; i < 32; ++i) {
+            const uint8_t v = w[row * K + size_t(kb) * 32 + i];
+            const size_t at = c.lay ? size_t(i / 16) * (K / 2) + size_t(kb) * 16 + i % 16 : size_t(kb) * 32 + i;
+            dev[row * K + at] = c.dec == 1 ? place_code(v) : v;
+          }
+      check(cudaMemcpy(dw, dev.data(), wbytes, cudaMemcpyHostToDevice), "h2d");
     }
     check(cudaMemcpy(dscale, scale.data(), scale.size() * 4, cudaMemcpyHostToDevice), "h2d");
     check(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice), "h2d");
@@ -274,15 +292,19 @@ int main(int argc, char** argv) {
     check(cudaMemset(dy, 0xff, size_t(blocks) * R * 4), "memset");  // NaN until written
     const Args a{dw, dscale, dx, dsa, dy, dt, R, K};
     const size_t smem = size_t(R) * K + size_t(K) * 4;
-    auto kernel = c.dec == 1 ? (c.rpw == 2   ? k_smem_gemv<2, 1>
-                                : c.rpw == 3 ? k_smem_gemv<3, 1>
-                                : c.rpw == 4 ? k_smem_gemv<4, 1>
-                                             : k_smem_gemv<8, 1>)
-                             : (c.rpw == 1   ? k_smem_gemv<1>
-                                : c.rpw == 2 ? k_smem_gemv<2>
-                                : c.rpw == 3 ? k_smem_gemv<3>
-                                : c.rpw == 4 ? k_smem_gemv<4>
-                                             : k_smem_gemv<8>);
+    using Kernel = void (*)(Args);
+    auto pick = [&](auto dec, auto lay) -> Kernel {
+      constexpr int D = decltype(dec)::value, Y = decltype(lay)::value;
+      return c.rpw == 1   ? k_smem_gemv<1, D, Y>
+             : c.rpw == 2 ? k_smem_gemv<2, D, Y>
+             : c.rpw == 3 ? k_smem_gemv<3, D, Y>
+             : c.rpw == 4 ? k_smem_gemv<4, D, Y>
+                          : k_smem_gemv<8, D, Y>;
+    };
+    using Zero = std::integral_constant<int, 0>;
+    using One = std::integral_constant<int, 1>;
+    const Kernel kernel = c.dec ? (c.lay ? pick(One{}, One{}) : pick(One{}, Zero{}))
+                                : (c.lay ? pick(Zero{}, One{}) : pick(Zero{}, Zero{}));
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "smem attribute");
     // Correctness first: the same order on the CPU, every output bit for bit.
     kernel<<<blocks, 32 * c.warps, smem>>>(a);
@@ -332,9 +354,9 @@ int main(int argc, char** argv) {
     const double cu = median(copy_us), mu = median(med_us), xu = median(max_us);
     const double tbs = double(wbytes) / (xu * 1e-6) / 1e12;
     std::printf(
-        "%s RPW %d, %2d warps, R %3d, K %4d (%3zu KB a block, %5.1f MB): %s | copy %6.2f µs (%.2f TB/s) | "
+        "%s %s RPW %d, %2d warps, R %3d, K %4d (%3zu KB a block, %5.1f MB): %s | copy %6.2f µs (%.2f TB/s) | "
         "compute median %6.2f µs, slowest %6.2f µs = %.2f TB/s (%.2f× the copy rate)\n",
-        c.dec ? "place" : "cvt  ", c.rpw, c.warps, R, K, size_t(R) * K / 1024, double(wbytes) / 1e6, bad ? "NOT EXACT" : "exact", cu,
+        c.dec ? "place" : "cvt  ", c.lay ? "free " : "plain", c.rpw, c.warps, R, K, size_t(R) * K / 1024, double(wbytes) / 1e6, bad ? "NOT EXACT" : "exact", cu,
         double(wbytes) / (cu * 1e-6) / 1e12, mu, xu, tbs, tbs / copy_tbs);
     cudaFree(dw), cudaFree(dscale), cudaFree(dx), cudaFree(dsa), cudaFree(dy), cudaFree(dt);
   }
