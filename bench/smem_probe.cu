@@ -181,6 +181,118 @@ __global__ void k_smem_gemv(Args a) {
   }
 }
 
+// Streaming (session 36): the exact one-row FP8 linear fed as the head's BF16 stream is (k_bf16_stream):
+// one block an SM over a contiguous range of rows; its last warp (the producer) bulk-copies CH = W·RPW
+// whole rows at a time into a ring of S slots (a full barrier a slot, completed by the copy's bytes;
+// an empty barrier, by the W consumer warps), and consumer warp w computes rows w·RPW .. of each chunk
+// from shared memory with LAY 1's conflict-free layouts and the same order of operations as
+// k_smem_gemv. Timed as a whole launch from DRAM (L2 flushed), against the device's copy rate.
+struct StreamArgs {
+  const uint8_t* w;     // [rows][K] E4M3, each row's K-block halves grouped (LAY 1)
+  const float* scale;   // [rows / 32][K / 32]
+  const float* x;       // [K]
+  const float* sa;      // [K / 32]
+  float* y;             // [rows]
+  int rows_per_block, K, S;
+  int mode;  // 0: as described; 1: no arithmetic (the ring's copy rate alone); 2: one bulk copy a row
+};
+__device__ __forceinline__ void mbar_wait_parity(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n @!p bra W;\n}" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+template <int RPW>
+__global__ void k_stream_gemv(StreamArgs a) {
+  extern __shared__ __align__(128) uint8_t sm[];
+  const int K = a.K, nb = K / 32, W = int(blockDim.x / 32) - 1, S = a.S;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int CH = W * RPW, chunks = a.rows_per_block / CH;
+  const int64_t slot_bytes = int64_t(CH) * K, row0 = int64_t(blockIdx.x) * a.rows_per_block;
+  float* xs = reinterpret_cast<float*>(sm);  // interleaved as LAY 1
+  const uint32_t bars = smem_addr(sm + size_t(K) * 4);  // [S] full, then [S] empty (S ≤ 8)
+  uint8_t* ring = sm + size_t(K) * 4 + 128;
+  if (threadIdx.x == 0) {
+    for (int q = 0; q < S; ++q) {
+      asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(bars + 8 * q));
+      asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(bars + 8 * (S + q)), "r"(W));
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  for (int i = threadIdx.x; i < K; i += blockDim.x) {
+    const int kb = i / 32, q = (i % 32) / 4;
+    xs[(((kb / 32) * 8 + q) * 32 + kb % 32) * 4 + i % 4] = a.x[i];
+  }
+  __syncthreads();
+  if (warp == W) {  // the producer
+    if (lane == 0)
+      for (int c = 0; c < chunks; ++c) {
+        const int q = c % S;
+        if (c >= S) mbar_wait_parity(bars + 8 * (S + q), uint32_t((c / S - 1) & 1));
+        asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(bars + 8 * q), "r"(uint32_t(slot_bytes))
+                     : "memory");
+        const int pieces = a.mode == 2 ? CH : 1;  // mode 2: a copy a row (as k_bf16_stream)
+        for (int p = 0; p < pieces; ++p)
+          asm volatile(
+              "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                  smem_addr(ring + q * slot_bytes + p * (slot_bytes / pieces))),
+              "l"(a.w + (row0 + int64_t(c) * CH) * K + p * (slot_bytes / pieces)), "r"(uint32_t(slot_bytes / pieces)),
+              "r"(bars + 8 * q)
+              : "memory");
+      }
+    return;
+  }
+  for (int c = 0; c < chunks; ++c) {
+    const int q = c % S;
+    mbar_wait_parity(bars + 8 * q, uint32_t((c / S) & 1));
+    const uint8_t* ws = ring + q * slot_bytes + int64_t(warp) * RPW * K;
+    const int64_t r0 = row0 + int64_t(c) * CH + warp * RPW;
+    float sum[RPW];
+#pragma unroll
+    for (int j = 0; j < RPW; ++j) sum[j] = 0.0f;
+    for (int kb = a.mode == 1 ? nb : lane; kb < nb; kb += 32) {
+      float part[RPW];
+#pragma unroll
+      for (int j = 0; j < RPW; ++j) part[j] = 0.0f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float xv[16];
+#pragma unroll
+        for (int cc = 0; cc < 4; ++cc) {
+          const float4 v = *reinterpret_cast<const float4*>(xs + (((kb / 32) * 8 + 4 * h + cc) * 32 + kb % 32) * 4);
+          xv[4 * cc] = v.x, xv[4 * cc + 1] = v.y, xv[4 * cc + 2] = v.z, xv[4 * cc + 3] = v.w;
+        }
+        uint4 wv[RPW];
+#pragma unroll
+        for (int j = 0; j < RPW; ++j)
+          wv[j] = *reinterpret_cast<const uint4*>(ws + size_t(j) * K + h * (K / 2) + kb * 16);
+#pragma unroll
+        for (int j = 0; j < RPW; ++j) {
+          const uint32_t words[4] = {wv[j].x, wv[j].y, wv[j].z, wv[j].w};
+#pragma unroll
+          for (int cc = 0; cc < 4; ++cc) {
+            float f[4];
+            e4m3x4(words[cc], f);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) part[j] = __fmaf_rn(xv[4 * cc + e], f[e], part[j]);
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < RPW; ++j)
+        sum[j] = __fadd_rn(sum[j], __fmul_rn(part[j], __fmul_rn(a.sa[kb], a.scale[((r0 + j) / 32) * nb + kb])));
+    }
+    __syncwarp();
+    if (lane == 0) asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(bars + 8 * (S + q)) : "memory");
+#pragma unroll
+    for (int j = 0; j < RPW; ++j) {
+      float v = sum[j];
+      for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+      if (lane == 0) a.y[r0 + j] = v;
+    }
+  }
+}
+
 // The CPU's E4M3 value of a code (no NaN codes are generated).
 float e4m3(uint8_t c) {
   const int s = c >> 7, e = (c >> 3) & 15, m = c & 7;
@@ -359,6 +471,91 @@ int main(int argc, char** argv) {
         c.dec ? "place" : "cvt  ", c.lay ? "free " : "plain", c.rpw, c.warps, R, K, size_t(R) * K / 1024, double(wbytes) / 1e6, bad ? "NOT EXACT" : "exact", cu,
         double(wbytes) / (cu * 1e-6) / 1e12, mu, xu, tbs, tbs / copy_tbs);
     cudaFree(dw), cudaFree(dscale), cudaFree(dx), cudaFree(dsa), cudaFree(dy), cudaFree(dt);
+  }
+  // Streaming from DRAM (k_stream_gemv): one block an SM, its rows in chunks of W·RPW through a ring.
+  struct StreamConfig {
+    int K, rows_per_block, rpw, warps, slots, mode = 0;
+  };
+  const StreamConfig streams[] = {
+      {1024, 256, 4, 8, 4},    {1024, 256, 2, 16, 4},   {1024, 256, 4, 16, 3},   {2048, 160, 2, 16, 3},
+      {4096, 96, 1, 16, 3},    {1024, 256, 4, 8, 4, 1}, {1024, 256, 4, 16, 3, 1}, {4096, 96, 1, 16, 3, 1},
+      {1024, 256, 4, 8, 4, 2}, {1024, 256, 4, 16, 3, 2}, {4096, 96, 1, 16, 3, 2},
+  };
+  for (const StreamConfig& c : streams) {
+    const int K = c.K, nb = K / 32, CH = c.warps * c.rpw;
+    const int64_t rows = int64_t(blocks) * c.rows_per_block, wbytes = rows * K;
+    if (c.rows_per_block % CH != 0 || rows % 32 != 0) continue;
+    std::vector<uint8_t> w(static_cast<size_t>(wbytes)), dev(static_cast<size_t>(wbytes));
+    for (auto& v : w) v = random_code(rng);
+    for (int64_t row = 0; row < rows; ++row)
+      for (int kb = 0; kb < nb; ++kb)
+        for (int i = 0; i < 32; ++i)
+          dev[size_t(row * K + (i / 16) * (K / 2) + kb * 16 + i % 16)] = w[size_t(row * K + kb * 32 + i)];
+    std::vector<float> scale(size_t(rows / 32 * nb)), x(static_cast<size_t>(K)), sa(static_cast<size_t>(nb));
+    for (auto& v : scale) v = std::ldexp(1.0f, int(rng() % 11) - 5);
+    for (auto& v : x) v = e4m3(random_code(rng));
+    for (auto& v : sa) v = std::ldexp(1.0f, int(rng() % 7) - 3);
+    uint8_t* dw = nullptr;
+    float *dscale = nullptr, *dx = nullptr, *dsa = nullptr, *dy = nullptr;
+    check(cudaMalloc(&dw, size_t(wbytes)), "malloc");
+    check(cudaMalloc(&dscale, scale.size() * 4), "malloc");
+    check(cudaMalloc(&dx, x.size() * 4), "malloc");
+    check(cudaMalloc(&dsa, sa.size() * 4), "malloc");
+    check(cudaMalloc(&dy, size_t(rows) * 4), "malloc");
+    check(cudaMemcpy(dw, dev.data(), size_t(wbytes), cudaMemcpyHostToDevice), "h2d");
+    check(cudaMemcpy(dscale, scale.data(), scale.size() * 4, cudaMemcpyHostToDevice), "h2d");
+    check(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice), "h2d");
+    check(cudaMemcpy(dsa, sa.data(), sa.size() * 4, cudaMemcpyHostToDevice), "h2d");
+    check(cudaMemset(dy, 0xff, size_t(rows) * 4), "memset");
+    const StreamArgs a{dw, dscale, dx, dsa, dy, c.rows_per_block, K, c.slots, c.mode};
+    const size_t smem = size_t(K) * 4 + 128 + size_t(c.slots) * CH * K;
+    auto kernel = c.rpw == 1 ? k_stream_gemv<1> : c.rpw == 2 ? k_stream_gemv<2> : c.rpw == 4 ? k_stream_gemv<4>
+                                                                                            : k_stream_gemv<8>;
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "smem attribute");
+    kernel<<<blocks, 32 * (c.warps + 1), smem>>>(a);
+    check(cudaGetLastError(), "launch");
+    check(cudaDeviceSynchronize(), "run");
+    std::vector<float> y(static_cast<size_t>(rows));
+    check(cudaMemcpy(y.data(), dy, y.size() * 4, cudaMemcpyDeviceToHost), "d2h");
+    int64_t bad = 0;
+    for (int64_t o = 0; c.mode != 1 && o < rows; ++o) {  // mode 1 computes nothing
+      const uint8_t* wr = w.data() + o * K;
+      float lane_sum[32] = {};
+      for (int l = 0; l < 32; ++l)
+        for (int kb = l; kb < nb; kb += 32) {
+          float part = 0.0f;
+          for (int k = 0; k < 32; ++k) part = part + x[size_t(kb * 32 + k)] * e4m3(wr[kb * 32 + k]);
+          lane_sum[l] = lane_sum[l] + part * (sa[size_t(kb)] * scale[size_t((o / 32) * nb + kb)]);
+        }
+      for (int off = 16; off > 0; off >>= 1)
+        for (int l = 0; l < off; ++l) lane_sum[l] = lane_sum[l] + lane_sum[l + off];
+      uint32_t gb, wb;
+      std::memcpy(&gb, &y[size_t(o)], 4);
+      std::memcpy(&wb, &lane_sum[0], 4);
+      if (gb != wb && bad++ < 3)
+        std::printf("  MISMATCH row %lld: %.9g, CPU %.9g\n", static_cast<long long>(o), y[size_t(o)], lane_sum[0]);
+    }
+    if (c.mode != 1) all_exact = all_exact && bad == 0;
+    std::vector<double> us;
+    for (int r = 0; r < reps; ++r) {
+      check(cudaMemset(ca, r & 0xff, cbytes), "flush");
+      check(cudaEventRecord(e0), "record");
+      kernel<<<blocks, 32 * (c.warps + 1), smem>>>(a);
+      check(cudaEventRecord(e1), "record");
+      check(cudaEventSynchronize(e1), "sync");
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
+      us.push_back(ms * 1e3);
+    }
+    const double mu = median(us), tbs = double(wbytes) / (mu * 1e-6) / 1e12;
+    std::printf(
+        "stream%s K %4d, %3d rows a block (%5.1f MB), RPW %d x %2d warps, %d slots of %3d KB: %s | %6.2f us = %.2f "
+        "TB/s (%.2fx the copy rate)\n",
+        c.mode == 1 ? " (copies only)" : c.mode == 2 ? " (a copy a row)" : "", K, c.rows_per_block,
+        double(wbytes) / 1e6, c.rpw, c.warps, c.slots, CH * K / 1024,
+        c.mode == 1 ? "not checked" : bad ? "NOT EXACT" : "exact",
+        mu, tbs, tbs / copy_tbs);
+    cudaFree(dw), cudaFree(dscale), cudaFree(dx), cudaFree(dsa), cudaFree(dy);
   }
   std::printf("%s\n", all_exact ? "every output exact" : "SOME OUTPUTS DIFFER");
   return all_exact ? 0 : 1;
