@@ -88,7 +88,8 @@ struct Args {
 // the inputs from one bank group — 32 wavefronts a 16-byte load — and the weights at 32-byte strides;
 // LAY 1 (session 36): the inputs interleaved as the backend's kernels stage them (lane l's j-th
 // float4 of its K-block next to lane l + 1's) and each weight row's K-block halves grouped (the
-// host permutes the rows before the bulk copy), so every load is conflict-free.
+// host permutes the rows before the bulk copy), so every load is conflict-free; LAY 2: the inputs as
+// LAY 1, the weights in their natural order (a lane's 32 bytes at 32·lane, as the tile kernels read).
 template <int RPW, int DEC = 0, int LAY = 0>
 __global__ void k_smem_gemv(Args a) {
   extern __shared__ __align__(128) uint8_t sm[];
@@ -119,7 +120,7 @@ __global__ void k_smem_gemv(Args a) {
   }
   for (int i = threadIdx.x; i < K; i += blockDim.x) {
     const int kb = i / 32, q = (i % 32) / 4;
-    xs[LAY ? (((kb / 32) * 8 + q) * 32 + kb % 32) * 4 + i % 4 : i] = DEC ? a.x[i] * 0x1p100f : a.x[i];
+    xs[LAY ? (((kb / 32) * 8 + q) * 32 + kb % 32) * 4 + i % 4 : i] = DEC ? a.x[i] * 0x1p100f : a.x[i];  // LAY 1, 2
   }
   // Wait for the copy (phase 0 of the barrier).
   asm volatile(
@@ -147,7 +148,7 @@ __global__ void k_smem_gemv(Args a) {
         uint4 wv[RPW];
 #pragma unroll
         for (int j = 0; j < RPW; ++j)
-          wv[j] = *reinterpret_cast<const uint4*>(ws + size_t(r0 + j) * K + (LAY ? h * (K / 2) + kb * 16 : kb * 32 + 16 * h));
+          wv[j] = *reinterpret_cast<const uint4*>(ws + size_t(r0 + j) * K + (LAY == 1 ? h * (K / 2) + kb * 16 : kb * 32 + 16 * h));
 #pragma unroll
         for (int j = 0; j < RPW; ++j) {
           const uint32_t words[4] = {wv[j].x, wv[j].y, wv[j].z, wv[j].w};
@@ -366,6 +367,9 @@ int main(int argc, char** argv) {
       {2, 8, 192, 1024, 0, 1}, {4, 8, 192, 1024, 0, 1}, {8, 8, 192, 1024, 0, 1}, {2, 16, 192, 1024, 0, 1},
       {4, 16, 192, 1024, 0, 1}, {2, 8, 48, 4096, 0, 1}, {1, 16, 48, 4096, 0, 1}, {3, 16, 48, 4096, 0, 1},
       {8, 8, 192, 1024, 1, 1}, {4, 16, 192, 1024, 1, 1},
+      // the inputs conflict-free, the weights at their natural 32-byte lane stride (as the tile kernels read them)
+      {2, 8, 192, 1024, 0, 2}, {4, 8, 192, 1024, 0, 2}, {8, 8, 192, 1024, 0, 2}, {2, 16, 192, 1024, 0, 2},
+      {4, 16, 192, 1024, 0, 2}, {3, 16, 48, 4096, 0, 2},
   };
   std::mt19937 rng(seed);
   bool all_exact = true;
@@ -393,7 +397,7 @@ int main(int argc, char** argv) {
         for (int kb = 0; kb < nb; ++kb)
           for (int i = 0; i < 32; ++i) {
             const uint8_t v = w[row * K + size_t(kb) * 32 + i];
-            const size_t at = c.lay ? size_t(i / 16) * (K / 2) + size_t(kb) * 16 + i % 16 : size_t(kb) * 32 + i;
+            const size_t at = c.lay == 1 ? size_t(i / 16) * (K / 2) + size_t(kb) * 16 + i % 16 : size_t(kb) * 32 + i;
             dev[row * K + at] = c.dec == 1 ? place_code(v) : v;
           }
       check(cudaMemcpy(dw, dev.data(), wbytes, cudaMemcpyHostToDevice), "h2d");
@@ -415,8 +419,9 @@ int main(int argc, char** argv) {
     };
     using Zero = std::integral_constant<int, 0>;
     using One = std::integral_constant<int, 1>;
+    using Two = std::integral_constant<int, 2>;
     const Kernel kernel = c.dec ? (c.lay ? pick(One{}, One{}) : pick(One{}, Zero{}))
-                                : (c.lay ? pick(Zero{}, One{}) : pick(Zero{}, Zero{}));
+                                : (c.lay == 2 ? pick(Zero{}, Two{}) : c.lay ? pick(Zero{}, One{}) : pick(Zero{}, Zero{}));
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "smem attribute");
     // Correctness first: the same order on the CPU, every output bit for bit.
     kernel<<<blocks, 32 * c.warps, smem>>>(a);
@@ -468,7 +473,7 @@ int main(int argc, char** argv) {
     std::printf(
         "%s %s RPW %d, %2d warps, R %3d, K %4d (%3zu KB a block, %5.1f MB): %s | copy %6.2f µs (%.2f TB/s) | "
         "compute median %6.2f µs, slowest %6.2f µs = %.2f TB/s (%.2f× the copy rate)\n",
-        c.dec ? "place" : "cvt  ", c.lay ? "free " : "plain", c.rpw, c.warps, R, K, size_t(R) * K / 1024, double(wbytes) / 1e6, bad ? "NOT EXACT" : "exact", cu,
+        c.dec ? "place" : "cvt  ", c.lay == 2 ? "x-free" : c.lay ? "free  " : "plain ", c.rpw, c.warps, R, K, size_t(R) * K / 1024, double(wbytes) / 1e6, bad ? "NOT EXACT" : "exact", cu,
         double(wbytes) / (cu * 1e-6) / 1e12, mu, xu, tbs, tbs / copy_tbs);
     cudaFree(dw), cudaFree(dscale), cudaFree(dx), cudaFree(dsa), cudaFree(dy), cudaFree(dt);
   }
