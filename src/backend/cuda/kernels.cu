@@ -1369,7 +1369,7 @@ size_t fp8_tiles_smem(int OPW, int warps, int stages, int64_t K) {
 }
 // At least 3 blocks of 8 warps an SM (what the shared memory of K = 8,192 allows) or 7 of 4 (K ≤ 2,048).
 template <int OPW, bool kExact, int kWarps, int kStages>
-__global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 3 : kWarps == 4 ? 7 : 1)
+__global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 3 : 7)
     k_fp8_gemv_tiles(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws, int64_t out, int64_t K,
                      const float* __restrict__ x, const float* __restrict__ xs, float* __restrict__ y, bool r,
                      bool early) {
@@ -4833,14 +4833,12 @@ bool fp8_tiles_fit(const Fp8Call& c, int opw) {
 // against 2; 4 blocks an SM instead of 7 +0.22 (the more warps an SM, the faster).
 int sm_count();
 template <int OPW, bool kExact, int kWarps, int kStages>
-bool launch_fp8_tiles_k(const Fp8Call& c) {
+void launch_fp8_tiles_k(const Fp8Call& c) {
   auto k = k_fp8_gemv_tiles<OPW, kExact, kWarps, kStages>;
   const size_t smem = fp8_tiles_smem(OPW, kWarps, kStages, c.K);
-  if (smem > 227 * 1024) return false;  // (the wide forms at the largest K: the caller's fallback)
   DSUF_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   int fit = 0;
   DSUF_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, k, 32 * kWarps, smem));
-  if (fit < 1) return false;
   static const int want = [] {
     const char* v = std::getenv("DSUF_FP8_TILES_SM");
     const int n = v ? std::atoi(v) : 32;
@@ -4852,30 +4850,19 @@ bool launch_fp8_tiles_k(const Fp8Call& c) {
   const int64_t per_warp = (tiles + most - 1) / most, warps = (tiles + per_warp - 1) / per_warp;
   launch_pdl(k, dim3(blocks_for(warps, kWarps)), dim3(32 * kWarps), smem, c.s, c.W, c.Ws, c.out, c.K, c.in.x,
              c.in.scale, c.y, c.r, fp8_early());
-  return true;
 }
 template <int OPW, bool kExact, int kWarps>
 void launch_fp8_tiles_w(const Fp8Call& c) {
   static const int stages = env_choice("DSUF_FP8_TILES_RING", {"2", "3", "4"}) + 2;
-  bool ok = false;
   switch (stages) {
-    case 3: ok = launch_fp8_tiles_k<OPW, kExact, kWarps, 3>(c); break;
-    case 4: ok = launch_fp8_tiles_k<OPW, kExact, kWarps, 4>(c); break;
-    default: ok = launch_fp8_tiles_k<OPW, kExact, kWarps, 2>(c); break;
+    case 3: return launch_fp8_tiles_k<OPW, kExact, kWarps, 3>(c);
+    case 4: return launch_fp8_tiles_k<OPW, kExact, kWarps, 4>(c);
+    default: return launch_fp8_tiles_k<OPW, kExact, kWarps, 2>(c);
   }
-  DSUF_CHECK(ok, "k_fp8_gemv_tiles: ", kWarps, " warps and a ring of ", stages, " do not fit at K = ", c.K);
 }
-// DSUF_FP8_TILES_WIDE=off|20|16 (session 36, measuring): from K = 4,096 (wo_b) one block an SM of 20 or
-// 16 warps with a ring of 4 chunks a warp (3 in flight), instead of three 8-warp blocks with 2 (one in
-// flight): a warp's tile is 8 chunks whose round trips the 2-slot ring takes one at a time, and three
-// blocks' staged input rows (32 KB each) leave no room for a deeper ring. Where it does not fit, as
-// before.
 template <int OPW, bool kExact>
 void launch_fp8_tiles(const Fp8Call& c) {
   if (c.K <= 2048) return launch_fp8_tiles_w<OPW, kExact, 4>(c);
-  static const int wide = env_choice("DSUF_FP8_TILES_WIDE", {"off", "20", "16"});
-  if (c.K >= 4096 && wide == 1 && launch_fp8_tiles_k<OPW, kExact, 20, 4>(c)) return;
-  if (c.K >= 4096 && wide == 2 && launch_fp8_tiles_k<OPW, kExact, 16, 4>(c)) return;
   launch_fp8_tiles_w<OPW, kExact, 8>(c);
 }
 template <int OPW, int R, bool kExact>
