@@ -82,6 +82,48 @@ struct Args {
   int R, K;
 };
 
+// Float j's place in the interleaved input row (LAY 1 and 2; as the backend stages inputs): lane l's
+// float4 q of K-block kb (kb ≡ l mod 32) beside lane l + 1's.
+__device__ __forceinline__ int interleaved(int kb, int q) { return ((kb / 32) * 8 + q) * 32 + kb % 32; }
+__device__ __forceinline__ void mbar_wait_parity(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n @!p bra W;\n}" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// Row j's part of K-block kb (its 32 products added from zero in element order), j < RPW, the row's
+// bytes at w + j·K: the inputs from xs (interleaved unless LAY 0), the weights in LAY's layout.
+template <int RPW, int DEC, int LAY>
+__device__ __forceinline__ void kblock_parts(const float* xs, const uint8_t* w, int K, int kb, float (&part)[RPW]) {
+#pragma unroll
+  for (int j = 0; j < RPW; ++j) part[j] = 0.0f;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // the K-block's two 16-byte halves
+    float xv[16];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const float4 v = *reinterpret_cast<const float4*>(LAY ? xs + interleaved(kb, 4 * h + c) * 4 : xs + kb * 32 + 16 * h + 4 * c);
+      xv[4 * c] = v.x, xv[4 * c + 1] = v.y, xv[4 * c + 2] = v.z, xv[4 * c + 3] = v.w;
+    }
+    uint4 wv[RPW];
+#pragma unroll
+    for (int j = 0; j < RPW; ++j)
+      wv[j] = *reinterpret_cast<const uint4*>(w + size_t(j) * K + (LAY == 1 ? h * (K / 2) + kb * 16 : kb * 32 + 16 * h));
+#pragma unroll
+    for (int j = 0; j < RPW; ++j) {
+      const uint32_t words[4] = {wv[j].x, wv[j].y, wv[j].z, wv[j].w};
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        float f[4];
+        if constexpr (DEC == 1) e4m3x4_place(words[c], f);
+        else e4m3x4(words[c], f);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) part[j] = __fmaf_rn(xv[4 * c + e], f[e], part[j]);
+      }
+    }
+  }
+}
+
 // RPW rows a warp at a time (RPW independent chains a lane), WARPS warps. DEC 0: the cvt decode;
 // 1: the bit placement of re-encoded bytes (e4m3x4_place). LAY 0: the input row and the weight rows
 // in their natural order in shared memory, so a warp's 32 lanes (32 K-blocks 128 bytes apart) read
@@ -120,12 +162,9 @@ __global__ void k_smem_gemv(Args a) {
   }
   for (int i = threadIdx.x; i < K; i += blockDim.x) {
     const int kb = i / 32, q = (i % 32) / 4;
-    xs[LAY ? (((kb / 32) * 8 + q) * 32 + kb % 32) * 4 + i % 4 : i] = DEC ? a.x[i] * 0x1p100f : a.x[i];  // LAY 1, 2
+    xs[LAY ? interleaved(kb, q) * 4 + i % 4 : i] = DEC ? a.x[i] * 0x1p100f : a.x[i];
   }
-  // Wait for the copy (phase 0 of the barrier).
-  asm volatile(
-      "{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared.b64 p, [%0], 0;\n @!p bra W;\n}" ::"r"(b)
-      : "memory");
+  mbar_wait_parity(b, 0);  // the copy (phase 0 of the barrier)
   __syncthreads();
   const uint64_t t1 = now_ns();
   for (int r0 = warp * RPW; r0 < R; r0 += warps * RPW) {
@@ -134,34 +173,7 @@ __global__ void k_smem_gemv(Args a) {
     for (int j = 0; j < RPW; ++j) sum[j] = 0.0f;
     for (int kb = lane; kb < nb; kb += 32) {
       float part[RPW];
-#pragma unroll
-      for (int j = 0; j < RPW; ++j) part[j] = 0.0f;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {  // the K-block's two 16-byte halves
-        float xv[16];
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const float4 v = *reinterpret_cast<const float4*>(
-              LAY ? xs + (((kb / 32) * 8 + 4 * h + c) * 32 + kb % 32) * 4 : xs + kb * 32 + 16 * h + 4 * c);
-          xv[4 * c] = v.x, xv[4 * c + 1] = v.y, xv[4 * c + 2] = v.z, xv[4 * c + 3] = v.w;
-        }
-        uint4 wv[RPW];
-#pragma unroll
-        for (int j = 0; j < RPW; ++j)
-          wv[j] = *reinterpret_cast<const uint4*>(ws + size_t(r0 + j) * K + (LAY == 1 ? h * (K / 2) + kb * 16 : kb * 32 + 16 * h));
-#pragma unroll
-        for (int j = 0; j < RPW; ++j) {
-          const uint32_t words[4] = {wv[j].x, wv[j].y, wv[j].z, wv[j].w};
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            float f[4];
-            if constexpr (DEC == 1) e4m3x4_place(words[c], f);
-            else e4m3x4(words[c], f);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) part[j] = __fmaf_rn(xv[4 * c + e], f[e], part[j]);
-          }
-        }
-      }
+      kblock_parts<RPW, DEC, LAY>(xs, ws + size_t(r0) * K, K, kb, part);
       const int64_t row0 = int64_t(blockIdx.x) * R + r0;
 #pragma unroll
       for (int j = 0; j < RPW; ++j)
@@ -197,12 +209,6 @@ struct StreamArgs {
   int rows_per_block, K, S;
   int mode;  // 0: as described; 1: no arithmetic (the ring's copy rate alone); 2: one bulk copy a row
 };
-__device__ __forceinline__ void mbar_wait_parity(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n @!p bra W;\n}" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
 template <int RPW>
 __global__ void k_stream_gemv(StreamArgs a) {
   extern __shared__ __align__(128) uint8_t sm[];
@@ -222,7 +228,7 @@ __global__ void k_stream_gemv(StreamArgs a) {
   }
   for (int i = threadIdx.x; i < K; i += blockDim.x) {
     const int kb = i / 32, q = (i % 32) / 4;
-    xs[(((kb / 32) * 8 + q) * 32 + kb % 32) * 4 + i % 4] = a.x[i];
+    xs[interleaved(kb, q) * 4 + i % 4] = a.x[i];
   }
   __syncthreads();
   if (warp == W) {  // the producer
@@ -253,32 +259,7 @@ __global__ void k_stream_gemv(StreamArgs a) {
     for (int j = 0; j < RPW; ++j) sum[j] = 0.0f;
     for (int kb = a.mode == 1 ? nb : lane; kb < nb; kb += 32) {
       float part[RPW];
-#pragma unroll
-      for (int j = 0; j < RPW; ++j) part[j] = 0.0f;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float xv[16];
-#pragma unroll
-        for (int cc = 0; cc < 4; ++cc) {
-          const float4 v = *reinterpret_cast<const float4*>(xs + (((kb / 32) * 8 + 4 * h + cc) * 32 + kb % 32) * 4);
-          xv[4 * cc] = v.x, xv[4 * cc + 1] = v.y, xv[4 * cc + 2] = v.z, xv[4 * cc + 3] = v.w;
-        }
-        uint4 wv[RPW];
-#pragma unroll
-        for (int j = 0; j < RPW; ++j)
-          wv[j] = *reinterpret_cast<const uint4*>(ws + size_t(j) * K + h * (K / 2) + kb * 16);
-#pragma unroll
-        for (int j = 0; j < RPW; ++j) {
-          const uint32_t words[4] = {wv[j].x, wv[j].y, wv[j].z, wv[j].w};
-#pragma unroll
-          for (int cc = 0; cc < 4; ++cc) {
-            float f[4];
-            e4m3x4(words[cc], f);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) part[j] = __fmaf_rn(xv[4 * cc + e], f[e], part[j]);
-          }
-        }
-      }
+      kblock_parts<RPW, 0, 1>(xs, ws, K, kb, part);
 #pragma unroll
       for (int j = 0; j < RPW; ++j)
         sum[j] = __fadd_rn(sum[j], __fmul_rn(part[j], __fmul_rn(a.sa[kb], a.scale[((r0 + j) / 32) * nb + kb])));
