@@ -1549,7 +1549,11 @@ struct WoChainArgs {
   bool r;
   unsigned long long* arrivals;
   unsigned long long* trace;  // optional (DSUF_WO_CHAIN_TRACE): kChainTrace %globaltimer stamps a block
+  int pf;                     // chunks a warp asks L2 for beyond its ring (DSUF_WO_CHAIN_PF), or 0
 };
+__device__ __forceinline__ void bulk_prefetch_l2(const void* p, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+}
 // Per launch (by barrier generation mod 64) and block: entry, after the wait, the block's arrival,
 // its pass of the barrier, wo_b's input staged, the last warp's end.
 constexpr int kChainTrace = 6;
@@ -1586,35 +1590,52 @@ __global__ void __maxnreg__(kW == 16 ? 96 : 128) k_wo_chain(const WoChainArgs a)
   const uint32_t ring_u32 = smem_u32(ring);
   // Chunk c into slot s: four 1 KB segments (wo_a: the tile's rows at round m; wo_b: a row's rounds
   // 4q..4q+3) and the codes (wo_a: the round's 32; wo_b: the 4 rounds' 128). One commit group each.
+  // Chunk c's weights: S segments of 1 KB (wo_a: the tile's rows at round m; wo_b: a row's rounds
+  // S·q..S·q+S−1) at seg + sg·seg_stride, and its codes (wo_a: the round's 32; wo_b: the S rounds').
+  struct Src {
+    const uint8_t* seg;
+    int64_t seg_stride;
+    const uint8_t* codes;
+    int ncodes;
+  };
+  auto source = [&](int c) {
+    if (c < na) {
+      const int k = c / rounds_a, m = c % rounds_a;
+      const int64_t row0 = int64_t(b + k * G) * 32 + warp * S;
+      return Src{a.Wa + row0 * a.Ka + m * 1024, a.Ka, a.Wsa + (row0 / 32) * nba + 32 * m, 32};
+    }
+    const int n = (c - na) / chunks_b, q = (c - na) % chunks_b;
+    const int64_t i = rank + int64_t(n) * nw;
+    return Src{a.Wb + i * Kb + q * 1024 * S, 1024, a.Wsb + (i / 32) * nbb + 32 * S * q, 32 * S};
+  };
+  // Chunk c into slot s, one commit group (empty past the last chunk); with a.pf, lane 0 also asks
+  // L2 for chunk c + a.pf (a bulk prefetch: bytes in flight beyond the ring's shared memory).
   auto issue = [&](int c, int s) {
     if (c < total) {
       const uint32_t dst = ring_u32 + uint32_t(s * kChainSlot);
-      const uint8_t* seg;
-      int64_t seg_stride;
-      const uint8_t* codes;
-      int ncodes;
-      if (c < na) {
-        const int k = c / rounds_a, m = c % rounds_a;
-        const int64_t row0 = int64_t(b + k * G) * 32 + warp * S;
-        seg = a.Wa + row0 * a.Ka + m * 1024, seg_stride = a.Ka;
-        codes = a.Wsa + (row0 / 32) * nba + 32 * m, ncodes = 32;
-      } else {
-        const int n = (c - na) / chunks_b, q = (c - na) % chunks_b;
-        const int64_t i = rank + int64_t(n) * nw;
-        seg = a.Wb + i * Kb + q * 1024 * S, seg_stride = 1024;
-        codes = a.Wsb + (i / 32) * nbb + 32 * S * q, ncodes = 32 * S;
-      }
+      const Src src = source(c);
 #pragma unroll
       for (int sg = 0; sg < S; ++sg) {
-        cp_async16_to(dst + uint32_t(sg * 1024 + 16 * lane), seg + sg * seg_stride + 16 * lane);
-        cp_async16_to(dst + uint32_t(sg * 1024 + 512 + 16 * lane), seg + sg * seg_stride + 512 + 16 * lane);
+        cp_async16_to(dst + uint32_t(sg * 1024 + 16 * lane), src.seg + sg * src.seg_stride + 16 * lane);
+        cp_async16_to(dst + uint32_t(sg * 1024 + 512 + 16 * lane), src.seg + sg * src.seg_stride + 512 + 16 * lane);
       }
-      if (4 * lane < ncodes) cp_async4_to(dst + uint32_t(1024 * S + 4 * lane), codes + 4 * lane);
+      if (4 * lane < src.ncodes) cp_async4_to(dst + uint32_t(1024 * S + 4 * lane), src.codes + 4 * lane);
     }
     cp_async_commit();
   };
+  auto prefetch = [&](int c) {
+    if (lane != 0 || c >= total) return;
+    const Src src = source(c);
+    if (src.seg_stride == 1024) {
+      bulk_prefetch_l2(src.seg, 1024u * S);
+    } else {
+#pragma unroll
+      for (int sg = 0; sg < S; ++sg) bulk_prefetch_l2(src.seg + sg * src.seg_stride, 1024u);
+    }
+  };
 #pragma unroll
   for (int s = 0; s < kChainStages; ++s) issue(s, s);  // weights only before the wait
+  for (int c = kChainStages; c < kChainStages + a.pf; ++c) prefetch(c);
   pdl_wait();
   if (a.trace && threadIdx.x == 0) stamp[1] = global_ns();
   float acc[S];
@@ -1636,6 +1657,7 @@ __global__ void __maxnreg__(kW == 16 ? 96 : 128) k_wo_chain(const WoChainArgs a)
     for (int sg = 0; sg < S; ++sg) sc[sg] = slot[1024 * S + (c < na ? 0 : 32 * sg) + lane];
     __syncwarp();
     issue(c + kChainStages, s);  // the slot just read
+    if (a.pf > 0) prefetch(c + kChainStages + a.pf);
     if (c < na) {
       const int k = c / rounds_a, m = c % rounds_a, u = b + k * G;
       const int g = int(int64_t(u) * 32 / a.out_a), kb = 32 * m + lane;
@@ -5422,7 +5444,7 @@ void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, con
 }
 bool wo_chain(const uint8_t* Wa, const uint8_t* Wsa, int groups, int64_t out_a, int64_t Ka, const LinearInput& in,
               float* ya, const InputSink& sink, const uint8_t* Wb, const uint8_t* Wsb, int64_t out_b, float* yb, bool r,
-              unsigned long long* arrivals, cudaStream_t s, int warps, unsigned long long* trace) {
+              unsigned long long* arrivals, cudaStream_t s, int warps, unsigned long long* trace, int pf) {
   const int64_t Kb = int64_t(groups) * out_a;
   auto aligned = [](const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
   if (!sink.xq || !sink.xs || !sink.quantize || !arrivals || Ka < 1024 || Ka % 1024 != 0 ||
@@ -5450,7 +5472,7 @@ bool wo_chain(const uint8_t* Wa, const uint8_t* Wsa, int groups, int64_t out_a, 
   const int grid = int(std::min<int64_t>(sm_count(), Kb / 32));
   const WoChainArgs a{.Wa = Wa, .Wsa = Wsa, .groups = groups, .out_a = out_a, .Ka = Ka, .xa = in.x,
                       .xa_group = in.group_stride, .xsa = in.scale, .ya = ya, .sink = sink, .Wb = Wb, .Wsb = Wsb,
-                      .out_b = out_b, .yb = yb, .r = r, .arrivals = arrivals, .trace = trace};
+                      .out_b = out_b, .yb = yb, .r = r, .arrivals = arrivals, .trace = trace, .pf = pf};
   launch_pdl(k, dim3(grid), dim3(32 * warps), kChainSmem, s, a);
   return true;
 }
