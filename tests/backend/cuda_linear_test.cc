@@ -277,7 +277,8 @@ TEST(CudaFp8Linear, GroupsPairsAndSinkEqualTheReferenceSum) {
 // 1,024 over 4,096, wo_b 5,120 × 8,192: more units than SMs), 4 groups of 1,024 over 1,024 (128
 // units: a grid of 128), and 2 groups of 2,048 over 2,048 with wo_b's rows not a multiple of 32 or of
 // the grid's warps (grids of 132 and 128 blocks in turn on one barrier); wo_a's inputs quantized and
-// not; 8 and 16 warps a block, and with L2 prefetches. Each launched three times in a row, the outputs poisoned before each.
+// not; 8 and 16 warps a block with wo_a's chunks rows first, 8 round first with L2 prefetches (rows
+// first falls back to rounds where a row has fewer rounds than a chunk). Each launched three times in a row, the outputs poisoned before each.
 TEST(CudaFp8Linear, WoChainEqualsTheReferenceSums) {
   std::mt19937 rng(20261202);
   cudaStream_t s = nullptr;
@@ -326,7 +327,7 @@ TEST(CudaFp8Linear, WoChainEqualsTheReferenceSums) {
         DSUF_CUDA(cudaMemsetAsync(zs.p, 0xff, zs.n * 4, s));
         const int warps = round == 1 ? 16 : 8;  // both block forms
         ASSERT_TRUE(cuda::wo_chain(dWa.p, dWsa.p, G, sh.out_a, sh.Ka, in, dya.p, sink, dWb.p, dWsb.p, sh.out_b,
-                                   dyb.p, r, arrivals.p, s, warps, nullptr, round == 2 ? 4 : 0));
+                                   dyb.p, r, arrivals.p, s, warps, nullptr, round == 2 ? 4 : 0, round < 2));
         DSUF_CUDA(cudaStreamSynchronize(s));
         const std::string what = "wo_chain " + std::to_string(G) + " × " + std::to_string(sh.out_a) + " K " +
                                  std::to_string(sh.Ka) + ", " + std::to_string(sh.out_b) + " wo_a quantized " +

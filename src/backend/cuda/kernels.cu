@@ -1550,6 +1550,7 @@ struct WoChainArgs {
   unsigned long long* arrivals;
   unsigned long long* trace;  // optional (DSUF_WO_CHAIN_TRACE): kChainTrace %globaltimer stamps a block
   int pf;                     // chunks a warp asks L2 for beyond its ring (DSUF_WO_CHAIN_PF), or 0
+  bool rows_first;            // wo_a's chunks a row's S rounds (DSUF_WO_CHAIN_ORDER=rows) or S rows' round
 };
 __device__ __forceinline__ void bulk_prefetch_l2(const void* p, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
@@ -1577,10 +1578,13 @@ __global__ void __maxnreg__(kW == 16 ? 96 : 128) k_wo_chain(const WoChainArgs a)
   const int nba = int(a.Ka / 32), nbb = int(Kb / 32);
   const int rounds_a = nba / 32, chunks_b = nbb / (32 * S), units = nbb;
   const int rem = units % G, my_units = units / G + (b < rem ? 1 : 0);
-  // Warps ranked for wo_b's rows: those of the blocks with fewer units (b ≥ rem) first.
-  const int nw = G * kChainWarps;
-  const int rank = rem == 0 ? b * kChainWarps + warp
-                            : b >= rem ? (b - rem) * kChainWarps + warp : (G - rem + b) * kChainWarps + warp;
+  // wo_b's rows dealt evenly over the blocks (every block starts them at the barrier): warp w of block
+  // b takes rows w·G + b + n·(warps): the extra rows go to the first warps of every block.
+  const int nw = G * kChainWarps, rank = warp * G + b;
+  // a.rows_first: a wo_a tile's chunks are its rows one after the other, S rounds (S KB contiguous) a
+  // chunk, instead of its S rows' round m each (S pieces of 1 KB a row apart).
+  const bool rows_first = a.rows_first && rounds_a % S == 0;
+  const int per_row = rows_first ? rounds_a / S : 1;  // a wo_a row's chunks
   const int na = my_units * rounds_a;
   const int rows_b = a.out_b > rank ? int((a.out_b - 1 - rank) / nw + 1) : 0;
   const int total = na + rows_b * chunks_b;
@@ -1602,6 +1606,10 @@ __global__ void __maxnreg__(kW == 16 ? 96 : 128) k_wo_chain(const WoChainArgs a)
     if (c < na) {
       const int k = c / rounds_a, m = c % rounds_a;
       const int64_t row0 = int64_t(b + k * G) * 32 + warp * S;
+      if (rows_first) {
+        const int o = m / per_row, q = m % per_row;
+        return Src{a.Wa + (row0 + o) * a.Ka + q * 1024 * S, 1024, a.Wsa + (row0 / 32) * nba + 32 * S * q, 32 * S};
+      }
       return Src{a.Wa + row0 * a.Ka + m * 1024, a.Ka, a.Wsa + (row0 / 32) * nba + 32 * m, 32};
     }
     const int n = (c - na) / chunks_b, q = (c - na) % chunks_b;
@@ -1654,29 +1662,53 @@ __global__ void __maxnreg__(kW == 16 ? 96 : 128) k_wo_chain(const WoChainArgs a)
     }
     uint8_t sc[S];
 #pragma unroll
-    for (int sg = 0; sg < S; ++sg) sc[sg] = slot[1024 * S + (c < na ? 0 : 32 * sg) + lane];
+    for (int sg = 0; sg < S; ++sg) sc[sg] = slot[1024 * S + (c < na && !rows_first ? 0 : 32 * sg) + lane];
     __syncwarp();
     issue(c + kChainStages, s);  // the slot just read
     if (a.pf > 0) prefetch(c + kChainStages + a.pf);
     if (c < na) {
       const int k = c / rounds_a, m = c % rounds_a, u = b + k * G;
-      const int g = int(int64_t(u) * 32 / a.out_a), kb = 32 * m + lane;
-      float4 xv[8];
-      load_x(a.xa + g * a.xa_group, kb, xv);
-      float p[S];
-      fp8_kb_parts<S, kQa>(w, xv, p);
-      const float sa = kQa ? __ldg(a.xsa + int64_t(g) * nba + kb) : 1.0f, sw = e8m0(sc[0]);
+      const int g = int(int64_t(u) * 32 / a.out_a);
+      if (rows_first) {  // row o's rounds S·q.., its sum into acc[0] (the rows one after the other)
+        const int o = m / per_row, q = m % per_row;
 #pragma unroll
-      for (int o = 0; o < S; ++o) acc[o] = acc[o] + fp8_kb_term<kQa>(p[o], sa, sw);
-      if (m + 1 < rounds_a) continue;
-#pragma unroll
-      for (int o = 0; o < S; ++o) {
-        const float v = rb(warp_sum(acc[o]), a.r);
+        for (int rr = 0; rr < S; ++rr) {
+          const int kb = 32 * S * q + 32 * rr + lane;
+          float4 xv[8];
+          load_x(a.xa + g * a.xa_group, kb, xv);
+          const uint4 wr[1][2] = {{w[rr][0], w[rr][1]}};
+          float p[1];
+          fp8_kb_parts<1, kQa>(wr, xv, p);
+          const float sa = kQa ? __ldg(a.xsa + int64_t(g) * nba + kb) : 1.0f;
+          acc[0] = acc[0] + fp8_kb_term<kQa>(p[0], sa, e8m0(sc[rr]));
+        }
+        if (q + 1 < per_row) continue;
+        const float v = rb(warp_sum(acc[0]), a.r);
         if (lane == 0) {
           a.ya[int64_t(u) * 32 + warp * S + o] = v;
           so[k & 1][warp * S + o] = v;
         }
-        acc[o] = 0.0f;
+        acc[0] = 0.0f;
+        if (m + 1 < rounds_a) continue;
+      } else {
+        const int kb = 32 * m + lane;
+        float4 xv[8];
+        load_x(a.xa + g * a.xa_group, kb, xv);
+        float p[S];
+        fp8_kb_parts<S, kQa>(w, xv, p);
+        const float sa = kQa ? __ldg(a.xsa + int64_t(g) * nba + kb) : 1.0f, sw = e8m0(sc[0]);
+#pragma unroll
+        for (int o = 0; o < S; ++o) acc[o] = acc[o] + fp8_kb_term<kQa>(p[o], sa, sw);
+        if (m + 1 < rounds_a) continue;
+#pragma unroll
+        for (int o = 0; o < S; ++o) {
+          const float v = rb(warp_sum(acc[o]), a.r);
+          if (lane == 0) {
+            a.ya[int64_t(u) * 32 + warp * S + o] = v;
+            so[k & 1][warp * S + o] = v;
+          }
+          acc[o] = 0.0f;
+        }
       }
       __syncthreads();  // every warp of the block has the same units
       if (warp == 0) emit_input(a.sink, Kb, 0, u, lane, so[k & 1][lane]);
@@ -5444,7 +5476,7 @@ void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, con
 }
 bool wo_chain(const uint8_t* Wa, const uint8_t* Wsa, int groups, int64_t out_a, int64_t Ka, const LinearInput& in,
               float* ya, const InputSink& sink, const uint8_t* Wb, const uint8_t* Wsb, int64_t out_b, float* yb, bool r,
-              unsigned long long* arrivals, cudaStream_t s, int warps, unsigned long long* trace, int pf) {
+              unsigned long long* arrivals, cudaStream_t s, int warps, unsigned long long* trace, int pf, bool rows_first) {
   const int64_t Kb = int64_t(groups) * out_a;
   auto aligned = [](const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
   if (!sink.xq || !sink.xs || !sink.quantize || !arrivals || Ka < 1024 || Ka % 1024 != 0 ||
@@ -5472,7 +5504,7 @@ bool wo_chain(const uint8_t* Wa, const uint8_t* Wsa, int groups, int64_t out_a, 
   const int grid = int(std::min<int64_t>(sm_count(), Kb / 32));
   const WoChainArgs a{.Wa = Wa, .Wsa = Wsa, .groups = groups, .out_a = out_a, .Ka = Ka, .xa = in.x,
                       .xa_group = in.group_stride, .xsa = in.scale, .ya = ya, .sink = sink, .Wb = Wb, .Wsb = Wsb,
-                      .out_b = out_b, .yb = yb, .r = r, .arrivals = arrivals, .trace = trace, .pf = pf};
+                      .out_b = out_b, .yb = yb, .r = r, .arrivals = arrivals, .trace = trace, .pf = pf, .rows_first = rows_first};
   launch_pdl(k, dim3(grid), dim3(32 * warps), kChainSmem, s, a);
   return true;
 }
