@@ -1266,7 +1266,8 @@ __global__ void __launch_bounds__(32 * kPreWarps) k_fp8_gemv_preload(const uint8
                                                                     const uint8_t* __restrict__ Ws, int64_t out,
                                                                     int64_t K, const float* __restrict__ x,
                                                                     int64_t x_group, const float* __restrict__ xs,
-                                                                    float* __restrict__ y, bool r, InputSink sink) {
+                                                                    float* __restrict__ y, bool r, InputSink sink,
+                                                                    int early_blocks) {
   static_assert(kPreWarps * kPreOpw == 32, "a block's rows are one K-block of the next linear's input");
   constexpr int kPre = kPreRounds - 1;     // rounds in shared memory; the last one in registers
   constexpr int kRowBytes = kPre * 1024;   // a row's shared-memory share
@@ -1285,18 +1286,21 @@ __global__ void __launch_bounds__(32 * kPreWarps) k_fp8_gemv_preload(const uint8
     mbar_init_fence();
   }
   __syncthreads();
-  if (warp == 0) {  // lane L copies row b0 + L's first kPre rounds: one barrier phase for all 32
-    if (lane == 0) mbar_expect_tx(sbar, 32u * kRowBytes);
-    __syncwarp();
-    bulk_copy(smem_u32(pre_sm + lane * kRowBytes), W + (b0 + lane) * K, uint32_t(kRowBytes), sbar);
-  }
+  // The blocks numbered below early_blocks load before the wait (those beside the P·V kernel); the
+  // rest, which start as the P·V's blocks leave, after it (DSUF_WOA_PRELOAD=first).
+  const bool early = int(blockIdx.x + blockIdx.z * gridDim.x) < early_blocks;
+  auto copy_rows = [&] {
+    if (warp == 0) {  // lane L copies row b0 + L's first kPre rounds: one barrier phase for all 32
+      if (lane == 0) mbar_expect_tx(sbar, 32u * kRowBytes);
+      __syncwarp();
+      bulk_copy(smem_u32(pre_sm + lane * kRowBytes), W + (b0 + lane) * K, uint32_t(kRowBytes), sbar);
+    }
+  };
   // The last round's weights (K-block 32·kPre + lane of the warp's rows) and every scale code.
   const uint8_t* __restrict__ ws_row = Ws + (o0 / 32) * nb;
-  // (In a basic block of their own — o0 < out always holds — so that ptxas, which moves the wait up
-  // within its block, leaves them before it: scripts/wait_loads.py.)
   uint4 wl[kPreOpw][2] = {};
   uint8_t sc[kPreRounds] = {};
-  if (o0 < out) {
+  auto load_last = [&] {
 #pragma unroll
     for (int o = 0; o < kPreOpw; ++o) {
       const uint8_t* wr = W + (o0 + o) * K + int64_t(32 * kPre + lane) * 32;
@@ -1305,8 +1309,16 @@ __global__ void __launch_bounds__(32 * kPreWarps) k_fp8_gemv_preload(const uint8
     }
 #pragma unroll
     for (int m = 0; m < kPreRounds; ++m) sc[m] = __ldg(ws_row + 32 * m + lane);
-  }
+  };
+  if (early) copy_rows();
+  // (In a basic block of their own — o0 < out always holds — so that ptxas, which moves the wait up
+  // within its block, leaves them before it: scripts/wait_loads.py.)
+  if (o0 < out && early) load_last();
   pdl_wait();
+  if (!early) {
+    copy_rows();
+    if (o0 < out) load_last();
+  }
   float acc[kPreOpw][1];
 #pragma unroll
   for (int o = 0; o < kPreOpw; ++o) acc[o][0] = 0.0f;
@@ -5209,12 +5221,15 @@ bool launch_fp8_sink(const Fp8Call& c, const InputSink& sink, bool late) {
   // DSUF_WOA_PRELOAD=on|off: wo_a's weights on the chip before its input (k_fp8_gemv_preload; on, the
   // default since session 33: −0.070 and −0.088 ms a step at batch 1 and 8K in two calls, −0.077 at
   // 128K; 4 warps of 8 rows a block instead of 8 of 4 measured +0.17 against it: docs/perf.md v45).
-  static const bool preload = !env_picks("DSUF_WOA_PRELOAD", "on", "off");
-  if (preload && !late && c.K == 32 * 32 * kPreRounds) {
+  // DSUF_WOA_PRELOAD=first: only the first sm_count() blocks (those that fit beside the P·V kernel)
+  // load before the wait; the rest, starting as the P·V's blocks leave, after it (session 37).
+  static const int preload = env_choice("DSUF_WOA_PRELOAD", {"on", "off", "first"});
+  if (preload != 1 && !late && c.K == 32 * 32 * kPreRounds) {
     auto kp = k_fp8_gemv_preload<kExact>;
     set_smem(kp, kPreSmem);
+    const int early_blocks = preload == 2 ? sm_count() : 1 << 30;
     launch_pdl(kp, dim3(int(c.out / 32), 1, c.groups), dim3(32 * kPreWarps), kPreSmem, c.s, c.W, c.Ws, c.out, c.K,
-               c.in.x, c.in.group_stride, c.in.scale, c.y, c.r, sink);
+               c.in.x, c.in.group_stride, c.in.scale, c.y, c.r, sink, early_blocks);
     return true;
   }
   const bool early = fp8_early();
