@@ -168,7 +168,7 @@ struct CudaBackend::Impl {
   bool gather_early = true;  // DSUF_GATHER=early|late (attention())
   int wo_chain_warps = 0;  // DSUF_WO_CHAIN=off|on|16: wo_a and wo_b in one launch at one row (8 or 16 warps)
   int wo_chain_pf = 0;
-  bool wo_chain_rows = false;  // DSUF_WO_CHAIN_ORDER=rounds|rows (k_wo_chain's wo_a chunks)  // DSUF_WO_CHAIN_PF=n: chunks a warp prefetches into L2 beyond its ring
+  bool wo_chain_rows = false, wo_chain_x = false;  // DSUF_WO_CHAIN_X=global|smem (wo_a's inputs)  // DSUF_WO_CHAIN_ORDER=rounds|rows (k_wo_chain's wo_a chunks)  // DSUF_WO_CHAIN_PF=n: chunks a warp prefetches into L2 beyond its ring
   unsigned long long* wo_trace = nullptr;  // DSUF_WO_CHAIN_TRACE=file: its stamps, written there at the end
   std::string wo_trace_file;
   // DSUF_SUM_EXPAND=collapse|kernel: the FFN site's MoE sum and expansion by the next attention site's
@@ -628,6 +628,7 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   gather_early = !env_picks("DSUF_GATHER", "early", "late");
   wo_chain_warps = std::array{0, 8, 16}[size_t(env_choice("DSUF_WO_CHAIN", {"off", "on", "16"}))];
   wo_chain_rows = env_picks("DSUF_WO_CHAIN_ORDER", "rounds", "rows");
+  wo_chain_x = env_picks("DSUF_WO_CHAIN_X", "global", "smem");
   if (const char* v = std::getenv("DSUF_WO_CHAIN_PF")) wo_chain_pf = std::max(0, std::atoi(v));
   sum_in_collapse = !env_picks("DSUF_SUM_EXPAND", "collapse", "kernel");
   gather_reuse = !env_picks("DSUF_GATHER_REUSE", "on", "off");
@@ -1357,7 +1358,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
     chained = wo_chain_warps > 0 && n == 1 &&
               cuda::wo_chain(d.wo_a.w, d.wo_a.s, Gr, ol, gin, oin, ws.zg, zs, d.wo_b.w, d.wo_b.s, Dr, out + d0, r,
                              ws.wo_arrivals, stream, wo_chain_warps, wo_trace, wo_chain_pf,
-                             wo_chain_rows);
+                             wo_chain_rows, wo_chain_x);
     if (!chained) cuda::fp8_linear_groups(d.wo_a.w, d.wo_a.s, Gr, ol, gin, oin, n, ws.zg, G * ol, r, stream, zs);
     zin = cuda::sink_input(zs, G * ol);
   } else {

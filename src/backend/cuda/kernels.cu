@@ -1563,6 +1563,7 @@ struct WoChainArgs {
   unsigned long long* trace;  // optional (DSUF_WO_CHAIN_TRACE): kChainTrace %globaltimer stamps a block
   int pf;                     // chunks a warp asks L2 for beyond its ring (DSUF_WO_CHAIN_PF), or 0
   bool rows_first;            // wo_a's chunks a row's S rounds (DSUF_WO_CHAIN_ORDER=rows) or S rows' round
+  bool x_smem;                // wo_a's inputs staged in shared memory a unit at a time (DSUF_WO_CHAIN_X=smem)
 };
 __device__ __forceinline__ void bulk_prefetch_l2(const void* p, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
@@ -1658,6 +1659,26 @@ __global__ void __maxnreg__(kW == 16 ? 96 : 128) k_wo_chain(const WoChainArgs a)
   for (int c = kChainStages; c < kChainStages + a.pf; ++c) prefetch(c);
   pdl_wait();
   if (a.trace && threadIdx.x == 0) stamp[1] = global_ns();
+  // a.x_smem: each unit's group of wo_a's inputs (and scales) staged in the area wo_b's input takes
+  // later, instead of read from global memory (L1 or L2) by every chunk.
+  const bool x_smem = a.x_smem && interleaved_k(a.Ka) * 4 <= kChainKbMax * 2 && nba <= kChainKbMax / 32;
+  float* const xa_sm = reinterpret_cast<float*>(xh);
+  auto stage_x = [&](int u) {
+    const int g = int(int64_t(u) * 32 / a.out_a);
+    const float4* src = reinterpret_cast<const float4*>(a.xa + g * a.xa_group);
+    for (int t = threadIdx.x; t < interleaved_k(a.Ka) / 4; t += 32 * kChainWarps)
+      reinterpret_cast<float4*>(xa_sm)[t] = __ldg(src + t);
+    if (kQa)
+      for (int t = threadIdx.x; t < nba; t += 32 * kChainWarps) xsb[t] = __ldg(a.xsa + int64_t(g) * nba + t);
+    __syncthreads();
+  };
+  if (x_smem) stage_x(b);
+  auto load_xa = [&](int g, int kb, float4 (&xv)[8]) {  // load_x from where the inputs are
+    if (!x_smem) return load_x(a.xa + g * a.xa_group, kb, xv);
+    const float4* p = reinterpret_cast<const float4*>(xa_sm) + xpos4(kb, 0);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) xv[j] = p[32 * j];
+  };
   float acc[S];
 #pragma unroll
   for (int o = 0; o < S; ++o) acc[o] = 0.0f;
@@ -1687,11 +1708,11 @@ __global__ void __maxnreg__(kW == 16 ? 96 : 128) k_wo_chain(const WoChainArgs a)
         for (int rr = 0; rr < S; ++rr) {
           const int kb = 32 * S * q + 32 * rr + lane;
           float4 xv[8];
-          load_x(a.xa + g * a.xa_group, kb, xv);
+          load_xa(g, kb, xv);
           const uint4 wr[1][2] = {{w[rr][0], w[rr][1]}};
           float p[1];
           fp8_kb_parts<1, kQa>(wr, xv, p);
-          const float sa = kQa ? __ldg(a.xsa + int64_t(g) * nba + kb) : 1.0f;
+          const float sa = kQa ? (x_smem ? xsb[kb] : __ldg(a.xsa + int64_t(g) * nba + kb)) : 1.0f;
           acc[0] = acc[0] + fp8_kb_term<kQa>(p[0], sa, e8m0(sc[rr]));
         }
         if (q + 1 < per_row) continue;
@@ -1705,10 +1726,10 @@ __global__ void __maxnreg__(kW == 16 ? 96 : 128) k_wo_chain(const WoChainArgs a)
       } else {
         const int kb = 32 * m + lane;
         float4 xv[8];
-        load_x(a.xa + g * a.xa_group, kb, xv);
+        load_xa(g, kb, xv);
         float p[S];
         fp8_kb_parts<S, kQa>(w, xv, p);
-        const float sa = kQa ? __ldg(a.xsa + int64_t(g) * nba + kb) : 1.0f, sw = e8m0(sc[0]);
+        const float sa = kQa ? (x_smem ? xsb[kb] : __ldg(a.xsa + int64_t(g) * nba + kb)) : 1.0f, sw = e8m0(sc[0]);
 #pragma unroll
         for (int o = 0; o < S; ++o) acc[o] = acc[o] + fp8_kb_term<kQa>(p[o], sa, sw);
         if (m + 1 < rounds_a) continue;
@@ -1724,7 +1745,10 @@ __global__ void __maxnreg__(kW == 16 ? 96 : 128) k_wo_chain(const WoChainArgs a)
       }
       __syncthreads();  // every warp of the block has the same units
       if (warp == 0) emit_input(a.sink, Kb, 0, u, lane, so[k & 1][lane]);
-      if (c + 1 < na) continue;
+      if (c + 1 < na) {
+        if (x_smem) stage_x(u + G);  // (after the barrier above: every warp is past the last unit)
+        continue;
+      }
       // This block's last unit is out (every block has one: grid ≤ units): count the block in, wait
       // for the grid, then stage wo_b's input.
       __syncthreads();  // the block's emits are issued
@@ -5491,7 +5515,7 @@ void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, con
 }
 bool wo_chain(const uint8_t* Wa, const uint8_t* Wsa, int groups, int64_t out_a, int64_t Ka, const LinearInput& in,
               float* ya, const InputSink& sink, const uint8_t* Wb, const uint8_t* Wsb, int64_t out_b, float* yb, bool r,
-              unsigned long long* arrivals, cudaStream_t s, int warps, unsigned long long* trace, int pf, bool rows_first) {
+              unsigned long long* arrivals, cudaStream_t s, int warps, unsigned long long* trace, int pf, bool rows_first, bool x_smem) {
   const int64_t Kb = int64_t(groups) * out_a;
   auto aligned = [](const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
   if (!sink.xq || !sink.xs || !sink.quantize || !arrivals || Ka < 1024 || Ka % 1024 != 0 ||
@@ -5519,7 +5543,7 @@ bool wo_chain(const uint8_t* Wa, const uint8_t* Wsa, int groups, int64_t out_a, 
   const int grid = int(std::min<int64_t>(sm_count(), Kb / 32));
   const WoChainArgs a{.Wa = Wa, .Wsa = Wsa, .groups = groups, .out_a = out_a, .Ka = Ka, .xa = in.x,
                       .xa_group = in.group_stride, .xsa = in.scale, .ya = ya, .sink = sink, .Wb = Wb, .Wsb = Wsb,
-                      .out_b = out_b, .yb = yb, .r = r, .arrivals = arrivals, .trace = trace, .pf = pf, .rows_first = rows_first};
+                      .out_b = out_b, .yb = yb, .r = r, .arrivals = arrivals, .trace = trace, .pf = pf, .rows_first = rows_first, .x_smem = x_smem};
   launch_pdl(k, dim3(grid), dim3(32 * warps), kChainSmem, s, a);
   return true;
 }
