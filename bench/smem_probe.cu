@@ -469,17 +469,22 @@ int main(int argc, char** argv) {
     cudaFree(dw), cudaFree(dscale), cudaFree(dx), cudaFree(dsa), cudaFree(dy), cudaFree(dt);
   }
   // Streaming from DRAM (k_stream_gemv): one block an SM, its rows in chunks of W·RPW through a ring.
+  // per_sm: blocks an SM (the grid SMs × per_sm). The larger copies-only launches (session 37) give
+  // the marginal rate between sizes: the streaming rate without the launch's fixed cost.
   struct StreamConfig {
-    int K, rows_per_block, rpw, warps, slots, mode = 0;
+    int K, rows_per_block, rpw, warps, slots, mode = 0, per_sm = 1;
   };
   const StreamConfig streams[] = {
       {1024, 256, 4, 8, 4},    {1024, 256, 2, 16, 4},   {1024, 256, 4, 16, 3},   {2048, 160, 2, 16, 3},
       {4096, 96, 1, 16, 3},    {1024, 256, 4, 8, 4, 1}, {1024, 256, 4, 16, 3, 1}, {4096, 96, 1, 16, 3, 1},
       {1024, 256, 4, 8, 4, 2}, {1024, 256, 4, 16, 3, 2}, {4096, 96, 1, 16, 3, 2},
+      {4096, 384, 1, 16, 3, 1}, {4096, 768, 1, 16, 3, 1}, {4096, 768, 1, 16, 3, 0},
+      {4096, 48, 1, 8, 3, 1, 2}, {4096, 192, 1, 8, 3, 1, 2}, {4096, 384, 1, 8, 3, 1, 2},
   };
   for (const StreamConfig& c : streams) {
     const int K = c.K, nb = K / 32, CH = c.warps * c.rpw;
-    const int64_t rows = int64_t(blocks) * c.rows_per_block, wbytes = rows * K;
+    const int grid = blocks * c.per_sm;
+    const int64_t rows = int64_t(grid) * c.rows_per_block, wbytes = rows * K;
     if (c.rows_per_block % CH != 0 || rows % 32 != 0) continue;
     std::vector<uint8_t> w(static_cast<size_t>(wbytes)), dev(static_cast<size_t>(wbytes));
     for (auto& v : w) v = random_code(rng);
@@ -508,7 +513,7 @@ int main(int argc, char** argv) {
     auto kernel = c.rpw == 1 ? k_stream_gemv<1> : c.rpw == 2 ? k_stream_gemv<2> : c.rpw == 4 ? k_stream_gemv<4>
                                                                                             : k_stream_gemv<8>;
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "smem attribute");
-    kernel<<<blocks, 32 * (c.warps + 1), smem>>>(a);
+    kernel<<<grid, 32 * (c.warps + 1), smem>>>(a);
     check(cudaGetLastError(), "launch");
     check(cudaDeviceSynchronize(), "run");
     std::vector<float> y(static_cast<size_t>(rows));
@@ -519,7 +524,7 @@ int main(int argc, char** argv) {
     for (int r = 0; r < reps; ++r) {
       check(cudaMemset(ca, r & 0xff, cbytes), "flush");
       check(cudaEventRecord(e0), "record");
-      kernel<<<blocks, 32 * (c.warps + 1), smem>>>(a);
+      kernel<<<grid, 32 * (c.warps + 1), smem>>>(a);
       check(cudaEventRecord(e1), "record");
       check(cudaEventSynchronize(e1), "sync");
       float ms = 0;
@@ -528,9 +533,9 @@ int main(int argc, char** argv) {
     }
     const double mu = median(us), tbs = double(wbytes) / (mu * 1e-6) / 1e12;
     std::printf(
-        "stream%s K %4d, %3d rows a block (%5.1f MB), RPW %d x %2d warps, %d slots of %3d KB: %s | %6.2f us = %.2f "
-        "TB/s (%.2fx the copy rate)\n",
-        c.mode == 1 ? " (copies only)" : c.mode == 2 ? " (a copy a row)" : "", K, c.rows_per_block,
+        "stream%s K %4d, %3d rows a block, %d an SM (%5.1f MB), RPW %d x %2d warps, %d slots of %3d KB: %s | %6.2f us = "
+        "%.2f TB/s (%.2fx the copy rate)\n",
+        c.mode == 1 ? " (copies only)" : c.mode == 2 ? " (a copy a row)" : "", K, c.rows_per_block, c.per_sm,
         double(wbytes) / 1e6, c.rpw, c.warps, c.slots, CH * K / 1024,
         c.mode == 1 ? "not checked" : bad ? "NOT EXACT" : "exact",
         mu, tbs, tbs / copy_tbs);
