@@ -329,12 +329,14 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   int reps = 20;
   unsigned seed = 7;
+  bool stream_only = false;  // --stream-only: the streaming launches only
   for (int i = 1; i < argc; ++i) {
     const std::string s = argv[i];
     if (s == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (s == "--seed" && i + 1 < argc) seed = unsigned(std::atoi(argv[++i]));
+    else if (s == "--stream-only") stream_only = true;
     else {
-      std::fprintf(stderr, "usage: smem_probe [--reps 20] [--seed 7]\n");
+      std::fprintf(stderr, "usage: smem_probe [--reps 20] [--seed 7] [--stream-only]\n");
       return 2;
     }
   }
@@ -382,6 +384,7 @@ int main(int argc, char** argv) {
   std::mt19937 rng(seed);
   bool all_exact = true;
   for (const Config& c : configs) {
+    if (stream_only) break;
     const int R = c.R, K = c.K, nb = K / 32;
     const size_t wbytes = size_t(blocks) * R * K;
     std::vector<uint8_t> w(wbytes);
@@ -480,6 +483,9 @@ int main(int argc, char** argv) {
       {1024, 256, 4, 8, 4, 2}, {1024, 256, 4, 16, 3, 2}, {4096, 96, 1, 16, 3, 2},
       {4096, 384, 1, 16, 3, 1}, {4096, 768, 1, 16, 3, 1}, {4096, 768, 1, 16, 3, 0},
       {4096, 48, 1, 8, 3, 1, 2}, {4096, 192, 1, 8, 3, 1, 2}, {4096, 384, 1, 8, 3, 1, 2},
+      // What fits beside the P·V kernel (≤ ~121 KB): 3 × 32 KB at 8 warps, 2 × 64 KB at 16.
+      {4096, 384, 1, 8, 3, 1}, {4096, 768, 1, 8, 3, 1}, {4096, 384, 1, 8, 3, 0}, {4096, 768, 1, 8, 3, 0},
+      {4096, 384, 1, 16, 2, 1}, {4096, 768, 1, 16, 2, 1},
   };
   for (const StreamConfig& c : streams) {
     const int K = c.K, nb = K / 32, CH = c.warps * c.rpw;
