@@ -195,7 +195,7 @@ __global__ void k_smem_gemv(Args a) {
 }
 
 // Streaming (session 36): the exact one-row FP8 linear fed as the head's BF16 stream is (k_bf16_stream):
-// one block an SM over a contiguous range of rows; its last warp (the producer) bulk-copies CH = W·RPW
+// one block an SM (or per_sm) over a contiguous range of rows; its last warp (the producer) bulk-copies CH = W·RPW
 // whole rows at a time into a ring of S slots (a full barrier a slot, completed by the copy's bytes;
 // an empty barrier, by the W consumer warps), and consumer warp w computes rows w·RPW .. of each chunk
 // from shared memory with LAY 1's conflict-free layouts and the same order of operations as
@@ -343,7 +343,7 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, 0), "properties");
   const int blocks = prop.multiProcessorCount;
-  std::printf("device: %s, %d SMs; one block an SM\n", prop.name, blocks);
+  std::printf("device: %s, %d SMs; one block an SM (the stream lines say where two)\n", prop.name, blocks);
 
   // The copy rate of this device in this run: device-to-device, 1 GiB read + written.
   const size_t cbytes = size_t(1) << 29;
@@ -471,7 +471,7 @@ int main(int argc, char** argv) {
         double(wbytes) / (cu * 1e-6) / 1e12, mu, xu, tbs, tbs / copy_tbs);
     cudaFree(dw), cudaFree(dscale), cudaFree(dx), cudaFree(dsa), cudaFree(dy), cudaFree(dt);
   }
-  // Streaming from DRAM (k_stream_gemv): one block an SM, its rows in chunks of W·RPW through a ring.
+  // Streaming from DRAM (k_stream_gemv): per_sm blocks an SM, each its rows in chunks of W·RPW through a ring.
   // per_sm: blocks an SM (the grid SMs × per_sm). The larger copies-only launches (session 37) give
   // the marginal rate between sizes: the streaming rate without the launch's fixed cost.
   struct StreamConfig {
