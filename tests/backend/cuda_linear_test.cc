@@ -271,6 +271,88 @@ TEST(CudaFp8Linear, GroupsPairsAndSinkEqualTheReferenceSum) {
   cudaStreamDestroy(s);
 }
 
+// wo_a and wo_b in one persistent launch (cuda::wo_chain) against the reference's two linears, bit for
+// bit: wo_a's outputs, the input it lays out for wo_b (values and scales, against linear_input of
+// those outputs) and wo_b's outputs, on fresh random weights and inputs; the real shape (8 groups of
+// 1,024 over 4,096, wo_b 5,120 × 8,192: more units than SMs), 4 groups of 1,024 over 1,024 (128
+// units: a grid of 128), and 2 groups of 2,048 over 2,048 with wo_b's rows not a multiple of 32 or of
+// the grid's warps (grids of 132 and 128 blocks in turn on one barrier); wo_a's inputs quantized and
+// not; 8 and 16 warps a block with wo_a's chunks rows first, 8 round first with L2 prefetches (rows
+// first falls back to rounds where a row has fewer rounds than a chunk). Each launched three times in a row, the outputs poisoned before each.
+TEST(CudaFp8Linear, WoChainEqualsTheReferenceSums) {
+  std::mt19937 rng(20261202);
+  cudaStream_t s = nullptr;
+  DSUF_CUDA(cudaStreamCreate(&s));
+  struct Shape {
+    int groups;
+    int64_t out_a, Ka, out_b;
+  };
+  Buf<unsigned long long> arrivals{2};
+  DSUF_CUDA(cudaMemset(arrivals.p, 0, 2 * sizeof(unsigned long long)));
+  for (const Shape& sh : {Shape{8, 1024, 4096, 5120}, Shape{4, 1024, 1024, 1000}, Shape{2, 2048, 2048, 4099}})
+    for (const bool qa : {true, false})
+    for (const bool r : {true, false}) {
+      const int G = sh.groups;
+      const int64_t nba = sh.Ka / 32, Kb = G * sh.out_a, kpa = cuda::interleaved_k(sh.Ka);
+      std::vector<uint8_t> Wa, Wsa, Wb, Wsb;
+      random_fp8(rng, Kb, sh.Ka, Wa, Wsa);
+      random_fp8(rng, sh.out_b, Kb, Wb, Wsb);
+      const std::vector<float> x = random_row(rng, G * sh.Ka);
+      std::vector<float> ya_want;
+      for (int g = 0; g < G; ++g) {
+        std::vector<float> v, sa;
+        reference_input(x.data() + g * sh.Ka, sh.Ka, qa, v, sa);
+        const auto yg = reference_fp8(Wa.data() + g * sh.out_a * sh.Ka, Wsa.data() + g * (sh.out_a / 32) * nba,
+                                      sh.out_a, sh.Ka, v, sa, r);
+        ya_want.insert(ya_want.end(), yg.begin(), yg.end());
+      }
+      std::vector<float> vb, sb;
+      reference_input(ya_want.data(), Kb, true, vb, sb);
+      const std::vector<float> yb_want = reference_fp8(Wb.data(), Wsb.data(), sh.out_b, Kb, vb, sb, r);
+      Buf<uint8_t> dWa(Wa.size()), dWsa(Wsa.size()), dWb(Wb.size()), dWsb(Wsb.size());
+      Buf<float> dx{x.size()}, dxq{size_t(G * kpa)}, dxs{size_t(G * nba)}, dya{size_t(Kb)}, dyb{size_t(sh.out_b)};
+      Buf<float> zq{size_t(cuda::interleaved_k(Kb))}, zs{size_t(Kb / 32)}, lq{size_t(cuda::interleaved_k(Kb))},
+          ls{size_t(Kb / 32)};
+      DSUF_CUDA(cudaMemcpy(dWa.p, Wa.data(), Wa.size(), cudaMemcpyHostToDevice));
+      DSUF_CUDA(cudaMemcpy(dWsa.p, Wsa.data(), Wsa.size(), cudaMemcpyHostToDevice));
+      DSUF_CUDA(cudaMemcpy(dWb.p, Wb.data(), Wb.size(), cudaMemcpyHostToDevice));
+      DSUF_CUDA(cudaMemcpy(dWsb.p, Wsb.data(), Wsb.size(), cudaMemcpyHostToDevice));
+      DSUF_CUDA(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+      const cuda::LinearInput in = cuda::linear_input(dx.p, G * sh.Ka, 1, sh.Ka, qa, dxq.p, dxs.p, s, G);
+      const cuda::InputSink sink{.xq = zq.p, .xs = zs.p, .quantize = true};
+      for (int round = 0; round < 4; ++round) {
+        DSUF_CUDA(cudaMemsetAsync(dya.p, 0xff, dya.n * 4, s));
+        DSUF_CUDA(cudaMemsetAsync(dyb.p, 0xff, dyb.n * 4, s));
+        DSUF_CUDA(cudaMemsetAsync(zq.p, 0xff, zq.n * 4, s));
+        DSUF_CUDA(cudaMemsetAsync(zs.p, 0xff, zs.n * 4, s));
+        const int warps = round % 2 ? 16 : 8;  // both block forms
+        const bool bulk = round != 2;           // both ring fillings
+        ASSERT_TRUE(cuda::wo_chain(dWa.p, dWsa.p, G, sh.out_a, sh.Ka, in, dya.p, sink, dWb.p, dWsb.p, sh.out_b,
+                                   dyb.p, r, arrivals.p, s, warps, nullptr, round == 2 ? 4 : 0, round < 2, round != 1, bulk));
+        DSUF_CUDA(cudaStreamSynchronize(s));
+        const std::string what = "wo_chain " + std::to_string(G) + " × " + std::to_string(sh.out_a) + " K " +
+                                 std::to_string(sh.Ka) + ", " + std::to_string(sh.out_b) + " wo_a quantized " +
+                                 std::to_string(qa) + " bf16 " + std::to_string(r) + " warps " + std::to_string(warps) + " bulk " + std::to_string(bulk) + " round " + std::to_string(round);
+        EXPECT_EQ(count_differ(to_host(dya.p, size_t(Kb)), ya_want, what + " wo_a"), 0);
+        EXPECT_EQ(count_differ(to_host(dyb.p, size_t(sh.out_b)), yb_want, what + " wo_b"), 0);
+        cuda::linear_input(dya.p, Kb, 1, Kb, true, lq.p, ls.p, s);
+        DSUF_CUDA(cudaStreamSynchronize(s));
+        EXPECT_EQ(count_differ(to_host(zq.p, zq.n), to_host(lq.p, lq.n), what + " sink values"), 0);
+        EXPECT_EQ(count_differ(to_host(zs.p, zs.n), to_host(ls.p, ls.n), what + " sink scales"), 0);
+      }
+    }
+  // Where the shape does not apply, nothing is launched: wo_b's inputs not quantized.
+  {
+    Buf<float> dummy{1};
+    const cuda::LinearInput plain{.x = dummy.p, .stride = cuda::interleaved_k(4096), .group_stride = cuda::interleaved_k(4096),
+                                  .scale = nullptr, .scale_stride = 0};
+    const cuda::InputSink sink{.xq = dummy.p, .xs = dummy.p, .quantize = false};
+    EXPECT_FALSE(cuda::wo_chain(nullptr, nullptr, 8, 1024, 4096, plain, dummy.p, sink, nullptr, nullptr, 5120,
+                                dummy.p, false, arrivals.p, s));
+  }
+  cudaStreamDestroy(s);
+}
+
 // The routed experts through pairs of rows of one expert a block (k_fp4_imma<…, kRows = 2>),
 // kRowGroup's groups (a row at a time in expert order) and no groups (a row at a time by ids): every
 // output the same bits, w1/w3 as a pair, w2-like shapes, the fused SwiGLU (its h and the laid-out

@@ -1503,6 +1503,347 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 3 : 7)
   }
 }
 
+// ---- wo_a and wo_b in one persistent launch (DSUF_WO_CHAIN, session 37) ---------------------------
+// At one row the o-projection is two dependent FP8 linears after the attention pair: wo_a (groups ×
+// out_a rows over Ka, 33.6 MB) lays its outputs out as wo_b's input, and wo_b (out_b rows over Kb =
+// groups·out_a, 42 MB) starts only when its launch's blocks find room as wo_a's leave, with one ring
+// chunk a warp issued before its dependency wait: ~13.4 µs from wo_a's end to wo_b's (session 36,
+// ~3.1 TB/s). Here one block an SM (as many as Kb/32 allows) runs both, each warp streaming one
+// sequence of 4 KB chunks through a ring of kChainStages slots of its own: first its wo_a tiles (4
+// rows × a 1 KB round; block b's 8 warps take the 32 rows of unit u = b, b + grid, …, one K-block of
+// wo_b's input), then its wo_b rows (a row's 4 rounds a chunk; rows dealt r, r + warps, … from the
+// warps of the blocks with fewer wo_a units). Weights do not depend on anything earlier, so the ring
+// keeps loading across both dependencies: before the wait (the first unit's first three rounds, as
+// k_fp8_gemv_preload), and, for wo_b, before the grid has finished wo_a. Between the two, every block
+// counts itself into `arrivals` (a barrier: the last block in resets the count and bumps the
+// generation the others wait on; the grid is co-resident, one block an SM, and the next kernel is
+// triggered only after it), then stages wo_b's input as halves (the quantized
+// inputs are E4M3 values: exact in FP16) with its scales.
+// The sums are those of the two launches: wo_a's k_fp8_gemv_preload/k_fp8_gemv (a lane's K-blocks
+// from 0 in round order, fp8_kb_parts and fp8_kb_term, warp_sum, the rounding, emit_input's layout of
+// each 32-output unit) and wo_b's k_fp8_gemv_tiles at OPW = 1 (the same order). wo_b's products take
+// the E4M3 values x instead of x·2^64: every partial sum is the same exact multiple (2^-64) of the
+// other form's (normal floats throughout: fp8_kb_parts' note), scaled back by nothing instead of
+// 2^-64 — the same bits. wo_b's inputs quantized (wo_a's either way: kQa); shapes: wo_chain.
+// kW warps a block of S = 32 / kW rows each in wo_a (a chunk: S rows × a round) and S rounds a chunk
+// in wo_b; a slot is S KB of weights and then up to 32·S codes, so the ring takes the same shared
+// memory at 8 or 16 warps.
+constexpr int kChainStages = 3;
+constexpr int64_t kChainKbMax = 8192;  // wo_b's inputs at most (halves in smem)
+constexpr int64_t chain_slot(int S) { return 1056 * S; }
+constexpr size_t kChainSmem = size_t(kChainStages) * 32 * 1056 + kChainKbMax * 2 + kChainKbMax / 32 * 4;
+struct WoChainArgs {
+  const uint8_t* Wa;
+  const uint8_t* Wsa;
+  int groups;
+  int64_t out_a, Ka;
+  const float* xa;  // wo_a's quantized input, group g at xa + g·xa_group (interleaved), scales xsa + g·Ka/32
+  int64_t xa_group;
+  const float* xsa;
+  float* ya;        // groups·out_a outputs
+  InputSink sink;   // wo_b's input, laid out by wo_a's units
+  const uint8_t* Wb;
+  const uint8_t* Wsb;
+  int64_t out_b;
+  float* yb;
+  bool r;
+  unsigned long long* arrivals;
+  unsigned long long* trace;  // optional (DSUF_WO_CHAIN_TRACE): kChainTrace %globaltimer stamps a block
+  int pf;                     // chunks a warp asks L2 for beyond its ring (DSUF_WO_CHAIN_PF), or 0
+  bool rows_first;            // wo_a's chunks a row's S rounds (DSUF_WO_CHAIN_ORDER=rows) or S rows' round
+  bool x_smem;                // wo_a's inputs staged in shared memory a unit at a time (DSUF_WO_CHAIN_X=smem)
+};
+__device__ __forceinline__ void bulk_prefetch_l2(const void* p, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+}
+// Per launch (by barrier generation mod 64) and block: entry, after the wait, the block's arrival,
+// its pass of the barrier, wo_b's input staged, the last warp's end.
+constexpr int kChainTrace = 6;
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+// (Registers capped so that a block fits beside the P·V kernel's 256 threads of 48.)
+// kBulk (DSUF_WO_CHAIN_RING=bulk): each warp's lane 0 fills the warp's slots with bulk copies (the
+// chunk's segments and codes, completing on the slot's mbarrier) instead of every lane's cp.async.
+template <bool kQa, int kW, bool kBulk>  // wo_a's inputs quantized (wo_b's always are); warps a block
+__global__ void __maxnreg__(kW == 16 ? 96 : 128) k_wo_chain(const WoChainArgs a) {
+  constexpr int kChainWarps = kW, S = 32 / kW;
+  constexpr int64_t kChainSlot = chain_slot(S);
+  __shared__ __align__(8) uint64_t rbar[kW][kChainStages];
+  __shared__ unsigned long long stamp[kChainTrace];
+  unsigned long long g_seen = 0;
+  if (a.trace && threadIdx.x == 0) stamp[0] = global_ns(), stamp[5] = 0;
+  extern __shared__ __align__(16) uint8_t chain_smem[];
+  __shared__ float so[2][32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, G = int(gridDim.x), b = int(blockIdx.x);
+  const int64_t Kb = a.groups * a.out_a;
+  const int nba = int(a.Ka / 32), nbb = int(Kb / 32);
+  const int rounds_a = nba / 32, chunks_b = nbb / (32 * S), units = nbb;
+  const int rem = units % G, my_units = units / G + (b < rem ? 1 : 0);
+  // wo_b's rows dealt evenly over the blocks (every block starts them at the barrier): warp w of block
+  // b takes rows w·G + b + n·(warps): the extra rows go to the first warps of every block.
+  const int nw = G * kChainWarps, rank = warp * G + b;
+  // a.rows_first: a wo_a tile's chunks are its rows one after the other, S rounds (S KB contiguous) a
+  // chunk, instead of its S rows' round m each (S pieces of 1 KB a row apart).
+  const bool rows_first = a.rows_first && rounds_a % S == 0;
+  const int per_row = rows_first ? rounds_a / S : 1;  // a wo_a row's chunks
+  const int na = my_units * rounds_a;
+  const int rows_b = a.out_b > rank ? int((a.out_b - 1 - rank) / nw + 1) : 0;
+  const int total = na + rows_b * chunks_b;
+  uint8_t* const ring = chain_smem + int64_t(warp) * kChainStages * kChainSlot;
+  __half* const xh = reinterpret_cast<__half*>(chain_smem + int64_t(kChainWarps) * kChainStages * kChainSlot);
+  float* const xsb = reinterpret_cast<float*>(xh + kChainKbMax);
+  const uint32_t ring_u32 = smem_u32(ring);
+  // Chunk c into slot s: four 1 KB segments (wo_a: the tile's rows at round m; wo_b: a row's rounds
+  // 4q..4q+3) and the codes (wo_a: the round's 32; wo_b: the 4 rounds' 128). One commit group each.
+  // Chunk c's weights: S segments of 1 KB (wo_a: the tile's rows at round m; wo_b: a row's rounds
+  // S·q..S·q+S−1) at seg + sg·seg_stride, and its codes (wo_a: the round's 32; wo_b: the S rounds').
+  struct Src {
+    const uint8_t* seg;
+    int64_t seg_stride;
+    const uint8_t* codes;
+    int ncodes;
+  };
+  auto source = [&](int c) {
+    if (c < na) {
+      const int k = c / rounds_a, m = c % rounds_a;
+      const int64_t row0 = int64_t(b + k * G) * 32 + warp * S;
+      if (rows_first) {
+        const int o = m / per_row, q = m % per_row;
+        return Src{a.Wa + (row0 + o) * a.Ka + q * 1024 * S, 1024, a.Wsa + (row0 / 32) * nba + 32 * S * q, 32 * S};
+      }
+      return Src{a.Wa + row0 * a.Ka + m * 1024, a.Ka, a.Wsa + (row0 / 32) * nba + 32 * m, 32};
+    }
+    const int n = (c - na) / chunks_b, q = (c - na) % chunks_b;
+    const int64_t i = rank + int64_t(n) * nw;
+    return Src{a.Wb + i * Kb + q * 1024 * S, 1024, a.Wsb + (i / 32) * nbb + 32 * S * q, 32 * S};
+  };
+  // Chunk c into slot s, one commit group (empty past the last chunk); with a.pf, lane 0 also asks
+  // L2 for chunk c + a.pf (a bulk prefetch: bytes in flight beyond the ring's shared memory).
+  auto issue = [&](int c, int s) {
+    if constexpr (kBulk) {
+      if (lane == 0 && c < total) {
+        const uint32_t dst = ring_u32 + uint32_t(s * kChainSlot), bar = smem_u32(&rbar[warp][s]);
+        const Src src = source(c);
+        mbar_expect_tx(bar, uint32_t(1024 * S + src.ncodes));
+        if (src.seg_stride == 1024) {
+          bulk_copy(dst, src.seg, 1024u * S, bar);
+        } else {
+#pragma unroll
+          for (int sg = 0; sg < S; ++sg) bulk_copy(dst + uint32_t(sg * 1024), src.seg + sg * src.seg_stride, 1024u, bar);
+        }
+        bulk_copy(dst + uint32_t(1024 * S), src.codes, uint32_t(src.ncodes), bar);
+      }
+      return;
+    }
+    if (c < total) {
+      const uint32_t dst = ring_u32 + uint32_t(s * kChainSlot);
+      const Src src = source(c);
+#pragma unroll
+      for (int sg = 0; sg < S; ++sg) {
+        cp_async16_to(dst + uint32_t(sg * 1024 + 16 * lane), src.seg + sg * src.seg_stride + 16 * lane);
+        cp_async16_to(dst + uint32_t(sg * 1024 + 512 + 16 * lane), src.seg + sg * src.seg_stride + 512 + 16 * lane);
+      }
+      if (4 * lane < src.ncodes) cp_async4_to(dst + uint32_t(1024 * S + 4 * lane), src.codes + 4 * lane);
+    }
+    cp_async_commit();
+  };
+  auto prefetch = [&](int c) {
+    if (lane != 0 || c >= total) return;
+    const Src src = source(c);
+    if (src.seg_stride == 1024) {
+      bulk_prefetch_l2(src.seg, 1024u * S);
+    } else {
+#pragma unroll
+      for (int sg = 0; sg < S; ++sg) bulk_prefetch_l2(src.seg + sg * src.seg_stride, 1024u);
+    }
+  };
+  if constexpr (kBulk) {
+    if (lane == 0) {
+#pragma unroll
+      for (int s = 0; s < kChainStages; ++s) mbar_init(smem_u32(&rbar[warp][s]));
+      mbar_init_fence();
+    }
+    __syncwarp();
+  }
+#pragma unroll
+  for (int s = 0; s < kChainStages; ++s) issue(s, s);  // weights only before the wait
+  for (int c = kChainStages; c < kChainStages + a.pf; ++c) prefetch(c);
+  pdl_wait();
+  if (a.trace && threadIdx.x == 0) stamp[1] = global_ns();
+  // a.x_smem: each unit's group of wo_a's inputs (and scales) staged in the area wo_b's input takes
+  // later, instead of read from global memory (L1 or L2) by every chunk.
+  const bool x_smem = a.x_smem && interleaved_k(a.Ka) * 4 <= kChainKbMax * 2 && nba <= kChainKbMax / 32;
+  float* const xa_sm = reinterpret_cast<float*>(xh);
+  auto stage_x = [&](int u) {
+    const int g = int(int64_t(u) * 32 / a.out_a);
+    const float4* src = reinterpret_cast<const float4*>(a.xa + g * a.xa_group);
+    for (int t = threadIdx.x; t < interleaved_k(a.Ka) / 4; t += 32 * kChainWarps)
+      reinterpret_cast<float4*>(xa_sm)[t] = __ldg(src + t);
+    if (kQa)
+      for (int t = threadIdx.x; t < nba; t += 32 * kChainWarps) xsb[t] = __ldg(a.xsa + int64_t(g) * nba + t);
+    __syncthreads();
+  };
+  if (x_smem) stage_x(b);
+  auto load_xa = [&](int g, int kb, float4 (&xv)[8]) {  // load_x from where the inputs are
+    if (!x_smem) return load_x(a.xa + g * a.xa_group, kb, xv);
+    const float4* p = reinterpret_cast<const float4*>(xa_sm) + xpos4(kb, 0);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) xv[j] = p[32 * j];
+  };
+  float acc[S];
+#pragma unroll
+  for (int o = 0; o < S; ++o) acc[o] = 0.0f;
+  for (int c = 0; c < total; ++c) {
+    const int s = c % kChainStages;
+    if constexpr (kBulk) {
+      mbar_wait(smem_u32(&rbar[warp][s]), uint32_t(c / kChainStages) & 1u);
+    } else {
+      cp_async_wait_group<kChainStages - 1>();
+      __syncwarp();
+    }
+    const uint8_t* slot = ring + s * kChainSlot;
+    uint4 w[S][2];
+#pragma unroll
+    for (int sg = 0; sg < S; ++sg) {
+      w[sg][0] = *reinterpret_cast<const uint4*>(slot + sg * 1024 + 32 * lane);
+      w[sg][1] = *reinterpret_cast<const uint4*>(slot + sg * 1024 + 32 * lane + 16);
+    }
+    uint8_t sc[S];
+#pragma unroll
+    for (int sg = 0; sg < S; ++sg) sc[sg] = slot[1024 * S + (c < na && !rows_first ? 0 : 32 * sg) + lane];
+    __syncwarp();
+    if (kBulk && lane == 0) async_proxy_fence();  // the warp's reads of the slot before its refill
+    issue(c + kChainStages, s);  // the slot just read
+    if (a.pf > 0) prefetch(c + kChainStages + a.pf);
+    if (c < na) {
+      const int k = c / rounds_a, m = c % rounds_a, u = b + k * G;
+      const int g = int(int64_t(u) * 32 / a.out_a);
+      if (rows_first) {  // row o's rounds S·q.., its sum into acc[0] (the rows one after the other)
+        const int o = m / per_row, q = m % per_row;
+#pragma unroll
+        for (int rr = 0; rr < S; ++rr) {
+          const int kb = 32 * S * q + 32 * rr + lane;
+          float4 xv[8];
+          load_xa(g, kb, xv);
+          const uint4 wr[1][2] = {{w[rr][0], w[rr][1]}};
+          float p[1];
+          fp8_kb_parts<1, kQa>(wr, xv, p);
+          const float sa = kQa ? (x_smem ? xsb[kb] : __ldg(a.xsa + int64_t(g) * nba + kb)) : 1.0f;
+          acc[0] = acc[0] + fp8_kb_term<kQa>(p[0], sa, e8m0(sc[rr]));
+        }
+        if (q + 1 < per_row) continue;
+        const float v = rb(warp_sum(acc[0]), a.r);
+        if (lane == 0) {
+          a.ya[int64_t(u) * 32 + warp * S + o] = v;
+          so[k & 1][warp * S + o] = v;
+        }
+        acc[0] = 0.0f;
+        if (m + 1 < rounds_a) continue;
+      } else {
+        const int kb = 32 * m + lane;
+        float4 xv[8];
+        load_xa(g, kb, xv);
+        float p[S];
+        fp8_kb_parts<S, kQa>(w, xv, p);
+        const float sa = kQa ? (x_smem ? xsb[kb] : __ldg(a.xsa + int64_t(g) * nba + kb)) : 1.0f, sw = e8m0(sc[0]);
+#pragma unroll
+        for (int o = 0; o < S; ++o) acc[o] = acc[o] + fp8_kb_term<kQa>(p[o], sa, sw);
+        if (m + 1 < rounds_a) continue;
+#pragma unroll
+        for (int o = 0; o < S; ++o) {
+          const float v = rb(warp_sum(acc[o]), a.r);
+          if (lane == 0) {
+            a.ya[int64_t(u) * 32 + warp * S + o] = v;
+            so[k & 1][warp * S + o] = v;
+          }
+          acc[o] = 0.0f;
+        }
+      }
+      __syncthreads();  // every warp of the block has the same units
+      if (warp == 0) emit_input(a.sink, Kb, 0, u, lane, so[k & 1][lane]);
+      if (c + 1 < na) {
+        if (x_smem) stage_x(u + G);  // (after the barrier above: every warp is past the last unit)
+        continue;
+      }
+      // This block's last unit is out (every block has one: grid ≤ units): count the block in, wait
+      // for the grid, then stage wo_b's input.
+      __syncthreads();  // the block's emits are issued
+      if (threadIdx.x == 0) {  // arrivals[0] counts this launch's blocks in; the last bumps arrivals[1]
+        unsigned long long* const count = a.arrivals;
+        unsigned long long* const gen = a.arrivals + 1;
+        unsigned long long g0, now;
+        if (a.trace) stamp[2] = global_ns();
+        asm volatile("ld.acquire.gpu.global.u64 %0, [%1];\n" : "=l"(g0) : "l"(gen) : "memory");
+        g_seen = g0;
+        __threadfence();
+        if (atomicAdd(count, 1ull) == unsigned(G) - 1) {
+          atomicExch(count, 0ull);
+          __threadfence();
+          atomicAdd(gen, 1ull);
+        } else {
+          do {
+            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];\n" : "=l"(now) : "l"(gen) : "memory");
+          } while (now == g0);
+        }
+        __threadfence();
+        if (a.trace) stamp[3] = global_ns();
+      }
+      __syncthreads();
+      pdl_trigger();  // every block of this grid is on the chip: the next kernel may launch
+      // wo_b's input as halves: K-block kb's 8-value piece pc at uint4 (kb/32·4 + pc)·32 + kb mod 32.
+      for (int t = threadIdx.x; t < nbb * 4; t += 32 * kChainWarps) {
+        const int kb = t / 4, pc = t % 4;
+        const float4* src = reinterpret_cast<const float4*>(a.sink.xq) + xpos4(kb, 2 * pc);
+        const float4 lo = __ldcg(src), hi = __ldcg(src + 32);
+        __half2 h[4] = {__floats2half2_rn(lo.x * 0x1p-64f, lo.y * 0x1p-64f),
+                        __floats2half2_rn(lo.z * 0x1p-64f, lo.w * 0x1p-64f),
+                        __floats2half2_rn(hi.x * 0x1p-64f, hi.y * 0x1p-64f),
+                        __floats2half2_rn(hi.z * 0x1p-64f, hi.w * 0x1p-64f)};
+        reinterpret_cast<uint4*>(xh)[((kb >> 5) * 4 + pc) * 32 + (kb & 31)] = *reinterpret_cast<uint4*>(h);
+      }
+      for (int t = threadIdx.x; t < nbb; t += 32 * kChainWarps) xsb[t] = __ldcg(a.sink.xs + t);
+      __syncthreads();
+      if (a.trace && threadIdx.x == 0) stamp[4] = global_ns();
+      continue;
+    }
+    // wo_b: row i, rounds 4q..4q+3.
+    const int n = (c - na) / chunks_b, q = (c - na) % chunks_b;
+#pragma unroll
+    for (int rr = 0; rr < S; ++rr) {
+      const int kb = 32 * S * q + 32 * rr + lane;
+      const uint4* xp = reinterpret_cast<const uint4*>(xh) + (kb >> 5) * 128 + (kb & 31);
+      float4 xv[8];
+#pragma unroll
+      for (int pc = 0; pc < 4; ++pc) {
+        const uint4 hv = xp[32 * pc];
+        const __half2* h2 = reinterpret_cast<const __half2*>(&hv);
+        const float2 f0 = __half22float2(h2[0]), f1 = __half22float2(h2[1]), f2 = __half22float2(h2[2]),
+                     f3 = __half22float2(h2[3]);
+        xv[2 * pc] = make_float4(f0.x, f0.y, f1.x, f1.y);
+        xv[2 * pc + 1] = make_float4(f2.x, f2.y, f3.x, f3.y);
+      }
+      const uint4 wr[1][2] = {{w[rr][0], w[rr][1]}};
+      float p[1];
+      fp8_kb_parts<1, true>(wr, xv, p);
+      acc[0] = acc[0] + p[0] * (xsb[kb] * e8m0(sc[rr]));
+    }
+    if (q + 1 < chunks_b) continue;
+    const float v = rb(warp_sum(acc[0]), a.r);
+    if (lane == 0) a.yb[rank + int64_t(n) * nw] = v;
+    acc[0] = 0.0f;
+  }
+  if (a.trace) {
+    if (lane == 0) atomicMax(&stamp[5], global_ns());
+    __syncthreads();
+    if (threadIdx.x == 0)
+      for (int e = 0; e < kChainTrace; ++e)
+        a.trace[((g_seen % 64) * gridDim.x + blockIdx.x) * kChainTrace + e] = stamp[e];
+  }
+}
+
 // ---- FP8 linears of many rows: a tiled GEMM with the GEMV's bits --------------------------------
 // k_fp8_gemv reads each weight once per R ≤ 4 rows, so a 512-row prefill chunk reads every dense
 // weight 128 times and is bound by instruction issue at ~7 TFLOP/s. This kernel stages a K-block of
@@ -5187,6 +5528,45 @@ void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, con
   const Fp8Call c{W, Ws, out, K, in, rows, y, y_stride, 2, r, s, pair};
   if (in.scale) return launch_fp8_rows<true>(c);
   launch_fp8_rows<false>(c);
+}
+bool wo_chain(const uint8_t* Wa, const uint8_t* Wsa, int groups, int64_t out_a, int64_t Ka, const LinearInput& in,
+              float* ya, const InputSink& sink, const uint8_t* Wb, const uint8_t* Wsb, int64_t out_b, float* yb, bool r,
+              unsigned long long* arrivals, cudaStream_t s, int warps, unsigned long long* trace, int pf, bool rows_first, bool x_smem, bool bulk) {
+  const int64_t Kb = int64_t(groups) * out_a;
+  auto aligned = [](const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
+  if (!sink.xq || !sink.xs || !sink.quantize || !arrivals || Ka < 1024 || Ka % 1024 != 0 ||
+      out_a % 32 != 0 || Kb % 4096 != 0 || Kb > kChainKbMax || out_b < 1 || in.group_stride != interleaved_k(Ka) ||
+      !aligned(Wa, 16) || !aligned(Wb, 16) || !aligned(Wsa, 4) || !aligned(Wsb, 4))
+    return false;
+  // One block an SM at most (the generation barrier needs the whole grid on the chip), and every block
+  // at least one unit of wo_a.
+  if (warps != 8 && warps != 16) return false;
+  if (bulk && (!aligned(Wsa, 16) || !aligned(Wsb, 16))) return false;  // the codes' bulk copies
+  using Kernel = void (*)(const WoChainArgs);
+  const Kernel forms[2][2][2] = {{{k_wo_chain<false, 8, false>, k_wo_chain<false, 8, true>},
+                                  {k_wo_chain<false, 16, false>, k_wo_chain<false, 16, true>}},
+                                 {{k_wo_chain<true, 8, false>, k_wo_chain<true, 8, true>},
+                                  {k_wo_chain<true, 16, false>, k_wo_chain<true, 16, true>}}};
+  const Kernel k = forms[in.scale ? 1 : 0][warps == 16 ? 1 : 0][bulk ? 1 : 0];
+  static const int resident = [&] {
+    int least = 1 << 30;
+    for (int q = 0; q < 2; ++q)
+      for (int w = 0; w < 2; ++w)
+        for (int bk = 0; bk < 2; ++bk) {
+          set_smem(forms[q][w][bk], kChainSmem);
+          int n = 0;
+          DSUF_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, forms[q][w][bk], w ? 512 : 256, kChainSmem));
+          least = std::min(least, n);
+        }
+    return least;
+  }();
+  if (resident < 1) return false;
+  const int grid = int(std::min<int64_t>(sm_count(), Kb / 32));
+  const WoChainArgs a{.Wa = Wa, .Wsa = Wsa, .groups = groups, .out_a = out_a, .Ka = Ka, .xa = in.x,
+                      .xa_group = in.group_stride, .xsa = in.scale, .ya = ya, .sink = sink, .Wb = Wb, .Wsb = Wsb,
+                      .out_b = out_b, .yb = yb, .r = r, .arrivals = arrivals, .trace = trace, .pf = pf, .rows_first = rows_first, .x_smem = x_smem};
+  launch_pdl(k, dim3(grid), dim3(32 * warps), kChainSmem, s, a);
+  return true;
 }
 int64_t group_bound(int64_t rows, int experts, int size) {
   return std::min<int64_t>(rows, (rows + size - 1) / size + experts);
