@@ -5,7 +5,6 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -166,11 +165,6 @@ struct CudaBackend::Impl {
   // the step's tail; −0.022 ms a batch-1 step, docs/perf.md) or through the copy and the gather (v35).
   bool head_direct = true;
   bool gather_early = true;  // DSUF_GATHER=early|late (attention())
-  int wo_chain_warps = 0;  // DSUF_WO_CHAIN=off|on|16: wo_a and wo_b in one launch at one row (8 or 16 warps)
-  int wo_chain_pf = 0;
-  bool wo_chain_rows = false, wo_chain_x = false, wo_chain_bulk = false;  // DSUF_WO_CHAIN_RING=cpasync|bulk  // DSUF_WO_CHAIN_X=global|smem (wo_a's inputs)  // DSUF_WO_CHAIN_ORDER=rounds|rows (k_wo_chain's wo_a chunks)  // DSUF_WO_CHAIN_PF=n: chunks a warp prefetches into L2 beyond its ring
-  unsigned long long* wo_trace = nullptr;  // DSUF_WO_CHAIN_TRACE=file: its stamps, written there at the end
-  std::string wo_trace_file;
   // DSUF_SUM_EXPAND=collapse|kernel: the FFN site's MoE sum and expansion by the next attention site's
   // collapse (collapse, the default since session 34, with the wide collapse, where no Engram gate or
   // trace comes between: −0.031 ms at batch 1 and 8K, −0.028 at 128K, −0.037 at batch 4 against the
@@ -263,7 +257,6 @@ struct CudaBackend::Impl {
     float* qs;
     float* mix_part;          // hc_mix scratch: warp sums
     unsigned* mix_count;      // hc_mix scratch: one counter per row tile (kept zero between launches)
-    unsigned long long* wo_arrivals;  // cuda::wo_chain's grid barrier: its count and generation
     float* sample_w;          // [sample_chunk][V] sampling weights
     uint32_t* sample_max;     // [max_rows]
     int32_t* sample_out;      // [max_rows] sampled tokens, one per sampling job
@@ -626,11 +619,6 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   if (const char* v = std::getenv("DSUF_OVERLAP")) overlap = std::string(v) != "0";
   shared_fork = env_choice("DSUF_SHARED_FORK", {"auto", "early", "late"});
   gather_early = !env_picks("DSUF_GATHER", "early", "late");
-  wo_chain_warps = std::array{0, 8, 16}[size_t(env_choice("DSUF_WO_CHAIN", {"off", "on", "16"}))];
-  wo_chain_rows = env_picks("DSUF_WO_CHAIN_ORDER", "rounds", "rows");
-  wo_chain_x = env_picks("DSUF_WO_CHAIN_X", "global", "smem");
-  wo_chain_bulk = env_picks("DSUF_WO_CHAIN_RING", "cpasync", "bulk");
-  if (const char* v = std::getenv("DSUF_WO_CHAIN_PF")) wo_chain_pf = std::max(0, std::atoi(v));
   sum_in_collapse = !env_picks("DSUF_SUM_EXPAND", "collapse", "kernel");
   gather_reuse = !env_picks("DSUF_GATHER_REUSE", "on", "off");
   rank_gather = !env_picks("DSUF_TOPK_RANK", "gather", "sort");
@@ -907,12 +895,6 @@ void CudaBackend::Impl::alloc_workspace() {
   ws.keys = alloc<float>(w.keys);
   ws.mix_part = alloc<float>(w.mix_part), ws.mix_count = alloc<unsigned>(w.sample);
   DSUF_CUDA(cudaMemset(ws.mix_count, 0, size_t(w.sample) * sizeof(unsigned)));
-  ws.wo_arrivals = alloc<unsigned long long>(2);
-  DSUF_CUDA(cudaMemset(ws.wo_arrivals, 0, 2 * sizeof(unsigned long long)));
-  if (const char* f = std::getenv("DSUF_WO_CHAIN_TRACE")) {
-    wo_trace_file = f, wo_trace = alloc<unsigned long long>(size_t(64) * 1024 * 6);
-    DSUF_CUDA(cudaMemset(wo_trace, 0, size_t(64) * 1024 * 6 * sizeof(unsigned long long)));
-  }
   ws.att = alloc<float>(w.att);
   const TpScratch tps = tp_scratch(t, part, max_rows);
   if (tps.recv) tp_send = alloc<float>(tps.send), tp_recv = alloc<float>(tps.recv), tp_send_floats = tps.send;
@@ -1353,21 +1335,16 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   mark(kAttention);
   const cuda::LinearInput oin = cuda::attention(aa, stream, gather_early);
   cuda::LinearInput zin;
-  bool chained = false;  // wo_a and wo_b in one launch (cuda::wo_chain, DSUF_WO_CHAIN)
   if (cuda::fp8_sink_mode() != 0 && Gr == G) {  // wo_b's input laid out by wo_a (one rank: nothing to gather)
     const cuda::InputSink zs{.xq = ws.xq[1], .xs = ws.xs[1], .quantize = aq};
-    chained = wo_chain_warps > 0 && n == 1 &&
-              cuda::wo_chain(d.wo_a.w, d.wo_a.s, Gr, ol, gin, oin, ws.zg, zs, d.wo_b.w, d.wo_b.s, Dr, out + d0, r,
-                             ws.wo_arrivals, stream, wo_chain_warps, wo_trace, wo_chain_pf,
-                             wo_chain_rows, wo_chain_x, wo_chain_bulk);
-    if (!chained) cuda::fp8_linear_groups(d.wo_a.w, d.wo_a.s, Gr, ol, gin, oin, n, ws.zg, G * ol, r, stream, zs);
+    cuda::fp8_linear_groups(d.wo_a.w, d.wo_a.s, Gr, ol, gin, oin, n, ws.zg, G * ol, r, stream, zs);
     zin = cuda::sink_input(zs, G * ol);
   } else {
     cuda::fp8_linear_groups(d.wo_a.w, d.wo_a.s, Gr, ol, gin, oin, n, ws.zg + g0 * ol, G * ol, r, stream);
     cuda::gather_cols(comm, zg_split, ws.zg, n, G * ol, tp_send, tp_recv, stream);
     zin = cuda::linear_input(ws.zg, G * ol, n, G * ol, aq, ws.xq[1], ws.xs[1], stream);
   }
-  if (!chained) cuda::fp8_linear(d.wo_b.w, d.wo_b.s, Dr, G * ol, zin, n, out + d0, D, r, stream);
+  cuda::fp8_linear(d.wo_b.w, d.wo_b.s, Dr, G * ol, zin, n, out + d0, D, r, stream);
   cuda::gather_cols(comm, hidden_split, out, n, D, tp_send, tp_recv, stream);
   // The window ring's copy of this step's KV (ws.kvw) is enqueued with the FFN site's mix, off the
   // critical path (enqueue_step).
@@ -1834,17 +1811,6 @@ CudaBackend::~CudaBackend() {
   for (auto& rk : ranks_) {
     cudaSetDevice(rk->opt.device);
     if (rk->stream) cudaStreamSynchronize(rk->stream);
-    if (rk->wo_trace) {  // DSUF_WO_CHAIN_TRACE: launch slot, block, then the 6 stamps (ns), a line each
-      std::vector<unsigned long long> h(size_t(64) * 1024 * 6);
-      cudaMemcpy(h.data(), rk->wo_trace, h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost);
-      if (FILE* f = std::fopen(rk->wo_trace_file.c_str(), "w")) {
-        for (size_t i = 0; i < h.size() / 6; ++i)
-          if (h[6 * i])
-            std::fprintf(f, "%zu %llu %llu %llu %llu %llu %llu\n", i, h[6 * i], h[6 * i + 1], h[6 * i + 2],
-                         h[6 * i + 3], h[6 * i + 4], h[6 * i + 5]);
-        std::fclose(f);
-      }
-    }
     for (auto& [b, g] : rk->graphs)
       if (g.exec) cudaGraphExecDestroy(g.exec);
     rk->graphs.clear();

@@ -133,20 +133,6 @@ void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, con
 void fp8_linear_groups(const uint8_t* W, const uint8_t* Ws, int groups, int64_t out, int64_t K,
                        const LinearInput& in, int64_t rows, float* y, int64_t y_stride, bool r, cudaStream_t s,
                        const InputSink& sink = {}, int tile_sm = 0);
-// wo_a (groups × out_a rows over Ka, as fp8_linear_groups with `sink`) and then wo_b (out_b rows over
-// groups·out_a, reading what the sink laid out; outputs yb) in one persistent launch whose weight
-// stream runs across both dependencies (k_wo_chain): the same bits as the two launches. One row,
-// sink.quantize (wo_b's inputs quantized); false where the shape does not apply (nothing launched).
-// `arrivals`: two zeroed device counters (the grid barrier's count and generation), used by one
-// stream's launches only. warps: 8 or 16 a block (one block an SM). trace: a diagnostic, 64 ×
-// blocks × 6 %globaltimer stamps (k_wo_chain), or none. pf: chunks a warp prefetches into L2 beyond its
-// ring (0: none). rows_first: wo_a's chunks are a row's consecutive rounds (else a round of S rows). x_smem: wo_a's
-// inputs staged in shared memory a unit at a time. bulk: the rings filled by bulk copies (weights and
-// codes 16-byte aligned) instead of cp.async.
-bool wo_chain(const uint8_t* Wa, const uint8_t* Wsa, int groups, int64_t out_a, int64_t Ka, const LinearInput& in,
-              float* ya, const InputSink& sink, const uint8_t* Wb, const uint8_t* Wsb, int64_t out_b, float* yb, bool r,
-              unsigned long long* arrivals, cudaStream_t s, int warps = 8, unsigned long long* trace = nullptr,
-              int pf = 0, bool rows_first = false, bool x_smem = false, bool bulk = false);
 // DSUF_WOB_INPUT=fused|separate|fused_late (1|0|2): wo_b's input laid out by wo_a's kernel (1, the
 // default since v34: its dependents triggered at entry; 2: at its end) or by a linear_input launch
 // between them (0).
