@@ -84,6 +84,34 @@ DSUF_HD float fexp(float x) {
   return p * bits_to_float(uint32_t(ki + 127) << 23);
 }
 
+// fexp's value for every float x, computed without branches: the same operations in the same order
+// on x clamped to [−104, 89] (which leaves every x that reaches fexp's polynomial unchanged), then
+// fexp's three early results chosen by selects. A GPU warp can then interleave several of them (the
+// P·V kernel's softmax: fexp's early returns made each exponential its own basic block).
+DSUF_HD float fexp_nb(float x) {
+  const float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);  // NaN stays NaN (selected below)
+  const float k = round_even(xc * 1.44269504088896341f);
+  float r = xc - k * 0.693145751953125f;
+  r = r - k * 1.42860682030941723e-06f;
+  float p = 2.48015873015873e-05f;
+  p = p * r + 1.98412698412698e-04f;
+  p = p * r + 1.38888888888889e-03f;
+  p = p * r + 8.33333333333333e-03f;
+  p = p * r + 4.16666666666667e-02f;
+  p = p * r + 1.66666666666667e-01f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  int ki = x == x ? int(k) : 0;  // (a NaN's k: no conversion of it)
+  const bool lo = ki < -125, hi = ki > 127;
+  p = lo ? p * bits_to_float(uint32_t(-125 + 127) << 23) : (hi ? p * 2.0f : p);
+  ki = lo ? ki + 125 : (hi ? ki - 1 : ki);
+  float y = p * bits_to_float(uint32_t(ki + 127) << 23);
+  y = x < -103.9721f ? 0.0f : y;
+  y = x > 88.7228f ? bits_to_float(0x7f800000u) : y;
+  return x != x ? x : y;
+}
+
 // ln(x) for finite x > 0 (about 1 ulp).
 DSUF_HD float flog(float x) {
   uint32_t u = float_to_bits(x);

@@ -45,6 +45,28 @@ std::vector<float> all_bf16_finite() {
   return v;
 }
 
+// det::fexp_nb (the branch-free form the P·V softmax can use) gives det::fexp's bits: every float
+// within 2^16 bit patterns of the range ends (±103.9721, 88.7228, the clamps ±104 / 89, the scaling's
+// k = −125 and 127, zero), every 1021st pattern elsewhere, and the specials. (The whole 2^32 was checked
+// once on the CPU, and cuda_backend_tests' CudaNumerics checks it on the GPU.)
+TEST(DetMath, BranchFreeExpEqualsFexp) {
+  uint64_t checked = 0, differ = 0;
+  auto check = [&](uint32_t u) {
+    const float x = det::bits_to_float(u);
+    ++checked;
+    if (det::float_to_bits(det::fexp_nb(x)) != det::float_to_bits(det::fexp(x)) && differ++ < 5)
+      ADD_FAILURE() << "x = " << x << " (0x" << std::hex << u << ")";
+  };
+  for (uint64_t u = 0; u < (uint64_t(1) << 32); u += 1021) check(uint32_t(u));
+  for (float edge : {-103.9721f, 88.7228f, -104.0f, 89.0f, -125.0f * 0.6931472f, 127.0f * 0.6931472f,
+                     -126.0f * 0.6931472f, 128.0f * 0.6931472f, 0.0f, -0.0f})
+    for (int d = -(1 << 16); d <= (1 << 16); ++d) check(det::float_to_bits(edge) + uint32_t(d));
+  for (uint32_t u : {0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u, 0x7f800001u, 0x00000001u, 0x80000001u})
+    check(u);
+  EXPECT_EQ(differ, 0u) << "of " << checked;
+  EXPECT_GT(checked, 4000000u);
+}
+
 TEST(Bf16, EveryCodeRoundTrips) {
   for (uint32_t h = 0; h < 65536; ++h) {
     float f = bf16_to_float(static_cast<uint16_t>(h));

@@ -896,6 +896,7 @@ void CudaBackend::Impl::alloc_workspace() {
   ws.mix_part = alloc<float>(w.mix_part), ws.mix_count = alloc<unsigned>(w.sample);
   DSUF_CUDA(cudaMemset(ws.mix_count, 0, size_t(w.sample) * sizeof(unsigned)));
   ws.att = alloc<float>(w.att);
+  cuda::att_trace_init();  // DSUF_ATT_TRACE (a diagnostic), before any capture
   const TpScratch tps = tp_scratch(t, part, max_rows);
   if (tps.recv) tp_send = alloc<float>(tps.send), tp_recv = alloc<float>(tps.recv), tp_send_floats = tps.send;
   if (tps.compact) ws.hc1 = alloc<float>(tps.compact / 2), ws.hc3 = alloc<float>(tps.compact / 2);
@@ -1811,6 +1812,7 @@ CudaBackend::~CudaBackend() {
   for (auto& rk : ranks_) {
     cudaSetDevice(rk->opt.device);
     if (rk->stream) cudaStreamSynchronize(rk->stream);
+    cuda::att_trace_dump();  // DSUF_ATT_TRACE
     for (auto& [b, g] : rk->graphs)
       if (g.exec) cudaGraphExecDestroy(g.exec);
     rk->graphs.clear();

@@ -10,6 +10,7 @@
 #include <utility>
 #include <string>
 #include <cstdlib>
+#include <cstdio>
 #include <cmath>
 #include <type_traits>
 
@@ -2898,6 +2899,44 @@ int attention_key_split(int rows) {
   return std::max(4, split1 / std::max(1, rows));
 }
 
+// DSUF_ATT_TRACE (AttentionArgs::trace; a diagnostic): a block's phase stamps, kept in shared memory
+// and written out at its end under a ticket taken then (the blocks of one launch take consecutive
+// tickets: the step's launches of a kernel never overlap one another).
+constexpr int kAttTraceStamps = 6, kAttTraceRing = 1 << 16;  // stamps a block; blocks kept a kernel
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+// Stamp 0 (the entry) and the others cleared: thread 0, before any barrier.
+__device__ __forceinline__ void att_trace_entry(const AttentionArgs& a, unsigned long long* st) {
+  if (a.trace && threadIdx.x == 0) {
+    for (int e = 1; e < kAttTraceStamps; ++e) st[e] = 0;
+    st[0] = global_ns();
+  }
+}
+// Stamp e by thread 0 (called by the whole block right after a barrier: the block's moment).
+__device__ __forceinline__ void att_stamp(const AttentionArgs& a, unsigned long long* st, int e) {
+  if (a.trace && threadIdx.x == 0) st[e] = global_ns();
+}
+// Stamp e as the latest of the warps' moments (each warp's lane 0; read after a later barrier).
+__device__ __forceinline__ void att_stamp_warps(const AttentionArgs& a, unsigned long long* st, int e) {
+  if (a.trace && threadIdx.x % 32 == 0) atomicMax(st + e, global_ns());
+}
+// The last stamp (e, the latest warp), then the block's stamps out. The whole block calls it.
+__device__ void att_trace_out(const AttentionArgs& a, unsigned long long* st, int e, int kernel) {
+  if (!a.trace) return;
+  att_stamp_warps(a, st, e);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned t = atomicAdd(a.trace_tickets + kernel, 1u);
+    unsigned long long* o = a.trace + (size_t(kernel) * kAttTraceRing + t % kAttTraceRing) * (kAttTraceStamps + 2);
+    o[0] = t;
+    o[1] = gridDim.x * gridDim.y * gridDim.z;
+    for (int k = 0; k < kAttTraceStamps; ++k) o[2 + k] = k <= e ? st[k] : 0;
+  }
+}
+
 __device__ __forceinline__ int attention_keys(const AttentionArgs& a, int i, int* first_free) {
   // The row's keys: its window, then the selection up to its first -1 (found in parallel).
   const int64_t pos = a.meta[i].pos;
@@ -2935,9 +2974,12 @@ __device__ __forceinline__ int attention_keys(const AttentionArgs& a, int i, int
 // that more of the 8 × 80 blocks of a batch-1 step run at once: at 88 registers (MINB 0) two fit an
 // SM, three waves; 64 (4) two waves; 48 (5) one wave of 660 slots (DSUF_LOGITS_BLOCKS=5|4|0: 5 the
 // default since v26, −0.10 ms a step; no spills in either).
-template <int MINB, bool kScatter>
+template <int MINB, bool kScatter, int KPW = 1>
 __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(AttentionArgs a) {
+  __shared__ unsigned long long att_st[kAttTraceStamps];
+  att_trace_entry(a, att_st);
   pdl_entry(a.logits_late);
+  att_stamp(a, att_st, 1);
   extern __shared__ __align__(16) float qs[];  // [kAttHeadsQK][hd]
   __shared__ int first_free;
   __shared__ __align__(8) uint64_t stage_bar;
@@ -2987,41 +3029,62 @@ __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(A
     }
     __syncthreads();
   }
+  att_stamp(a, att_st, 2);
   const float scale = 1.0f / sqrtf(float(hd));
   const int lane = threadIdx.x % 32;
   const int gw = blockIdx.z * (blockDim.x / 32) + threadIdx.x / 32, nw = gridDim.z * (blockDim.x / 32);
   const float* keys = a.keys + int64_t(i) * a.kmax * hd;
-  for (int j = gw; j < nk; j += nw) {
-    float dot[kAttHeadsQK];
+  // KPW > 1: a warp takes keys j, j + nw, … (KPW of them) at once, so that each query value read from
+  // shared memory serves KPW keys (the kernel reads ~16 KB of queries a key a warp: shared-memory
+  // bandwidth bounds it) and all KPW keys' loads are in flight together. Each dot is the same sum.
+  for (int j = gw; j < nk; j += nw * KPW) {
+    float dot[KPW][kAttHeadsQK];
 #pragma unroll
-    for (int h = 0; h < kAttHeadsQK; ++h) dot[h] = 0.0f;
+    for (int t = 0; t < KPW; ++t)
+#pragma unroll
+      for (int h = 0; h < kAttHeadsQK; ++h) dot[t][h] = 0.0f;
     // A lane's 16 key values of a chunk are loaded together (one round trip for hd = 512), then
     // added in the lane-strided order.
     for (int64_t c = lane; c < hd; c += 32 * kAttLoads) {
-      float k[kAttLoads];
+      float k[KPW][kAttLoads];
 #pragma unroll
-      for (int u = 0; u < kAttLoads; ++u) k[u] = c + 32 * u < hd ? keys[int64_t(j) * hd + c + 32 * u] : 0.0f;
+      for (int t = 0; t < KPW; ++t) {
+        const int jt = j + t * nw;
+#pragma unroll
+        for (int u = 0; u < kAttLoads; ++u)
+          k[t][u] = jt < nk && c + 32 * u < hd ? keys[int64_t(jt) * hd + c + 32 * u] : 0.0f;
+      }
 #pragma unroll
       for (int u = 0; u < kAttLoads; ++u) {
         if (c + 32 * u >= hd) break;
 #pragma unroll
-        for (int h = 0; h < kAttHeadsQK; ++h) dot[h] += qs[h * hd + c + 32 * u] * k[u];
+        for (int h = 0; h < kAttHeadsQK; ++h) {
+          const float qv = qs[h * hd + c + 32 * u];
+#pragma unroll
+          for (int t = 0; t < KPW; ++t) dot[t][h] += qv * k[t][u];
+        }
       }
     }
-    if constexpr (kScatter) {
-      static_assert(kAttHeadsQK == 8, "warp_sum8_scatter sums 8 heads");
-      const float v = warp_sum8_scatter(dot, lane);
-      const int h = (lane >> 2) & 7;
-      if ((lane & 3) == 0 && h < nh) a.att[(int64_t(i) * a.H + h0 + h) * a.kmax + j] = v * scale;
-    } else {
 #pragma unroll
-      for (int h = 0; h < kAttHeadsQK; ++h) {
-        const float v = warp_sum(dot[h]);
-        if (lane == h && h < nh) a.att[(int64_t(i) * a.H + h0 + h) * a.kmax + j] = v * scale;
+    for (int t = 0; t < KPW; ++t) {
+      const int jt = j + t * nw;
+      if (jt >= nk) continue;  // the same for the whole warp
+      if constexpr (kScatter) {
+        static_assert(kAttHeadsQK == 8, "warp_sum8_scatter sums 8 heads");
+        const float v = warp_sum8_scatter(dot[t], lane);
+        const int h = (lane >> 2) & 7;
+        if ((lane & 3) == 0 && h < nh) a.att[(int64_t(i) * a.H + h0 + h) * a.kmax + jt] = v * scale;
+      } else {
+#pragma unroll
+        for (int h = 0; h < kAttHeadsQK; ++h) {
+          const float v = warp_sum(dot[t][h]);
+          if (lane == h && h < nh) a.att[(int64_t(i) * a.H + h0 + h) * a.kmax + jt] = v * scale;
+        }
       }
     }
   }
   pdl_exit(a.logits_late);
+  att_trace_out(a, att_st, 3, 0);
 }
 
 // Softmax and P·V. A block takes 8 heads × 32 output dims of a row, HPW heads a warp (8 / HPW
@@ -3071,6 +3134,8 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
                       : 0.0f;
     }
   };
+  __shared__ unsigned long long att_st[kAttTraceStamps];
+  att_trace_entry(a, att_st);
   if (a.w_early) load_sinks();
   extern __shared__ float4 pv_smem4[];
   const int kp = (a.kmax + 3) & ~3;
@@ -3083,7 +3148,7 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
   const int64_t hd = a.hd;
   // pv_keys_early: the key count and the first key tile before the wait (gather_keys wrote them at
   // least two launches back; the logits kernel triggers this one only after its own wait).
-  if (!a.pv_keys_early) pdl_entry(a.pv_late);
+  if (!a.pv_keys_early) pdl_entry(a.pv_late), att_stamp(a, att_st, 1);
   if (!a.w_early) load_sinks();
   const int nk = attention_keys(a, i, &first_free);
   const int nh = min(kPvHeads, a.H - h0);
@@ -3102,6 +3167,7 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
   if (a.pv_keys_early) {
     stage_keys(0);
     pdl_entry(a.pv_late);
+    att_stamp(a, att_st, 1);
   }
   const float* att = a.att + (int64_t(i) * a.H + h0) * a.kmax;
   if (a.stage16 && a.kmax % 4 == 0 && (reinterpret_cast<uintptr_t>(att) & 15) == 0) {
@@ -3118,6 +3184,7 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
   if (!a.pv_keys_early) stage_keys(0);
   cp_async_wait_all();
   __syncthreads();
+  att_stamp(a, att_st, 2);
 #pragma unroll
   for (int u = 0; u < HPW; ++u) {
     const int h = HPW * warp + u;
@@ -3127,18 +3194,35 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
     for (int j = lane; j < nk; j += 32) mx = fmaxf(mx, ph[j]);
     mx = warp_max(mx);
     float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int j0 = 0; j0 < nk; j0 += 128)
+    if (a.exp_nb) {  // the four exponentials of a round without branches, so that they interleave
+      for (int j0 = 0; j0 < nk; j0 += 128) {
+        float e[4];
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int j = j0 + 32 * c + lane;
-        if (j < nk) part[c] += (ph[j] = det::fexp(ph[j] - mx));
+        for (int c = 0; c < 4; ++c) {
+          const int j = j0 + 32 * c + lane;
+          e[c] = det::fexp_nb((j < nk ? ph[j] : mx) - mx);
+        }
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int j = j0 + 32 * c + lane;
+          if (j < nk) part[c] += (ph[j] = e[c]);
+        }
       }
+    } else {
+      for (int j0 = 0; j0 < nk; j0 += 128)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int j = j0 + 32 * c + lane;
+          if (j < nk) part[c] += (ph[j] = det::fexp(ph[j] - mx));
+        }
+    }
     float q[4];
 #pragma unroll
     for (int c = 0; c < 4; ++c) q[c] = warp_sum(part[c]);
     if (lane == 0) den_s[h] = ((q[0] + q[2]) + (q[1] + q[3])) + det::fexp(sink_v[u] - mx);
   }
   __syncthreads();
+  att_stamp(a, att_st, 3);
   const float* ph[HPW];
   float acc[HPW];
 #pragma unroll
@@ -3197,12 +3281,14 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
       for (int u = 0; u < HPW; ++u) acc[u] += ph[u][j0 + jj] * k;
     }
   }
+  att_stamp_warps(a, att_st, 4);
   pdl_exit(a.pv_late);
   const int64_t d = d0 + lane;
   if (a.o_sink.xq) {  // wo_a's input, as k_linear_input lays it out (whole warps: attention() checks)
 #pragma unroll
     for (int u = 0; u < HPW; ++u)
       emit_attention_out(a, i, h0 + HPW * warp + u, d, lane, rb(acc[u] / den_s[HPW * warp + u], a.r));
+    att_trace_out(a, att_st, 5, 1);
     return;
   }
   if (d < hd) {
@@ -3211,6 +3297,7 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
     for (int u = 0; u < HPW; ++u)
       if (HPW * warp + u < nh) o[(HPW * warp + u) * hd] = rb(acc[u] / den_s[HPW * warp + u], a.r);
   }
+  att_trace_out(a, att_st, 5, 1);
 }
 
 // The tiled alternative (DSUF_PV=tiles; session 4's first rewrite, measured 711 µs a step at 8K against
@@ -5408,6 +5495,35 @@ void gather_keys(const AttentionArgs& a, cudaStream_t s) {
   DSUF_CHECK(!a.window_only || !a.picks, "gather_keys: a layer with picks gathers its selection");
   launch_step(k_gather_keys, dim3(a.rows, a.W + (a.sel && !a.window_only ? a.sel_stride : 0)), dim3(128), 0, s, a);
 }
+namespace {
+unsigned long long* g_att_trace = nullptr;  // att_trace_init: 2 kernels × kAttTraceRing blocks × (2 + stamps)
+unsigned* g_att_tickets = nullptr;
+const size_t kAttTraceWords = size_t(2) * kAttTraceRing * (kAttTraceStamps + 2);
+}  // namespace
+void att_trace_init() {
+  if (!std::getenv("DSUF_ATT_TRACE") || g_att_trace) return;
+  DSUF_CUDA(cudaMalloc(&g_att_trace, kAttTraceWords * sizeof(unsigned long long)));
+  DSUF_CUDA(cudaMemset(g_att_trace, 0, kAttTraceWords * sizeof(unsigned long long)));
+  DSUF_CUDA(cudaMalloc(&g_att_tickets, 2 * sizeof(unsigned)));
+  DSUF_CUDA(cudaMemset(g_att_tickets, 0, 2 * sizeof(unsigned)));
+}
+void att_trace_dump() {
+  const char* file = std::getenv("DSUF_ATT_TRACE");
+  if (!file || !g_att_trace) return;
+  std::vector<unsigned long long> h(kAttTraceWords);
+  DSUF_CUDA(cudaMemcpy(h.data(), g_att_trace, h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+  FILE* f = std::fopen(file, "w");
+  DSUF_CHECK(f, "DSUF_ATT_TRACE=", file, ": cannot write it");
+  const size_t w = kAttTraceStamps + 2;
+  for (size_t b = 0; b < h.size() / w; ++b) {
+    const unsigned long long* o = h.data() + b * w;
+    if (o[1] == 0) continue;
+    std::fprintf(f, "%zu %llu %llu", b / kAttTraceRing, o[0], o[1]);
+    for (size_t e = 0; e < size_t(kAttTraceStamps); ++e) std::fprintf(f, " %llu", o[2 + e]);
+    std::fputc('\n', f);
+  }
+  std::fclose(f);
+}
 LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   const FusedRope& qr = a.q_rope;
   DSUF_CHECK(!qr.cs || (qr.dim == a.hd && qr.heads == a.H && qr.half > 0 && 2 * qr.half <= qr.dim),
@@ -5443,11 +5559,18 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
                                 : (minb == 5   ? k_attention_logits<5, false>
                                    : minb == 4 ? k_attention_logits<4, false>
                                                : k_attention_logits<0, false>);
+  // DSUF_LOGITS_KPW=1|2|4: keys a warp takes at once (the kernel's KPW); the split is divided by it
+  // (at least 4 a row), and the kernel's blocks an SM set so that the grid still fits in one wave
+  // at one row (2: 3 blocks an SM, 4: 2).
+  static const int kpw = std::array<int, 3>{1, 2, 4}[env_choice("DSUF_LOGITS_KPW", {"1", "2", "4"})];
+  if (kpw == 2) logits_k = tree_scatter ? k_attention_logits<3, true, 2> : k_attention_logits<3, false, 2>;
+  if (kpw == 4) logits_k = tree_scatter ? k_attention_logits<2, true, 4> : k_attention_logits<2, false, 4>;
   set_smem(logits_k, qk_smem);
   // DSUF_LOGITS_TRIGGER=late (default since v25: −0.14 to −0.19 ms at batch 1; ±0 at 16 and 64) or entry.
   static const bool logits_late = !env_picks("DSUF_LOGITS_TRIGGER", "late", "entry");
   AttentionArgs la = a;
   la.logits_late = logits_late;
+  la.trace = g_att_trace, la.trace_tickets = g_att_tickets;
   // DSUF_ATT_STAGE=4|16: 16-byte staging copies measured +0.02 ms a step (v27): 4 stays the default.
   static const bool stage16 = env_picks("DSUF_ATT_STAGE", "4", "16");
   la.stage16 = stage16;
@@ -5457,8 +5580,8 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   // +0.50: the P·V kernel 17.3 → 32.5 µs under Nsight; removed.
   static const bool bulk = !env_picks("DSUF_ATT_BULK", "q", "off");
   la.bulk = bulk;
-  launch_step(logits_k, dim3(a.rows, blocks_for(a.H, kAttHeadsQK), attention_key_split(a.rows)), dim3(256), qk_smem,
-              s, la);
+  launch_step(logits_k, dim3(a.rows, blocks_for(a.H, kAttHeadsQK), std::max(4, attention_key_split(a.rows) / kpw)),
+              dim3(256), qk_smem, s, la);
   const dim3 pv_grid(a.rows, blocks_for(a.H, kPvHeads), blocks_for(a.hd, kPvDims));
   const int pv = pv_kernel(a.rows);
   if (pv == kPvTiles) {
@@ -5480,6 +5603,11 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   pa.w_early = weights_early();
   pa.stage16 = stage16;
   pa.pv_keys_early = pv_keys_early;
+  pa.trace = g_att_trace, pa.trace_tickets = g_att_tickets;
+  // DSUF_PV_EXP=branch|nb: the softmax's exponentials by det::fexp or by det::fexp_nb (the same
+  // values for every float, without branches: a round's four interleave).
+  static const bool exp_nb = env_picks("DSUF_PV_EXP", "branch", "nb");
+  pa.exp_nb = exp_nb;
   // DSUF_PV_TRIGGER=entry (default) or late: −0.03 ms with the logits' trigger at entry, ±0 with it late.
   static const bool pv_late = env_picks("DSUF_PV_TRIGGER", "entry", "late");
   pa.pv_late = pv_late;
@@ -5710,7 +5838,7 @@ namespace {
 // rounded once, so the sample checks the code, not the arithmetic) — NaNs equal when both are NaN;
 // [3..5] how many inputs each compared.
 __global__ void k_fast_conversion_check(unsigned long long* out) {
-  unsigned long long bad[3] = {0, 0, 0}, seen[3] = {0, 0, 0};
+  unsigned long long bad[4] = {0, 0, 0, 0}, seen[4] = {0, 0, 0, 0};
   const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
   auto same = [](float a, float b) { return __float_as_uint(a) == __float_as_uint(b) || (isnan(a) && isnan(b)); };
   for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (uint64_t(1) << 32); i += stride) {
@@ -5727,18 +5855,20 @@ __global__ void k_fast_conversion_check(unsigned long long* out) {
     const float sc = (h & 0x100u) ? __uint_as_float(ex << 23) : __uint_as_float((ex << 23) | 0x400000u);
     ++seen[2];
     bad[2] += !same(div_pow2(x, sc), x / sc);
+    ++seen[3];  // the branch-free exponential: the same bits, NaN payloads included
+    bad[3] += __float_as_uint(det::fexp_nb(x)) != __float_as_uint(det::fexp(x));
   }
-  for (int k = 0; k < 3; ++k) atomicAdd(out + k, bad[k]), atomicAdd(out + 3 + k, seen[k]);
+  for (int k = 0; k < 4; ++k) atomicAdd(out + k, bad[k]), atomicAdd(out + 4 + k, seen[k]);
 }
 }  // namespace
 namespace testing {
-void fast_conversion_mismatches(unsigned long long out[6]) {
+void fast_conversion_mismatches(unsigned long long out[8]) {
   unsigned long long* d = nullptr;
-  DSUF_CUDA(cudaMalloc(&d, 6 * sizeof(unsigned long long)));
-  DSUF_CUDA(cudaMemset(d, 0, 6 * sizeof(unsigned long long)));
+  DSUF_CUDA(cudaMalloc(&d, 8 * sizeof(unsigned long long)));
+  DSUF_CUDA(cudaMemset(d, 0, 8 * sizeof(unsigned long long)));
   k_fast_conversion_check<<<1024, 256>>>(d);
   DSUF_CUDA(cudaGetLastError());
-  DSUF_CUDA(cudaMemcpy(out, d, 6 * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+  DSUF_CUDA(cudaMemcpy(out, d, 8 * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
   DSUF_CUDA(cudaFree(d));
 }
 }  // namespace testing

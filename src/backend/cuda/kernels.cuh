@@ -276,7 +276,17 @@ struct AttentionArgs {
   // heads' queries staged by one bulk copy (the copy engine) completing on an mbarrier, instead of a
   // cp.async per 4 or 16 bytes from every thread. Where the source is not 16-byte aligned, as before.
   bool bulk = false;
+  // attention() sets them under DSUF_ATT_TRACE (a diagnostic; att_trace_init): the logits and P·V
+  // kernels' blocks stamp their phases (%globaltimer) into a ring, a ticket a block.
+  unsigned long long* trace = nullptr;
+  unsigned* trace_tickets = nullptr;
+  bool exp_nb = false;  // attention() sets it (DSUF_PV_EXP=nb): the P·V softmax by det::fexp_nb
 };
+// DSUF_ATT_TRACE=FILE: att_trace_init (outside any capture) allocates the attention kernels' phase
+// ring; att_trace_dump writes it to FILE, a line a block: kernel (0 logits, 1 P·V), ticket, grid
+// size, then the kernel's stamps in ns (0 where a phase did not run). Both do nothing without it.
+void att_trace_init();
+void att_trace_dump();
 // Gathers the keys, then the logits, then softmax and P·V: k_attention_pv, or k_attention_pv_tiles with
 // DSUF_PV=tiles (read once; both equal the reference). With o_sink set, returns the layout it wrote
 // (the P·V kernel writes it itself when hd % 32 == 0 and H % 8 == 0; otherwise a linear_input
@@ -437,10 +447,11 @@ void fill_entries_synthetic(uint8_t* p, int64_t entries, int64_t entry_bytes, in
 bool latency_priority_on();
 
 // The device's fast conversions (hardware E4M3 code, pow2_ceil and division by a power of two by
-// bits) against the exact software ones over every float32 (the division: one divisor a float):
-// mismatches [0..2], inputs compared [3..5] (cuda_backend_tests, CudaNumerics).
+// bits) and det::fexp_nb against the exact software ones and det::fexp over every float32 (the
+// division: one divisor a float): mismatches [0..3], inputs compared [4..7] (cuda_backend_tests,
+// CudaNumerics).
 namespace testing {
-void fast_conversion_mismatches(unsigned long long out[6]);
+void fast_conversion_mismatches(unsigned long long out[8]);
 }
 
 }  // namespace dsuf::cuda
