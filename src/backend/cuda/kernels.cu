@@ -2974,7 +2974,7 @@ __device__ __forceinline__ int attention_keys(const AttentionArgs& a, int i, int
 // that more of the 8 × 80 blocks of a batch-1 step run at once: at 88 registers (MINB 0) two fit an
 // SM, three waves; 64 (4) two waves; 48 (5) one wave of 660 slots (DSUF_LOGITS_BLOCKS=5|4|0: 5 the
 // default since v26, −0.10 ms a step; no spills in either).
-template <int MINB, bool kScatter, int KPW = 1>
+template <int MINB, bool kScatter>
 __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(AttentionArgs a) {
   __shared__ unsigned long long att_st[kAttTraceStamps];
   att_trace_entry(a, att_st);
@@ -3034,52 +3034,33 @@ __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(A
   const int lane = threadIdx.x % 32;
   const int gw = blockIdx.z * (blockDim.x / 32) + threadIdx.x / 32, nw = gridDim.z * (blockDim.x / 32);
   const float* keys = a.keys + int64_t(i) * a.kmax * hd;
-  // KPW > 1: a warp takes keys j, j + nw, … (KPW of them) at once, so that each query value read from
-  // shared memory serves KPW keys (the kernel reads ~16 KB of queries a key a warp: shared-memory
-  // bandwidth bounds it) and all KPW keys' loads are in flight together. Each dot is the same sum.
-  for (int j = gw; j < nk; j += nw * KPW) {
-    float dot[KPW][kAttHeadsQK];
+  for (int j = gw; j < nk; j += nw) {
+    float dot[kAttHeadsQK];
 #pragma unroll
-    for (int t = 0; t < KPW; ++t)
-#pragma unroll
-      for (int h = 0; h < kAttHeadsQK; ++h) dot[t][h] = 0.0f;
+    for (int h = 0; h < kAttHeadsQK; ++h) dot[h] = 0.0f;
     // A lane's 16 key values of a chunk are loaded together (one round trip for hd = 512), then
     // added in the lane-strided order.
     for (int64_t c = lane; c < hd; c += 32 * kAttLoads) {
-      float k[KPW][kAttLoads];
+      float k[kAttLoads];
 #pragma unroll
-      for (int t = 0; t < KPW; ++t) {
-        const int jt = j + t * nw;
-#pragma unroll
-        for (int u = 0; u < kAttLoads; ++u)
-          k[t][u] = jt < nk && c + 32 * u < hd ? keys[int64_t(jt) * hd + c + 32 * u] : 0.0f;
-      }
+      for (int u = 0; u < kAttLoads; ++u) k[u] = c + 32 * u < hd ? keys[int64_t(j) * hd + c + 32 * u] : 0.0f;
 #pragma unroll
       for (int u = 0; u < kAttLoads; ++u) {
         if (c + 32 * u >= hd) break;
 #pragma unroll
-        for (int h = 0; h < kAttHeadsQK; ++h) {
-          const float qv = qs[h * hd + c + 32 * u];
-#pragma unroll
-          for (int t = 0; t < KPW; ++t) dot[t][h] += qv * k[t][u];
-        }
+        for (int h = 0; h < kAttHeadsQK; ++h) dot[h] += qs[h * hd + c + 32 * u] * k[u];
       }
     }
+    if constexpr (kScatter) {
+      static_assert(kAttHeadsQK == 8, "warp_sum8_scatter sums 8 heads");
+      const float v = warp_sum8_scatter(dot, lane);
+      const int h = (lane >> 2) & 7;
+      if ((lane & 3) == 0 && h < nh) a.att[(int64_t(i) * a.H + h0 + h) * a.kmax + j] = v * scale;
+    } else {
 #pragma unroll
-    for (int t = 0; t < KPW; ++t) {
-      const int jt = j + t * nw;
-      if (jt >= nk) continue;  // the same for the whole warp
-      if constexpr (kScatter) {
-        static_assert(kAttHeadsQK == 8, "warp_sum8_scatter sums 8 heads");
-        const float v = warp_sum8_scatter(dot[t], lane);
-        const int h = (lane >> 2) & 7;
-        if ((lane & 3) == 0 && h < nh) a.att[(int64_t(i) * a.H + h0 + h) * a.kmax + jt] = v * scale;
-      } else {
-#pragma unroll
-        for (int h = 0; h < kAttHeadsQK; ++h) {
-          const float v = warp_sum(dot[t][h]);
-          if (lane == h && h < nh) a.att[(int64_t(i) * a.H + h0 + h) * a.kmax + jt] = v * scale;
-        }
+      for (int h = 0; h < kAttHeadsQK; ++h) {
+        const float v = warp_sum(dot[h]);
+        if (lane == h && h < nh) a.att[(int64_t(i) * a.H + h0 + h) * a.kmax + j] = v * scale;
       }
     }
   }
@@ -5559,12 +5540,6 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
                                 : (minb == 5   ? k_attention_logits<5, false>
                                    : minb == 4 ? k_attention_logits<4, false>
                                                : k_attention_logits<0, false>);
-  // DSUF_LOGITS_KPW=1|2|4: keys a warp takes at once (the kernel's KPW); the split is divided by it
-  // (at least 4 a row), and the kernel's blocks an SM set so that the grid still fits in one wave
-  // at one row (2: 3 blocks an SM, 4: 2).
-  static const int kpw = std::array<int, 3>{1, 2, 4}[env_choice("DSUF_LOGITS_KPW", {"1", "2", "4"})];
-  if (kpw == 2) logits_k = tree_scatter ? k_attention_logits<3, true, 2> : k_attention_logits<3, false, 2>;
-  if (kpw == 4) logits_k = tree_scatter ? k_attention_logits<2, true, 4> : k_attention_logits<2, false, 4>;
   set_smem(logits_k, qk_smem);
   // DSUF_LOGITS_TRIGGER=late (default since v25: −0.14 to −0.19 ms at batch 1; ±0 at 16 and 64) or entry.
   static const bool logits_late = !env_picks("DSUF_LOGITS_TRIGGER", "late", "entry");
@@ -5580,8 +5555,8 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   // +0.50: the P·V kernel 17.3 → 32.5 µs under Nsight; removed.
   static const bool bulk = !env_picks("DSUF_ATT_BULK", "q", "off");
   la.bulk = bulk;
-  launch_step(logits_k, dim3(a.rows, blocks_for(a.H, kAttHeadsQK), std::max(4, attention_key_split(a.rows) / kpw)),
-              dim3(256), qk_smem, s, la);
+  launch_step(logits_k, dim3(a.rows, blocks_for(a.H, kAttHeadsQK), attention_key_split(a.rows)), dim3(256), qk_smem,
+              s, la);
   const dim3 pv_grid(a.rows, blocks_for(a.H, kPvHeads), blocks_for(a.hd, kPvDims));
   const int pv = pv_kernel(a.rows);
   if (pv == kPvTiles) {
@@ -5604,9 +5579,10 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   pa.stage16 = stage16;
   pa.pv_keys_early = pv_keys_early;
   pa.trace = g_att_trace, pa.trace_tickets = g_att_tickets;
-  // DSUF_PV_EXP=branch|nb: the softmax's exponentials by det::fexp or by det::fexp_nb (the same
-  // values for every float, without branches: a round's four interleave).
-  static const bool exp_nb = env_picks("DSUF_PV_EXP", "branch", "nb");
+  // DSUF_PV_EXP=nb|branch: the softmax's exponentials by det::fexp_nb (the same values for every
+  // float, without branches, so that a round's four interleave; the default since session 38: −0.048
+  // ms a step at batch 1, 8K, three rounds) or by det::fexp.
+  static const bool exp_nb = !env_picks("DSUF_PV_EXP", "nb", "branch");
   pa.exp_nb = exp_nb;
   // DSUF_PV_TRIGGER=entry (default) or late: −0.03 ms with the logits' trigger at entry, ±0 with it late.
   static const bool pv_late = env_picks("DSUF_PV_TRIGGER", "entry", "late");

@@ -280,7 +280,7 @@ struct AttentionArgs {
   // kernels' blocks stamp their phases (%globaltimer) into a ring, a ticket a block.
   unsigned long long* trace = nullptr;
   unsigned* trace_tickets = nullptr;
-  bool exp_nb = false;  // attention() sets it (DSUF_PV_EXP=nb): the P·V softmax by det::fexp_nb
+  bool exp_nb = false;  // attention() sets it (DSUF_PV_EXP=nb, the default): the P·V softmax by det::fexp_nb
 };
 // DSUF_ATT_TRACE=FILE: att_trace_init (outside any capture) allocates the attention kernels' phase
 // ring; att_trace_dump writes it to FILE, a line a block: kernel (0 logits, 1 P·V), ticket, grid
