@@ -54,9 +54,11 @@ DSUF_HD float round_even(float x) {
   return t - magic;
 }
 
-// e^x = p·2^k for x in fexp's finite range: the argument reduction and the polynomial (fexp and
-// fexp_nb share them, so that both round the same way by construction).
-DSUF_HD float fexp_poly(float x, float* k_out) {
+// e^x with about 1 ulp error; exact handling of the range ends.
+DSUF_HD float fexp(float x) {
+  if (x != x) return x;
+  if (x > 88.7228f) return bits_to_float(0x7f800000u);
+  if (x < -103.9721f) return 0.0f;
   const float k = round_even(x * 1.44269504088896341f);
   float r = x - k * 0.693145751953125f;  // ln2 split: hi has 16 significant bits, so k·hi is exact
   r = r - k * 1.42860682030941723e-06f;
@@ -70,17 +72,6 @@ DSUF_HD float fexp_poly(float x, float* k_out) {
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  *k_out = k;
-  return p;
-}
-
-// e^x with about 1 ulp error; exact handling of the range ends.
-DSUF_HD float fexp(float x) {
-  if (x != x) return x;
-  if (x > 88.7228f) return bits_to_float(0x7f800000u);
-  if (x < -103.9721f) return 0.0f;
-  float k;
-  float p = fexp_poly(x, &k);
   int ki = int(k);
   // Scale by 2^k in two steps so that subnormal results come out right.
   if (ki < -125) {
@@ -93,14 +84,24 @@ DSUF_HD float fexp(float x) {
   return p * bits_to_float(uint32_t(ki + 127) << 23);
 }
 
-// fexp's value for every float x, computed without branches: the same operations on x clamped to
-// [−104, 89] (which leaves every x that reaches fexp's polynomial unchanged), then fexp's three
-// early results and its two-step scaling chosen by selects. A GPU warp can then interleave several
-// of them (the P·V kernel's softmax: fexp's early returns made each exponential its own basic block).
+// fexp's value for every float x, computed without branches: the same operations in the same order
+// on x clamped to [−104, 89] (which leaves every x that reaches fexp's polynomial unchanged), then
+// fexp's three early results chosen by selects. A GPU warp can then interleave several of them (the
+// P·V kernel's softmax: fexp's early returns made each exponential its own basic block).
 DSUF_HD float fexp_nb(float x) {
   const float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);  // NaN stays NaN (selected below)
-  float k;
-  float p = fexp_poly(xc, &k);
+  const float k = round_even(xc * 1.44269504088896341f);
+  float r = xc - k * 0.693145751953125f;
+  r = r - k * 1.42860682030941723e-06f;
+  float p = 2.48015873015873e-05f;
+  p = p * r + 1.98412698412698e-04f;
+  p = p * r + 1.38888888888889e-03f;
+  p = p * r + 8.33333333333333e-03f;
+  p = p * r + 4.16666666666667e-02f;
+  p = p * r + 1.66666666666667e-01f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
   int ki = x == x ? int(k) : 0;  // (a NaN's k: no conversion of it)
   const bool lo = ki < -125, hi = ki > 127;
   p = lo ? p * bits_to_float(uint32_t(-125 + 127) << 23) : (hi ? p * 2.0f : p);
