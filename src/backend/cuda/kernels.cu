@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 #include <utility>
+#include <tuple>
 #include <string>
 #include <cstdlib>
 #include <cstdio>
@@ -5479,14 +5480,24 @@ void gather_keys(const AttentionArgs& a, cudaStream_t s) {
 namespace {
 unsigned long long* g_att_trace = nullptr;  // att_trace_init: 2 kernels × kAttTraceRing blocks × (2 + stamps)
 unsigned* g_att_tickets = nullptr;
+int g_att_device = -1;  // the device holding the ring: only its ranks' kernels stamp (one GPU's trace)
 const size_t kAttTraceWords = size_t(2) * kAttTraceRing * (kAttTraceStamps + 2);
 }  // namespace
 void att_trace_init() {
   if (!std::getenv("DSUF_ATT_TRACE") || g_att_trace) return;
+  DSUF_CUDA(cudaGetDevice(&g_att_device));
   DSUF_CUDA(cudaMalloc(&g_att_trace, kAttTraceWords * sizeof(unsigned long long)));
   DSUF_CUDA(cudaMemset(g_att_trace, 0, kAttTraceWords * sizeof(unsigned long long)));
   DSUF_CUDA(cudaMalloc(&g_att_tickets, 2 * sizeof(unsigned)));
   DSUF_CUDA(cudaMemset(g_att_tickets, 0, 2 * sizeof(unsigned)));
+}
+// The ring's pointers for a launch on the current device: null on any other (a tensor-parallel
+// rank's kernels must not write another GPU's memory).
+static std::pair<unsigned long long*, unsigned*> att_trace_here() {
+  if (!g_att_trace) return {nullptr, nullptr};
+  int d = -1;
+  DSUF_CUDA(cudaGetDevice(&d));
+  return d == g_att_device ? std::pair{g_att_trace, g_att_tickets} : std::pair<unsigned long long*, unsigned*>{};
 }
 void att_trace_dump() {
   const char* file = std::getenv("DSUF_ATT_TRACE");
@@ -5545,7 +5556,7 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   static const bool logits_late = !env_picks("DSUF_LOGITS_TRIGGER", "late", "entry");
   AttentionArgs la = a;
   la.logits_late = logits_late;
-  la.trace = g_att_trace, la.trace_tickets = g_att_tickets;
+  std::tie(la.trace, la.trace_tickets) = att_trace_here();
   // DSUF_ATT_STAGE=4|16: 16-byte staging copies measured +0.02 ms a step (v27): 4 stays the default.
   static const bool stage16 = env_picks("DSUF_ATT_STAGE", "4", "16");
   la.stage16 = stage16;
@@ -5578,7 +5589,7 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   pa.w_early = weights_early();
   pa.stage16 = stage16;
   pa.pv_keys_early = pv_keys_early;
-  pa.trace = g_att_trace, pa.trace_tickets = g_att_tickets;
+  pa.trace = la.trace, pa.trace_tickets = la.trace_tickets;
   // DSUF_PV_EXP=nb|branch: the softmax's exponentials by det::fexp_nb (the same values for every
   // float, without branches, so that a round's four interleave; the default since session 38: −0.048
   // ms a step at batch 1, 8K, three rounds) or by det::fexp.

@@ -285,6 +285,7 @@ struct AttentionArgs {
 // DSUF_ATT_TRACE=FILE: att_trace_init (outside any capture) allocates the attention kernels' phase
 // ring; att_trace_dump writes it to FILE, a line a block: kernel (0 logits, 1 P·V), ticket, grid
 // size, then the kernel's stamps in ns (0 where a phase did not run). Both do nothing without it.
+// Only the device att_trace_init first ran on is traced (under tensor parallelism: the first rank).
 void att_trace_init();
 void att_trace_dump();
 // Gathers the keys, then the logits, then softmax and P·V: k_attention_pv, or k_attention_pv_tiles with
