@@ -1,5 +1,6 @@
 #include "core/parse.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 
@@ -35,6 +36,26 @@ int env_choice(const char* name, std::initializer_list<const char*> values) {
     list += (i++ ? ", " : "") + std::string(c);
   }
   fail(name, "=", m, ": expected ", list);
+}
+
+uint32_t env_flags(const char* name, std::initializer_list<const char*> values) {
+  const char* v = std::getenv(name);
+  const std::string all = v ? v : "";
+  uint32_t mask = 0;
+  if (all.empty()) return mask;
+  for (size_t i = 0, j = 0; j < all.size(); i = j + 1) {  // every entry, the empty ones too
+    j = std::min(all.find(',', i), all.size());
+    const std::string tok = all.substr(i, j - i);
+    std::string list;
+    int k = 0;
+    bool found = false;
+    for (const char* c : values) {
+      if (tok == c) mask |= 1u << k, found = true;
+      list += (k++ ? ", " : "") + std::string(c);
+    }
+    if (!found) fail(name, "=", all, ": '", tok, "' is not one of ", list);
+  }
+  return mask;
 }
 
 bool env_picks(const char* name, const std::string& dflt, const std::string& alt) {

@@ -18,5 +18,9 @@ std::vector<int64_t> parse_int_list(const std::string& s, const std::string& wha
 int env_choice(const char* name, std::initializer_list<const char*> values);
 // Whether `name` picks `alt` over the default `dflt`, its only other value (env_choice of the two).
 bool env_picks(const char* name, const std::string& dflt, const std::string& alt);
+// A comma-separated subset of `values` in `name` (unset or empty: none) as a mask, bit i for
+// values[i]; an entry not in `values` throws dsuf::Error naming the variable, the entry and the
+// choices.
+uint32_t env_flags(const char* name, std::initializer_list<const char*> values);
 
 }  // namespace dsuf

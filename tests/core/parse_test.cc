@@ -64,5 +64,31 @@ TEST(EnvChoice, DefaultValuesAndErrors) {
   }
 }
 
+TEST(EnvFlags, SubsetsAndErrors) {
+  {
+    EnvVar e("DSUF_TEST_FLAGS", nullptr);
+    EXPECT_EQ(env_flags("DSUF_TEST_FLAGS", {"mix", "pv", "route"}), 0u);
+  }
+  {
+    EnvVar e("DSUF_TEST_FLAGS", "route");
+    EXPECT_EQ(env_flags("DSUF_TEST_FLAGS", {"mix", "pv", "route"}), 4u);
+  }
+  {
+    EnvVar e("DSUF_TEST_FLAGS", "route,mix");
+    EXPECT_EQ(env_flags("DSUF_TEST_FLAGS", {"mix", "pv", "route"}), 5u);
+  }
+  for (const char* bad : {"mix,pvx", "mix,", ",mix", "Mix"}) {
+    EnvVar e("DSUF_TEST_FLAGS", bad);
+    try {
+      env_flags("DSUF_TEST_FLAGS", {"mix", "pv", "route"});
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const Error& err) {
+      const std::string m = err.what();
+      EXPECT_NE(m.find("DSUF_TEST_FLAGS="), std::string::npos) << m;
+      EXPECT_NE(m.find("mix, pv, route"), std::string::npos) << m;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dsuf

@@ -1272,16 +1272,19 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
     if (!q_main) indexer_xn_part(l, st, branch());
   }
   // wq_a and wkv in one launch (same input), then q_norm and kv_norm in one (kv normalized in place).
-  cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, xin, n, ws.tmp, qr, r, stream,
-                   {.W = d.wkv.w, .Ws = d.wkv.s, .out = hd, .y = ws.kvw, .y_stride = hd});
+  const uint32_t wi = cuda::whatif();  // DSUF_WHATIF (a timing diagnostic): pieces left out
+  if (!(wi & cuda::kWhatIfWqA))
+    cuda::fp8_linear(d.wq_a.w, d.wq_a.s, qr, D, xin, n, ws.tmp, qr, r, stream,
+                     {.W = d.wkv.w, .Ws = d.wkv.s, .out = hd, .y = ws.kvw, .y_stride = hd});
   if (mix_mode == kMixLate) run_deferred_mix();  // DSUF_MIX_FORK=late: the site's mix beside what follows
   const cuda::InputSink qsink{ws.xq[1], ws.xs[1], aq};  // the normalized q latent, laid out for wq_b
   // kv_norm also applies the window KV's rope and FP8 fake quantization (the same arithmetic as rope()
   // then fp8_fake_quant(), one launch fewer); nothing reads ws.kvw before the attention.
   const cuda::FusedRope kv_rope{.cs = cs, .half = half, .heads = 1, .dim = hd, .sign = 1.0f, .r = r};
-  cuda::rmsnorm2({ws.tmp, qr, d.q_norm, ws.q_lat, qsink},
-                 {.x = ws.kvw, .dim = hd, .w = d.kv_norm, .y = ws.kvw, .fake_quant = true, .fq_rope = kv_rope}, n, eps,
-                 r, stream);
+  if (!(wi & cuda::kWhatIfQnorm))
+    cuda::rmsnorm2({ws.tmp, qr, d.q_norm, ws.q_lat, qsink},
+                   {.x = ws.kvw, .dim = hd, .w = d.kv_norm, .y = ws.kvw, .fake_quant = true, .fq_rope = kv_rope}, n,
+                   eps, r, stream);
   const cuda::LinearInput qin = cuda::sink_input(qsink, qr);
   if (q_main) {
     indexer_xn_part(l, st, stream);
@@ -1296,7 +1299,9 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   // DSUF_WQB_WAIT=scores: in an indexer layer the side stream's compressor and indexer are enqueued
   // first and wq_b waits for the scores kernel (below); otherwise wq_b goes now, beside them.
   const bool wqb_gate = wqb_after_scores && lp.runs_indexer && branch() != stream;
-  auto wq_b = [&] { cuda::fp8_linear(d.wq_b.w, d.wq_b.s, Hr * hd, qr, qin, n, ws.q, Hr * hd, r, stream); };
+  auto wq_b = [&] {
+    if (!(wi & cuda::kWhatIfWqB)) cuda::fp8_linear(d.wq_b.w, d.wq_b.s, Hr * hd, qr, qin, n, ws.q, Hr * hd, r, stream);
+  };
   if (!wqb_gate) wq_b();
 
   const int slot = layout.source_slot[l];
@@ -1329,7 +1334,7 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   keys_sel = sel_id, keys_layer = l;
   // The keys decoded on the side stream after the selection, beside wq_b, instead of first on the
   // attention's path (DSUF_GATHER=late: the other way; −0.05 to −0.1 ms a step, docs/perf.md v19).
-  if (gather_early) cuda::gather_keys(aa, branch());
+  if (gather_early && !(wi & cuda::kWhatIfGather)) cuda::gather_keys(aa, branch());
   run_deferred_mix();  // DSUF_MIX_FORK=attn (auto at one row): the site's mix after wq_b, beside the attention pair
   if (e_ahead_step && engram_mode == kEngramPrev) engram_ahead_at(l, st);  // beside this attention pair
   join();
@@ -1338,14 +1343,14 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
   cuda::LinearInput zin;
   if (cuda::fp8_sink_mode() != 0 && Gr == G) {  // wo_b's input laid out by wo_a (one rank: nothing to gather)
     const cuda::InputSink zs{.xq = ws.xq[1], .xs = ws.xs[1], .quantize = aq};
-    cuda::fp8_linear_groups(d.wo_a.w, d.wo_a.s, Gr, ol, gin, oin, n, ws.zg, G * ol, r, stream, zs);
+    if (!(wi & cuda::kWhatIfWoA)) cuda::fp8_linear_groups(d.wo_a.w, d.wo_a.s, Gr, ol, gin, oin, n, ws.zg, G * ol, r, stream, zs);
     zin = cuda::sink_input(zs, G * ol);
   } else {
     cuda::fp8_linear_groups(d.wo_a.w, d.wo_a.s, Gr, ol, gin, oin, n, ws.zg + g0 * ol, G * ol, r, stream);
     cuda::gather_cols(comm, zg_split, ws.zg, n, G * ol, tp_send, tp_recv, stream);
     zin = cuda::linear_input(ws.zg, G * ol, n, G * ol, aq, ws.xq[1], ws.xs[1], stream);
   }
-  cuda::fp8_linear(d.wo_b.w, d.wo_b.s, Dr, G * ol, zin, n, out + d0, D, r, stream);
+  if (!(wi & cuda::kWhatIfWoB)) cuda::fp8_linear(d.wo_b.w, d.wo_b.s, Dr, G * ol, zin, n, out + d0, D, r, stream);
   cuda::gather_cols(comm, hidden_split, out, n, D, tp_send, tp_recv, stream);
   // The window ring's copy of this step's KV (ws.kvw) is enqueued with the FFN site's mix, off the
   // critical path (enqueue_step).
@@ -1372,9 +1377,11 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
   // priority made the shared expert the tail (+0.25, docs/perf.md v39). (Measured on one GPU; under
   // tensor parallelism the launches' shapes differ and auto was not timed there.)
   const bool shared_early = shared_fork == 1 || (shared_fork == 0 && n > 1);
+  const uint32_t wi = cuda::whatif();  // DSUF_WHATIF (a timing diagnostic): pieces left out
   auto shared_expert = [&] {
     if (!part.owns_shared(l)) return;
     fork();
+    if (wi & cuda::kWhatIfShared) return;  // DSUF_WHATIF (joined as usual)
     cudaStream_t s2 = branch();
     cuda::fp8_linear(d.sw1.w, d.sw1.s, F, D, xin, n, ws.h1s, F, r, s2,
                      {.W = d.sw3.w, .Ws = d.sw3.s, .out = F, .y = ws.h3s, .y_stride = F});
@@ -1384,7 +1391,7 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
     cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, hsin, n, ws.ys, D, r, s2);
   };
   if (shared_early) shared_expert();
-  cuda::bf16_linear(d.gate, E, D, ws.xn, D, n, ws.router, E, false, stream);
+  if (!(wi & cuda::kWhatIfRouter)) cuda::bf16_linear(d.gate, E, D, ws.xn, D, n, ws.router, E, false, stream);
   cuda::route(ws.router, n, E, K, d.bias, d.bias_vl, image, float(t.gate_temp), float(t.routed_scaling_factor),
               ws.ids, ws.rw, stream);
   if (mix_mode == kMixLate) run_deferred_mix();  // DSUF_MIX_FORK=late
@@ -1428,10 +1435,12 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
     if (part.owns_shared(l)) join();
     cuda::gather_expert_rows(comm, ws.ye, nullptr, rows, D, tp_recv, ws.ys, n, part.shared_owner(l), stream);
   } else {
-    cuda::fp4_swiglu_grouped(d.experts.w1, d.experts.s1, d.experts.w3, d.experts.s3, ws.ids, F, D, xin, K, rows,
-                             ws.h1, ws.h3, r, stream, grouped, experts_tiled, ws.rw, limit, true, hsink);
-    cuda::fp4_linear_grouped(d.experts.w2, d.experts.s2, ws.ids, D, F, hin, 1, rows, ws.ye, r, stream, {},
-                             grouped, experts_tiled);
+    if (!(wi & cuda::kWhatIfW13))
+      cuda::fp4_swiglu_grouped(d.experts.w1, d.experts.s1, d.experts.w3, d.experts.s3, ws.ids, F, D, xin, K, rows,
+                               ws.h1, ws.h3, r, stream, grouped, experts_tiled, ws.rw, limit, true, hsink);
+    if (!(wi & cuda::kWhatIfW2))
+      cuda::fp4_linear_grouped(d.experts.w2, d.experts.s2, ws.ids, D, F, hin, 1, rows, ws.ye, r, stream, {},
+                               grouped, experts_tiled);
     // Tensor parallel: the rows of ye whose expert another rank owns were computed with a stand-in
     // expert and are replaced by the owner's; the shared expert runs whole on its layer's owner.
     if (part.owns_shared(l)) join();
@@ -1453,8 +1462,10 @@ void CudaBackend::Impl::hc_mix_fork(const float* fn, const float* base, const fl
     DSUF_CUDA(cudaStreamWaitEvent(mix_side, mix_ev_fork, 0));
     s = mix_side;
   }
-  cuda::hc_mix(fn, base, scale, ws.X, n, t.hc_mult, t.hidden_size, float(t.rms_norm_eps), t.hc_sinkhorn_iters,
-               float(t.hc_eps), out, ws.mix_part, ws.mix_count, s);
+  const uint32_t wi = cuda::whatif();  // DSUF_WHATIF (a timing diagnostic)
+  if (!(wi & cuda::kWhatIfMix))
+    cuda::hc_mix(fn, base, scale, ws.X, n, t.hc_mult, t.hidden_size, float(t.rms_norm_eps),
+                 wi & cuda::kWhatIfSinkhorn ? 1 : t.hc_sinkhorn_iters, float(t.hc_eps), out, ws.mix_part, ws.mix_count, s);
   if (also) also(s);
   if (mix_side) {
     DSUF_CUDA(cudaEventRecord(ev_mix, mix_side));
@@ -1566,7 +1577,8 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
     hc_mix_join();
     // This one also writes the byte planes the routed experts' FP4 linears read (xp[0]).
     const cuda::InputSink fsink{ws.xq[0], ws.xs[0], opt.numerics.act_quant, ws.xp[0]};
-    cuda::collapse_norm(ws.mix_a, ms, ws.mix_a, ms, ws.y, ws.X, n, hc, D, d.ffn_norm, eps, ws.xn, r, stream, fsink);
+    if (!(cuda::whatif() & cuda::kWhatIfFfnCollapse))  // DSUF_WHATIF (a timing diagnostic)
+      cuda::collapse_norm(ws.mix_a, ms, ws.mix_a, ms, ws.y, ws.X, n, hc, D, d.ffn_norm, eps, ws.xn, r, stream, fsink);
     // With the mix: this step's KV rows into the window ring (read by the next steps' attention; the
     // next writer of ws.kvw, the next layer's wkv, comes after the join).
     fork_mix([&] {

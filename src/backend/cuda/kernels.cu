@@ -5499,6 +5499,17 @@ static std::pair<unsigned long long*, unsigned*> att_trace_here() {
   DSUF_CUDA(cudaGetDevice(&d));
   return d == g_att_device ? std::pair{g_att_trace, g_att_tickets} : std::pair<unsigned long long*, unsigned*>{};
 }
+uint32_t whatif() {
+  static const uint32_t mask = [] {
+    const uint32_t m = env_flags("DSUF_WHATIF", {"mix", "sinkhorn", "logits", "pv", "gather", "qnorm", "wq_a", "wq_b",
+                                                 "wo_a", "wo_b", "router", "w13", "w2", "shared", "ffn_collapse"});
+    if (m)
+      std::fprintf(stderr, "DSUF_WHATIF=%s: pieces of every layer left out; the results are wrong (a timing diagnostic)\n",
+                   std::getenv("DSUF_WHATIF"));
+    return m;
+  }();
+  return mask;
+}
 void att_trace_dump() {
   const char* file = std::getenv("DSUF_ATT_TRACE");
   if (!file || !g_att_trace) return;
@@ -5534,7 +5545,7 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
     return LinearInput{a.o_sink.xq, groups * kp, kp, a.o_sink.quantize ? a.o_sink.xs : nullptr,
                        groups * (a.o_group / 32)};
   };
-  if (!gathered) gather_keys(a, s);
+  if (!gathered && !(whatif() & kWhatIfGather)) gather_keys(a, s);
   const size_t qk_smem = sizeof(float) * kAttHeadsQK * a.hd;
   // DSUF_LOGITS_BLOCKS=4|5|0: 4 the default since v40 (−0.035 ms at batch 1 against 5 under v39's
   // schedule, three rounds); 5 from v26 (one wave, −0.10 ms then against v25's three waves, 0).
@@ -5566,8 +5577,9 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   // +0.50: the P·V kernel 17.3 → 32.5 µs under Nsight; removed.
   static const bool bulk = !env_picks("DSUF_ATT_BULK", "q", "off");
   la.bulk = bulk;
-  launch_step(logits_k, dim3(a.rows, blocks_for(a.H, kAttHeadsQK), attention_key_split(a.rows)), dim3(256), qk_smem,
-              s, la);
+  if (!(whatif() & kWhatIfLogits))
+    launch_step(logits_k, dim3(a.rows, blocks_for(a.H, kAttHeadsQK), attention_key_split(a.rows)), dim3(256),
+                qk_smem, s, la);
   const dim3 pv_grid(a.rows, blocks_for(a.H, kPvHeads), blocks_for(a.hd, kPvDims));
   const int pv = pv_kernel(a.rows);
   if (pv == kPvTiles) {
@@ -5603,7 +5615,7 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   auto* k = hpw == 2 ? (deep_unroll ? k_attention_pv<2, 8> : k_attention_pv<2, 2>)
                      : deep_unroll ? k_attention_pv<1, 8> : k_attention_pv<1, 2>;
   set_smem(k, pv_smem);
-  launch_step(k, dim3(pv_grid), dim3(32 * kPvHeads / hpw), pv_smem, s, pa, tile);
+  if (!(whatif() & kWhatIfPv)) launch_step(k, dim3(pv_grid), dim3(32 * kPvHeads / hpw), pv_smem, s, pa, tile);
   return layout();
 }
 void compress_emit(const CompressArgs& a, cudaStream_t s) {

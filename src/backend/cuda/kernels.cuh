@@ -288,6 +288,29 @@ struct AttentionArgs {
 // Only the device att_trace_init first ran on is traced (under tensor parallelism: the first rank).
 void att_trace_init();
 void att_trace_dump();
+// DSUF_WHATIF=piece,… (a timing diagnostic; the step's results are WRONG with any set): those pieces
+// of each layer are left out of the step — their launches not enqueued, so whatever reads their
+// outputs reads what an earlier step left there — so that the step's time without a piece, in place,
+// bounds what making that piece free could gain (docs/perf.md, session 39). whatif() reads the
+// variable once and says on stderr that results are wrong; an unknown piece throws.
+enum WhatIf : uint32_t {
+  kWhatIfMix = 1u << 0,        // both mHC mixes (hc_mix)
+  kWhatIfSinkhorn = 1u << 1,   // the mixes' Sinkhorn at 1 iteration instead of hc_sinkhorn_iters
+  kWhatIfLogits = 1u << 2,     // the attention logits kernel
+  kWhatIfPv = 1u << 3,         // the softmax + P·V kernel
+  kWhatIfGather = 1u << 4,     // gather_keys
+  kWhatIfQnorm = 1u << 5,      // q_norm + kv_norm (rmsnorm2)
+  kWhatIfWqA = 1u << 6,        // wq_a + wkv
+  kWhatIfWqB = 1u << 7,        // wq_b
+  kWhatIfWoA = 1u << 8,        // wo_a
+  kWhatIfWoB = 1u << 9,        // wo_b
+  kWhatIfRouter = 1u << 10,    // the router's linear (the route reads an earlier step's scores)
+  kWhatIfW13 = 1u << 11,       // the routed experts' w1/w3 (with their SwiGLU)
+  kWhatIfW2 = 1u << 12,        // the routed experts' w2
+  kWhatIfShared = 1u << 13,    // the shared expert (w1/w3, SwiGLU, w2)
+  kWhatIfFfnCollapse = 1u << 14,  // the FFN site's expansion + collapse + norm
+};
+uint32_t whatif();
 // Gathers the keys, then the logits, then softmax and P·V: k_attention_pv, or k_attention_pv_tiles with
 // DSUF_PV=tiles (read once; both equal the reference). With o_sink set, returns the layout it wrote
 // (the P·V kernel writes it itself when hd % 32 == 0 and H % 8 == 0; otherwise a linear_input
