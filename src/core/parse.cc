@@ -26,16 +26,29 @@ std::vector<int64_t> parse_int_list(const std::string& s, const std::string& wha
   return out;
 }
 
+namespace {
+// The position of `s` in `values`, or −1; and the values as "a, b, c" for an error.
+int index_of(const std::string& s, std::initializer_list<const char*> values) {
+  int i = 0;
+  for (const char* c : values) {
+    if (s == c) return i;
+    ++i;
+  }
+  return -1;
+}
+std::string joined(std::initializer_list<const char*> values) {
+  std::string list;
+  for (const char* c : values) list += (list.empty() ? "" : ", ") + std::string(c);
+  return list;
+}
+}  // namespace
+
 int env_choice(const char* name, std::initializer_list<const char*> values) {
   const char* v = std::getenv(name);
   const std::string m = v ? v : *values.begin();
-  std::string list;
-  int i = 0;
-  for (const char* c : values) {
-    if (m == c) return i;
-    list += (i++ ? ", " : "") + std::string(c);
-  }
-  fail(name, "=", m, ": expected ", list);
+  const int i = index_of(m, values);
+  if (i < 0) fail(name, "=", m, ": expected ", joined(values));
+  return i;
 }
 
 uint32_t env_flags(const char* name, std::initializer_list<const char*> values) {
@@ -46,14 +59,9 @@ uint32_t env_flags(const char* name, std::initializer_list<const char*> values) 
   for (size_t i = 0, j = 0; j < all.size(); i = j + 1) {  // every entry, the empty ones too
     j = std::min(all.find(',', i), all.size());
     const std::string tok = all.substr(i, j - i);
-    std::string list;
-    int k = 0;
-    bool found = false;
-    for (const char* c : values) {
-      if (tok == c) mask |= 1u << k, found = true;
-      list += (k++ ? ", " : "") + std::string(c);
-    }
-    if (!found) fail(name, "=", all, ": '", tok, "' is not one of ", list);
+    const int k = index_of(tok, values);
+    if (k < 0) fail(name, "=", all, ": '", tok, "' is not one of ", joined(values));
+    mask |= 1u << k;
   }
   return mask;
 }
