@@ -5,8 +5,8 @@
 // forms) or not (K = 320, 1,000: the unstaged path; the staging layout would place a shorter last
 // round past the row — session 22). GPU machine only (label "gpu", in cuda_backend_tests).
 // And the routed experts' several-rows-a-block form (k_fp4_imma<…, kRows>, session 23) against the
-// row-at-a-time kernel on the same tiled weights and inputs, bit for bit. And the one-row FP8 linear
-// (k_fp8_gemv_tiles, k_fp8_gemv) against the reference's sum.
+// row-at-a-time kernel on the same tiled weights and inputs, bit for bit. And the FP8 linear of one
+// row and of several (k_fp8_gemv_tiles, k_fp8_gemv) against the reference's sum.
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -267,6 +267,83 @@ TEST(CudaFp8Linear, GroupsPairsAndSinkEqualTheReferenceSum) {
                                                                               v, sa, r), what + " first"), 0);
         EXPECT_EQ(count_differ(to_host(dy2.p, size_t(sh.out2)), reference_fp8(W2.data(), Ws2.data(), sh.out2, sh.K,
                                                                               v, sa, r), what + " second"), 0);
+      }
+  cudaStreamDestroy(s);
+}
+
+// The FP8 linear of several rows (batches 2–63: k_fp8_gemv_tiles<…, R> under DSUF_FP8_TILES_ROWS's
+// default, k_fp8_gemv's R-row forms with it off; the device runs check both) against the reference's
+// sum of each row, bit for bit: plain (wq_b, the shared expert's w2, wo_b's K = 8,192, whose 4 staged
+// rows leave room for a 2-slot ring only; K = 1,120, which no tile form takes), grouped (wo_a's 8 ×
+// 1,024 over K = 4,096; one with a remainder) and pairs (the shared w1/w3; wq_a+wkv; odd sizes), at
+// 2 to 13 rows (full and partial row groups of 4), quantized inputs and not, BF16 rounding and not.
+TEST(CudaFp8Linear, SeveralRowsEqualTheReferenceSum) {
+  std::mt19937 rng(20261204);
+  cudaStream_t s = nullptr;
+  DSUF_CUDA(cudaStreamCreate(&s));
+  struct Shape {
+    int groups;
+    int64_t out, out2, K;  // out2 > 0: a pair (groups 1)
+    std::vector<int> rows;
+  };
+  const Shape shapes[] = {{1, 4102, 0, 1280, {2, 3, 4, 5, 13}}, {1, 5120, 0, 2304, {4}},     {1, 5120, 0, 8192, {4, 6}},
+                          {1, 600, 0, 1120, {4}},                {8, 1024, 0, 4096, {3, 4}}, {4, 256, 0, 1280, {5}},
+                          {1, 2304, 2304, 5120, {4}},            {1, 1280, 512, 5120, {2, 4}}, {1, 1000, 2600, 1280, {3}}};
+  for (const Shape& sh : shapes)
+    for (const int rows : sh.rows)
+      for (const bool quantize : {true, false}) {
+        const int G = sh.groups;
+        const int64_t nb = sh.K / 32, N = G * sh.out, kp = cuda::interleaved_k(sh.K);
+        std::vector<uint8_t> W, Ws, W2, Ws2;
+        random_fp8(rng, N, sh.K, W, Ws);
+        if (sh.out2) random_fp8(rng, sh.out2, sh.K, W2, Ws2);
+        std::vector<float> x;
+        for (int rr = 0; rr < rows; ++rr) {
+          const std::vector<float> row = random_row(rng, G * sh.K);
+          x.insert(x.end(), row.begin(), row.end());
+        }
+        Buf<uint8_t> dW(W.size()), dWs(Ws.size()), dW2(std::max<size_t>(1, W2.size())), dWs2(std::max<size_t>(1, Ws2.size()));
+        Buf<float> dx{x.size()}, dxq{size_t(rows * G * kp)}, dxs{size_t(rows * G * nb)}, dy{size_t(rows * N)},
+            dy2{size_t(std::max<int64_t>(1, rows * sh.out2))};
+        DSUF_CUDA(cudaMemcpy(dW.p, W.data(), W.size(), cudaMemcpyHostToDevice));
+        DSUF_CUDA(cudaMemcpy(dWs.p, Ws.data(), Ws.size(), cudaMemcpyHostToDevice));
+        if (sh.out2) {
+          DSUF_CUDA(cudaMemcpy(dW2.p, W2.data(), W2.size(), cudaMemcpyHostToDevice));
+          DSUF_CUDA(cudaMemcpy(dWs2.p, Ws2.data(), Ws2.size(), cudaMemcpyHostToDevice));
+        }
+        DSUF_CUDA(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+        const cuda::LinearInput in = cuda::linear_input(dx.p, G * sh.K, rows, sh.K, quantize, dxq.p, dxs.p, s, G);
+        for (const bool r : {true, false}) {
+          DSUF_CUDA(cudaMemsetAsync(dy.p, 0xff, dy.n * 4, s));  // NaN where nothing is written
+          DSUF_CUDA(cudaMemsetAsync(dy2.p, 0xff, dy2.n * 4, s));
+          if (sh.out2)
+            cuda::fp8_linear(dW.p, dWs.p, sh.out, sh.K, in, rows, dy.p, sh.out, r, s,
+                             {.W = dW2.p, .Ws = dWs2.p, .out = sh.out2, .y = dy2.p, .y_stride = sh.out2});
+          else
+            cuda::fp8_linear_groups(dW.p, dWs.p, G, sh.out, sh.K, in, rows, dy.p, N, r, s, {});
+          DSUF_CUDA(cudaStreamSynchronize(s));
+          const std::vector<float> got = to_host(dy.p, dy.n), got2 = to_host(dy2.p, dy2.n);
+          std::vector<float> want, want2;
+          for (int rr = 0; rr < rows; ++rr)
+            for (int g = 0; g < G; ++g) {
+              std::vector<float> v, sa;
+              reference_input(x.data() + (int64_t(rr) * G + g) * sh.K, sh.K, quantize, v, sa);
+              const auto wg = reference_fp8(W.data() + g * sh.out * sh.K, Ws.data() + g * (sh.out / 32) * nb, sh.out,
+                                            sh.K, v, sa, r);
+              want.insert(want.end(), wg.begin(), wg.end());
+              if (!sh.out2) continue;
+              const auto w2 = reference_fp8(W2.data(), Ws2.data(), sh.out2, sh.K, v, sa, r);
+              want2.insert(want2.end(), w2.begin(), w2.end());
+            }
+          const std::string what = "fp8_linear " + std::to_string(G) + " × " + std::to_string(sh.out) +
+                                   (sh.out2 ? " + " + std::to_string(sh.out2) : std::string()) + " K " +
+                                   std::to_string(sh.K) + " rows " + std::to_string(rows) + " quantized " +
+                                   std::to_string(quantize) + " bf16 " + std::to_string(r);
+          EXPECT_EQ(count_differ(got, want, what), 0);
+          if (sh.out2) {
+            EXPECT_EQ(count_differ(got2, want2, what + " second"), 0);
+          }
+        }
       }
   cudaStreamDestroy(s);
 }

@@ -1366,17 +1366,61 @@ __global__ void __launch_bounds__(32 * kPreWarps) k_fp8_gemv_preload(const uint8
 __host__ __device__ constexpr int64_t fp8_tiles_codes(int OPW, int64_t K) { return OPW * (1024 + (K / 32) % 32 * 32); }
 __host__ __device__ constexpr int64_t fp8_tiles_slot(int OPW, int64_t K) { return fp8_tiles_codes(OPW, K) + 64; }
 __host__ __device__ constexpr int64_t fp8_tiles_x_bytes(int64_t K) { return interleaved_k(K) * 4; }
-size_t fp8_tiles_smem(int OPW, int warps, int stages, int64_t K) {
-  return size_t(fp8_tiles_x_bytes(K) + int64_t(warps) * stages * fp8_tiles_slot(OPW, K));
+size_t fp8_tiles_smem(int OPW, int warps, int stages, int64_t K, int R = 1) {
+  return size_t(R * fp8_tiles_x_bytes(K) + int64_t(warps) * stages * fp8_tiles_slot(OPW, K));
 }
-// At least 3 blocks of 8 warps an SM (what the shared memory of K = 8,192 allows) or 7 of 4 (K ≤ 2,048).
-template <int OPW, bool kExact, int kWarps, int kStages>
-__global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 3 : 7)
+// One lane's K-block kb of OPW weight rows (w, decoded here once) against R input rows staged in
+// shared memory (xr[rr], interleaved): part[o][rr] = Σ x·w in element order, every (o, rr) its own
+// chain (fp8_kb_parts' products and order for each row).
+template <int OPW, int R, bool kExact>
+__device__ __forceinline__ void fp8_kb_parts_rows(const uint4 (&w)[OPW][2], const float4* const (&xr)[R], int kb,
+                                                  float (&part)[OPW][R]) {
+#pragma unroll
+  for (int o = 0; o < OPW; ++o)
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) part[o][rr] = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    float4 xv[R];
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) xv[rr] = xr[rr][xpos4(kb, j)];
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) {
+      float w0, w1, w2, w3;
+      e4m3x4(word_of(w[o], j), w0, w1, w2, w3);
+#pragma unroll
+      for (int rr = 0; rr < R; ++rr) {
+        part[o][rr] = mac_v<kExact>(part[o][rr], xv[rr].x, w0);
+        part[o][rr] = mac_v<kExact>(part[o][rr], xv[rr].y, w1);
+        part[o][rr] = mac_v<kExact>(part[o][rr], xv[rr].z, w2);
+        part[o][rr] = mac_v<kExact>(part[o][rr], xv[rr].w, w3);
+      }
+    }
+  }
+}
+
+// R = 1: at least 3 blocks of 8 warps an SM (what the shared memory of K = 8,192 allows) or 7 of 4
+// (K ≤ 2,048). R > 1 (session 40, DSUF_FP8_TILES_ROWS): R input rows staged a block (grid.y: row
+// groups of R), each chunk's weights decoded once for all of them and OPW·R chains a lane; grid.z:
+// the groups of a grouped linear or a pair's two linears (fp8_slice), each slice its own tiles.
+// kMinB (R > 1, DSUF_FP8_TILES_ROWS_REGS): at least kMinB blocks an SM by registers (4 of 4 warps or
+// 2 of 8: 128 registers; 5 of 4: 102), so that more warps, and their chunks in flight, fit an SM.
+template <int OPW, bool kExact, int kWarps, int kStages, int R = 1, int kMinB = 1>
+__global__ void __launch_bounds__(32 * kWarps, R > 1 ? kMinB : kWarps == 8 ? 3 : 7)
     k_fp8_gemv_tiles(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws, int64_t out, int64_t K,
-                     const float* __restrict__ x, const float* __restrict__ xs, float* __restrict__ y, bool r,
+                     const float* __restrict__ x, int64_t x_stride, int64_t x_group, const float* __restrict__ xs,
+                     int64_t xs_stride, int rows, float* __restrict__ y, int64_t y_stride, bool r, Fp8Pair pair,
                      bool early) {
   static_assert(kStages >= 2, "a ring of at least two chunks");
   const int nb = int(K / 32), lane = threadIdx.x % 32;
+  // (R = 1 takes no slices and one row: its code as before R existed, which the step measured
+  // 0.05 ms faster at batch 1 than this block's general form.)
+  int row0 = 0, nr = 1;
+  if constexpr (R > 1) {
+    fp8_slice(W, Ws, out, K, x, x_group, xs, y, y_stride, pair);
+    row0 = int(blockIdx.y) * R, nr = min(R, rows - row0);
+    x += int64_t(row0) * x_stride, xs += int64_t(row0) * xs_stride;
+  }
   const int full = nb / 32, rem = nb % 32;  // a tile's chunks: its full rounds
   const int64_t slot_bytes = fp8_tiles_slot(OPW, K), codes = fp8_tiles_codes(OPW, K);
   const int64_t tiles = (out + OPW - 1) / OPW, nw = int64_t(gridDim.x) * kWarps;
@@ -1385,8 +1429,13 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 3 : 7)
   const bool active = t0 < tiles;  // (only the last block's last warps are not: they stage and leave)
   const RemainderTasks rt(nb, OPW, lane);  // the remainder spread (fp8_tiles_fit)
   extern __shared__ __align__(16) uint8_t fp8_smem[];
-  float4* const xsm = reinterpret_cast<float4*>(fp8_smem);  // the input row, interleaved (xpos4)
-  uint8_t* const ring = fp8_smem + fp8_tiles_x_bytes(K) + int64_t(threadIdx.x / 32) * kStages * slot_bytes;
+  // The input rows, interleaved (xpos4), fp8_tiles_x_bytes(K) apart; rows past nr are row 0 (their
+  // sums are dropped).
+  const float4* xsm[R];
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr)
+    xsm[rr] = reinterpret_cast<const float4*>(fp8_smem + (rr < nr ? rr : 0) * fp8_tiles_x_bytes(K));
+  uint8_t* const ring = fp8_smem + R * fp8_tiles_x_bytes(K) + int64_t(threadIdx.x / 32) * kStages * slot_bytes;
   // The next chunk to issue: part ip of tile it, from the tile's rows at this lane's 16-byte offset
   // (src) and its scale codes (csrc), advanced a chunk at a time; the row clamp and 64-bit row
   // arithmetic once a tile (session 28: they were redone for every chunk, ~30 of the ~270
@@ -1434,14 +1483,26 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 3 : 7)
   pdl_wait();
   if (active && !early)
     for (int q = 0; q < kStages - 1; ++q) issue_next(q);
-  for (int i = threadIdx.x; i < interleaved_k(K) / 4; i += 32 * kWarps)
-    xsm[i] = __ldg(reinterpret_cast<const float4*>(x) + i);
+  if constexpr (R == 1) {
+    for (int i = threadIdx.x; i < interleaved_k(K) / 4; i += 32 * kWarps)
+      reinterpret_cast<float4*>(fp8_smem)[i] = __ldg(reinterpret_cast<const float4*>(x) + i);
+  } else {
+    for (int rr = 0; rr < nr; ++rr) {
+      float4* const xd = reinterpret_cast<float4*>(fp8_smem + rr * fp8_tiles_x_bytes(K));
+      const float4* const xg = reinterpret_cast<const float4*>(x + rr * x_stride);
+      for (int i = threadIdx.x; i < interleaved_k(K) / 4; i += 32 * kWarps) xd[i] = __ldg(xg + i);
+    }
+  }
   __syncthreads();
   if (!active) return;
-  const float sat = kExact && rt.mine ? __ldg(xs + rt.kb) : 1.0f;
-  float acc[OPW];
+  float sat[R];  // the spread task's input scales
 #pragma unroll
-  for (int o = 0; o < OPW; ++o) acc[o] = 0.0f;
+  for (int rr = 0; rr < R; ++rr) sat[rr] = kExact && rt.mine ? __ldg(xs + (rr < nr ? rr : 0) * xs_stride + rt.kb) : 1.0f;
+  float acc[OPW][R];
+#pragma unroll
+  for (int o = 0; o < OPW; ++o)
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) acc[o][rr] = 0.0f;
   int64_t t = t0;
   int part = 0;
   for (int s = 0;; s = s + 1 == kStages ? 0 : s + 1) {
@@ -1467,39 +1528,64 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 3 : 7)
     issue_next(s == 0 ? kStages - 1 : s - 1);  // the slot read last
     {
       const int kb = 32 * part + lane;
-      float4 xv[8];
+      const float sw = e8m0(uint8_t(sc));
+      if constexpr (R == 1) {
+        float4 xv[8];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) xv[j] = xsm[xpos4(kb, j)];
-      float p[OPW];
-      fp8_kb_parts<OPW, kExact>(w, xv, p);
-      const float sa = kExact ? __ldg(xs + kb) : 1.0f, sw = e8m0(uint8_t(sc));
+        for (int j = 0; j < 8; ++j) xv[j] = xsm[0][xpos4(kb, j)];
+        float p[OPW];
+        fp8_kb_parts<OPW, kExact>(w, xv, p);
+        const float sa = kExact ? __ldg(xs + kb) : 1.0f;
 #pragma unroll
-      for (int o = 0; o < OPW; ++o) acc[o] = acc[o] + fp8_kb_term<kExact>(p[o], sa, sw);
+        for (int o = 0; o < OPW; ++o) acc[o][0] = acc[o][0] + fp8_kb_term<kExact>(p[o], sa, sw);
+      } else {
+        float p[OPW][R];
+        fp8_kb_parts_rows<OPW, R, kExact>(w, xsm, kb, p);
+#pragma unroll
+        for (int rr = 0; rr < R; ++rr) {
+          const float sa = kExact ? __ldg(xs + (rr < nr ? rr : 0) * xs_stride + kb) : 1.0f;
+#pragma unroll
+          for (int o = 0; o < OPW; ++o) acc[o][rr] = acc[o][rr] + fp8_kb_term<kExact>(p[o][rr], sa, sw);
+        }
+      }
     }
     if (last) {
-      float ct = 0.0f;
+      float ct[R];
+#pragma unroll
+      for (int rr = 0; rr < R; ++rr) ct[rr] = 0.0f;
       if (rt.mine) {
-        float4 xt[8];
+        if constexpr (R == 1) {
+          float4 xt[8];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) xt[j] = xsm[xpos4(rt.kb, j)];
-        float tp[1];
-        fp8_kb_parts<1, kExact>(tw, xt, tp);
-        ct = fp8_kb_term<kExact>(tp[0], sat, e8m0(uint8_t(tsc)));
+          for (int j = 0; j < 8; ++j) xt[j] = xsm[0][xpos4(rt.kb, j)];
+          float tp[1];
+          fp8_kb_parts<1, kExact>(tw, xt, tp);
+          ct[0] = fp8_kb_term<kExact>(tp[0], sat[0], e8m0(uint8_t(tsc)));
+        } else {
+          float tp[1][R];
+          fp8_kb_parts_rows<1, R, kExact>(tw, xsm, rt.kb, tp);
+#pragma unroll
+          for (int rr = 0; rr < R; ++rr) ct[rr] = fp8_kb_term<kExact>(tp[0][rr], sat[rr], e8m0(uint8_t(tsc)));
+        }
       }
 #pragma unroll
-      for (int o = 0; o < OPW; ++o) {
-        const float v = __shfl_sync(0xffffffffu, ct, rt.source(o));
-        if (rt.receives()) acc[o] += v;
-      }
+      for (int o = 0; o < OPW; ++o)
+#pragma unroll
+        for (int rr = 0; rr < R; ++rr) {
+          const float v = __shfl_sync(0xffffffffu, ct[rr], rt.source(o));
+          if (rt.receives()) acc[o][rr] += v;
+        }
     }
     if (++part < full) continue;
     const int64_t o0 = t * OPW;
 #pragma unroll
-    for (int o = 0; o < OPW; ++o) {
-      const float v = warp_sum(acc[o]);
-      if (lane == 0 && o0 + o < out) y[o0 + o] = rb(v, r);
-      acc[o] = 0.0f;
-    }
+    for (int o = 0; o < OPW; ++o)
+#pragma unroll
+      for (int rr = 0; rr < R; ++rr) {
+        const float v = warp_sum(acc[o][rr]);
+        if (lane == 0 && rr < nr && o0 + o < out) y[(R > 1 ? int64_t(row0 + rr) * y_stride : 0) + o0 + o] = rb(v, r);
+        acc[o][rr] = 0.0f;
+      }
     part = 0;
     if ((t += nw) >= tiles) break;
   }
@@ -4901,10 +4987,12 @@ bool fp8_tiles_fit(const Fp8Call& c, int opw) {
 // sets instead of the ring 6.669 / 6.651 / 6.657, k_fp8_gemv 6.696 / 6.699 / 6.688; 4 rows +0.06
 // against 2; 4 blocks an SM instead of 7 +0.22 (the more warps an SM, the faster).
 int sm_count();
-template <int OPW, bool kExact, int kWarps, int kStages>
+// R > 1 (launch_fp8_tiles_rows): grid.y the row groups of R, grid.z the groups or the pair's two
+// linears; the SMs' warps shared among those slices (each strides over its own tiles).
+template <int OPW, bool kExact, int kWarps, int kStages, int R = 1, int kMinB = 1>
 void launch_fp8_tiles_k(const Fp8Call& c) {
-  auto k = k_fp8_gemv_tiles<OPW, kExact, kWarps, kStages>;
-  const size_t smem = fp8_tiles_smem(OPW, kWarps, kStages, c.K);
+  auto k = k_fp8_gemv_tiles<OPW, kExact, kWarps, kStages, R, kMinB>;
+  const size_t smem = fp8_tiles_smem(OPW, kWarps, kStages, c.K, R);
   DSUF_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   int fit = 0;
   DSUF_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, k, 32 * kWarps, smem));
@@ -4914,11 +5002,14 @@ void launch_fp8_tiles_k(const Fp8Call& c) {
     DSUF_CHECK(n >= 1 && n <= 32, "DSUF_FP8_TILES_SM=", v ? v : "", ": expected 1..32");
     return n;
   }();
+  const int gy = int(blocks_for(c.rows, R)), gz = c.pair.W ? 2 : c.groups;
   const int64_t per_sm = std::max(1, std::min({fit, want, c.tile_sm > 0 ? c.tile_sm : fit}));
-  const int64_t tiles = (c.out + OPW - 1) / OPW, most = int64_t(sm_count()) * per_sm * kWarps;
+  const int64_t tiles = (std::max(c.out, c.pair.out) + OPW - 1) / OPW;
+  const int64_t most = std::max<int64_t>(kWarps, int64_t(sm_count()) * per_sm * kWarps / (int64_t(gy) * gz));
   const int64_t per_warp = (tiles + most - 1) / most, warps = (tiles + per_warp - 1) / per_warp;
-  launch_pdl(k, dim3(blocks_for(warps, kWarps)), dim3(32 * kWarps), smem, c.s, c.W, c.Ws, c.out, c.K, c.in.x,
-             c.in.scale, c.y, c.r, fp8_early());
+  launch_pdl(k, dim3(blocks_for(warps, kWarps), gy, gz), dim3(32 * kWarps), smem, c.s, c.W, c.Ws, c.out, c.K, c.in.x,
+             c.in.stride, c.in.group_stride, c.in.scale, c.in.scale_stride, int(c.rows), c.y, c.y_stride, c.r, c.pair,
+             fp8_early());
 }
 template <int OPW, bool kExact, int kWarps>
 void launch_fp8_tiles_w(const Fp8Call& c) {
@@ -4933,6 +5024,49 @@ template <int OPW, bool kExact>
 void launch_fp8_tiles(const Fp8Call& c) {
   if (c.K <= 2048) return launch_fp8_tiles_w<OPW, kExact, 4>(c);
   launch_fp8_tiles_w<OPW, kExact, 8>(c);
+}
+// DSUF_FP8_TILES_ROWS=auto|off|2|4 (session 40): FP8 linears of 2 to fp8_gemm_rows() − 1 rows
+// (batches 2–63) as k_fp8_gemv_tiles<…, R> — R input rows a block, so that a chunk's weights come
+// from DRAM once for them and are decoded once — with groups (wo_a) and pairs (wq_a+wkv, the shared
+// expert's w1/w3) as grid.z's slices; off: k_fp8_gemv's R-row forms (v36–v48). auto and 4: R = 4 from
+// 3 rows (2 for 2), 2: R = 2. DSUF_FP8_TILES_ROWS_OPW=2|4: weight rows a tile. DSUF_FP8_TILES_ROWS_REGS=
+// cap|full|tight: R = 4 at most 128 registers (cap), none (full), 102 for blocks of 4 warps (tight).
+// DSUF_FP8_TILES_ROWS_WARPS=8|16: the warps of a block past K = 2,048 (4 up to it). A ring of 2 slots
+// a warp (3 measured slower: the shared memory it takes costs blocks). Where the shared memory (R
+// input rows at K ≤ 8,192 and the rings) does not fit, 4 warps, else k_fp8_gemv.
+size_t fp8_tiles_smem(int OPW, int warps, int stages, int64_t K, int R);
+template <int OPW, bool kExact, int R>
+bool launch_fp8_tiles_rows_r(const Fp8Call& c) {
+  static const int regs = env_choice("DSUF_FP8_TILES_ROWS_REGS", {"cap", "full", "tight"});
+  static const bool wide = env_picks("DSUF_FP8_TILES_ROWS_WARPS", "8", "16");
+  constexpr size_t kMaxSmem = 227 * 1024;
+  auto fits = [&](int w) { return fp8_tiles_smem(OPW, w, 2, c.K, R) <= kMaxSmem; };
+  const bool cap = R > 2 && regs != 1;
+  if (c.K > 2048 && wide && fits(16)) return launch_fp8_tiles_k<OPW, kExact, 16, 2, R, 1>(c), true;
+  if (c.K > 2048 && fits(8)) {
+    if (cap) launch_fp8_tiles_k<OPW, kExact, 8, 2, R, 2>(c);
+    else launch_fp8_tiles_k<OPW, kExact, 8, 2, R, 1>(c);
+    return true;
+  }
+  if (!fits(4)) return false;
+  if (cap && regs == 2) launch_fp8_tiles_k<OPW, kExact, 4, 2, R, 5>(c);
+  else if (cap) launch_fp8_tiles_k<OPW, kExact, 4, 2, R, 4>(c);
+  else launch_fp8_tiles_k<OPW, kExact, 4, 2, R, 1>(c);
+  return true;
+}
+template <bool kExact>
+bool launch_fp8_tiles_rows(const Fp8Call& c) {
+  static const int pick = env_choice("DSUF_FP8_TILES_ROWS", {"auto", "off", "2", "4"});
+  static const int opw = env_picks("DSUF_FP8_TILES_ROWS_OPW", "2", "4") ? 4 : 2;
+  const int64_t nb = c.K / 32, rem = nb % 32;
+  auto aligned = [](const void* p, int a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
+  if (pick == 1 || c.rows < 2 || gemv_mode() != kRegs || nb < 32 || nb % 4 != 0 || c.K > 8192 ||
+      (rem != 0 && opw * rem > 32) || !aligned(c.W, 16) || !aligned(c.Ws, 4) ||
+      (c.pair.W && (!aligned(c.pair.W, 16) || !aligned(c.pair.Ws, 4))) || (c.groups > 1 && c.out % 32 != 0))
+    return false;
+  if (pick == 2 || c.rows < 3)
+    return opw == 4 ? launch_fp8_tiles_rows_r<4, kExact, 2>(c) : launch_fp8_tiles_rows_r<2, kExact, 2>(c);
+  return opw == 4 ? launch_fp8_tiles_rows_r<4, kExact, 4>(c) : launch_fp8_tiles_rows_r<2, kExact, 4>(c);
 }
 template <int OPW, int R, bool kExact>
 void launch_fp8(const Fp8Call& c) {
@@ -5026,6 +5160,7 @@ void launch_fp8_rows(const Fp8Call& c) {
   // DSUF_FP8_ROWS_MAX=auto|4|2: at most 4 rows a block, or 2. auto (the default since v36): 4 when that
   // makes several row groups (rows > 4), else 2 — batch 4 in two row groups of 2, and so interleaved
   // under DSUF_FP8_ROWS_FORM=auto: 16.51 → 16.38 ms gpu against one group of 4 (session 22, call 6).
+  if (launch_fp8_tiles_rows<kExact>(c)) return;
   static const int most = env_choice("DSUF_FP8_ROWS_MAX", {"auto", "4", "2"});
   if (c.rows >= 4 && (most == 1 || (most == 0 && c.rows > 4))) return launch_fp8_opw<4, kExact>(c);
   if (c.rows >= 2) return launch_fp8_opw<2, kExact>(c);
