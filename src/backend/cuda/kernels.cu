@@ -1403,8 +1403,8 @@ __device__ __forceinline__ void fp8_kb_parts_rows(const uint4 (&w)[OPW][2], cons
 // (K ≤ 2,048). R > 1 (session 40, DSUF_FP8_TILES_ROWS): R input rows staged a block (grid.y: row
 // groups of R), each chunk's weights decoded once for all of them and OPW·R chains a lane; grid.z:
 // the groups of a grouped linear or a pair's two linears (fp8_slice), each slice its own tiles.
-// kMinB (R > 1, DSUF_FP8_TILES_ROWS_REGS): at least kMinB blocks an SM by registers (4 of 4 warps or
-// 2 of 8: 128 registers; 5 of 4: 102), so that more warps, and their chunks in flight, fit an SM.
+// kMinB (R > 1, DSUF_FP8_TILES_ROWS_REGS): at least kMinB blocks an SM by registers (4 of 4 warps, 2
+// of 8, 1 of 16: 128 registers), so that more warps, and their chunks in flight, fit an SM.
 template <int OPW, bool kExact, int kWarps, int kStages, int R = 1, int kMinB = 1>
 __global__ void __launch_bounds__(32 * kWarps, R > 1 ? kMinB : kWarps == 8 ? 3 : 7)
     k_fp8_gemv_tiles(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws, int64_t out, int64_t K,
@@ -5030,18 +5030,21 @@ void launch_fp8_tiles(const Fp8Call& c) {
 // from DRAM once for them and are decoded once — with groups (wo_a) and pairs (wq_a+wkv, the shared
 // expert's w1/w3) as grid.z's slices; off: k_fp8_gemv's R-row forms (v36–v48). auto and 4: R = 4 from
 // 3 rows (2 for 2), 2: R = 2. DSUF_FP8_TILES_ROWS_OPW=2|4: weight rows a tile. DSUF_FP8_TILES_ROWS_REGS=
-// cap|full|tight: R = 4 at most 128 registers (cap), none (full), 102 for blocks of 4 warps (tight).
-// DSUF_FP8_TILES_ROWS_WARPS=8|16: the warps of a block past K = 2,048 (4 up to it). A ring of 2 slots
-// a warp (3 measured slower: the shared memory it takes costs blocks). Where the shared memory (R
-// input rows at K ≤ 8,192 and the rings) does not fit, 4 warps, else k_fp8_gemv.
+// cap|full: R = 4 at most 128 registers (cap) or as many as it takes (full: 168–219).
+// DSUF_FP8_TILES_ROWS_WARPS=16|8: the warps of a block past K = 2,048 (4 up to it; 16 at 128 registers
+// is one block an SM, whose 4 staged rows the 16 warps share). A ring of 2 slots a warp (3 measured
+// slower: its shared memory costs blocks). Measured (docs/perf.md, session 40; gpu ms against off):
+// batch 4 15.09 against 15.61, 16 46.69 against 49.70; 102 registers for blocks of 4 ±0 (removed).
+// Where the shared memory (R input rows at K ≤ 8,192 and the rings) does not fit, fewer warps, else
+// k_fp8_gemv.
 size_t fp8_tiles_smem(int OPW, int warps, int stages, int64_t K, int R);
 template <int OPW, bool kExact, int R>
 bool launch_fp8_tiles_rows_r(const Fp8Call& c) {
-  static const int regs = env_choice("DSUF_FP8_TILES_ROWS_REGS", {"cap", "full", "tight"});
-  static const bool wide = env_picks("DSUF_FP8_TILES_ROWS_WARPS", "8", "16");
+  static const bool full = env_picks("DSUF_FP8_TILES_ROWS_REGS", "cap", "full");
+  static const bool wide = !env_picks("DSUF_FP8_TILES_ROWS_WARPS", "16", "8");
   constexpr size_t kMaxSmem = 227 * 1024;
   auto fits = [&](int w) { return fp8_tiles_smem(OPW, w, 2, c.K, R) <= kMaxSmem; };
-  const bool cap = R > 2 && regs != 1;
+  const bool cap = R > 2 && !full;
   if (c.K > 2048 && wide && fits(16)) return launch_fp8_tiles_k<OPW, kExact, 16, 2, R, 1>(c), true;
   if (c.K > 2048 && fits(8)) {
     if (cap) launch_fp8_tiles_k<OPW, kExact, 8, 2, R, 2>(c);
@@ -5049,8 +5052,7 @@ bool launch_fp8_tiles_rows_r(const Fp8Call& c) {
     return true;
   }
   if (!fits(4)) return false;
-  if (cap && regs == 2) launch_fp8_tiles_k<OPW, kExact, 4, 2, R, 5>(c);
-  else if (cap) launch_fp8_tiles_k<OPW, kExact, 4, 2, R, 4>(c);
+  if (cap) launch_fp8_tiles_k<OPW, kExact, 4, 2, R, 4>(c);
   else launch_fp8_tiles_k<OPW, kExact, 4, 2, R, 1>(c);
   return true;
 }
