@@ -917,6 +917,36 @@ __device__ __forceinline__ float fp8_kb_term(float part, float s_a, float sw) {
   return (kExact ? part * 0x1p-64f : part) * (s_a * sw);
 }
 
+// One lane's K-block of OPW weight rows (w, each 4 weights decoded once) against R input rows, the
+// float4 j of row rr from load(rr, j): part[o][rr] = Σ x·w in element order, every (o, rr) its own
+// chain (fp8_kb_parts' products and order for each row). fp8_kb_mac's kInter form (inputs from
+// global memory) and k_fp8_gemv_tiles<…, R> (from shared memory).
+template <int OPW, int R, bool kExact, typename Load>
+__device__ __forceinline__ void fp8_kb_parts_rows(const uint4 (&w)[OPW][2], Load&& load, float (&part)[OPW][R]) {
+#pragma unroll
+  for (int o = 0; o < OPW; ++o)
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) part[o][rr] = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    float4 xv[R];
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) xv[rr] = load(rr, j);
+#pragma unroll
+    for (int o = 0; o < OPW; ++o) {
+      float w0, w1, w2, w3;
+      e4m3x4(word_of(w[o], j), w0, w1, w2, w3);
+#pragma unroll
+      for (int rr = 0; rr < R; ++rr) {
+        part[o][rr] = mac_v<kExact>(part[o][rr], xv[rr].x, w0);
+        part[o][rr] = mac_v<kExact>(part[o][rr], xv[rr].y, w1);
+        part[o][rr] = mac_v<kExact>(part[o][rr], xv[rr].z, w2);
+        part[o][rr] = mac_v<kExact>(part[o][rr], xv[rr].w, w3);
+      }
+    }
+  }
+}
+
 // One lane's K-block kb for OPW outputs (weights w, scales sw) and nr ≤ R rows of inputs: added to
 // acc, or (kSet) stored there as they are.
 // kInter (R > 1; DSUF_FP8_ROWS_FORM=inter): the rows interleaved instead of one after the other —
@@ -934,28 +964,7 @@ __device__ __forceinline__ void fp8_kb_mac(const uint4 (&w)[OPW][2], const float
     for (int rr = 0; rr < R; ++rr)
       p[rr] = reinterpret_cast<const float4*>(x + (rr < nr ? rr : 0) * x_stride) + xpos4(kb, 0);
     float part[OPW][R];
-#pragma unroll
-    for (int o = 0; o < OPW; ++o)
-#pragma unroll
-      for (int rr = 0; rr < R; ++rr) part[o][rr] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      float4 xv[R];
-#pragma unroll
-      for (int rr = 0; rr < R; ++rr) xv[rr] = __ldg(p[rr] + 32 * j);
-#pragma unroll
-      for (int o = 0; o < OPW; ++o) {
-        float w0, w1, w2, w3;
-        e4m3x4(word_of(w[o], j), w0, w1, w2, w3);
-#pragma unroll
-        for (int rr = 0; rr < R; ++rr) {
-          part[o][rr] = mac_v<kExact>(part[o][rr], xv[rr].x, w0);
-          part[o][rr] = mac_v<kExact>(part[o][rr], xv[rr].y, w1);
-          part[o][rr] = mac_v<kExact>(part[o][rr], xv[rr].z, w2);
-          part[o][rr] = mac_v<kExact>(part[o][rr], xv[rr].w, w3);
-        }
-      }
-    }
+    fp8_kb_parts_rows<OPW, R, kExact>(w, [&](int rr, int j) { return __ldg(p[rr] + 32 * j); }, part);
 #pragma unroll
     for (int rr = 0; rr < R; ++rr) {
       const float s_a = kExact && rr < nr ? __ldg(xs + rr * xs_stride + kb) : 1.0f;
@@ -1369,36 +1378,6 @@ __host__ __device__ constexpr int64_t fp8_tiles_x_bytes(int64_t K) { return inte
 size_t fp8_tiles_smem(int OPW, int warps, int stages, int64_t K, int R = 1) {
   return size_t(R * fp8_tiles_x_bytes(K) + int64_t(warps) * stages * fp8_tiles_slot(OPW, K));
 }
-// One lane's K-block kb of OPW weight rows (w, decoded here once) against R input rows staged in
-// shared memory (xr[rr], interleaved): part[o][rr] = Σ x·w in element order, every (o, rr) its own
-// chain (fp8_kb_parts' products and order for each row).
-template <int OPW, int R, bool kExact>
-__device__ __forceinline__ void fp8_kb_parts_rows(const uint4 (&w)[OPW][2], const float4* const (&xr)[R], int kb,
-                                                  float (&part)[OPW][R]) {
-#pragma unroll
-  for (int o = 0; o < OPW; ++o)
-#pragma unroll
-    for (int rr = 0; rr < R; ++rr) part[o][rr] = 0.0f;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    float4 xv[R];
-#pragma unroll
-    for (int rr = 0; rr < R; ++rr) xv[rr] = xr[rr][xpos4(kb, j)];
-#pragma unroll
-    for (int o = 0; o < OPW; ++o) {
-      float w0, w1, w2, w3;
-      e4m3x4(word_of(w[o], j), w0, w1, w2, w3);
-#pragma unroll
-      for (int rr = 0; rr < R; ++rr) {
-        part[o][rr] = mac_v<kExact>(part[o][rr], xv[rr].x, w0);
-        part[o][rr] = mac_v<kExact>(part[o][rr], xv[rr].y, w1);
-        part[o][rr] = mac_v<kExact>(part[o][rr], xv[rr].z, w2);
-        part[o][rr] = mac_v<kExact>(part[o][rr], xv[rr].w, w3);
-      }
-    }
-  }
-}
-
 // R = 1: at least 3 blocks of 8 warps an SM (what the shared memory of K = 8,192 allows) or 7 of 4
 // (K ≤ 2,048). R > 1 (session 40, DSUF_FP8_TILES_ROWS): R input rows staged a block (grid.y: row
 // groups of R), each chunk's weights decoded once for all of them and OPW·R chains a lane; grid.z:
@@ -1540,7 +1519,7 @@ __global__ void __launch_bounds__(32 * kWarps, R > 1 ? kMinB : kWarps == 8 ? 3 :
         for (int o = 0; o < OPW; ++o) acc[o][0] = acc[o][0] + fp8_kb_term<kExact>(p[o], sa, sw);
       } else {
         float p[OPW][R];
-        fp8_kb_parts_rows<OPW, R, kExact>(w, xsm, kb, p);
+        fp8_kb_parts_rows<OPW, R, kExact>(w, [&](int rr, int j) { return xsm[rr][xpos4(kb, j)]; }, p);
 #pragma unroll
         for (int rr = 0; rr < R; ++rr) {
           const float sa = kExact ? __ldg(xs + (rr < nr ? rr : 0) * xs_stride + kb) : 1.0f;
@@ -1563,7 +1542,7 @@ __global__ void __launch_bounds__(32 * kWarps, R > 1 ? kMinB : kWarps == 8 ? 3 :
           ct[0] = fp8_kb_term<kExact>(tp[0], sat[0], e8m0(uint8_t(tsc)));
         } else {
           float tp[1][R];
-          fp8_kb_parts_rows<1, R, kExact>(tw, xsm, rt.kb, tp);
+          fp8_kb_parts_rows<1, R, kExact>(tw, [&](int rr, int j) { return xsm[rr][xpos4(rt.kb, j)]; }, tp);
 #pragma unroll
           for (int rr = 0; rr < R; ++rr) ct[rr] = fp8_kb_term<kExact>(tp[0][rr], sat[rr], e8m0(uint8_t(tsc)));
         }
