@@ -5016,13 +5016,12 @@ void launch_fp8_tiles(const Fp8Call& c) {
 // batch 4 15.09 against 15.61, 16 46.69 against 49.70; 102 registers for blocks of 4 ±0 (removed).
 // Where the shared memory (R input rows at K ≤ 8,192 and the rings) does not fit, fewer warps, else
 // k_fp8_gemv.
-size_t fp8_tiles_smem(int OPW, int warps, int stages, int64_t K, int R);
+constexpr size_t kMaxBlockSmem = 227 * 1024;  // a block's shared memory on sm_90 and sm_100
 template <int OPW, bool kExact, int R>
 bool launch_fp8_tiles_rows_r(const Fp8Call& c) {
   static const bool full = env_picks("DSUF_FP8_TILES_ROWS_REGS", "cap", "full");
   static const bool wide = !env_picks("DSUF_FP8_TILES_ROWS_WARPS", "16", "8");
-  constexpr size_t kMaxSmem = 227 * 1024;
-  auto fits = [&](int w) { return fp8_tiles_smem(OPW, w, 2, c.K, R) <= kMaxSmem; };
+  auto fits = [&](int w) { return fp8_tiles_smem(OPW, w, 2, c.K, R) <= kMaxBlockSmem; };
   const bool cap = R > 2 && !full;
   if (c.K > 2048 && wide && fits(16)) return launch_fp8_tiles_k<OPW, kExact, 16, 2, R, 1>(c), true;
   if (c.K > 2048 && fits(8)) {
@@ -5233,7 +5232,6 @@ bool tiled_rows_mma(const RowGroups* groups, int64_t K) {
 // routed rows, 4,16 above (docs/perf.md v33: b2,16 measured −0.008 ms at batch 1, −0.9 % at batch 4,
 // −0.8 % at 16, +0.8 % at 64 — 384 rows).
 constexpr int64_t kImmaBulkRows = 128;
-constexpr size_t kImmaMaxSmem = 227 * 1024;  // a block's shared memory on sm_90 and sm_100
 constexpr int64_t kSwigluFusedRows = 32;  // DSUF_SWIGLU=auto's fused range (routed rows)
 // (v18 also tried per launch the fewest warps whose grid fits one block an SM: the same time as 4,16.)
 template <bool kTiled>
@@ -5267,7 +5265,7 @@ void launch_imma(const Fp4Call& c) {
     DSUF_CHECK(g.size == 2 && g.max_groups <= 65535, "fp4 experts: groups of ", g.size, ", ", g.max_groups,
                " of them");
     const size_t smem = imma_smem(c.K / 32, sh.stages, sh.warps, true, sh.bulk, glu, g.size, merged);
-    if (smem > kImmaMaxSmem) {  // the rows' staged inputs do not fit (K past ~5,120): a row at a time
+    if (smem > kMaxBlockSmem) {  // the rows' staged inputs do not fit (K past ~5,120): a row at a time
       Fp4Call one = c;
       one.multi = nullptr, one.order = g.order;
       return launch_imma<true>(one);
