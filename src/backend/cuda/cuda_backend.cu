@@ -257,7 +257,6 @@ struct CudaBackend::Impl {
     float* qs;
     float* mix_part;          // hc_mix scratch: warp sums
     unsigned* mix_count;      // hc_mix scratch: one counter per row tile (kept zero between launches)
-    unsigned* att_handoff;    // the attention's logits → P·V counters (AttentionArgs::handoff; kept zero)
     float* sample_w;          // [sample_chunk][V] sampling weights
     uint32_t* sample_max;     // [max_rows]
     int32_t* sample_out;      // [max_rows] sampled tokens, one per sampling job
@@ -752,7 +751,7 @@ struct WorkspaceSizes {
   // qi: also the indexer query codes (qi bytes) and their scales (qi/32 floats)
   // topk: candidate slots of the multi-block top-k (a float and an int32 each)
   int64_t X, pre, mix, vecD, tmp, q_lat, q, kvw, ag, o, zg, qi, wts, scores, bscores, sel, cand, cand_mask,
-      router, ids, h, ye, hs, emb, ekv, logits, keys, att, att_handoff, sample_w, sample, aq, aq_shared, mix_part, topk;
+      router, ids, h, ye, hs, emb, ekv, logits, keys, att, sample_w, sample, aq, aq_shared, mix_part, topk;
   int64_t row_groups;  // int32: order (ids), groups (3·ids), the count (1)
   int64_t aqp;  // bytes of each of the two byte-plane buffers of the FP4 linears' inputs
   int64_t score_stride, bscore_stride;
@@ -761,7 +760,7 @@ struct WorkspaceSizes {
                            wts + scores + bscores + router + ids /*rw*/ + 2 * h + ye + vecD /*ys*/ + 2 * hs + emb + ekv +
                            logits + keys + att + sample_w + 2 * (aq + aq / 32) + aq_shared + aq_shared / 32 + qi / 32 +
                            mix_part + row_groups;
-    return size_t(floats) * 4 + size_t(sel + cand + ids + 2 * sample + sample /*mix counters*/ + att_handoff) * 4 +
+    return size_t(floats) * 4 + size_t(sel + cand + ids + 2 * sample + sample /*mix counters*/) * 4 +
            size_t(cand_mask + qi) + size_t(topk + sel /*picks*/) * 8 + size_t(2 * aqp);
   }
 };
@@ -789,7 +788,6 @@ WorkspaceSizes workspace_sizes(const TextConfig& t, int64_t N, int64_t max_conte
   w.emb = N * std::max<int64_t>(R * ehd, 1), w.ekv = N * (hc + 1) * D, w.logits = N * t.vocab_size;
   w.keys = N * (t.sliding_window + t.index_topk) * hd;
   w.att = N * H * (t.sliding_window + t.index_topk);
-  w.att_handoff = N * 2 * ((H + 7) / 8);  // two counters a (row, group of 8 heads)
   w.sample_w = S * t.vocab_size, w.sample = N;
   // The largest linear input, laid out (cuda::linear_input); the shared expert's has its own.
   const auto lin = [](int64_t k) { return cuda::interleaved_k(k); };
@@ -898,8 +896,6 @@ void CudaBackend::Impl::alloc_workspace() {
   ws.mix_part = alloc<float>(w.mix_part), ws.mix_count = alloc<unsigned>(w.sample);
   DSUF_CUDA(cudaMemset(ws.mix_count, 0, size_t(w.sample) * sizeof(unsigned)));
   ws.att = alloc<float>(w.att);
-  ws.att_handoff = alloc<unsigned>(w.att_handoff);
-  DSUF_CUDA(cudaMemset(ws.att_handoff, 0, size_t(w.att_handoff) * sizeof(unsigned)));
   cuda::att_trace_init();  // DSUF_ATT_TRACE (a diagnostic), before any capture
   const TpScratch tps = tp_scratch(t, part, max_rows);
   if (tps.recv) tp_send = alloc<float>(tps.send), tp_recv = alloc<float>(tps.recv), tp_send_floats = tps.send;
@@ -1322,7 +1318,6 @@ void CudaBackend::Impl::attention(int l, const Step& st, const cuda::LinearInput
                          .o_sink = {.xq = ws.xq[0], .xs = ws.xs[0], .quantize = opt.numerics.wo_a_act_quant && aq},
                          .o_group = gin,
                          .o_rope = {.cs = cs, .half = half, .heads = Hr, .dim = hd, .sign = -1.0f, .r = r}};
-  aa.handoff = ws.att_handoff;  // attention() picks the hand-off (DSUF_ATT_HANDOFF)
   if (!comp_early) {
     compressor_branch(l, st, branch());
     if (!q_main) indexer_xn_part(l, st, branch());

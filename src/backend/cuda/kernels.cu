@@ -289,11 +289,6 @@ __device__ __forceinline__ void pdl_entry(bool late) {
 __device__ __forceinline__ void pdl_exit(bool late) {
   if (late) pdl_trigger();
 }
-__device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
 
 // ---- quantization and linears ------------------------------------------------------------------
 // The per-32 quantizers run one warp per block, lane k on element k (the max is order-free).
@@ -1564,7 +1559,8 @@ __global__ void __launch_bounds__(32 * kWarps, R > 1 ? kMinB : kWarps == 8 ? 3 :
     const int64_t o0 = t * OPW;
     if constexpr (R > 1 && OPW * R % 8 == 0) {
       // Eight sums at a time by one reduce-scatter butterfly (warp_sum's tree, so the same bits: 9
-      // shuffles for 8 sums instead of 40); sum c·8 + h lands in lanes 4h … 4h + 3.
+      // shuffles for 8 sums instead of 40); sum c·8 + h lands in lanes 4h … 4h + 3. Session 41:
+      // batch 4 −0.50 ms a step, 16 −2.5 (with OPW auto) against 8 warp_sums.
 #pragma unroll
       for (int c = 0; c < OPW * R / 8; ++c) {
         float v8[8];
@@ -3072,12 +3068,7 @@ __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(A
   extern __shared__ __align__(16) float qs[];  // [kAttHeadsQK][hd]
   __shared__ int first_free;
   __shared__ __align__(8) uint64_t stage_bar;
-  // With the hand-off by counters the blocks go group by group (a group's blocks consecutive in the
-  // launch order), so that the first groups' P·V blocks can start while the last wave runs.
-  const int hand_lin = blockIdx.y + gridDim.y * blockIdx.z;
-  const int hg = a.handoff ? hand_lin / int(gridDim.z) : int(blockIdx.y);
-  const int zb = a.handoff ? hand_lin % int(gridDim.z) : int(blockIdx.z);
-  const int i = blockIdx.x, h0 = hg * kAttHeadsQK;
+  const int i = blockIdx.x, h0 = blockIdx.y * kAttHeadsQK;
   const int64_t hd = a.hd;
   const int nh = min(kAttHeadsQK, a.H - h0);  // the last group may be partial
   const float* qsrc = a.q + (int64_t(i) * a.H + h0) * hd;
@@ -3126,7 +3117,7 @@ __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(A
   att_stamp(a, att_st, 2);
   const float scale = 1.0f / sqrtf(float(hd));
   const int lane = threadIdx.x % 32;
-  const int gw = zb * (blockDim.x / 32) + threadIdx.x / 32, nw = gridDim.z * (blockDim.x / 32);
+  const int gw = blockIdx.z * (blockDim.x / 32) + threadIdx.x / 32, nw = gridDim.z * (blockDim.x / 32);
   const float* keys = a.keys + int64_t(i) * a.kmax * hd;
   for (int j = gw; j < nk; j += nw) {
     float dot[kAttHeadsQK];
@@ -3159,13 +3150,6 @@ __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(A
     }
   }
   pdl_exit(a.logits_late);
-  if (a.handoff) {  // this block's logits out, then counted in (the P·V blocks of its group wait for all)
-    __syncthreads();  // as a grid barrier does: the block's writes, then one thread's fence and count
-    if (threadIdx.x == 0) {
-      __threadfence();
-      atomicAdd(a.handoff + (int64_t(i) * gridDim.y + hg) * 2, 1u);
-    }
-  }
   att_trace_out(a, att_st, 3, 0);
 }
 
@@ -3228,31 +3212,9 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
   const int i = blockIdx.x, h0 = blockIdx.y * kPvHeads, d0 = blockIdx.z * kPvDims;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t hd = a.hd;
-  // The wait for the logits: the grid boundary (griddepcontrol.wait), or (a.handoff) the counter of
-  // this block's (row, head group), which its logits blocks raise once their logits are out; then the
-  // next kernel may launch (unless pv_late). The counters are zeroed by the group's last P·V block.
-  auto enter = [&] {
-    if (a.handoff) {
-      if (threadIdx.x == 0) {
-        unsigned* f = a.handoff + (int64_t(i) * gridDim.y + blockIdx.y) * 2;
-        // A count that never comes (a bug, not a slow launch: the logits blocks have all started
-        // before this block could) stops the kernel with an error after ~2 s instead of hanging.
-        for (unsigned spins = 0; ld_acquire_gpu(f) < unsigned(a.handoff_blocks); ++spins) {
-          if (spins == (1u << 26)) __trap();
-          __nanosleep(32);
-        }
-        if (atomicAdd(f + 1, 1u) == gridDim.z - 1) atomicExch(f, 0u), atomicExch(f + 1, 0u);
-      }
-      __syncthreads();
-      if (!a.pv_late) pdl_trigger();
-    } else {
-      pdl_entry(a.pv_late);
-    }
-    att_stamp(a, att_st, 1);
-  };
   // pv_keys_early: the key count and the first key tile before the wait (gather_keys wrote them at
   // least two launches back; the logits kernel triggers this one only after its own wait).
-  if (!a.pv_keys_early) enter();
+  if (!a.pv_keys_early) pdl_entry(a.pv_late), att_stamp(a, att_st, 1);
   if (!a.w_early) load_sinks();
   const int nk = attention_keys(a, i, &first_free);
   const int nh = min(kPvHeads, a.H - h0);
@@ -3270,7 +3232,8 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
   };
   if (a.pv_keys_early) {
     stage_keys(0);
-    enter();
+    pdl_entry(a.pv_late);
+    att_stamp(a, att_st, 1);
   }
   const float* att = a.att + (int64_t(i) * a.H + h0) * a.kmax;
   if (a.stage16 && a.kmax % 4 == 0 && (reinterpret_cast<uintptr_t>(att) & 15) == 0) {
@@ -5064,8 +5027,10 @@ void launch_fp8_tiles(const Fp8Call& c) {
 // (batches 2–63) as k_fp8_gemv_tiles<…, R> — R input rows a block, so that a chunk's weights come
 // from DRAM once for them and are decoded once — with groups (wo_a) and pairs (wq_a+wkv, the shared
 // expert's w1/w3) as grid.z's slices; off: k_fp8_gemv's R-row forms (v36–v48). auto and 4: R = 4 from
-// 3 rows (2 for 2), 2: R = 2. DSUF_FP8_TILES_ROWS_OPW=auto|2|4: weight rows a tile (auto: 4 where nb mod 32 = 8, else 2). DSUF_FP8_TILES_ROWS_REGS=
-// cap|full: R = 4 at most 128 registers (cap) or as many as it takes (full: 168–219).
+// 3 rows (2 for 2), 2: R = 2. DSUF_FP8_TILES_ROWS_OPW=auto|2|4: weight rows a tile; auto (session 41)
+// 4 where the remainder then fills the lanes (nb mod 32 = 8: wq_b), else 2 — batch 4 −0.14 ms against
+// 2. DSUF_FP8_TILES_ROWS_REGS=cap|full: R = 4 at most 128 registers (cap) or as many as it takes
+// (full: 168–219).
 // DSUF_FP8_TILES_ROWS_WARPS=16|8: the warps of a block past K = 2,048 (4 up to it; 16 at 128 registers
 // is one block an SM, whose 4 staged rows the 16 warps share). A ring of 2 slots a warp (3 measured
 // slower: its shared memory costs blocks). Measured (docs/perf.md, session 40; gpu ms against off):
@@ -5737,19 +5702,8 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   set_smem(logits_k, qk_smem);
   // DSUF_LOGITS_TRIGGER=late (default since v25: −0.14 to −0.19 ms at batch 1; ±0 at 16 and 64) or entry.
   static const bool logits_late = !env_picks("DSUF_LOGITS_TRIGGER", "late", "entry");
-  // DSUF_ATT_HANDOFF=grid|flags: the P·V blocks wait for their (row, head group)'s logits blocks by
-  // counters (AttentionArgs::handoff) instead of for the whole logits grid; the logits kernel then
-  // lets the P·V kernel launch at its entry (a P·V block launches only once every logits block has
-  // started, so no wait can hold an SM a logits block needs) and the P·V kernel triggers once its
-  // wait is over. Only with the one-head or two-head P·V kernel, and where both kernels run.
-  static const bool handoff_flags = env_picks("DSUF_ATT_HANDOFF", "grid", "flags");
-  const int pv = pv_kernel(a.rows);
-  const bool handoff = handoff_flags && a.handoff && pv != kPvTiles && !(whatif() & (kWhatIfLogits | kWhatIfPv));
-  static_assert(kAttHeadsQK == kPvHeads, "the hand-off counts a logits head group a P·V head group");
   AttentionArgs la = a;
-  la.handoff = handoff ? a.handoff : nullptr;
-  la.handoff_blocks = attention_key_split(a.rows);
-  la.logits_late = logits_late && !handoff;
+  la.logits_late = logits_late;
   std::tie(la.trace, la.trace_tickets) = att_trace_here();
   // DSUF_ATT_STAGE=4|16: 16-byte staging copies measured +0.02 ms a step (v27): 4 stays the default.
   static const bool stage16 = env_picks("DSUF_ATT_STAGE", "4", "16");
@@ -5764,6 +5718,7 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
     launch_step(logits_k, dim3(a.rows, blocks_for(a.H, kAttHeadsQK), attention_key_split(a.rows)), dim3(256),
                 qk_smem, s, la);
   const dim3 pv_grid(a.rows, blocks_for(a.H, kPvHeads), blocks_for(a.hd, kPvDims));
+  const int pv = pv_kernel(a.rows);
   if (pv == kPvTiles) {
     const size_t smem = sizeof(float) * size_t(kPvHeads) * a.kmax;
     DSUF_CHECK(smem <= 200 * 1024, "attention: ", a.kmax, " keys a row need too much shared memory");
@@ -5771,16 +5726,29 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
     if (smem + sizeof(float) * kPvTileRows * kPvDims + 1024 > 48 * 1024)
       DSUF_CUDA(cudaFuncSetAttribute(k_attention_pv_tiles, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     AttentionArgs pa = a;
-    pa.handoff = nullptr;
     if (!emit) pa.o_sink = {};
     launch_step(k_attention_pv_tiles, dim3(pv_grid), dim3(kPvTileThreads), smem, s, pa);
     return layout();
   }
-  const int kp = (a.kmax + 3) & ~3, tile = std::min(kp, kPvMaxTile);
+  // DSUF_PV_TILE=auto|N (N a multiple of 4, 4..640): at most N keys a tile, so that a block holds
+  // less shared memory and more blocks fit an SM (100 KB at 640 keys: two an SM), at a staging round
+  // a tile on the block's path. auto (session 41): 256 (52 KB, four an SM: one wave instead of two)
+  // for 3–15 rows, whose full-tile grid needs more than two blocks an SM — batch 4 at 8K −0.15 ms a
+  // step, three rounds (320 −0.03, 160 −0.12) — else the row's keys in one tile (batch 1 and 2 fit
+  // one wave as they are; 16–128 rows take k_attention_pv_tiles; longer prefill chunks not measured).
+  static const int tile_pick = [] {
+    const char* v = std::getenv("DSUF_PV_TILE");
+    if (!v || std::string(v) == "auto") return 0;
+    const int n = std::atoi(v);
+    DSUF_CHECK(n >= 4 && n <= kPvMaxTile && n % 4 == 0, "DSUF_PV_TILE=", v, ": expected auto or a multiple of 4 in 4..",
+               kPvMaxTile);
+    return n;
+  }();
+  const int tile_max = tile_pick ? tile_pick : a.rows >= 3 && a.rows < 16 ? 256 : kPvMaxTile;
+  const int kp = (a.kmax + 3) & ~3, tile = std::min({kp, kPvMaxTile, tile_max});
   const size_t pv_smem = sizeof(float) * (size_t(kPvHeads) * kp + size_t(tile) * kPvDims);
   DSUF_CHECK(pv_smem <= 200 * 1024, "attention: ", a.kmax, " keys a row need too much shared memory");
   AttentionArgs pa = a;
-  pa.handoff = la.handoff, pa.handoff_blocks = la.handoff_blocks;
   if (!emit) pa.o_sink = {};
   pa.w_early = weights_early();
   pa.stage16 = stage16;

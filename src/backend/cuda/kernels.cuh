@@ -281,13 +281,6 @@ struct AttentionArgs {
   unsigned long long* trace = nullptr;
   unsigned* trace_tickets = nullptr;
   bool exp_nb = false;  // attention() sets it (DSUF_PV_EXP=nb, the default): the P·V softmax by det::fexp_nb
-  // The logits → P·V hand-off by counters instead of the grid boundary (DSUF_ATT_HANDOFF=flags;
-  // attention() sets it): [rows][head groups][2], zero between launches. Each logits block counts
-  // itself into its (row, head group)'s first word when its logits are written; a P·V block waits
-  // there for handoff_blocks of them instead of griddepcontrol.wait, and the group's last P·V block
-  // past its wait (counted in the second word) zeroes both. Null: the grid boundary.
-  unsigned* handoff = nullptr;
-  int handoff_blocks = 0;
 };
 // DSUF_ATT_TRACE=FILE: att_trace_init (outside any capture) allocates the attention kernels' phase
 // ring; att_trace_dump writes it to FILE, a line a block: kernel (0 logits, 1 P·V), ticket, grid
