@@ -3059,8 +3059,12 @@ __device__ __forceinline__ int attention_keys(const AttentionArgs& a, int i, int
 // that more of the 8 × 80 blocks of a batch-1 step run at once: at 88 registers (MINB 0) two fit an
 // SM, three waves; 64 (4) two waves; 48 (5) one wave of 660 slots (DSUF_LOGITS_BLOCKS=5|4|0: 5 the
 // default since v26, −0.10 ms a step; no spills in either).
-template <int MINB, bool kScatter>
+// KPP = 2 (DSUF_LOGITS_PAIR, where a warp has two or more keys: several rows): a warp takes two keys a
+// pass (key j and j + the grid's warps), so that each query value it loads from shared memory serves
+// both; each key's dot is the same lane-strided sequence and tree (warp_sum8_scatter) as one at a time.
+template <int MINB, bool kScatter, int KPP = 1>
 __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(AttentionArgs a) {
+  static_assert(KPP == 1 || (KPP == 2 && kScatter), "two keys a pass with the scatter tree");
   __shared__ unsigned long long att_st[kAttTraceStamps];
   att_trace_entry(a, att_st);
   pdl_entry(a.logits_late);
@@ -3119,6 +3123,42 @@ __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(A
   const int lane = threadIdx.x % 32;
   const int gw = blockIdx.z * (blockDim.x / 32) + threadIdx.x / 32, nw = gridDim.z * (blockDim.x / 32);
   const float* keys = a.keys + int64_t(i) * a.kmax * hd;
+  if constexpr (KPP == 2) {
+    constexpr int L = kAttLoads / 2;  // a lane's key values a chunk, per key
+    for (int j = gw; j < nk; j += 2 * nw) {
+      const int j1 = j + nw;
+      const bool two = j1 < nk;  // warp-uniform
+      float dot[2][kAttHeadsQK];
+#pragma unroll
+      for (int h = 0; h < kAttHeadsQK; ++h) dot[0][h] = 0.0f, dot[1][h] = 0.0f;
+      for (int64_t c = lane; c < hd; c += 32 * L) {
+        float k0[L], k1[L];
+#pragma unroll
+        for (int u = 0; u < L; ++u) {
+          const bool in = c + 32 * u < hd;
+          k0[u] = in ? keys[int64_t(j) * hd + c + 32 * u] : 0.0f;
+          k1[u] = in && two ? keys[int64_t(j1) * hd + c + 32 * u] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < L; ++u) {
+          if (c + 32 * u >= hd) break;
+#pragma unroll
+          for (int h = 0; h < kAttHeadsQK; ++h) {
+            const float q = qs[h * hd + c + 32 * u];
+            dot[0][h] += q * k0[u];
+            dot[1][h] += q * k1[u];
+          }
+        }
+      }
+      const int h = (lane >> 2) & 7;
+      const float v0 = warp_sum8_scatter(dot[0], lane);
+      if ((lane & 3) == 0 && h < nh) a.att[(int64_t(i) * a.H + h0 + h) * a.kmax + j] = v0 * scale;
+      if (two) {
+        const float v1 = warp_sum8_scatter(dot[1], lane);
+        if ((lane & 3) == 0 && h < nh) a.att[(int64_t(i) * a.H + h0 + h) * a.kmax + j1] = v1 * scale;
+      }
+    }
+  } else
   for (int j = gw; j < nk; j += nw) {
     float dot[kAttHeadsQK];
 #pragma unroll
@@ -5693,7 +5733,13 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   // DSUF_PV_KEYS_EARLY=1|0: the P·V kernel stages its keys before the dependency wait (default since
   // v28: −0.04 ms a step).
   static const bool pv_keys_early = !env_picks("DSUF_PV_KEYS_EARLY", "1", "0");
-  auto* logits_k = tree_scatter ? (minb == 5   ? k_attention_logits<5, true>
+  // DSUF_LOGITS_PAIR=auto|off: two keys a warp's pass (k_attention_logits<…, 2>) where the grid's
+  // warps have two keys or more each (several rows), with the scatter tree; off: one at a time.
+  static const bool pair_on = !env_picks("DSUF_LOGITS_PAIR", "auto", "off");
+  const bool pair = pair_on && tree_scatter && a.kmax > 8 * attention_key_split(a.rows);
+  auto* logits_k = pair ? (minb == 5 ? k_attention_logits<5, true, 2> : minb == 4 ? k_attention_logits<4, true, 2>
+                                                                               : k_attention_logits<0, true, 2>)
+                 : tree_scatter ? (minb == 5   ? k_attention_logits<5, true>
                                    : minb == 4 ? k_attention_logits<4, true>
                                                : k_attention_logits<0, true>)
                                 : (minb == 5   ? k_attention_logits<5, false>
