@@ -5071,8 +5071,8 @@ void launch_fp8_tiles(const Fp8Call& c) {
 // 4 where the remainder then fills the lanes (nb mod 32 = 8: wq_b), else 2 — batch 4 −0.14 ms against
 // 2. DSUF_FP8_TILES_ROWS_REGS=cap|full: R = 4 at most 128 registers (cap) or as many as it takes
 // (full: 168–219).
-// DSUF_FP8_TILES_ROWS_WARPS=16|8: the warps of a block past K = 2,048 (4 up to it; 16 at 128 registers
-// is one block an SM, whose 4 staged rows the 16 warps share). A ring of 2 slots a warp (3 measured
+// DSUF_FP8_TILES_ROWS_WARPS=16|8|20: the warps of a block past K = 2,048 (4 up to it; 16 at 128
+// registers is one block an SM, whose 4 staged rows the 16 warps share; 20: below). A ring of 2 slots a warp (3 measured
 // slower: its shared memory costs blocks). Measured (docs/perf.md, session 40; gpu ms against off):
 // batch 4 15.09 against 15.61, 16 46.69 against 49.70; 102 registers for blocks of 4 ±0 (removed).
 // Where the shared memory (R input rows at K ≤ 8,192 and the rings) does not fit, fewer warps, else
@@ -5081,9 +5081,23 @@ constexpr size_t kMaxBlockSmem = 227 * 1024;  // a block's shared memory on sm_9
 template <int OPW, bool kExact, int R>
 bool launch_fp8_tiles_rows_r(const Fp8Call& c) {
   static const bool full = env_picks("DSUF_FP8_TILES_ROWS_REGS", "cap", "full");
-  static const bool wide = !env_picks("DSUF_FP8_TILES_ROWS_WARPS", "16", "8");
+  static const int warps_pick = env_choice("DSUF_FP8_TILES_ROWS_WARPS", {"16", "8", "20"});
+  const bool wide = warps_pick != 1;
   auto fits = [&](int w) { return fp8_tiles_smem(OPW, w, 2, c.K, R) <= kMaxBlockSmem; };
   const bool cap = R > 2 && !full;
+  // 20 (written in session 41, not yet measured): blocks of 20 warps (≤ 102 registers, one an SM)
+  // past K = 2,048 where that gives each warp fewer tiles than 16 would — wo_b and the shared w2 at
+  // batch 4 (2,560 tiles: 2 a warp over 80 SMs at 16, 1 over 128 at 20), the shared w1/w3 pair.
+  if constexpr (R > 2) {
+    const int64_t slices = int64_t(blocks_for(c.rows, R)) * (c.pair.W ? 2 : c.groups);
+    const int64_t tiles = (std::max(c.out, c.pair.out) + OPW - 1) / OPW;
+    auto per_warp = [&](int w) {
+      const int64_t most = std::max<int64_t>(w, int64_t(sm_count()) * w / slices);
+      return (tiles + most - 1) / most;
+    };
+    if (warps_pick == 2 && c.K > 2048 && fits(20) && per_warp(20) < per_warp(16))
+      return launch_fp8_tiles_k<OPW, kExact, 20, 2, R, 1>(c), true;
+  }
   if (c.K > 2048 && wide && fits(16)) return launch_fp8_tiles_k<OPW, kExact, 16, 2, R, 1>(c), true;
   if (c.K > 2048 && fits(8)) {
     if (cap) launch_fp8_tiles_k<OPW, kExact, 8, 2, R, 2>(c);
