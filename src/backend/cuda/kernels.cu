@@ -5072,8 +5072,8 @@ void launch_fp8_tiles(const Fp8Call& c) {
 // 2. DSUF_FP8_TILES_ROWS_REGS=cap|full: R = 4 at most 128 registers (cap) or as many as it takes
 // (full: 168–219).
 // DSUF_FP8_TILES_ROWS_WARPS=16|8|20: the warps of a block past K = 2,048 (4 up to it; 16 at 128
-// registers is one block an SM, whose 4 staged rows the 16 warps share; 20: below). A ring of 2 slots a warp (3 measured
-// slower: its shared memory costs blocks). Measured (docs/perf.md, session 40; gpu ms against off):
+// registers is one block an SM, whose 4 staged rows the 16 warps share; 20: below). A ring of 2 slots
+// a warp (3 measured slower: its shared memory costs blocks). Measured (docs/perf.md, session 40; gpu ms against off):
 // batch 4 15.09 against 15.61, 16 46.69 against 49.70; 102 registers for blocks of 4 ±0 (removed).
 // Where the shared memory (R input rows at K ≤ 8,192 and the rings) does not fit, fewer warps, else
 // k_fp8_gemv.
@@ -5794,7 +5794,7 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   // less shared memory and more blocks fit an SM (100 KB at 640 keys: two an SM), at a staging round
   // a tile on the block's path. auto (session 41): 256 (52 KB, four an SM: one wave instead of two)
   // for 3–15 rows, whose full-tile grid needs more than two blocks an SM — batch 4 at 8K −0.15 ms a
-  // step, three rounds (320 −0.03, 160 −0.12) — else the row's keys in one tile (batch 1 and 2 fit
+  // step, two rounds (320 −0.03, 160 −0.12) — else the row's keys in one tile (batch 1 and 2 fit
   // one wave as they are; 16–128 rows take k_attention_pv_tiles; longer prefill chunks not measured).
   static const int tile_pick = [] {
     const char* v = std::getenv("DSUF_PV_TILE");
