@@ -3260,18 +3260,18 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
   const int nh = min(kPvHeads, a.H - h0);
   const float* keys = a.keys + int64_t(i) * a.kmax * hd + d0;
   const bool vec = hd % 4 == 0 && d0 + kPvDims <= hd;
-  auto stage_keys = [&](int j0) {
+  auto stage_keys = [&](float* dst, int j0) {
     const int n = min(tile, nk - j0);
     if (vec) {
       for (int t = threadIdx.x; t < n * (kPvDims / 4); t += kThreads)
-        cp_async16(kt + 4 * t, keys + int64_t(j0 + t / (kPvDims / 4)) * hd + 4 * (t % (kPvDims / 4)));
+        cp_async16(dst + 4 * t, keys + int64_t(j0 + t / (kPvDims / 4)) * hd + 4 * (t % (kPvDims / 4)));
     } else {
       for (int t = threadIdx.x; t < n * kPvDims; t += kThreads)
-        kt[t] = d0 + t % kPvDims < hd ? keys[int64_t(j0 + t / kPvDims) * hd + t % kPvDims] : 0.0f;
+        dst[t] = d0 + t % kPvDims < hd ? keys[int64_t(j0 + t / kPvDims) * hd + t % kPvDims] : 0.0f;
     }
   };
   if (a.pv_keys_early) {
-    stage_keys(0);
+    stage_keys(kt, 0);
     pdl_entry(a.pv_late);
     att_stamp(a, att_st, 1);
   }
@@ -3287,10 +3287,14 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
     for (int h = 0; h < nh; ++h)
       for (int j = threadIdx.x; j < nk; j += kThreads) cp_async4(p + h * kp + j, att + int64_t(h) * a.kmax + j);
   }
-  if (!a.pv_keys_early) stage_keys(0);
+  if (!a.pv_keys_early) stage_keys(kt, 0);
   cp_async_wait_all();
   __syncthreads();
   att_stamp(a, att_st, 2);
+  // pv_double: the keys' tiles in two buffers — the second tile's copies issued here, under the
+  // softmax, and each later tile's while the one before it is summed.
+  float* const kt1 = kt + tile * kPvDims;
+  if (a.pv_double && tile < nk) stage_keys(kt1, tile);
 #pragma unroll
   for (int u = 0; u < HPW; ++u) {
     const int h = HPW * warp + u;
@@ -3333,10 +3337,11 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
   float acc[HPW];
 #pragma unroll
   for (int u = 0; u < HPW; ++u) ph[u] = p + (HPW * warp + u) * kp, acc[u] = 0.0f;
-  for (int j0 = 0; j0 < nk; j0 += tile) {
-    if (j0 > 0) {
+  for (int j0 = 0, t = 0; j0 < nk; j0 += tile, ++t) {
+    const float* kb = a.pv_double && (t & 1) ? kt1 : kt;
+    if (!a.pv_double && j0 > 0) {
       __syncthreads();
-      stage_keys(j0);
+      stage_keys(kt, j0);
       cp_async_wait_all();
       __syncthreads();
     }
@@ -3353,7 +3358,7 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
 #pragma unroll
           for (int u = 0; u < HPW; ++u) w[g][u] = *reinterpret_cast<const float4*>(ph[u] + j0 + jj + 4 * g);
 #pragma unroll
-          for (int c = 0; c < 4; ++c) kk[g][c] = kt[(jj + 4 * g + c) * kPvDims + lane];
+          for (int c = 0; c < 4; ++c) kk[g][c] = kb[(jj + 4 * g + c) * kPvDims + lane];
         }
 #pragma unroll
         for (int g = 0; g < UNR; ++g)
@@ -3371,8 +3376,8 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
       float4 w[HPW];
 #pragma unroll
       for (int u = 0; u < HPW; ++u) w[u] = *reinterpret_cast<const float4*>(ph[u] + j0 + jj);
-      const float k0 = kt[(jj + 0) * kPvDims + lane], k1 = kt[(jj + 1) * kPvDims + lane];
-      const float k2 = kt[(jj + 2) * kPvDims + lane], k3 = kt[(jj + 3) * kPvDims + lane];
+      const float k0 = kb[(jj + 0) * kPvDims + lane], k1 = kb[(jj + 1) * kPvDims + lane];
+      const float k2 = kb[(jj + 2) * kPvDims + lane], k3 = kb[(jj + 3) * kPvDims + lane];
 #pragma unroll
       for (int u = 0; u < HPW; ++u) {
         acc[u] += w[u].x * k0;
@@ -3382,9 +3387,14 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
       }
     }
     for (; jj < n; ++jj) {
-      const float k = kt[jj * kPvDims + lane];
+      const float k = kb[jj * kPvDims + lane];
 #pragma unroll
       for (int u = 0; u < HPW; ++u) acc[u] += ph[u][j0 + jj] * k;
+    }
+    if (a.pv_double && j0 + tile < nk) {
+      cp_async_wait_all();  // the next tile has landed, and every warp is done with this one
+      __syncthreads();
+      if (j0 + 2 * tile < nk) stage_keys(t & 1 ? kt1 : kt, j0 + 2 * tile);
     }
   }
   att_stamp_warps(a, att_st, 4);
@@ -5804,15 +5814,22 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
                kPvMaxTile);
     return n;
   }();
-  const int tile_max = tile_pick ? tile_pick : a.rows >= 3 && a.rows < 16 ? 256 : kPvMaxTile;
+  // DSUF_PV_DOUBLE=off|on (session 42, not yet measured: off): the key tiles in two buffers, the next
+  // tile's copies in flight while one is summed (k_attention_pv's pv_double); with the tile on auto,
+  // 128 keys for 3–15 rows, so that the two buffers take the shared memory one tile of 256 took.
+  static const bool pv_double = env_picks("DSUF_PV_DOUBLE", "off", "on");
+  const bool few = a.rows >= 3 && a.rows < 16;
+  const int tile_max = tile_pick ? tile_pick : few ? (pv_double ? 128 : 256) : kPvMaxTile;
   const int kp = (a.kmax + 3) & ~3, tile = std::min({kp, kPvMaxTile, tile_max});
-  const size_t pv_smem = sizeof(float) * (size_t(kPvHeads) * kp + size_t(tile) * kPvDims);
+  const bool dbl = pv_double && tile < kp;
+  const size_t pv_smem = sizeof(float) * (size_t(kPvHeads) * kp + size_t(dbl ? 2 : 1) * tile * kPvDims);
   DSUF_CHECK(pv_smem <= 200 * 1024, "attention: ", a.kmax, " keys a row need too much shared memory");
   AttentionArgs pa = a;
   if (!emit) pa.o_sink = {};
   pa.w_early = weights_early();
   pa.stage16 = stage16;
   pa.pv_keys_early = pv_keys_early;
+  pa.pv_double = dbl;
   pa.trace = la.trace, pa.trace_tickets = la.trace_tickets;
   // DSUF_PV_EXP=nb|branch: the softmax's exponentials by det::fexp_nb (the same values for every
   // float, without branches, so that a round's four interleave; the default since session 38: −0.048
