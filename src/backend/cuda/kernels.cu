@@ -3260,18 +3260,18 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
   const int nh = min(kPvHeads, a.H - h0);
   const float* keys = a.keys + int64_t(i) * a.kmax * hd + d0;
   const bool vec = hd % 4 == 0 && d0 + kPvDims <= hd;
-  auto stage_keys = [&](float* dst, int j0) {
+  auto stage_keys = [&](int j0) {
     const int n = min(tile, nk - j0);
     if (vec) {
       for (int t = threadIdx.x; t < n * (kPvDims / 4); t += kThreads)
-        cp_async16(dst + 4 * t, keys + int64_t(j0 + t / (kPvDims / 4)) * hd + 4 * (t % (kPvDims / 4)));
+        cp_async16(kt + 4 * t, keys + int64_t(j0 + t / (kPvDims / 4)) * hd + 4 * (t % (kPvDims / 4)));
     } else {
       for (int t = threadIdx.x; t < n * kPvDims; t += kThreads)
-        dst[t] = d0 + t % kPvDims < hd ? keys[int64_t(j0 + t / kPvDims) * hd + t % kPvDims] : 0.0f;
+        kt[t] = d0 + t % kPvDims < hd ? keys[int64_t(j0 + t / kPvDims) * hd + t % kPvDims] : 0.0f;
     }
   };
   if (a.pv_keys_early) {
-    stage_keys(kt, 0);
+    stage_keys(0);
     pdl_entry(a.pv_late);
     att_stamp(a, att_st, 1);
   }
@@ -3287,14 +3287,10 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
     for (int h = 0; h < nh; ++h)
       for (int j = threadIdx.x; j < nk; j += kThreads) cp_async4(p + h * kp + j, att + int64_t(h) * a.kmax + j);
   }
-  if (!a.pv_keys_early) stage_keys(kt, 0);
+  if (!a.pv_keys_early) stage_keys(0);
   cp_async_wait_all();
   __syncthreads();
   att_stamp(a, att_st, 2);
-  // pv_double: the keys' tiles in two buffers — the second tile's copies issued here, under the
-  // softmax, and each later tile's while the one before it is summed.
-  float* const kt1 = kt + tile * kPvDims;
-  if (a.pv_double && tile < nk) stage_keys(kt1, tile);
 #pragma unroll
   for (int u = 0; u < HPW; ++u) {
     const int h = HPW * warp + u;
@@ -3337,11 +3333,10 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
   float acc[HPW];
 #pragma unroll
   for (int u = 0; u < HPW; ++u) ph[u] = p + (HPW * warp + u) * kp, acc[u] = 0.0f;
-  for (int j0 = 0, t = 0; j0 < nk; j0 += tile, ++t) {
-    const float* kb = a.pv_double && (t & 1) ? kt1 : kt;
-    if (!a.pv_double && j0 > 0) {
+  for (int j0 = 0; j0 < nk; j0 += tile) {
+    if (j0 > 0) {
       __syncthreads();
-      stage_keys(kt, j0);
+      stage_keys(j0);
       cp_async_wait_all();
       __syncthreads();
     }
@@ -3358,7 +3353,7 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
 #pragma unroll
           for (int u = 0; u < HPW; ++u) w[g][u] = *reinterpret_cast<const float4*>(ph[u] + j0 + jj + 4 * g);
 #pragma unroll
-          for (int c = 0; c < 4; ++c) kk[g][c] = kb[(jj + 4 * g + c) * kPvDims + lane];
+          for (int c = 0; c < 4; ++c) kk[g][c] = kt[(jj + 4 * g + c) * kPvDims + lane];
         }
 #pragma unroll
         for (int g = 0; g < UNR; ++g)
@@ -3376,8 +3371,8 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
       float4 w[HPW];
 #pragma unroll
       for (int u = 0; u < HPW; ++u) w[u] = *reinterpret_cast<const float4*>(ph[u] + j0 + jj);
-      const float k0 = kb[(jj + 0) * kPvDims + lane], k1 = kb[(jj + 1) * kPvDims + lane];
-      const float k2 = kb[(jj + 2) * kPvDims + lane], k3 = kb[(jj + 3) * kPvDims + lane];
+      const float k0 = kt[(jj + 0) * kPvDims + lane], k1 = kt[(jj + 1) * kPvDims + lane];
+      const float k2 = kt[(jj + 2) * kPvDims + lane], k3 = kt[(jj + 3) * kPvDims + lane];
 #pragma unroll
       for (int u = 0; u < HPW; ++u) {
         acc[u] += w[u].x * k0;
@@ -3387,14 +3382,9 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
       }
     }
     for (; jj < n; ++jj) {
-      const float k = kb[jj * kPvDims + lane];
+      const float k = kt[jj * kPvDims + lane];
 #pragma unroll
       for (int u = 0; u < HPW; ++u) acc[u] += ph[u][j0 + jj] * k;
-    }
-    if (a.pv_double && j0 + tile < nk) {
-      cp_async_wait_all();  // the next tile has landed, and every warp is done with this one
-      __syncthreads();
-      if (j0 + 2 * tile < nk) stage_keys(t & 1 ? kt1 : kt, j0 + 2 * tile);
     }
   }
   att_stamp_warps(a, att_st, 4);
@@ -5081,33 +5071,21 @@ void launch_fp8_tiles(const Fp8Call& c) {
 // 4 where the remainder then fills the lanes (nb mod 32 = 8: wq_b), else 2 — batch 4 −0.14 ms against
 // 2. DSUF_FP8_TILES_ROWS_REGS=cap|full: R = 4 at most 128 registers (cap) or as many as it takes
 // (full: 168–219).
-// DSUF_FP8_TILES_ROWS_WARPS=16|8|20: the warps of a block past K = 2,048 (4 up to it; 16 at 128
-// registers is one block an SM, whose 4 staged rows the 16 warps share; 20: below). A ring of 2 slots
-// a warp (3 measured slower: its shared memory costs blocks). Measured (docs/perf.md, session 40; gpu ms against off):
+// DSUF_FP8_TILES_ROWS_WARPS=16|8: the warps of a block past K = 2,048 (4 up to it; 16 at 128 registers
+// is one block an SM, whose 4 staged rows the 16 warps share). A ring of 2 slots a warp (3 measured
+// slower: its shared memory costs blocks). Measured (docs/perf.md, session 40; gpu ms against off):
 // batch 4 15.09 against 15.61, 16 46.69 against 49.70; 102 registers for blocks of 4 ±0 (removed).
+// Blocks of 20 warps at ≤ 102 registers (one tile a warp over 128 SMs for wo_b and the shared w2 at
+// batch 4) measured +0.04 ms at batch 4, 14 warps with rings of 3 slots +0.31 (session 42; removed).
 // Where the shared memory (R input rows at K ≤ 8,192 and the rings) does not fit, fewer warps, else
 // k_fp8_gemv.
 constexpr size_t kMaxBlockSmem = 227 * 1024;  // a block's shared memory on sm_90 and sm_100
 template <int OPW, bool kExact, int R>
 bool launch_fp8_tiles_rows_r(const Fp8Call& c) {
   static const bool full = env_picks("DSUF_FP8_TILES_ROWS_REGS", "cap", "full");
-  static const int warps_pick = env_choice("DSUF_FP8_TILES_ROWS_WARPS", {"16", "8", "20"});
-  const bool wide = warps_pick != 1;
+  static const bool wide = !env_picks("DSUF_FP8_TILES_ROWS_WARPS", "16", "8");
   auto fits = [&](int w) { return fp8_tiles_smem(OPW, w, 2, c.K, R) <= kMaxBlockSmem; };
   const bool cap = R > 2 && !full;
-  // 20 (written in session 41, not yet measured): blocks of 20 warps (≤ 102 registers, one an SM)
-  // past K = 2,048 where that gives each warp fewer tiles than 16 would — wo_b and the shared w2 at
-  // batch 4 (2,560 tiles: 2 a warp over 80 SMs at 16, 1 over 128 at 20), the shared w1/w3 pair.
-  if constexpr (R > 2) {
-    const int64_t slices = int64_t(blocks_for(c.rows, R)) * (c.pair.W ? 2 : c.groups);
-    const int64_t tiles = (std::max(c.out, c.pair.out) + OPW - 1) / OPW;
-    auto per_warp = [&](int w) {
-      const int64_t most = std::max<int64_t>(w, int64_t(sm_count()) * w / slices);
-      return (tiles + most - 1) / most;
-    };
-    if (warps_pick == 2 && c.K > 2048 && fits(20) && per_warp(20) < per_warp(16))
-      return launch_fp8_tiles_k<OPW, kExact, 20, 2, R, 1>(c), true;
-  }
   if (c.K > 2048 && wide && fits(16)) return launch_fp8_tiles_k<OPW, kExact, 16, 2, R, 1>(c), true;
   if (c.K > 2048 && fits(8)) {
     if (cap) launch_fp8_tiles_k<OPW, kExact, 8, 2, R, 2>(c);
@@ -5806,6 +5784,8 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   // for 3–15 rows, whose full-tile grid needs more than two blocks an SM — batch 4 at 8K −0.15 ms a
   // step, two rounds (320 −0.03, 160 −0.12) — else the row's keys in one tile (batch 1 and 2 fit
   // one wave as they are; 16–128 rows take k_attention_pv_tiles; longer prefill chunks not measured).
+  // The tiles double-buffered (the next tile's copies in flight under the sums; 128 keys, the same
+  // 52 KB) measured +0.024 at batch 4 and 256 double-buffered +0.085 (session 42; removed, exact).
   static const int tile_pick = [] {
     const char* v = std::getenv("DSUF_PV_TILE");
     if (!v || std::string(v) == "auto") return 0;
@@ -5814,22 +5794,15 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
                kPvMaxTile);
     return n;
   }();
-  // DSUF_PV_DOUBLE=off|on (session 42, not yet measured: off): the key tiles in two buffers, the next
-  // tile's copies in flight while one is summed (k_attention_pv's pv_double); with the tile on auto,
-  // 128 keys for 3–15 rows, so that the two buffers take the shared memory one tile of 256 took.
-  static const bool pv_double = env_picks("DSUF_PV_DOUBLE", "off", "on");
-  const bool few = a.rows >= 3 && a.rows < 16;
-  const int tile_max = tile_pick ? tile_pick : few ? (pv_double ? 128 : 256) : kPvMaxTile;
+  const int tile_max = tile_pick ? tile_pick : a.rows >= 3 && a.rows < 16 ? 256 : kPvMaxTile;
   const int kp = (a.kmax + 3) & ~3, tile = std::min({kp, kPvMaxTile, tile_max});
-  const bool dbl = pv_double && tile < kp;
-  const size_t pv_smem = sizeof(float) * (size_t(kPvHeads) * kp + size_t(dbl ? 2 : 1) * tile * kPvDims);
+  const size_t pv_smem = sizeof(float) * (size_t(kPvHeads) * kp + size_t(tile) * kPvDims);
   DSUF_CHECK(pv_smem <= 200 * 1024, "attention: ", a.kmax, " keys a row need too much shared memory");
   AttentionArgs pa = a;
   if (!emit) pa.o_sink = {};
   pa.w_early = weights_early();
   pa.stage16 = stage16;
   pa.pv_keys_early = pv_keys_early;
-  pa.pv_double = dbl;
   pa.trace = la.trace, pa.trace_tickets = la.trace_tickets;
   // DSUF_PV_EXP=nb|branch: the softmax's exponentials by det::fexp_nb (the same values for every
   // float, without branches, so that a round's four interleave; the default since session 38: −0.048

@@ -272,9 +272,6 @@ struct AttentionArgs {
   // waited for gather_keys too. (The logits kernel reading its first key before its wait, where
   // gather_keys is its direct prerequisite, was measured slower and broke the TP=2 decode: v28.)
   bool pv_keys_early = false;
-  // attention() sets it (DSUF_PV_DOUBLE): the P·V kernel's key tiles in two buffers, the next tile's
-  // copies in flight while a tile is summed (where a row's keys take several tiles).
-  bool pv_double = false;
   // attention() sets it for the logits kernel (DSUF_ATT_BULK=q|off, q by default since v40): its 8
   // heads' queries staged by one bulk copy (the copy engine) completing on an mbarrier, instead of a
   // cp.async per 4 or 16 bytes from every thread. Where the source is not 16-byte aligned, as before.
