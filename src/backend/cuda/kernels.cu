@@ -3062,9 +3062,15 @@ __device__ __forceinline__ int attention_keys(const AttentionArgs& a, int i, int
 // KPP = 2 (DSUF_LOGITS_PAIR, where a warp has two or more keys: several rows): a warp takes two keys a
 // pass (key j and j + the grid's warps), so that each query value it loads from shared memory serves
 // both; each key's dot is the same lane-strided sequence and tree (warp_sum8_scatter) as one at a time.
-template <int MINB, bool kScatter, int KPP = 1>
+// QU > 0 (KPP = 2, hd = 32·QU; DSUF_LOGITS_QT): the queries also laid out lane-major (qt: lane l's QU
+// values l, l + 32, … of a head contiguous, a row of QS floats), so that a lane takes them four at a
+// time (LDS.128) instead of one, and the key loop runs with hd known: no bounds or 64-bit compares
+// (session 42's SASS of the pair loop: ~45 % of its instructions were neither loads nor the products).
+// The same products, added in the same order.
+template <int MINB, bool kScatter, int KPP = 1, int QU = 0>
 __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(AttentionArgs a) {
   static_assert(KPP == 1 || (KPP == 2 && kScatter), "two keys a pass with the scatter tree");
+  static_assert(QU == 0 || (KPP == 2 && QU % 4 == 0), "lane-major queries: two keys a pass, 4 values a load");
   __shared__ unsigned long long att_st[kAttTraceStamps];
   att_trace_entry(a, att_st);
   pdl_entry(a.logits_late);
@@ -3123,7 +3129,54 @@ __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(A
   const int lane = threadIdx.x % 32;
   const int gw = blockIdx.z * (blockDim.x / 32) + threadIdx.x / 32, nw = gridDim.z * (blockDim.x / 32);
   const float* keys = a.keys + int64_t(i) * a.kmax * hd;
-  if constexpr (KPP == 2) {
+  if constexpr (QU > 0) {
+    // A lane's row stride QS: a multiple of 4 whose quarter is odd, so that the 8 lanes of a LDS.128
+    // phase fall in distinct 16-byte bank groups.
+    constexpr int QS = (QU / 4) % 2 ? QU : QU + 4, V = QU < 8 ? QU : 8;
+    float* qt = qs + kAttHeadsQK * 32 * QU;  // [kAttHeadsQK][32][QS]
+    for (int t = threadIdx.x; t < kAttHeadsQK * 32 * QU; t += blockDim.x) {
+      const int h = t / (32 * QU), r = t % (32 * QU);
+      qt[(h * 32 + r % 32) * QS + r / 32] = qs[t];
+    }
+    __syncthreads();
+    const float* ql = qt + lane * QS;
+    for (int j = gw; j < nk; j += 2 * nw) {
+      const int j1 = j + nw;
+      const bool two = j1 < nk;  // warp-uniform; without a second key the first is read twice, not stored
+      const float* k0p = keys + int64_t(j) * (32 * QU) + lane;
+      const float* k1p = keys + int64_t(two ? j1 : j) * (32 * QU) + lane;
+      float dot[2][kAttHeadsQK];
+#pragma unroll
+      for (int h = 0; h < kAttHeadsQK; ++h) dot[0][h] = 0.0f, dot[1][h] = 0.0f;
+#pragma unroll
+      for (int v = 0; v < QU; v += V) {
+        float k0[V], k1[V];
+#pragma unroll
+        for (int u = 0; u < V; ++u) k0[u] = k0p[32 * (v + u)], k1[u] = k1p[32 * (v + u)];
+#pragma unroll
+        for (int h = 0; h < kAttHeadsQK; ++h)
+#pragma unroll
+          for (int w = 0; w < V; w += 4) {
+            const float4 q = *reinterpret_cast<const float4*>(ql + h * 32 * QS + v + w);
+            dot[0][h] += q.x * k0[w];
+            dot[1][h] += q.x * k1[w];
+            dot[0][h] += q.y * k0[w + 1];
+            dot[1][h] += q.y * k1[w + 1];
+            dot[0][h] += q.z * k0[w + 2];
+            dot[1][h] += q.z * k1[w + 2];
+            dot[0][h] += q.w * k0[w + 3];
+            dot[1][h] += q.w * k1[w + 3];
+          }
+      }
+      const int h = (lane >> 2) & 7;
+      const float v0 = warp_sum8_scatter(dot[0], lane);
+      if ((lane & 3) == 0 && h < nh) a.att[(int64_t(i) * a.H + h0 + h) * a.kmax + j] = v0 * scale;
+      if (two) {
+        const float v1 = warp_sum8_scatter(dot[1], lane);
+        if ((lane & 3) == 0 && h < nh) a.att[(int64_t(i) * a.H + h0 + h) * a.kmax + j1] = v1 * scale;
+      }
+    }
+  } else if constexpr (KPP == 2) {
     constexpr int L = kAttLoads / 2;  // a lane's key values a chunk, per key
     for (int j = gw; j < nk; j += 2 * nw) {
       const int j1 = j + nw;
@@ -3225,16 +3278,22 @@ __device__ __forceinline__ void emit_attention_out(const AttentionArgs& a, int i
 // UNR > 2: the P·V loop takes UNR groups of 4 keys at a time, all their shared loads issued before
 // the products (DSUF_PV_UNROLL: 8, the v23 candidate; 2: v22's loop alone); every accumulator adds
 // its keys in order either way.
-template <int HPW, int UNR>
-__global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionArgs a, int tile) {
-  constexpr int kThreads = 32 * kPvHeads / HPW;
+// DW > 1 (DSUF_PV_WIDE, session 42): a block takes DW·32 dims (DW warps across the dims of each
+// group of HPW heads), so that each key value a lane loads from shared memory serves HPW heads and
+// the 8 heads' softmax is computed once for DW·32 dims; the softmax still takes a head a warp
+// (kPvHeads / warps heads: SPW).
+template <int HPW, int UNR, int DW = 1>
+__global__ void __launch_bounds__(32 * kPvHeads / HPW * DW) k_attention_pv(AttentionArgs a, int tile) {
+  constexpr int kThreads = 32 * kPvHeads / HPW * DW, kWarps = kThreads / 32, kDims = kPvDims * DW;
+  static_assert(kWarps <= kPvHeads && kPvHeads % kWarps == 0, "the softmax: whole heads a warp");
+  constexpr int SPW = kPvHeads / kWarps;
   // The warp's heads' attention sinks (weights: nothing in a step writes them) before the dependency
   // wait, so that their DRAM latency is not paid after the softmax (DSUF_W_EARLY=1; 0: after it).
-  float sink_v[HPW];
+  float sink_v[SPW];
   auto load_sinks = [&] {
 #pragma unroll
-    for (int u = 0; u < HPW; ++u) {
-      const int h = HPW * int(threadIdx.x / 32) + u;
+    for (int u = 0; u < SPW; ++u) {
+      const int h = SPW * int(threadIdx.x / 32) + u;
       sink_v[u] = threadIdx.x % 32 == 0 && h < min(kPvHeads, a.H - int(blockIdx.y) * kPvHeads)
                       ? a.sink[blockIdx.y * kPvHeads + h]
                       : 0.0f;
@@ -3246,11 +3305,12 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
   extern __shared__ float4 pv_smem4[];
   const int kp = (a.kmax + 3) & ~3;
   float* p = reinterpret_cast<float*>(pv_smem4);  // [kPvHeads][kp] logits, then exp(logit − max)
-  float* kt = p + kPvHeads * kp;                  // [tile][kPvDims] key slice
+  float* kt = p + kPvHeads * kp;                  // [tile][kDims] key slice
   __shared__ float den_s[kPvHeads];
   __shared__ int first_free;
-  const int i = blockIdx.x, h0 = blockIdx.y * kPvHeads, d0 = blockIdx.z * kPvDims;
+  const int i = blockIdx.x, h0 = blockIdx.y * kPvHeads, d0 = blockIdx.z * kDims;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int hg = warp / DW, ds = warp % DW;  // the loop's: heads HPW·hg …, dims d0 + 32·ds + lane
   const int64_t hd = a.hd;
   // pv_keys_early: the key count and the first key tile before the wait (gather_keys wrote them at
   // least two launches back; the logits kernel triggers this one only after its own wait).
@@ -3259,15 +3319,15 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
   const int nk = attention_keys(a, i, &first_free);
   const int nh = min(kPvHeads, a.H - h0);
   const float* keys = a.keys + int64_t(i) * a.kmax * hd + d0;
-  const bool vec = hd % 4 == 0 && d0 + kPvDims <= hd;
+  const bool vec = hd % 4 == 0 && d0 + kDims <= hd;
   auto stage_keys = [&](int j0) {
     const int n = min(tile, nk - j0);
     if (vec) {
-      for (int t = threadIdx.x; t < n * (kPvDims / 4); t += kThreads)
-        cp_async16(kt + 4 * t, keys + int64_t(j0 + t / (kPvDims / 4)) * hd + 4 * (t % (kPvDims / 4)));
+      for (int t = threadIdx.x; t < n * (kDims / 4); t += kThreads)
+        cp_async16(kt + 4 * t, keys + int64_t(j0 + t / (kDims / 4)) * hd + 4 * (t % (kDims / 4)));
     } else {
-      for (int t = threadIdx.x; t < n * kPvDims; t += kThreads)
-        kt[t] = d0 + t % kPvDims < hd ? keys[int64_t(j0 + t / kPvDims) * hd + t % kPvDims] : 0.0f;
+      for (int t = threadIdx.x; t < n * kDims; t += kThreads)
+        kt[t] = d0 + t % kDims < hd ? keys[int64_t(j0 + t / kDims) * hd + t % kDims] : 0.0f;
     }
   };
   if (a.pv_keys_early) {
@@ -3292,8 +3352,8 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
   __syncthreads();
   att_stamp(a, att_st, 2);
 #pragma unroll
-  for (int u = 0; u < HPW; ++u) {
-    const int h = HPW * warp + u;
+  for (int u = 0; u < SPW; ++u) {
+    const int h = SPW * warp + u;
     if (h >= nh) break;
     float* ph = p + h * kp;
     float mx = -INFINITY;
@@ -3332,7 +3392,8 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
   const float* ph[HPW];
   float acc[HPW];
 #pragma unroll
-  for (int u = 0; u < HPW; ++u) ph[u] = p + (HPW * warp + u) * kp, acc[u] = 0.0f;
+  for (int u = 0; u < HPW; ++u) ph[u] = p + (HPW * hg + u) * kp, acc[u] = 0.0f;
+  const int dl = 32 * ds + lane;  // the lane's column of the key tile (lane where DW = 1)
   for (int j0 = 0; j0 < nk; j0 += tile) {
     if (j0 > 0) {
       __syncthreads();
@@ -3353,7 +3414,7 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
 #pragma unroll
           for (int u = 0; u < HPW; ++u) w[g][u] = *reinterpret_cast<const float4*>(ph[u] + j0 + jj + 4 * g);
 #pragma unroll
-          for (int c = 0; c < 4; ++c) kk[g][c] = kt[(jj + 4 * g + c) * kPvDims + lane];
+          for (int c = 0; c < 4; ++c) kk[g][c] = kt[(jj + 4 * g + c) * kDims + dl];
         }
 #pragma unroll
         for (int g = 0; g < UNR; ++g)
@@ -3371,8 +3432,8 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
       float4 w[HPW];
 #pragma unroll
       for (int u = 0; u < HPW; ++u) w[u] = *reinterpret_cast<const float4*>(ph[u] + j0 + jj);
-      const float k0 = kt[(jj + 0) * kPvDims + lane], k1 = kt[(jj + 1) * kPvDims + lane];
-      const float k2 = kt[(jj + 2) * kPvDims + lane], k3 = kt[(jj + 3) * kPvDims + lane];
+      const float k0 = kt[(jj + 0) * kDims + dl], k1 = kt[(jj + 1) * kDims + dl];
+      const float k2 = kt[(jj + 2) * kDims + dl], k3 = kt[(jj + 3) * kDims + dl];
 #pragma unroll
       for (int u = 0; u < HPW; ++u) {
         acc[u] += w[u].x * k0;
@@ -3382,18 +3443,19 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
       }
     }
     for (; jj < n; ++jj) {
-      const float k = kt[jj * kPvDims + lane];
+      const float k = kt[jj * kDims + dl];
 #pragma unroll
       for (int u = 0; u < HPW; ++u) acc[u] += ph[u][j0 + jj] * k;
     }
   }
   att_stamp_warps(a, att_st, 4);
   pdl_exit(a.pv_late);
-  const int64_t d = d0 + lane;
+  const int64_t d = d0 + dl;
   if (a.o_sink.xq) {  // wo_a's input, as k_linear_input lays it out (whole warps: attention() checks)
+    if (DW == 1 || d0 + 32 * ds < hd)
 #pragma unroll
-    for (int u = 0; u < HPW; ++u)
-      emit_attention_out(a, i, h0 + HPW * warp + u, d, lane, rb(acc[u] / den_s[HPW * warp + u], a.r));
+      for (int u = 0; u < HPW; ++u)
+        emit_attention_out(a, i, h0 + HPW * hg + u, d, lane, rb(acc[u] / den_s[HPW * hg + u], a.r));
     att_trace_out(a, att_st, 5, 1);
     return;
   }
@@ -3401,7 +3463,7 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
     float* o = a.out + (int64_t(i) * a.H + h0) * hd + d;
 #pragma unroll
     for (int u = 0; u < HPW; ++u)
-      if (HPW * warp + u < nh) o[(HPW * warp + u) * hd] = rb(acc[u] / den_s[HPW * warp + u], a.r);
+      if (HPW * hg + u < nh) o[(HPW * hg + u) * hd] = rb(acc[u] / den_s[HPW * hg + u], a.r);
   }
   att_trace_out(a, att_st, 5, 1);
 }
@@ -5739,7 +5801,17 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   // warps have two keys or more each (several rows), with the scatter tree; off: one at a time.
   static const bool pair_on = !env_picks("DSUF_LOGITS_PAIR", "auto", "off");
   const bool pair = pair_on && tree_scatter && a.kmax > 8 * attention_key_split(a.rows);
-  auto* logits_k = pair ? (minb == 5 ? k_attention_logits<5, true, 2> : minb == 4 ? k_attention_logits<4, true, 2>
+  // DSUF_LOGITS_QT=off|on (session 42, being measured): with the pairs, the queries also laid out
+  // lane-major for hd = 512 and 128 (k_attention_logits<…, 2, QU>).
+  static const bool qt_on = env_picks("DSUF_LOGITS_QT", "off", "on");
+  const int qu = pair && qt_on && (a.hd == 512 || a.hd == 128) ? int(a.hd / 32) : 0;
+  auto* logits_k = qu == 16 ? (minb == 5   ? k_attention_logits<5, true, 2, 16>
+                               : minb == 4 ? k_attention_logits<4, true, 2, 16>
+                                           : k_attention_logits<0, true, 2, 16>)
+                 : qu == 4 ? (minb == 5   ? k_attention_logits<5, true, 2, 4>
+                              : minb == 4 ? k_attention_logits<4, true, 2, 4>
+                                          : k_attention_logits<0, true, 2, 4>)
+                 : pair ? (minb == 5 ? k_attention_logits<5, true, 2> : minb == 4 ? k_attention_logits<4, true, 2>
                                                                                : k_attention_logits<0, true, 2>)
                  : tree_scatter ? (minb == 5   ? k_attention_logits<5, true>
                                    : minb == 4 ? k_attention_logits<4, true>
@@ -5747,7 +5819,8 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
                                 : (minb == 5   ? k_attention_logits<5, false>
                                    : minb == 4 ? k_attention_logits<4, false>
                                                : k_attention_logits<0, false>);
-  set_smem(logits_k, qk_smem);
+  const size_t logits_smem = qk_smem + (qu ? sizeof(float) * kAttHeadsQK * 32 * ((qu / 4) % 2 ? qu : qu + 4) : 0);
+  set_smem(logits_k, logits_smem);
   // DSUF_LOGITS_TRIGGER=late (default since v25: −0.14 to −0.19 ms at batch 1; ±0 at 16 and 64) or entry.
   static const bool logits_late = !env_picks("DSUF_LOGITS_TRIGGER", "late", "entry");
   AttentionArgs la = a;
@@ -5764,7 +5837,7 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   la.bulk = bulk;
   if (!(whatif() & kWhatIfLogits))
     launch_step(logits_k, dim3(a.rows, blocks_for(a.H, kAttHeadsQK), attention_key_split(a.rows)), dim3(256),
-                qk_smem, s, la);
+                logits_smem, s, la);
   const dim3 pv_grid(a.rows, blocks_for(a.H, kPvHeads), blocks_for(a.hd, kPvDims));
   const int pv = pv_kernel(a.rows);
   if (pv == kPvTiles) {
@@ -5794,9 +5867,16 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
                kPvMaxTile);
     return n;
   }();
-  const int tile_max = tile_pick ? tile_pick : a.rows >= 3 && a.rows < 16 ? 256 : kPvMaxTile;
+  // DSUF_PV_WIDE=off|on|all (session 42, being measured; off): blocks of 8 heads × 128 dims, 4 heads a
+  // thread (k_attention_pv<4, 4, 4>) — a quarter of the key slices' shared-memory loads a product and
+  // of the softmaxes — for 3–15 rows (on) or every row count this kernel takes (all: a test aid), in
+  // key tiles of at most 256 (148 KB).
+  static const int wide_pick = env_choice("DSUF_PV_WIDE", {"off", "on", "all"});
+  const bool wide = pv == kPvOneHead && (wide_pick == 2 || (wide_pick == 1 && a.rows >= 3 && a.rows < 16));
+  const int dw = wide ? 4 : 1;
+  const int tile_max = tile_pick ? tile_pick : wide || (a.rows >= 3 && a.rows < 16) ? 256 : kPvMaxTile;
   const int kp = (a.kmax + 3) & ~3, tile = std::min({kp, kPvMaxTile, tile_max});
-  const size_t pv_smem = sizeof(float) * (size_t(kPvHeads) * kp + size_t(tile) * kPvDims);
+  const size_t pv_smem = sizeof(float) * (size_t(kPvHeads) * kp + size_t(tile) * kPvDims * dw);
   DSUF_CHECK(pv_smem <= 200 * 1024, "attention: ", a.kmax, " keys a row need too much shared memory");
   AttentionArgs pa = a;
   if (!emit) pa.o_sink = {};
@@ -5812,12 +5892,14 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   // DSUF_PV_TRIGGER=entry (default) or late: −0.03 ms with the logits' trigger at entry, ±0 with it late.
   static const bool pv_late = env_picks("DSUF_PV_TRIGGER", "entry", "late");
   pa.pv_late = pv_late;
-  const int hpw = pv == kPvOneHead ? 1 : 2;
+  const int hpw = wide ? 4 : pv == kPvOneHead ? 1 : 2;
   static const bool deep_unroll = !env_picks("DSUF_PV_UNROLL", "8", "2");
-  auto* k = hpw == 2 ? (deep_unroll ? k_attention_pv<2, 8> : k_attention_pv<2, 2>)
-                     : deep_unroll ? k_attention_pv<1, 8> : k_attention_pv<1, 2>;
+  auto* k = wide       ? k_attention_pv<4, 4, 4>
+            : hpw == 2 ? (deep_unroll ? k_attention_pv<2, 8> : k_attention_pv<2, 2>)
+                       : deep_unroll ? k_attention_pv<1, 8> : k_attention_pv<1, 2>;
   set_smem(k, pv_smem);
-  if (!(whatif() & kWhatIfPv)) launch_step(k, dim3(pv_grid), dim3(32 * kPvHeads / hpw), pv_smem, s, pa, tile);
+  const dim3 grid(pv_grid.x, pv_grid.y, unsigned(blocks_for(a.hd, kPvDims * dw)));
+  if (!(whatif() & kWhatIfPv)) launch_step(k, grid, dim3(32 * kPvHeads / hpw * dw), pv_smem, s, pa, tile);
   return layout();
 }
 void compress_emit(const CompressArgs& a, cudaStream_t s) {
