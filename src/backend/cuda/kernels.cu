@@ -3065,7 +3065,7 @@ __device__ __forceinline__ int attention_keys(const AttentionArgs& a, int i, int
 // QU > 0 (KPP = 2, hd = 32·QU; DSUF_LOGITS_QT): the queries also laid out lane-major (qt: lane l's QU
 // values l, l + 32, … of a head contiguous, a row of QS floats), so that a lane takes them four at a
 // time (LDS.128) instead of one, and the key loop runs with hd known: no bounds or 64-bit compares
-// (session 42's SASS of the pair loop: ~45 % of its instructions were neither loads nor the products).
+// (session 42's SASS of the pair loop: ~37 % of its instructions were neither loads nor the products).
 // The same products, added in the same order.
 template <int MINB, bool kScatter, int KPP = 1, int QU = 0>
 __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(AttentionArgs a) {
@@ -3278,22 +3278,16 @@ __device__ __forceinline__ void emit_attention_out(const AttentionArgs& a, int i
 // UNR > 2: the P·V loop takes UNR groups of 4 keys at a time, all their shared loads issued before
 // the products (DSUF_PV_UNROLL: 8, the v23 candidate; 2: v22's loop alone); every accumulator adds
 // its keys in order either way.
-// DW > 1 (DSUF_PV_WIDE, session 42): a block takes DW·32 dims (DW warps across the dims of each
-// group of HPW heads), so that each key value a lane loads from shared memory serves HPW heads and
-// the 8 heads' softmax is computed once for DW·32 dims; the softmax still takes a head a warp
-// (kPvHeads / warps heads: SPW).
-template <int HPW, int UNR, int DW = 1>
-__global__ void __launch_bounds__(32 * kPvHeads / HPW * DW) k_attention_pv(AttentionArgs a, int tile) {
-  constexpr int kThreads = 32 * kPvHeads / HPW * DW, kWarps = kThreads / 32, kDims = kPvDims * DW;
-  static_assert(kWarps <= kPvHeads && kPvHeads % kWarps == 0, "the softmax: whole heads a warp");
-  constexpr int SPW = kPvHeads / kWarps;
+template <int HPW, int UNR>
+__global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionArgs a, int tile) {
+  constexpr int kThreads = 32 * kPvHeads / HPW;
   // The warp's heads' attention sinks (weights: nothing in a step writes them) before the dependency
   // wait, so that their DRAM latency is not paid after the softmax (DSUF_W_EARLY=1; 0: after it).
-  float sink_v[SPW];
+  float sink_v[HPW];
   auto load_sinks = [&] {
 #pragma unroll
-    for (int u = 0; u < SPW; ++u) {
-      const int h = SPW * int(threadIdx.x / 32) + u;
+    for (int u = 0; u < HPW; ++u) {
+      const int h = HPW * int(threadIdx.x / 32) + u;
       sink_v[u] = threadIdx.x % 32 == 0 && h < min(kPvHeads, a.H - int(blockIdx.y) * kPvHeads)
                       ? a.sink[blockIdx.y * kPvHeads + h]
                       : 0.0f;
@@ -3305,12 +3299,11 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW * DW) k_attention_pv(Atten
   extern __shared__ float4 pv_smem4[];
   const int kp = (a.kmax + 3) & ~3;
   float* p = reinterpret_cast<float*>(pv_smem4);  // [kPvHeads][kp] logits, then exp(logit − max)
-  float* kt = p + kPvHeads * kp;                  // [tile][kDims] key slice
+  float* kt = p + kPvHeads * kp;                  // [tile][kPvDims] key slice
   __shared__ float den_s[kPvHeads];
   __shared__ int first_free;
-  const int i = blockIdx.x, h0 = blockIdx.y * kPvHeads, d0 = blockIdx.z * kDims;
+  const int i = blockIdx.x, h0 = blockIdx.y * kPvHeads, d0 = blockIdx.z * kPvDims;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int hg = warp / DW, ds = warp % DW;  // the loop's: heads HPW·hg …, dims d0 + 32·ds + lane
   const int64_t hd = a.hd;
   // pv_keys_early: the key count and the first key tile before the wait (gather_keys wrote them at
   // least two launches back; the logits kernel triggers this one only after its own wait).
@@ -3319,15 +3312,15 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW * DW) k_attention_pv(Atten
   const int nk = attention_keys(a, i, &first_free);
   const int nh = min(kPvHeads, a.H - h0);
   const float* keys = a.keys + int64_t(i) * a.kmax * hd + d0;
-  const bool vec = hd % 4 == 0 && d0 + kDims <= hd;
+  const bool vec = hd % 4 == 0 && d0 + kPvDims <= hd;
   auto stage_keys = [&](int j0) {
     const int n = min(tile, nk - j0);
     if (vec) {
-      for (int t = threadIdx.x; t < n * (kDims / 4); t += kThreads)
-        cp_async16(kt + 4 * t, keys + int64_t(j0 + t / (kDims / 4)) * hd + 4 * (t % (kDims / 4)));
+      for (int t = threadIdx.x; t < n * (kPvDims / 4); t += kThreads)
+        cp_async16(kt + 4 * t, keys + int64_t(j0 + t / (kPvDims / 4)) * hd + 4 * (t % (kPvDims / 4)));
     } else {
-      for (int t = threadIdx.x; t < n * kDims; t += kThreads)
-        kt[t] = d0 + t % kDims < hd ? keys[int64_t(j0 + t / kDims) * hd + t % kDims] : 0.0f;
+      for (int t = threadIdx.x; t < n * kPvDims; t += kThreads)
+        kt[t] = d0 + t % kPvDims < hd ? keys[int64_t(j0 + t / kPvDims) * hd + t % kPvDims] : 0.0f;
     }
   };
   if (a.pv_keys_early) {
@@ -3352,8 +3345,8 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW * DW) k_attention_pv(Atten
   __syncthreads();
   att_stamp(a, att_st, 2);
 #pragma unroll
-  for (int u = 0; u < SPW; ++u) {
-    const int h = SPW * warp + u;
+  for (int u = 0; u < HPW; ++u) {
+    const int h = HPW * warp + u;
     if (h >= nh) break;
     float* ph = p + h * kp;
     float mx = -INFINITY;
@@ -3392,8 +3385,7 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW * DW) k_attention_pv(Atten
   const float* ph[HPW];
   float acc[HPW];
 #pragma unroll
-  for (int u = 0; u < HPW; ++u) ph[u] = p + (HPW * hg + u) * kp, acc[u] = 0.0f;
-  const int dl = 32 * ds + lane;  // the lane's column of the key tile (lane where DW = 1)
+  for (int u = 0; u < HPW; ++u) ph[u] = p + (HPW * warp + u) * kp, acc[u] = 0.0f;
   for (int j0 = 0; j0 < nk; j0 += tile) {
     if (j0 > 0) {
       __syncthreads();
@@ -3414,7 +3406,7 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW * DW) k_attention_pv(Atten
 #pragma unroll
           for (int u = 0; u < HPW; ++u) w[g][u] = *reinterpret_cast<const float4*>(ph[u] + j0 + jj + 4 * g);
 #pragma unroll
-          for (int c = 0; c < 4; ++c) kk[g][c] = kt[(jj + 4 * g + c) * kDims + dl];
+          for (int c = 0; c < 4; ++c) kk[g][c] = kt[(jj + 4 * g + c) * kPvDims + lane];
         }
 #pragma unroll
         for (int g = 0; g < UNR; ++g)
@@ -3432,8 +3424,8 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW * DW) k_attention_pv(Atten
       float4 w[HPW];
 #pragma unroll
       for (int u = 0; u < HPW; ++u) w[u] = *reinterpret_cast<const float4*>(ph[u] + j0 + jj);
-      const float k0 = kt[(jj + 0) * kDims + dl], k1 = kt[(jj + 1) * kDims + dl];
-      const float k2 = kt[(jj + 2) * kDims + dl], k3 = kt[(jj + 3) * kDims + dl];
+      const float k0 = kt[(jj + 0) * kPvDims + lane], k1 = kt[(jj + 1) * kPvDims + lane];
+      const float k2 = kt[(jj + 2) * kPvDims + lane], k3 = kt[(jj + 3) * kPvDims + lane];
 #pragma unroll
       for (int u = 0; u < HPW; ++u) {
         acc[u] += w[u].x * k0;
@@ -3443,19 +3435,18 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW * DW) k_attention_pv(Atten
       }
     }
     for (; jj < n; ++jj) {
-      const float k = kt[jj * kDims + dl];
+      const float k = kt[jj * kPvDims + lane];
 #pragma unroll
       for (int u = 0; u < HPW; ++u) acc[u] += ph[u][j0 + jj] * k;
     }
   }
   att_stamp_warps(a, att_st, 4);
   pdl_exit(a.pv_late);
-  const int64_t d = d0 + dl;
+  const int64_t d = d0 + lane;
   if (a.o_sink.xq) {  // wo_a's input, as k_linear_input lays it out (whole warps: attention() checks)
-    if (DW == 1 || d0 + 32 * ds < hd)
 #pragma unroll
-      for (int u = 0; u < HPW; ++u)
-        emit_attention_out(a, i, h0 + HPW * hg + u, d, lane, rb(acc[u] / den_s[HPW * hg + u], a.r));
+    for (int u = 0; u < HPW; ++u)
+      emit_attention_out(a, i, h0 + HPW * warp + u, d, lane, rb(acc[u] / den_s[HPW * warp + u], a.r));
     att_trace_out(a, att_st, 5, 1);
     return;
   }
@@ -3463,7 +3454,7 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW * DW) k_attention_pv(Atten
     float* o = a.out + (int64_t(i) * a.H + h0) * hd + d;
 #pragma unroll
     for (int u = 0; u < HPW; ++u)
-      if (HPW * hg + u < nh) o[(HPW * hg + u) * hd] = rb(acc[u] / den_s[HPW * hg + u], a.r);
+      if (HPW * warp + u < nh) o[(HPW * warp + u) * hd] = rb(acc[u] / den_s[HPW * warp + u], a.r);
   }
   att_trace_out(a, att_st, 5, 1);
 }
@@ -5706,12 +5697,16 @@ void pack_window(const float* kv, int rows, const RowMeta* meta, const SeqMeta* 
 // warp: v18 measured 0.06 ms a step faster than two; UNR by DSUF_PV_UNROLL), k_attention_pv<2, UNR>
 // (cp: two heads a thread: each key slice value loaded once for both, half the shared-memory
 // wavefronts of the loop, twice each warp's softmax) or k_attention_pv_tiles. auto (session 23): tiles
-// for 16 to 128 rows (batch 16 −0.2 to −0.25 ms in three rounds over two sessions, 64 −0.6 in two),
-// warps otherwise (batch 1–4; prefill chunks of more rows: not re-measured).
+// for 16 to 128 rows (batch 16 −0.2 to −0.25 ms in three rounds over two sessions, 64 −0.6 in two);
+// cp for 3–15 rows (session 42: batch 4 −0.12 ms, 8 −0.23, three rounds: there the loop is bound by
+// the shared-memory wavefronts, which two heads a thread cut by 40 %); warps otherwise (batch 1–2,
+// where one head a warp's shorter chains win: v18; prefill chunks of more rows: not re-measured).
+// Blocks of 128 dims at 4 heads a thread (a quarter of the wavefronts; session 42, k_attention_pv's
+// DW = 4, exact) measured −0.016 at batch 4, short of cp; removed.
 enum PvKernel { kPvOneHead = 0, kPvTwoHeads = 1, kPvTiles = 2 };
 int pv_kernel(int rows) {
   static const int k = env_choice("DSUF_PV", {"auto", "warps", "cp", "tiles"});
-  if (k == 0) return rows >= 16 && rows <= 128 ? kPvTiles : kPvOneHead;
+  if (k == 0) return rows >= 16 && rows <= 128 ? kPvTiles : rows >= 3 && rows < 16 ? kPvTwoHeads : kPvOneHead;
   return k - 1;  // in PvKernel's order
 }
 void gather_keys(const AttentionArgs& a, cudaStream_t s) {
@@ -5801,9 +5796,10 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   // warps have two keys or more each (several rows), with the scatter tree; off: one at a time.
   static const bool pair_on = !env_picks("DSUF_LOGITS_PAIR", "auto", "off");
   const bool pair = pair_on && tree_scatter && a.kmax > 8 * attention_key_split(a.rows);
-  // DSUF_LOGITS_QT=off|on (session 42, being measured): with the pairs, the queries also laid out
-  // lane-major for hd = 512 and 128 (k_attention_logits<…, 2, QU>).
-  static const bool qt_on = env_picks("DSUF_LOGITS_QT", "off", "on");
+  // DSUF_LOGITS_QT=on|off: with the pairs, the queries also laid out lane-major for hd = 512 and 128
+  // (k_attention_logits<…, 2, QU>; the default since session 42: batch 16 −0.185 ms, 8 −0.07 beside
+  // DSUF_PV=cp, 4 ±0; batch 1 takes no pairs).
+  static const bool qt_on = !env_picks("DSUF_LOGITS_QT", "on", "off");
   const int qu = pair && qt_on && (a.hd == 512 || a.hd == 128) ? int(a.hd / 32) : 0;
   auto* logits_k = qu == 16 ? (minb == 5   ? k_attention_logits<5, true, 2, 16>
                                : minb == 4 ? k_attention_logits<4, true, 2, 16>
@@ -5867,16 +5863,9 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
                kPvMaxTile);
     return n;
   }();
-  // DSUF_PV_WIDE=off|on|all (session 42, being measured; off): blocks of 8 heads × 128 dims, 4 heads a
-  // thread (k_attention_pv<4, 4, 4>) — a quarter of the key slices' shared-memory loads a product and
-  // of the softmaxes — for 3–15 rows (on) or every row count this kernel takes (all: a test aid), in
-  // key tiles of at most 256 (148 KB).
-  static const int wide_pick = env_choice("DSUF_PV_WIDE", {"off", "on", "all"});
-  const bool wide = pv == kPvOneHead && (wide_pick == 2 || (wide_pick == 1 && a.rows >= 3 && a.rows < 16));
-  const int dw = wide ? 4 : 1;
-  const int tile_max = tile_pick ? tile_pick : wide || (a.rows >= 3 && a.rows < 16) ? 256 : kPvMaxTile;
+  const int tile_max = tile_pick ? tile_pick : a.rows >= 3 && a.rows < 16 ? 256 : kPvMaxTile;
   const int kp = (a.kmax + 3) & ~3, tile = std::min({kp, kPvMaxTile, tile_max});
-  const size_t pv_smem = sizeof(float) * (size_t(kPvHeads) * kp + size_t(tile) * kPvDims * dw);
+  const size_t pv_smem = sizeof(float) * (size_t(kPvHeads) * kp + size_t(tile) * kPvDims);
   DSUF_CHECK(pv_smem <= 200 * 1024, "attention: ", a.kmax, " keys a row need too much shared memory");
   AttentionArgs pa = a;
   if (!emit) pa.o_sink = {};
@@ -5892,14 +5881,12 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   // DSUF_PV_TRIGGER=entry (default) or late: −0.03 ms with the logits' trigger at entry, ±0 with it late.
   static const bool pv_late = env_picks("DSUF_PV_TRIGGER", "entry", "late");
   pa.pv_late = pv_late;
-  const int hpw = wide ? 4 : pv == kPvOneHead ? 1 : 2;
+  const int hpw = pv == kPvOneHead ? 1 : 2;
   static const bool deep_unroll = !env_picks("DSUF_PV_UNROLL", "8", "2");
-  auto* k = wide       ? k_attention_pv<4, 4, 4>
-            : hpw == 2 ? (deep_unroll ? k_attention_pv<2, 8> : k_attention_pv<2, 2>)
-                       : deep_unroll ? k_attention_pv<1, 8> : k_attention_pv<1, 2>;
+  auto* k = hpw == 2 ? (deep_unroll ? k_attention_pv<2, 8> : k_attention_pv<2, 2>)
+                     : deep_unroll ? k_attention_pv<1, 8> : k_attention_pv<1, 2>;
   set_smem(k, pv_smem);
-  const dim3 grid(pv_grid.x, pv_grid.y, unsigned(blocks_for(a.hd, kPvDims * dw)));
-  if (!(whatif() & kWhatIfPv)) launch_step(k, grid, dim3(32 * kPvHeads / hpw * dw), pv_smem, s, pa, tile);
+  if (!(whatif() & kWhatIfPv)) launch_step(k, dim3(pv_grid), dim3(32 * kPvHeads / hpw), pv_smem, s, pa, tile);
   return layout();
 }
 void compress_emit(const CompressArgs& a, cudaStream_t s) {
