@@ -3129,6 +3129,16 @@ __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(A
   const int lane = threadIdx.x % 32;
   const int gw = blockIdx.z * (blockDim.x / 32) + threadIdx.x / 32, nw = gridDim.z * (blockDim.x / 32);
   const float* keys = a.keys + int64_t(i) * a.kmax * hd;
+  // A pass's two keys (KPP = 2): each key's 8 head sums by one butterfly, head h stored by lane 4h.
+  auto store_pair = [&](const float (&dot)[2][kAttHeadsQK], int j, int j1, bool two) {
+    const int h = (lane >> 2) & 7;
+    const float v0 = warp_sum8_scatter(dot[0], lane);
+    if ((lane & 3) == 0 && h < nh) a.att[(int64_t(i) * a.H + h0 + h) * a.kmax + j] = v0 * scale;
+    if (two) {
+      const float v1 = warp_sum8_scatter(dot[1], lane);
+      if ((lane & 3) == 0 && h < nh) a.att[(int64_t(i) * a.H + h0 + h) * a.kmax + j1] = v1 * scale;
+    }
+  };
   if constexpr (QU > 0) {
     // A lane's row stride QS: a multiple of 4 whose quarter is odd, so that the 8 lanes of a LDS.128
     // phase fall in distinct 16-byte bank groups.
@@ -3168,13 +3178,7 @@ __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(A
             dot[1][h] += q.w * k1[w + 3];
           }
       }
-      const int h = (lane >> 2) & 7;
-      const float v0 = warp_sum8_scatter(dot[0], lane);
-      if ((lane & 3) == 0 && h < nh) a.att[(int64_t(i) * a.H + h0 + h) * a.kmax + j] = v0 * scale;
-      if (two) {
-        const float v1 = warp_sum8_scatter(dot[1], lane);
-        if ((lane & 3) == 0 && h < nh) a.att[(int64_t(i) * a.H + h0 + h) * a.kmax + j1] = v1 * scale;
-      }
+      store_pair(dot, j, j1, two);
     }
   } else if constexpr (KPP == 2) {
     constexpr int L = kAttLoads / 2;  // a lane's key values a chunk, per key
@@ -3203,13 +3207,7 @@ __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(A
           }
         }
       }
-      const int h = (lane >> 2) & 7;
-      const float v0 = warp_sum8_scatter(dot[0], lane);
-      if ((lane & 3) == 0 && h < nh) a.att[(int64_t(i) * a.H + h0 + h) * a.kmax + j] = v0 * scale;
-      if (two) {
-        const float v1 = warp_sum8_scatter(dot[1], lane);
-        if ((lane & 3) == 0 && h < nh) a.att[(int64_t(i) * a.H + h0 + h) * a.kmax + j1] = v1 * scale;
-      }
+      store_pair(dot, j, j1, two);
     }
   } else
   for (int j = gw; j < nk; j += nw) {
