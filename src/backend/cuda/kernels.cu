@@ -3067,6 +3067,9 @@ __device__ __forceinline__ int attention_keys(const AttentionArgs& a, int i, int
 // time (LDS.128) instead of one, and the key loop runs with hd known: no bounds or 64-bit compares
 // (session 42's SASS of the pair loop: ~37 % of its instructions were neither loads nor the products).
 // The same products, added in the same order.
+// A lane's row of the lane-major queries: QU values padded to a multiple of 4 whose quarter is odd,
+// so that the 8 lanes of an LDS.128 phase fall in distinct 16-byte bank groups.
+__host__ __device__ constexpr int logits_qt_stride(int qu) { return (qu / 4) % 2 ? qu : qu + 4; }
 template <int MINB, bool kScatter, int KPP = 1, int QU = 0>
 __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(AttentionArgs a) {
   static_assert(KPP == 1 || (KPP == 2 && kScatter), "two keys a pass with the scatter tree");
@@ -3140,9 +3143,7 @@ __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(A
     }
   };
   if constexpr (QU > 0) {
-    // A lane's row stride QS: a multiple of 4 whose quarter is odd, so that the 8 lanes of a LDS.128
-    // phase fall in distinct 16-byte bank groups.
-    constexpr int QS = (QU / 4) % 2 ? QU : QU + 4, V = QU < 8 ? QU : 8;
+    constexpr int QS = logits_qt_stride(QU), V = QU < 8 ? QU : 8;
     float* qt = qs + kAttHeadsQK * 32 * QU;  // [kAttHeadsQK][32][QS]
     for (int t = threadIdx.x; t < kAttHeadsQK * 32 * QU; t += blockDim.x) {
       const int h = t / (32 * QU), r = t % (32 * QU);
@@ -5813,7 +5814,7 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
                                 : (minb == 5   ? k_attention_logits<5, false>
                                    : minb == 4 ? k_attention_logits<4, false>
                                                : k_attention_logits<0, false>);
-  const size_t logits_smem = qk_smem + (qu ? sizeof(float) * kAttHeadsQK * 32 * ((qu / 4) % 2 ? qu : qu + 4) : 0);
+  const size_t logits_smem = qk_smem + (qu ? sizeof(float) * kAttHeadsQK * 32 * logits_qt_stride(qu) : 0);
   set_smem(logits_k, logits_smem);
   // DSUF_LOGITS_TRIGGER=late (default since v25: −0.14 to −0.19 ms at batch 1; ±0 at 16 and 64) or entry.
   static const bool logits_late = !env_picks("DSUF_LOGITS_TRIGGER", "late", "entry");
