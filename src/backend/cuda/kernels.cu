@@ -5703,9 +5703,11 @@ void pack_window(const float* kv, int rows, const RowMeta* meta, const SeqMeta* 
 // Blocks of 128 dims at 4 heads a thread (a quarter of the wavefronts; session 42, k_attention_pv's
 // DW = 4, exact) measured −0.016 at batch 4, short of cp; removed.
 enum PvKernel { kPvOneHead = 0, kPvTwoHeads = 1, kPvTiles = 2 };
+// The rows (3–15) for which the P·V's auto settings differ from batch 1's: cp and key tiles of 256.
+static bool pv_mid_rows(int rows) { return rows >= 3 && rows < 16; }
 int pv_kernel(int rows) {
   static const int k = env_choice("DSUF_PV", {"auto", "warps", "cp", "tiles"});
-  if (k == 0) return rows >= 16 && rows <= 128 ? kPvTiles : rows >= 3 && rows < 16 ? kPvTwoHeads : kPvOneHead;
+  if (k == 0) return rows >= 16 && rows <= 128 ? kPvTiles : pv_mid_rows(rows) ? kPvTwoHeads : kPvOneHead;
   return k - 1;  // in PvKernel's order
 }
 void gather_keys(const AttentionArgs& a, cudaStream_t s) {
@@ -5862,7 +5864,7 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
                kPvMaxTile);
     return n;
   }();
-  const int tile_max = tile_pick ? tile_pick : a.rows >= 3 && a.rows < 16 ? 256 : kPvMaxTile;
+  const int tile_max = tile_pick ? tile_pick : pv_mid_rows(a.rows) ? 256 : kPvMaxTile;
   const int kp = (a.kmax + 3) & ~3, tile = std::min({kp, kPvMaxTile, tile_max});
   const size_t pv_smem = sizeof(float) * (size_t(kPvHeads) * kp + size_t(tile) * kPvDims);
   DSUF_CHECK(pv_smem <= 200 * 1024, "attention: ", a.kmax, " keys a row need too much shared memory");
