@@ -3277,16 +3277,21 @@ __device__ __forceinline__ void emit_attention_out(const AttentionArgs& a, int i
 // UNR > 2: the P·V loop takes UNR groups of 4 keys at a time, all their shared loads issued before
 // the products (DSUF_PV_UNROLL: 8, the v23 candidate; 2: v22's loop alone); every accumulator adds
 // its keys in order either way.
-template <int HPW, int UNR>
-__global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionArgs a, int tile) {
-  constexpr int kThreads = 32 * kPvHeads / HPW;
+// DW > 1 (DSUF_PV=cpw, session 43): a block takes DW·32 dims (DW warps across the dims of each group
+// of HPW heads), so that the 8 heads' softmax is computed once for DW·32 dims (by kPvHeads / warps
+// heads a warp: SPW) while each key value a lane loads still serves HPW heads.
+template <int HPW, int UNR, int DW = 1>
+__global__ void __launch_bounds__(32 * kPvHeads / HPW * DW) k_attention_pv(AttentionArgs a, int tile) {
+  constexpr int kThreads = 32 * kPvHeads / HPW * DW, kWarps = kThreads / 32, kDims = kPvDims * DW;
+  static_assert(kWarps <= kPvHeads && kPvHeads % kWarps == 0, "the softmax: whole heads a warp");
+  constexpr int SPW = kPvHeads / kWarps;
   // The warp's heads' attention sinks (weights: nothing in a step writes them) before the dependency
   // wait, so that their DRAM latency is not paid after the softmax (DSUF_W_EARLY=1; 0: after it).
-  float sink_v[HPW];
+  float sink_v[SPW];
   auto load_sinks = [&] {
 #pragma unroll
-    for (int u = 0; u < HPW; ++u) {
-      const int h = HPW * int(threadIdx.x / 32) + u;
+    for (int u = 0; u < SPW; ++u) {
+      const int h = SPW * int(threadIdx.x / 32) + u;
       sink_v[u] = threadIdx.x % 32 == 0 && h < min(kPvHeads, a.H - int(blockIdx.y) * kPvHeads)
                       ? a.sink[blockIdx.y * kPvHeads + h]
                       : 0.0f;
@@ -3298,11 +3303,12 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
   extern __shared__ float4 pv_smem4[];
   const int kp = (a.kmax + 3) & ~3;
   float* p = reinterpret_cast<float*>(pv_smem4);  // [kPvHeads][kp] logits, then exp(logit − max)
-  float* kt = p + kPvHeads * kp;                  // [tile][kPvDims] key slice
+  float* kt = p + kPvHeads * kp;                  // [tile][kDims] key slice
   __shared__ float den_s[kPvHeads];
   __shared__ int first_free;
-  const int i = blockIdx.x, h0 = blockIdx.y * kPvHeads, d0 = blockIdx.z * kPvDims;
+  const int i = blockIdx.x, h0 = blockIdx.y * kPvHeads, d0 = blockIdx.z * kDims;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int hg = warp / DW, ds = warp % DW;  // the loop's: heads HPW·hg …, dims d0 + 32·ds + lane
   const int64_t hd = a.hd;
   // pv_keys_early: the key count and the first key tile before the wait (gather_keys wrote them at
   // least two launches back; the logits kernel triggers this one only after its own wait).
@@ -3311,15 +3317,15 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
   const int nk = attention_keys(a, i, &first_free);
   const int nh = min(kPvHeads, a.H - h0);
   const float* keys = a.keys + int64_t(i) * a.kmax * hd + d0;
-  const bool vec = hd % 4 == 0 && d0 + kPvDims <= hd;
+  const bool vec = hd % 4 == 0 && d0 + kDims <= hd;
   auto stage_keys = [&](int j0) {
     const int n = min(tile, nk - j0);
     if (vec) {
-      for (int t = threadIdx.x; t < n * (kPvDims / 4); t += kThreads)
-        cp_async16(kt + 4 * t, keys + int64_t(j0 + t / (kPvDims / 4)) * hd + 4 * (t % (kPvDims / 4)));
+      for (int t = threadIdx.x; t < n * (kDims / 4); t += kThreads)
+        cp_async16(kt + 4 * t, keys + int64_t(j0 + t / (kDims / 4)) * hd + 4 * (t % (kDims / 4)));
     } else {
-      for (int t = threadIdx.x; t < n * kPvDims; t += kThreads)
-        kt[t] = d0 + t % kPvDims < hd ? keys[int64_t(j0 + t / kPvDims) * hd + t % kPvDims] : 0.0f;
+      for (int t = threadIdx.x; t < n * kDims; t += kThreads)
+        kt[t] = d0 + t % kDims < hd ? keys[int64_t(j0 + t / kDims) * hd + t % kDims] : 0.0f;
     }
   };
   if (a.pv_keys_early) {
@@ -3344,8 +3350,8 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
   __syncthreads();
   att_stamp(a, att_st, 2);
 #pragma unroll
-  for (int u = 0; u < HPW; ++u) {
-    const int h = HPW * warp + u;
+  for (int u = 0; u < SPW; ++u) {
+    const int h = SPW * warp + u;
     if (h >= nh) break;
     float* ph = p + h * kp;
     float mx = -INFINITY;
@@ -3384,7 +3390,8 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
   const float* ph[HPW];
   float acc[HPW];
 #pragma unroll
-  for (int u = 0; u < HPW; ++u) ph[u] = p + (HPW * warp + u) * kp, acc[u] = 0.0f;
+  for (int u = 0; u < HPW; ++u) ph[u] = p + (HPW * hg + u) * kp, acc[u] = 0.0f;
+  const int dl = 32 * ds + lane;  // the lane's column of the key tile (lane where DW = 1)
   for (int j0 = 0; j0 < nk; j0 += tile) {
     if (j0 > 0) {
       __syncthreads();
@@ -3405,7 +3412,7 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
 #pragma unroll
           for (int u = 0; u < HPW; ++u) w[g][u] = *reinterpret_cast<const float4*>(ph[u] + j0 + jj + 4 * g);
 #pragma unroll
-          for (int c = 0; c < 4; ++c) kk[g][c] = kt[(jj + 4 * g + c) * kPvDims + lane];
+          for (int c = 0; c < 4; ++c) kk[g][c] = kt[(jj + 4 * g + c) * kDims + dl];
         }
 #pragma unroll
         for (int g = 0; g < UNR; ++g)
@@ -3423,8 +3430,8 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
       float4 w[HPW];
 #pragma unroll
       for (int u = 0; u < HPW; ++u) w[u] = *reinterpret_cast<const float4*>(ph[u] + j0 + jj);
-      const float k0 = kt[(jj + 0) * kPvDims + lane], k1 = kt[(jj + 1) * kPvDims + lane];
-      const float k2 = kt[(jj + 2) * kPvDims + lane], k3 = kt[(jj + 3) * kPvDims + lane];
+      const float k0 = kt[(jj + 0) * kDims + dl], k1 = kt[(jj + 1) * kDims + dl];
+      const float k2 = kt[(jj + 2) * kDims + dl], k3 = kt[(jj + 3) * kDims + dl];
 #pragma unroll
       for (int u = 0; u < HPW; ++u) {
         acc[u] += w[u].x * k0;
@@ -3434,18 +3441,19 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
       }
     }
     for (; jj < n; ++jj) {
-      const float k = kt[jj * kPvDims + lane];
+      const float k = kt[jj * kDims + dl];
 #pragma unroll
       for (int u = 0; u < HPW; ++u) acc[u] += ph[u][j0 + jj] * k;
     }
   }
   att_stamp_warps(a, att_st, 4);
   pdl_exit(a.pv_late);
-  const int64_t d = d0 + lane;
+  const int64_t d = d0 + dl;
   if (a.o_sink.xq) {  // wo_a's input, as k_linear_input lays it out (whole warps: attention() checks)
+    if (DW == 1 || d0 + 32 * ds < hd)
 #pragma unroll
-    for (int u = 0; u < HPW; ++u)
-      emit_attention_out(a, i, h0 + HPW * warp + u, d, lane, rb(acc[u] / den_s[HPW * warp + u], a.r));
+      for (int u = 0; u < HPW; ++u)
+        emit_attention_out(a, i, h0 + HPW * hg + u, d, lane, rb(acc[u] / den_s[HPW * hg + u], a.r));
     att_trace_out(a, att_st, 5, 1);
     return;
   }
@@ -3453,7 +3461,7 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW) k_attention_pv(AttentionA
     float* o = a.out + (int64_t(i) * a.H + h0) * hd + d;
 #pragma unroll
     for (int u = 0; u < HPW; ++u)
-      if (HPW * warp + u < nh) o[(HPW * warp + u) * hd] = rb(acc[u] / den_s[HPW * warp + u], a.r);
+      if (HPW * hg + u < nh) o[(HPW * hg + u) * hd] = rb(acc[u] / den_s[HPW * hg + u], a.r);
   }
   att_trace_out(a, att_st, 5, 1);
 }
@@ -5692,22 +5700,26 @@ void pack_window(const float* kv, int rows, const RowMeta* meta, const SeqMeta* 
   const int64_t t = int64_t(rows) * (hd / 32);
   if (t > 0) launch_step(k_pack_window, dim3(blocks_for(t, 8)), dim3(256), 0, s, kv, rows, meta, seqs, layer, hd, W);
 }
-// DSUF_PV=auto|warps|cp|tiles picks the softmax + P·V kernel: k_attention_pv<1, UNR> (warps, a head a
-// warp: v18 measured 0.06 ms a step faster than two; UNR by DSUF_PV_UNROLL), k_attention_pv<2, UNR>
-// (cp: two heads a thread: each key slice value loaded once for both, half the shared-memory
-// wavefronts of the loop, twice each warp's softmax) or k_attention_pv_tiles. auto (session 23): tiles
-// for 16 to 128 rows (batch 16 −0.2 to −0.25 ms in three rounds over two sessions, 64 −0.6 in two);
-// cp for 3–15 rows (session 42: batch 4 −0.12 ms, 8 −0.23, three rounds: there the loop is bound by
-// the shared-memory wavefronts, which two heads a thread cut by 40 %); warps otherwise (batch 1–2,
-// where one head a warp's shorter chains win: v18; prefill chunks of more rows: not re-measured).
-// Blocks of 128 dims at 4 heads a thread (a quarter of the wavefronts; session 42, k_attention_pv's
-// DW = 4, exact) measured −0.016 at batch 4, short of cp; removed.
-enum PvKernel { kPvOneHead = 0, kPvTwoHeads = 1, kPvTiles = 2 };
-// The rows (3–15) for which the P·V's auto settings differ from batch 1's: cp and key tiles of 256.
+// DSUF_PV=auto|warps|cp|tiles|cpw picks the softmax + P·V kernel: k_attention_pv<1, UNR> (warps, a
+// head a warp: v18 measured 0.06 ms a step faster than two; UNR by DSUF_PV_UNROLL),
+// k_attention_pv<2, UNR> (cp: two heads a thread: each key slice value loaded once for both, half the
+// shared-memory wavefronts of the loop, twice each warp's softmax), k_attention_pv<2, UNR, 2> (cpw:
+// cp's loop in blocks of 64 dims, 8 warps, each warp one head's softmax, so that a head group's
+// softmax is done by 8 blocks instead of 16 and a warp's is no longer two heads in turn) or
+// k_attention_pv_tiles. auto: tiles for 16 to 128 rows (session 23: batch 16 −0.2 to −0.25 ms in three
+// rounds over two sessions, 64 −0.6 in two); cpw for 3–15 rows (session 43: batch 4 −0.054 ms against
+// cp in three rounds, 8 −0.143 in two; cp itself, session 42: batch 4 −0.12, 8 −0.23 against warps —
+// there the loop is bound by the shared-memory wavefronts, which two heads a thread cut by 40 %);
+// warps otherwise (batch 1–2, where one head a warp's shorter chains win: v18; cpw +0.18 at batch 1,
+// its 64 blocks on half the SMs; prefill chunks of more rows: not re-measured). Blocks of 128 dims at
+// 4 heads a thread (a quarter of the wavefronts; session 42, DW = 4, exact) measured −0.016 at batch
+// 4, short of cp; removed.
+enum PvKernel { kPvOneHead = 0, kPvTwoHeads = 1, kPvTiles = 2, kPvTwoHeadsWide = 3 };
+// The rows (3–15) for which the P·V's auto settings differ from batch 1's: cpw and key tiles of 256.
 static bool pv_mid_rows(int rows) { return rows >= 3 && rows < 16; }
 int pv_kernel(int rows) {
-  static const int k = env_choice("DSUF_PV", {"auto", "warps", "cp", "tiles"});
-  if (k == 0) return rows >= 16 && rows <= 128 ? kPvTiles : pv_mid_rows(rows) ? kPvTwoHeads : kPvOneHead;
+  static const int k = env_choice("DSUF_PV", {"auto", "warps", "cp", "tiles", "cpw"});
+  if (k == 0) return rows >= 16 && rows <= 128 ? kPvTiles : pv_mid_rows(rows) ? kPvTwoHeadsWide : kPvOneHead;
   return k - 1;  // in PvKernel's order
 }
 void gather_keys(const AttentionArgs& a, cudaStream_t s) {
@@ -5866,7 +5878,8 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   }();
   const int tile_max = tile_pick ? tile_pick : pv_mid_rows(a.rows) ? 256 : kPvMaxTile;
   const int kp = (a.kmax + 3) & ~3, tile = std::min({kp, kPvMaxTile, tile_max});
-  const size_t pv_smem = sizeof(float) * (size_t(kPvHeads) * kp + size_t(tile) * kPvDims);
+  const int dw = pv == kPvTwoHeadsWide ? 2 : 1;  // warps across a head group's dims
+  const size_t pv_smem = sizeof(float) * (size_t(kPvHeads) * kp + size_t(tile) * kPvDims * dw);
   DSUF_CHECK(pv_smem <= 200 * 1024, "attention: ", a.kmax, " keys a row need too much shared memory");
   AttentionArgs pa = a;
   if (!emit) pa.o_sink = {};
@@ -5884,10 +5897,12 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   pa.pv_late = pv_late;
   const int hpw = pv == kPvOneHead ? 1 : 2;
   static const bool deep_unroll = !env_picks("DSUF_PV_UNROLL", "8", "2");
-  auto* k = hpw == 2 ? (deep_unroll ? k_attention_pv<2, 8> : k_attention_pv<2, 2>)
-                     : deep_unroll ? k_attention_pv<1, 8> : k_attention_pv<1, 2>;
+  auto* k = dw == 2     ? (deep_unroll ? k_attention_pv<2, 8, 2> : k_attention_pv<2, 2, 2>)
+            : hpw == 2 ? (deep_unroll ? k_attention_pv<2, 8> : k_attention_pv<2, 2>)
+                       : deep_unroll ? k_attention_pv<1, 8> : k_attention_pv<1, 2>;
   set_smem(k, pv_smem);
-  if (!(whatif() & kWhatIfPv)) launch_step(k, dim3(pv_grid), dim3(32 * kPvHeads / hpw), pv_smem, s, pa, tile);
+  const dim3 grid(pv_grid.x, pv_grid.y, unsigned(blocks_for(a.hd, kPvDims * dw)));
+  if (!(whatif() & kWhatIfPv)) launch_step(k, grid, dim3(32 * kPvHeads / hpw * dw), pv_smem, s, pa, tile);
   return layout();
 }
 void compress_emit(const CompressArgs& a, cudaStream_t s) {
