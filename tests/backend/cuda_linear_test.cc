@@ -91,6 +91,18 @@ std::vector<float> random_row(std::mt19937& rng, int64_t K) {
   for (auto& v : x) v = nd(rng) * (1.0f + 30.0f * float(byte(rng) < 8));
   return x;
 }
+// The row as BF16 values (an attention output, wo_a's input: LinearInput::bf16), with some tiny ones
+// (BF16 subnormals and values near 2^-126), whose products with small E4M3 values are FP32 subnormals.
+std::vector<float> bf16_row(std::mt19937& rng, int64_t K) {
+  std::vector<float> x = random_row(rng, K);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (auto& v : x) {
+    const int b = byte(rng);
+    if (b < 6) v *= b < 3 ? 1e-39f : 1e-37f;
+    v = round_bf16(v);
+  }
+  return x;
+}
 // The reference's view of an input row of K: per-32 E4M3 values and scales (quantize), or the values
 // as they are with scales 1.
 void reference_input(const float* x, int64_t K, bool quantize, std::vector<float>& v, std::vector<float>& sa) {
@@ -183,7 +195,9 @@ TEST(CudaFp8Linear, OneRowEqualsTheReferenceSum) {
 // The grouped one-row FP8 linear (wo_a: 8 groups of 1,024 outputs over K = 4,096, and two smaller
 // ones, one with a remainder) with and without its sink (wo_b's input laid out by k_fp8_gemv's sink
 // blocks), and pairs (the shared expert's w1/w3; wq_a+wkv; odd sizes), against the reference's sums,
-// bit for bit; the sink's layout against linear_input of the same outputs (floats and scales).
+// bit for bit; the sink's layout against linear_input of the same outputs (floats and scales). The
+// grouped ones also with BF16-valued inputs marked LinearInput::bf16 (wo_a's preload kernel, with the
+// sink, takes the fmaf path then).
 TEST(CudaFp8Linear, GroupsPairsAndSinkEqualTheReferenceSum) {
   std::mt19937 rng(20261203);
   cudaStream_t s = nullptr;
@@ -192,14 +206,16 @@ TEST(CudaFp8Linear, GroupsPairsAndSinkEqualTheReferenceSum) {
     int groups;
     int64_t out, K;
   };
+  // Inputs: 0 as they come, 1 quantized, 2 BF16 values marked as such (the fmaf path, fp8_bf16_fma).
   for (const Grouped& sh : {Grouped{8, 1024, 4096}, Grouped{4, 256, 1280}, Grouped{2, 512, 1536}})
-    for (const bool quantize : {false, true})
+    for (const int mode : {0, 1, 2})
       for (const bool r : {true, false}) {
+        const bool quantize = mode == 1;
         const int G = sh.groups;
         const int64_t nb = sh.K / 32, N = G * sh.out, kp = cuda::interleaved_k(sh.K);
         std::vector<uint8_t> W, Ws;
         random_fp8(rng, N, sh.K, W, Ws);
-        const std::vector<float> x = random_row(rng, G * sh.K);
+        const std::vector<float> x = mode == 2 ? bf16_row(rng, G * sh.K) : random_row(rng, G * sh.K);
         std::vector<float> want;
         for (int g = 0; g < G; ++g) {
           std::vector<float> v, sa;
@@ -215,7 +231,8 @@ TEST(CudaFp8Linear, GroupsPairsAndSinkEqualTheReferenceSum) {
         DSUF_CUDA(cudaMemcpy(dW.p, W.data(), W.size(), cudaMemcpyHostToDevice));
         DSUF_CUDA(cudaMemcpy(dWs.p, Ws.data(), Ws.size(), cudaMemcpyHostToDevice));
         DSUF_CUDA(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
-        const cuda::LinearInput in = cuda::linear_input(dx.p, G * sh.K, 1, sh.K, quantize, dxq.p, dxs.p, s, G);
+        cuda::LinearInput in = cuda::linear_input(dx.p, G * sh.K, 1, sh.K, quantize, dxq.p, dxs.p, s, G);
+        in.bf16 = mode == 2;
         for (const int form : {0, 1}) {  // without the sink, with it
           DSUF_CUDA(cudaMemsetAsync(dy.p, 0xff, size_t(N) * 4, s));
           DSUF_CUDA(cudaMemsetAsync(zq.p, 0xff, zq.n * 4, s));
@@ -224,8 +241,8 @@ TEST(CudaFp8Linear, GroupsPairsAndSinkEqualTheReferenceSum) {
           cuda::fp8_linear_groups(dW.p, dWs.p, G, sh.out, sh.K, in, 1, dy.p, N, r, s, sink);
           DSUF_CUDA(cudaStreamSynchronize(s));
           const std::string what = "fp8_linear_groups " + std::to_string(G) + " × " + std::to_string(sh.out) +
-                                   " K " + std::to_string(sh.K) + " quantized " + std::to_string(quantize) +
-                                   " bf16 " + std::to_string(r) + " form " + std::to_string(form);
+                                   " K " + std::to_string(sh.K) + " input " + std::to_string(mode) + " bf16 " +
+                                   std::to_string(r) + " form " + std::to_string(form);
           EXPECT_EQ(count_differ(to_host(dy.p, size_t(N)), want, what), 0);
           if (!form) continue;
           cuda::linear_input(dy.p, N, 1, N, true, lq.p, ls.p, s);
@@ -276,7 +293,8 @@ TEST(CudaFp8Linear, GroupsPairsAndSinkEqualTheReferenceSum) {
 // sum of each row, bit for bit: plain (wq_b, the shared expert's w2, wo_b's K = 8,192, whose 4 staged
 // rows leave room for a 2-slot ring only; K = 1,120, which no tile form takes), grouped (wo_a's 8 ×
 // 1,024 over K = 4,096; one with a remainder) and pairs (the shared w1/w3; wq_a+wkv; odd sizes), at
-// 2 to 13 rows (full and partial row groups of 4), quantized inputs and not, BF16 rounding and not.
+// 2 to 13 rows (full and partial row groups of 4), quantized inputs and not, BF16 rounding and not,
+// and unquantized inputs that are BF16 values marked LinearInput::bf16 (the fmaf path: wo_a's).
 TEST(CudaFp8Linear, SeveralRowsEqualTheReferenceSum) {
   std::mt19937 rng(20261204);
   cudaStream_t s = nullptr;
@@ -289,9 +307,11 @@ TEST(CudaFp8Linear, SeveralRowsEqualTheReferenceSum) {
   const Shape shapes[] = {{1, 4102, 0, 1280, {2, 3, 4, 5, 13}}, {1, 5120, 0, 2304, {4}},     {1, 5120, 0, 8192, {4, 6}},
                           {1, 600, 0, 1120, {4}},                {8, 1024, 0, 4096, {3, 4}}, {4, 256, 0, 1280, {5}},
                           {1, 2304, 2304, 5120, {4}},            {1, 1280, 512, 5120, {2, 4}}, {1, 1000, 2600, 1280, {3}}};
+  // Inputs: 0 as they come, 1 quantized, 2 BF16 values marked as such (the fmaf path, fp8_bf16_fma).
   for (const Shape& sh : shapes)
     for (const int rows : sh.rows)
-      for (const bool quantize : {true, false}) {
+      for (const int mode : {1, 0, 2}) {
+        const bool quantize = mode == 1;
         const int G = sh.groups;
         const int64_t nb = sh.K / 32, N = G * sh.out, kp = cuda::interleaved_k(sh.K);
         std::vector<uint8_t> W, Ws, W2, Ws2;
@@ -299,7 +319,7 @@ TEST(CudaFp8Linear, SeveralRowsEqualTheReferenceSum) {
         if (sh.out2) random_fp8(rng, sh.out2, sh.K, W2, Ws2);
         std::vector<float> x;
         for (int rr = 0; rr < rows; ++rr) {
-          const std::vector<float> row = random_row(rng, G * sh.K);
+          const std::vector<float> row = mode == 2 ? bf16_row(rng, G * sh.K) : random_row(rng, G * sh.K);
           x.insert(x.end(), row.begin(), row.end());
         }
         Buf<uint8_t> dW(W.size()), dWs(Ws.size()), dW2(std::max<size_t>(1, W2.size())), dWs2(std::max<size_t>(1, Ws2.size()));
@@ -312,7 +332,8 @@ TEST(CudaFp8Linear, SeveralRowsEqualTheReferenceSum) {
           DSUF_CUDA(cudaMemcpy(dWs2.p, Ws2.data(), Ws2.size(), cudaMemcpyHostToDevice));
         }
         DSUF_CUDA(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
-        const cuda::LinearInput in = cuda::linear_input(dx.p, G * sh.K, rows, sh.K, quantize, dxq.p, dxs.p, s, G);
+        cuda::LinearInput in = cuda::linear_input(dx.p, G * sh.K, rows, sh.K, quantize, dxq.p, dxs.p, s, G);
+        in.bf16 = mode == 2;
         for (const bool r : {true, false}) {
           DSUF_CUDA(cudaMemsetAsync(dy.p, 0xff, dy.n * 4, s));  // NaN where nothing is written
           DSUF_CUDA(cudaMemsetAsync(dy2.p, 0xff, dy2.n * 4, s));
@@ -337,8 +358,8 @@ TEST(CudaFp8Linear, SeveralRowsEqualTheReferenceSum) {
             }
           const std::string what = "fp8_linear " + std::to_string(G) + " × " + std::to_string(sh.out) +
                                    (sh.out2 ? " + " + std::to_string(sh.out2) : std::string()) + " K " +
-                                   std::to_string(sh.K) + " rows " + std::to_string(rows) + " quantized " +
-                                   std::to_string(quantize) + " bf16 " + std::to_string(r);
+                                   std::to_string(sh.K) + " rows " + std::to_string(rows) + " input " +
+                                   std::to_string(mode) + " bf16 " + std::to_string(r);
           EXPECT_EQ(count_differ(got, want, what), 0);
           if (sh.out2) {
             EXPECT_EQ(count_differ(got2, want2, what + " second"), 0);

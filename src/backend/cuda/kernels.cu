@@ -894,7 +894,12 @@ __device__ __forceinline__ void load_x(const float* __restrict__ xr, int kb, flo
 // Σx·w·2^64, scaled back by 2^-64. Every partial sum is an exact power-of-two multiple of the one
 // with the old bit-placed weights (value·2^-120, scaled back by 2^56), all normal floats (nonzero
 // products are multiples of 2^46, the sums stay below 2^87), so the bits are the same.
-template <int OPW, bool kExact>
+// kFma (kExact, or unquantized inputs that are all BF16 values: LinearInput::bf16) takes each step as
+// one fmaf: a BF16 value (8 significant bits, lowest bit ≥ 2^-133) times an E4M3 value (4 bits, ≥ 2^-9)
+// has at most 12 significant bits and its lowest bit ≥ 2^-142, so the product is exact in FP32 unless
+// it overflows (|x·w| ≥ 2^128: |x| ≥ 2^119) — and fmaf(x, w, p) is then p + x·w rounded once, the
+// reference's rounded product (exact) and rounded add.
+template <int OPW, bool kExact, bool kFma = kExact>
 __device__ __forceinline__ void fp8_kb_parts(const uint4 (&w)[OPW][2], const float4 (&xv)[8], float (&part)[OPW]) {
 #pragma unroll
   for (int o = 0; o < OPW; ++o) part[o] = 0.0f;
@@ -904,10 +909,10 @@ __device__ __forceinline__ void fp8_kb_parts(const uint4 (&w)[OPW][2], const flo
     for (int o = 0; o < OPW; ++o) {
       float w0, w1, w2, w3;
       e4m3x4(word_of(w[o], j), w0, w1, w2, w3);
-      part[o] = mac_v<kExact>(part[o], xv[j].x, w0);
-      part[o] = mac_v<kExact>(part[o], xv[j].y, w1);
-      part[o] = mac_v<kExact>(part[o], xv[j].z, w2);
-      part[o] = mac_v<kExact>(part[o], xv[j].w, w3);
+      part[o] = mac_v<kFma>(part[o], xv[j].x, w0);
+      part[o] = mac_v<kFma>(part[o], xv[j].y, w1);
+      part[o] = mac_v<kFma>(part[o], xv[j].z, w2);
+      part[o] = mac_v<kFma>(part[o], xv[j].w, w3);
     }
   }
 }
@@ -921,7 +926,7 @@ __device__ __forceinline__ float fp8_kb_term(float part, float s_a, float sw) {
 // float4 j of row rr from load(rr, j): part[o][rr] = Σ x·w in element order, every (o, rr) its own
 // chain (fp8_kb_parts' products and order for each row). fp8_kb_mac's kInter form (inputs from
 // global memory) and k_fp8_gemv_tiles<…, R> (from shared memory).
-template <int OPW, int R, bool kExact, typename Load>
+template <int OPW, int R, bool kExact, bool kFma = kExact, typename Load>
 __device__ __forceinline__ void fp8_kb_parts_rows(const uint4 (&w)[OPW][2], Load&& load, float (&part)[OPW][R]) {
 #pragma unroll
   for (int o = 0; o < OPW; ++o)
@@ -938,10 +943,10 @@ __device__ __forceinline__ void fp8_kb_parts_rows(const uint4 (&w)[OPW][2], Load
       e4m3x4(word_of(w[o], j), w0, w1, w2, w3);
 #pragma unroll
       for (int rr = 0; rr < R; ++rr) {
-        part[o][rr] = mac_v<kExact>(part[o][rr], xv[rr].x, w0);
-        part[o][rr] = mac_v<kExact>(part[o][rr], xv[rr].y, w1);
-        part[o][rr] = mac_v<kExact>(part[o][rr], xv[rr].z, w2);
-        part[o][rr] = mac_v<kExact>(part[o][rr], xv[rr].w, w3);
+        part[o][rr] = mac_v<kFma>(part[o][rr], xv[rr].x, w0);
+        part[o][rr] = mac_v<kFma>(part[o][rr], xv[rr].y, w1);
+        part[o][rr] = mac_v<kFma>(part[o][rr], xv[rr].z, w2);
+        part[o][rr] = mac_v<kFma>(part[o][rr], xv[rr].w, w3);
       }
     }
   }
@@ -954,7 +959,7 @@ __device__ __forceinline__ void fp8_kb_parts_rows(const uint4 (&w)[OPW][2], Load
 // partial sums are independent chains in flight together and the inputs of all rows load at once
 // (rows ≥ nr read row 0 and are dropped: no per-row branch). Each partial sum takes the same
 // products in the same element order: the same bits.
-template <int OPW, int R, bool kExact, bool kSet = false, bool kInter = false>
+template <int OPW, int R, bool kExact, bool kSet = false, bool kInter = false, bool kFma = kExact>
 __device__ __forceinline__ void fp8_kb_mac(const uint4 (&w)[OPW][2], const float (&sw)[OPW], const float* x,
                                            int64_t x_stride, const float* xs, int64_t xs_stride, int kb, int nr,
                                            float (&acc)[OPW][R]) {
@@ -964,7 +969,7 @@ __device__ __forceinline__ void fp8_kb_mac(const uint4 (&w)[OPW][2], const float
     for (int rr = 0; rr < R; ++rr)
       p[rr] = reinterpret_cast<const float4*>(x + (rr < nr ? rr : 0) * x_stride) + xpos4(kb, 0);
     float part[OPW][R];
-    fp8_kb_parts_rows<OPW, R, kExact>(w, [&](int rr, int j) { return __ldg(p[rr] + 32 * j); }, part);
+    fp8_kb_parts_rows<OPW, R, kExact, kFma>(w, [&](int rr, int j) { return __ldg(p[rr] + 32 * j); }, part);
 #pragma unroll
     for (int rr = 0; rr < R; ++rr) {
       const float s_a = kExact && rr < nr ? __ldg(xs + rr * xs_stride + kb) : 1.0f;
@@ -982,7 +987,7 @@ __device__ __forceinline__ void fp8_kb_mac(const uint4 (&w)[OPW][2], const float
     float4 xv[8];
     load_x(x + rr * x_stride, kb, xv);
     float part[OPW];
-    fp8_kb_parts<OPW, kExact>(w, xv, part);
+    fp8_kb_parts<OPW, kExact, kFma>(w, xv, part);
     const float s_a = kExact ? __ldg(xs + rr * xs_stride + kb) : 1.0f;
 #pragma unroll
     for (int o = 0; o < OPW; ++o) {
@@ -1272,7 +1277,7 @@ __global__ void __launch_bounds__(kWarps > 8 ? 32 * kWarps : 256)
 // Shapes (launch_fp8_sink): one row, K = 32·32·kPreRounds, out % 32 == 0.
 constexpr int kPreWarps = 8, kPreOpw = 4, kPreRounds = 4;
 constexpr size_t kPreSmem = size_t(32) * (kPreRounds - 1) * 1024;
-template <bool kExact>
+template <bool kExact, bool kFma = kExact>
 __global__ void __launch_bounds__(32 * kPreWarps) k_fp8_gemv_preload(const uint8_t* __restrict__ W,
                                                                     const uint8_t* __restrict__ Ws, int64_t out,
                                                                     int64_t K, const float* __restrict__ x,
@@ -1338,7 +1343,7 @@ __global__ void __launch_bounds__(32 * kPreWarps) k_fp8_gemv_preload(const uint8
     float sw[kPreOpw];
 #pragma unroll
     for (int o = 0; o < kPreOpw; ++o) sw[o] = e8m0(sc[m]);
-    fp8_kb_mac<kPreOpw, 1, kExact>(w, sw, x, 0, xs, 0, 32 * m + lane, 1, acc);
+    fp8_kb_mac<kPreOpw, 1, kExact, false, false, kFma>(w, sw, x, 0, xs, 0, 32 * m + lane, 1, acc);
   }
 #pragma unroll
   for (int o = 0; o < kPreOpw; ++o) {
@@ -1384,7 +1389,7 @@ size_t fp8_tiles_smem(int OPW, int warps, int stages, int64_t K, int R = 1) {
 // the groups of a grouped linear or a pair's two linears (fp8_slice), each slice its own tiles.
 // kMinB (R > 1, DSUF_FP8_TILES_ROWS_REGS): at least kMinB blocks an SM by registers (4 of 4 warps, 2
 // of 8, 1 of 16: 128 registers), so that more warps, and their chunks in flight, fit an SM.
-template <int OPW, bool kExact, int kWarps, int kStages, int R = 1, int kMinB = 1>
+template <int OPW, bool kExact, int kWarps, int kStages, int R = 1, int kMinB = 1, bool kFma = kExact>
 __global__ void __launch_bounds__(32 * kWarps, R > 1 ? kMinB : kWarps == 8 ? 3 : 7)
     k_fp8_gemv_tiles(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws, int64_t out, int64_t K,
                      const float* __restrict__ x, int64_t x_stride, int64_t x_group, const float* __restrict__ xs,
@@ -1513,13 +1518,13 @@ __global__ void __launch_bounds__(32 * kWarps, R > 1 ? kMinB : kWarps == 8 ? 3 :
 #pragma unroll
         for (int j = 0; j < 8; ++j) xv[j] = xsm[0][xpos4(kb, j)];
         float p[OPW];
-        fp8_kb_parts<OPW, kExact>(w, xv, p);
+        fp8_kb_parts<OPW, kExact, kFma>(w, xv, p);
         const float sa = kExact ? __ldg(xs + kb) : 1.0f;
 #pragma unroll
         for (int o = 0; o < OPW; ++o) acc[o][0] = acc[o][0] + fp8_kb_term<kExact>(p[o], sa, sw);
       } else {
         float p[OPW][R];
-        fp8_kb_parts_rows<OPW, R, kExact>(w, [&](int rr, int j) { return xsm[rr][xpos4(kb, j)]; }, p);
+        fp8_kb_parts_rows<OPW, R, kExact, kFma>(w, [&](int rr, int j) { return xsm[rr][xpos4(kb, j)]; }, p);
 #pragma unroll
         for (int rr = 0; rr < R; ++rr) {
           const float sa = kExact ? __ldg(xs + (rr < nr ? rr : 0) * xs_stride + kb) : 1.0f;
@@ -1538,11 +1543,11 @@ __global__ void __launch_bounds__(32 * kWarps, R > 1 ? kMinB : kWarps == 8 ? 3 :
 #pragma unroll
           for (int j = 0; j < 8; ++j) xt[j] = xsm[0][xpos4(rt.kb, j)];
           float tp[1];
-          fp8_kb_parts<1, kExact>(tw, xt, tp);
+          fp8_kb_parts<1, kExact, kFma>(tw, xt, tp);
           ct[0] = fp8_kb_term<kExact>(tp[0], sat[0], e8m0(uint8_t(tsc)));
         } else {
           float tp[1][R];
-          fp8_kb_parts_rows<1, R, kExact>(tw, [&](int rr, int j) { return xsm[rr][xpos4(rt.kb, j)]; }, tp);
+          fp8_kb_parts_rows<1, R, kExact, kFma>(tw, [&](int rr, int j) { return xsm[rr][xpos4(rt.kb, j)]; }, tp);
 #pragma unroll
           for (int rr = 0; rr < R; ++rr) ct[rr] = fp8_kb_term<kExact>(tp[0][rr], sat[rr], e8m0(uint8_t(tsc)));
         }
@@ -5087,9 +5092,9 @@ bool fp8_tiles_fit(const Fp8Call& c, int opw) {
 int sm_count();
 // R > 1 (launch_fp8_tiles_rows): grid.y the row groups of R, grid.z the groups or the pair's two
 // linears; the SMs' warps shared among those slices (each strides over its own tiles).
-template <int OPW, bool kExact, int kWarps, int kStages, int R = 1, int kMinB = 1>
+template <int OPW, bool kExact, int kWarps, int kStages, int R = 1, int kMinB = 1, bool kFma = kExact>
 void launch_fp8_tiles_k(const Fp8Call& c) {
-  auto k = k_fp8_gemv_tiles<OPW, kExact, kWarps, kStages, R, kMinB>;
+  auto k = k_fp8_gemv_tiles<OPW, kExact, kWarps, kStages, R, kMinB, kFma>;
   const size_t smem = fp8_tiles_smem(OPW, kWarps, kStages, c.K, R);
   DSUF_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   int fit = 0;
@@ -5140,22 +5145,30 @@ void launch_fp8_tiles(const Fp8Call& c) {
 // Where the shared memory (R input rows at K ≤ 8,192 and the rings) does not fit, fewer warps, else
 // k_fp8_gemv.
 constexpr size_t kMaxBlockSmem = 227 * 1024;  // a block's shared memory on sm_90 and sm_100
-template <int OPW, bool kExact, int R>
+template <int OPW, bool kExact, int R, bool kFma = kExact>
 bool launch_fp8_tiles_rows_r(const Fp8Call& c) {
   static const bool full = env_picks("DSUF_FP8_TILES_ROWS_REGS", "cap", "full");
   static const bool wide = !env_picks("DSUF_FP8_TILES_ROWS_WARPS", "16", "8");
   auto fits = [&](int w) { return fp8_tiles_smem(OPW, w, 2, c.K, R) <= kMaxBlockSmem; };
   const bool cap = R > 2 && !full;
-  if (c.K > 2048 && wide && fits(16)) return launch_fp8_tiles_k<OPW, kExact, 16, 2, R, 1>(c), true;
+  if (c.K > 2048 && wide && fits(16)) return launch_fp8_tiles_k<OPW, kExact, 16, 2, R, 1, kFma>(c), true;
   if (c.K > 2048 && fits(8)) {
-    if (cap) launch_fp8_tiles_k<OPW, kExact, 8, 2, R, 2>(c);
-    else launch_fp8_tiles_k<OPW, kExact, 8, 2, R, 1>(c);
+    if (cap) launch_fp8_tiles_k<OPW, kExact, 8, 2, R, 2, kFma>(c);
+    else launch_fp8_tiles_k<OPW, kExact, 8, 2, R, 1, kFma>(c);
     return true;
   }
   if (!fits(4)) return false;
-  if (cap) launch_fp8_tiles_k<OPW, kExact, 4, 2, R, 4>(c);
-  else launch_fp8_tiles_k<OPW, kExact, 4, 2, R, 1>(c);
+  if (cap) launch_fp8_tiles_k<OPW, kExact, 4, 2, R, 4, kFma>(c);
+  else launch_fp8_tiles_k<OPW, kExact, 4, 2, R, 1, kFma>(c);
   return true;
+}
+// DSUF_FP8_BF16_FMA=on|off (session 43): an unquantized FP8 linear whose inputs are all BF16 values
+// (LinearInput::bf16: wo_a's, from the P·V kernel) takes each product and add as one fmaf — the same
+// bits (fp8_kb_parts: the product is exact) in half the arithmetic instructions — in the multi-row
+// tiles (2 rows a tile) and wo_a's one-row preload kernel; off: the rounded product and add.
+bool fp8_bf16_fma(const Fp8Call& c) {
+  static const bool on = !env_picks("DSUF_FP8_BF16_FMA", "on", "off");
+  return on && c.in.bf16 && !c.in.scale;
 }
 template <bool kExact>
 bool launch_fp8_tiles_rows(const Fp8Call& c) {
@@ -5169,6 +5182,10 @@ bool launch_fp8_tiles_rows(const Fp8Call& c) {
       (rem != 0 && opw * rem > 32) || !aligned(c.W, 16) || !aligned(c.Ws, 4) ||
       (c.pair.W && (!aligned(c.pair.W, 16) || !aligned(c.pair.Ws, 4))) || (c.groups > 1 && c.out % 32 != 0))
     return false;
+  if constexpr (!kExact)
+    if (opw == 2 && fp8_bf16_fma(c))
+      return pick == 2 || c.rows < 3 ? launch_fp8_tiles_rows_r<2, false, 2, true>(c)
+                                     : launch_fp8_tiles_rows_r<2, false, 4, true>(c);
   if (pick == 2 || c.rows < 3)
     return opw == 4 ? launch_fp8_tiles_rows_r<4, kExact, 2>(c) : launch_fp8_tiles_rows_r<2, kExact, 2>(c);
   return opw == 4 ? launch_fp8_tiles_rows_r<4, kExact, 4>(c) : launch_fp8_tiles_rows_r<2, kExact, 4>(c);
@@ -5233,7 +5250,7 @@ bool launch_fp8_sink(const Fp8Call& c, const InputSink& sink, bool late) {
   // 128K; 4 warps of 8 rows a block instead of 8 of 4 measured +0.17 against it: docs/perf.md v45).
   static const bool preload = !env_picks("DSUF_WOA_PRELOAD", "on", "off");
   if (preload && !late && c.K == 32 * 32 * kPreRounds) {
-    auto kp = k_fp8_gemv_preload<kExact>;
+    auto kp = !kExact && fp8_bf16_fma(c) ? k_fp8_gemv_preload<kExact, true> : k_fp8_gemv_preload<kExact>;
     set_smem(kp, kPreSmem);
     launch_pdl(kp, dim3(int(c.out / 32), 1, c.groups), dim3(32 * kPreWarps), kPreSmem, c.s, c.W, c.Ws, c.out, c.K,
                c.in.x, c.in.group_stride, c.in.scale, c.y, c.r, sink);
@@ -5791,8 +5808,10 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
       return linear_input(a.out, ho, a.rows, a.o_group, a.o_sink.quantize, a.o_sink.xq, a.o_sink.xs, s,
                           int(ho / a.o_group), a.o_rope);
     const int64_t kp = interleaved_k(a.o_group), groups = ho / a.o_group;
+    // Unquantized, every value a BF16 when the output and its inverse rotation round (fp8_bf16_fma).
+    const bool bf16 = !a.o_sink.quantize && a.r && (!a.o_rope.cs || a.o_rope.r);
     return LinearInput{a.o_sink.xq, groups * kp, kp, a.o_sink.quantize ? a.o_sink.xs : nullptr,
-                       groups * (a.o_group / 32)};
+                       groups * (a.o_group / 32), nullptr, 0, bf16};
   };
   if (!gathered && !(whatif() & kWhatIfGather)) gather_keys(a, s);
   const size_t qk_smem = sizeof(float) * kAttHeadsQK * a.hd;

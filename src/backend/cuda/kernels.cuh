@@ -96,6 +96,10 @@ struct LinearInput {
   int64_t scale_stride;
   const uint8_t* planes = nullptr;
   int64_t plane_stride = 0;
+  // Unquantized inputs (scale null) that are all BF16 values: an FP8 linear may then take each
+  // product and add as one fmaf (the product of a BF16 and an E4M3 value is exact; kernels.cu,
+  // fp8_kb_parts). Set by the producer that guarantees it (attention()'s layout for wo_a).
+  bool bf16 = false;
 };
 // Floats of one group of K inputs in the interleaved layout (K/32 blocks rounded up to 32).
 __host__ __device__ constexpr int64_t interleaved_k(int64_t K) { return (K / 32 + 31) / 32 * 1024; }
