@@ -7,7 +7,11 @@
 // And the routed experts' several-rows-a-block form (k_fp4_imma<…, kRows>, session 23) against the
 // row-at-a-time kernel on the same tiled weights and inputs, bit for bit. And the FP8 linear of one
 // row and of several (k_fp8_gemv_tiles, k_fp8_gemv) against the reference's sum.
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <limits>
 #include <cstring>
 #include <random>
 #include <string>
@@ -67,6 +71,110 @@ TEST(CudaBf16Linear, EveryFormEqualsTheCanonicalSum) {
                 static_cast<long long>(sh.K), static_cast<long long>(sh.rows), static_cast<long long>(bad),
                 static_cast<long long>(sh.rows * sh.out));
     EXPECT_EQ(bad, 0);
+  }
+  cudaStreamDestroy(s);
+}
+
+
+// The same forms with the weights' FMA limits (core/bf16_fma.h; DSUF_BF16_FMA): on BF16 input rows
+// (the head's and the router's, norm outputs) each product and add is one fmaf, which must give the
+// canonical sum's bits; on rows that are not BF16 values, and on a row whose tiny inputs meet tiny
+// weights so that a product underflows inexactly, the kernels must see it and take the plain
+// products. Limits that wrongly admit that row (lo = 0) must change its output: the check is what
+// keeps the bits. Also bf16_fma_limits' device scan against the host's.
+TEST(CudaBf16Linear, FmaLimitsKeepTheCanonicalSum) {
+  const char* env = std::getenv("DSUF_BF16_FMA");
+  const bool fma_on = !env || std::string(env) == "on";
+  std::mt19937 rng(20261203);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  struct Shape {
+    int64_t out, K, rows;
+    bool underflow;  // the last row the underflow row
+  };
+  // The stream (one row, ≥ 16,384 outputs), k_bf16_wide (4 and 8 rows), k_bf16_linear<1/4/8>.
+  // A block of R rows takes the FMA only when all its rows qualify: the clean shapes and the first
+  // block of the longer ones take it, the blocks with the underflow row (or a row of non-BF16
+  // values: the one before the last, from 9 rows) do not.
+  const Shape shapes[] = {{16384, 5120, 1, false}, {16384, 5120, 1, true}, {16384, 5120, 4, false},
+                          {16384, 5120, 6, true},  {16400, 1280, 11, true}, {96, 5120, 1, false},
+                          {96, 5120, 1, true},     {96, 1280, 4, false},   {96, 1280, 6, true},
+                          {200, 5120, 9, true},    {200, 5120, 11, true},  {40, 1000, 3, true}};
+  const float tiny_w = std::ldexp(1.0f, -75);
+  cudaStream_t s = nullptr;
+  DSUF_CUDA(cudaStreamCreate(&s));
+  for (const Shape& sh : shapes) {
+    std::vector<uint16_t> W(size_t(sh.out * sh.K));
+    for (auto& w : W) w = bf16_from_float(0.05f * nd(rng));
+    W[0] = W[1] = bf16_from_float(tiny_w);  // output 0's first two weights: 2^-75
+    // Row kinds: 0 BF16 values, 1 not BF16 values, 2 the underflow row: x₀ = 2^-74, x₁ = 1.5·2^-74
+    // and zeros (output 0's products 2^-149 and 1.5·2^-149: its sum is 3·2^-149 unfused, 2·2^-149
+    // fused).
+    std::vector<float> x(size_t(sh.rows * sh.K));
+    std::vector<int> kind(size_t(sh.rows), 0);
+    if (sh.underflow) kind.back() = 2;
+    if (sh.rows > 8) kind[size_t(sh.rows - 2)] = 1;
+    for (int64_t r = 0; r < sh.rows; ++r)
+      for (int64_t k = 0; k < sh.K; ++k) {
+        const float v = nd(rng);
+        x[size_t(r * sh.K + k)] = kind[size_t(r)] == 1 ? v : round_bf16(v);
+      }
+    if (sh.underflow) {
+      float* u = x.data() + (sh.rows - 1) * sh.K;
+      std::fill(u, u + sh.K, 0.0f);
+      u[0] = std::ldexp(1.0f, -74), u[1] = std::ldexp(1.5f, -74);
+    }
+    Buf<uint16_t> dW(W.size());
+    Buf<float> dx(x.size()), dy(size_t(sh.rows * sh.out));
+    DSUF_CUDA(cudaMemcpy(dW.p, W.data(), W.size() * 2, cudaMemcpyHostToDevice));
+    DSUF_CUDA(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+    // The device scan against the host's.
+    int lo = 255, hi = 0;
+    for (uint16_t b : W) {
+      const int e = (b >> 7) & 0xff;
+      if (b & 0x7fff) lo = std::min(lo, std::max(e, 1));
+      hi = std::max(hi, e);
+    }
+    const Bf16FmaLimits want_l = fma_on ? bf16_fma_limits(lo, hi, hi == 255) : Bf16FmaLimits{};
+    const Bf16FmaLimits l = cuda::bf16_fma_limits(dW.p, int64_t(W.size()), s);
+    EXPECT_EQ(f32_bits(l.lo), f32_bits(want_l.lo));
+    EXPECT_EQ(f32_bits(l.hi), f32_bits(want_l.hi));
+    if (fma_on) ASSERT_GT(l.lo, 0.0f);  // 2^-75 weights: the underflow row's inputs are below lo
+    auto run = [&](const Bf16FmaLimits& fl) {
+      DSUF_CUDA(cudaMemset(dy.p, 0xff, size_t(sh.rows * sh.out) * 4));
+      cuda::bf16_linear(dW.p, sh.out, sh.K, dx.p, sh.K, sh.rows, dy.p, sh.out, false, s, fl);
+      DSUF_CUDA(cudaStreamSynchronize(s));
+      std::vector<float> y(size_t(sh.rows * sh.out));
+      DSUF_CUDA(cudaMemcpy(y.data(), dy.p, y.size() * 4, cudaMemcpyDeviceToHost));
+      return y;
+    };
+    const std::vector<float> y = run(l);
+    int64_t bad = 0;
+    for (int64_t r = 0; r < sh.rows; ++r)
+      for (int64_t o = 0; o < sh.out; ++o) {
+        const uint16_t* wr = W.data() + o * sh.K;
+        const float* xr = x.data() + r * sh.K;
+        const float want = det::chunk_lane_sum<8>(sh.K, [&](int64_t j) { return bf16_to_float(wr[j]) * xr[j]; });
+        const float got = y[size_t(r * sh.out + o)];
+        if (f32_bits(got) != f32_bits(want) && bad++ < 3)
+          ADD_FAILURE() << "out " << sh.out << " K " << sh.K << " rows " << sh.rows << ": y[" << r << "][" << o
+                        << "] = " << got << ", canonical " << want << " (row kind " << kind[size_t(r)] << ")";
+      }
+    std::printf("bf16_linear + FMA limits out %lld K %lld rows %lld%s: %lld of %lld differ\n",
+                static_cast<long long>(sh.out), static_cast<long long>(sh.K), static_cast<long long>(sh.rows),
+                sh.underflow ? " (last row: the underflow row)" : "", static_cast<long long>(bad),
+                static_cast<long long>(sh.rows * sh.out));
+    EXPECT_EQ(bad, 0);
+    if (!sh.underflow) continue;
+    const float unfused = y[size_t((sh.rows - 1) * sh.out)];
+    EXPECT_EQ(unfused, std::ldexp(3.0f, -149));
+    // Limits that admit the underflow row: its output 0 becomes the fused 2·2^-149 (the staged forms;
+    // K not a multiple of 256 takes the unstaged ones, which never fuse).
+    const std::vector<float> y_wrong = run({0.0f, std::numeric_limits<float>::infinity()});
+    const float fused = y_wrong[size_t((sh.rows - 1) * sh.out)];
+    const bool fuses = fma_on && sh.K % 256 == 0;
+    EXPECT_EQ(fused, std::ldexp(fuses ? 2.0f : 3.0f, -149)) << "out " << sh.out << " rows " << sh.rows;
+    std::printf("  the underflow row's output 0: %g with the limits, %g with limits that admit it\n", unfused,
+                fused);
   }
   cudaStreamDestroy(s);
 }

@@ -11,6 +11,7 @@
 
 #include <cuda_runtime.h>
 
+#include "core/bf16_fma.h"
 #include "core/sampling.h"
 
 namespace dsuf::cuda {
@@ -186,8 +187,14 @@ Fp4TiledWish fp4_tiled_wanted();
 void fp4_tile_in_place(uint8_t* W, int64_t out, int64_t K, uint8_t* scratch, cudaStream_t s);
 // FP32 product with a BF16 weight; y = W·x (optionally BF16-rounded). One row and at least 16,384
 // outputs (the head): a persistent stream, one block an SM (k_bf16_stream, DSUF_BF16_STREAM).
+// fl: the weights' Bf16FmaLimits (bf16_fma_limits below; core/bf16_fma.h): with them the kernels take
+// each product and add as one fmaf on the input rows that qualify — the same bits; the default {}
+// never does.
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows,
-                 float* y, int64_t y_stride, bool r, cudaStream_t s);
+                 float* y, int64_t y_stride, bool r, cudaStream_t s, Bf16FmaLimits fl = {});
+// The limits of a BF16 matrix of n values on the device (a scan of its exponents; synchronizes s:
+// call it when the weights are loaded, not in a captured step). {} when DSUF_BF16_FMA=off.
+Bf16FmaLimits bf16_fma_limits(const uint16_t* W, int64_t n, cudaStream_t s);
 // Interleaved RoPE on the last 2·half values of each head vector; row i rotates by cs[i][half][cos,sin]
 // (computed on the host by model/rope.h, the same values the CPU reference uses).
 void rope(float* x, int64_t rows, int heads, int64_t dim, const float* cs, int half, float sign, bool r,

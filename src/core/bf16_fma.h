@@ -1,0 +1,58 @@
+// When a BF16 linear may add each product by one FMA and keep the reference's bits.
+//
+// The reference adds p = x·w rounded to FP32, then p to the sum, rounded again (docs/numerics.md:
+// chunk_lane_sum<8> of FP32 products, no contraction). fmaf(x, w, acc) rounds acc + x·w once. The
+// two agree whenever x·w is exact in FP32 — then rounding it changes nothing. With x and w both BF16
+// values (8 significant bits each) the product has at most 16, so it is exact unless
+//   * it underflows: its lowest bit is below 2^-149 (FP32's smallest subnormal), or
+//   * it overflows: |x·w| ≥ 2^128.
+// Both depend only on the exponents. With e' = max(exponent field, 1) (a subnormal's lowest bit sits
+// where the smallest normal's does), a BF16 value's lowest bit is 2^(e' − 134), so the product's is
+// 2^(e'x + e'w − 268) and it is ≥ 2^-149 iff e'x + e'w ≥ 119. |v| < 2^(e − 126) for exponent field
+// e, so |x·w| < 2^(ex + ew − 252) and no product overflows if ex + ew ≤ 380.
+//
+// A matrix gives the smallest e'w of its nonzero weights and the largest ew; an input row then
+// qualifies when every value is a BF16 value (its low 16 bits zero), finite, below `hi` and, unless
+// zero (a zero product is exact), at least `lo`. The kernels check the row they stage (one flag a
+// block, `__syncthreads_or`) and take the plain products when it does not qualify: the FMA is an
+// optimization that never changes a bit, not an assumption about the data.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "core/detmath.h"
+
+namespace dsuf {
+
+// x qualifies iff x is a BF16 value and (x == 0 or lo ≤ |x|) and |x| < hi. hi = 0: nothing
+// qualifies (the default: the FMA off).
+struct Bf16FmaLimits {
+  float lo = 0.0f, hi = 0.0f;
+  bool on() const { return hi > 0.0f; }
+};
+
+// From a matrix's exponent fields: min_nonzero the smallest max(field, 1) over its nonzero weights
+// (≥ 255 when there are none), max_field the largest field; any_nonfinite: an Inf or NaN weight (no
+// FMA then: the products' NaN-ness would match, their payloads need not).
+inline Bf16FmaLimits bf16_fma_limits(int min_nonzero, int max_field, bool any_nonfinite) {
+  if (any_nonfinite) return {};
+  Bf16FmaLimits l;
+  // e'x ≥ 119 − min_nonzero. For k ≥ 2, e'x ≥ k ⇔ |x| ≥ 2^(k − 127); for k ≤ 1 every x does.
+  const int k = 119 - min_nonzero;
+  l.lo = k <= 1 ? 0.0f : std::ldexp(1.0f, k - 127);
+  // ex ≤ 380 − max_field ⇔ |x| < 2^(381 − max_field − 127); past FLT_MAX only finiteness is asked.
+  const int m = 254 - max_field;
+  l.hi = m >= 128 ? std::numeric_limits<float>::infinity() : std::ldexp(1.0f, m);
+  return l;
+}
+
+// Whether one input value qualifies (the kernels' test, written once).
+DSUF_HD bool bf16_fma_input_ok(float x, float lo, float hi) {
+  const uint32_t u = det::float_to_bits(x);
+  const float a = det::bits_to_float(u & 0x7fffffffu);
+  return (u & 0xffffu) == 0 && a < hi && (a >= lo || a == 0.0f);
+}
+
+}  // namespace dsuf
