@@ -12,7 +12,7 @@
 #                                    the forced tiled kernels would bypass; unset: the opt-in decode
 #                                    kernels and the row-major experts' kernel: DSUF_FP4=dp4a|imma|mma,
 #                                    DSUF_PV=tiles|cp|cpw|warps, DSUF_LOGITS_QT=off,
-#                                    DSUF_FP8_BF16_FMA=off, DSUF_PDL=0); engine_cuda_tests;
+#                                    DSUF_FP8_BF16_FMA=off, DSUF_BF16_FMA=off, DSUF_PDL=0); engine_cuda_tests;
 #                                    cuda_tp_tests forced, and with DSUF_FP4=dp4a (needs 2 GPUs for its
 #                                    TP=2 cases)
 #   scripts/kernel-check.sh time     prefill 2048 tokens and batches 1/16/64 at 8K, each $AB setting
@@ -77,7 +77,7 @@ verify)
   runs=("default|" "forced|$FORCED")
   # An item may join settings with '+' (one run with all of them: independent knobs, fewer runs).
   for x in ${EXTRA:-}; do runs+=("forced_${x//[^A-Za-z0-9]/_}|$FORCED ${x//+/ }"); done
-  for x in ${PLAIN-DSUF_FP4=dp4a DSUF_FP4=imma DSUF_FP4=mma DSUF_PV=tiles DSUF_PV=cp DSUF_PV=cpw DSUF_PV=warps DSUF_LOGITS_QT=off DSUF_FP8_BF16_FMA=off DSUF_PDL=0}; do runs+=("plain_${x//[^A-Za-z0-9]/_}|${x//+/ }"); done
+  for x in ${PLAIN-DSUF_FP4=dp4a DSUF_FP4=imma DSUF_FP4=mma DSUF_PV=tiles DSUF_PV=cp DSUF_PV=cpw DSUF_PV=warps DSUF_LOGITS_QT=off DSUF_FP8_BF16_FMA=off DSUF_BF16_FMA=off DSUF_PDL=0}; do runs+=("plain_${x//[^A-Za-z0-9]/_}|${x//+/ }"); done
   i=0
   for run in "${runs[@]}"; do
     name=${run%%|*}

@@ -76,12 +76,13 @@ TEST(CudaBf16Linear, EveryFormEqualsTheCanonicalSum) {
 }
 
 
-// The same forms with the weights' FMA limits (core/bf16_fma.h; DSUF_BF16_FMA): on BF16 input rows
-// (the head's and the router's, norm outputs) each product and add is one fmaf, which must give the
+// The same forms with the weights' FMA limits (core/bf16_fma.h; DSUF_BF16_FMA): where the head's
+// kernel takes 8 rows a block (k_bf16_wide<…, 8, …>: the head at batch ≥ 8; the other forms ignore
+// the limits) each product and add of BF16 input rows (norm outputs) is one fmaf, which must give the
 // canonical sum's bits; on rows that are not BF16 values, and on a row whose tiny inputs meet tiny
-// weights so that a product underflows inexactly, the kernels must see it and take the plain
-// products. Limits that wrongly admit that row (lo = 0) must change its output: the check is what
-// keeps the bits. Also bf16_fma_limits' device scan against the host's.
+// weights so that a product underflows inexactly, the kernel must see it and take the plain
+// products. Limits that wrongly admit that row (lo = 0) must change its output there: the check is
+// what keeps the bits. Also bf16_fma_limits' device scan against the host's.
 TEST(CudaBf16Linear, FmaLimitsKeepTheCanonicalSum) {
   const char* env = std::getenv("DSUF_BF16_FMA");
   const bool fma_on = !env || std::string(env) == "on";
@@ -93,12 +94,14 @@ TEST(CudaBf16Linear, FmaLimitsKeepTheCanonicalSum) {
   };
   // The stream (one row, ≥ 16,384 outputs), k_bf16_wide (4 and 8 rows), k_bf16_linear<1/4/8>.
   // A block of R rows takes the FMA only when all its rows qualify: the clean shapes and the first
-  // block of the longer ones take it, the blocks with the underflow row (or a row of non-BF16
-  // values: the one before the last, from 9 rows) do not.
+  // block of 6 and 9 rows take it; the blocks with the underflow row, or with row 7 of non-BF16
+  // values (from 10 rows: the first block of 8), do not.
   const Shape shapes[] = {{16384, 5120, 1, false}, {16384, 5120, 1, true}, {16384, 5120, 4, false},
-                          {16384, 5120, 6, true},  {16400, 1280, 11, true}, {96, 5120, 1, false},
-                          {96, 5120, 1, true},     {96, 1280, 4, false},   {96, 1280, 6, true},
-                          {200, 5120, 9, true},    {200, 5120, 11, true},  {40, 1000, 3, true}};
+                          {16384, 5120, 6, true},  {16384, 5120, 8, false}, {16384, 5120, 9, true},
+                          {16400, 1280, 11, true},
+                          {96, 5120, 1, false},    {96, 5120, 1, true},    {96, 1280, 4, false},
+                          {96, 1280, 6, true},     {200, 5120, 9, true},   {200, 5120, 11, true},
+                          {40, 1000, 3, true}};
   const float tiny_w = std::ldexp(1.0f, -75);
   cudaStream_t s = nullptr;
   DSUF_CUDA(cudaStreamCreate(&s));
@@ -112,7 +115,7 @@ TEST(CudaBf16Linear, FmaLimitsKeepTheCanonicalSum) {
     std::vector<float> x(size_t(sh.rows * sh.K));
     std::vector<int> kind(size_t(sh.rows), 0);
     if (sh.underflow) kind.back() = 2;
-    if (sh.rows > 8) kind[size_t(sh.rows - 2)] = 1;
+    if (sh.rows > 9) kind[7] = 1;
     for (int64_t r = 0; r < sh.rows; ++r)
       for (int64_t k = 0; k < sh.K; ++k) {
         const float v = nd(rng);
@@ -167,11 +170,11 @@ TEST(CudaBf16Linear, FmaLimitsKeepTheCanonicalSum) {
     if (!sh.underflow) continue;
     const float unfused = y[size_t((sh.rows - 1) * sh.out)];
     EXPECT_EQ(unfused, std::ldexp(3.0f, -149));
-    // Limits that admit the underflow row: its output 0 becomes the fused 2·2^-149 (the staged forms;
-    // K not a multiple of 256 takes the unstaged ones, which never fuse).
+    // Limits that admit the underflow row: its output 0 becomes the fused 2·2^-149 where the launch
+    // fuses (k_bf16_wide at 8 rows a block: ≥ 16,384 outputs, ≥ 8 rows, K a multiple of 256).
     const std::vector<float> y_wrong = run({0.0f, std::numeric_limits<float>::infinity()});
     const float fused = y_wrong[size_t((sh.rows - 1) * sh.out)];
-    const bool fuses = fma_on && sh.K % 256 == 0;
+    const bool fuses = fma_on && sh.K % 256 == 0 && sh.out >= 16384 && sh.rows >= 8;
     EXPECT_EQ(fused, std::ldexp(fuses ? 2.0f : 3.0f, -149)) << "out " << sh.out << " rows " << sh.rows;
     std::printf("  the underflow row's output 0: %g with the limits, %g with limits that admit it\n", unfused,
                 fused);

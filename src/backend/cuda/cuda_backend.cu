@@ -86,8 +86,6 @@ struct DevLayer {
   DevFp8 idx_wq_b;
   const uint16_t* gate;
   const float *bias, *bias_vl;
-  // The BF16 linears' weight limits for the FMA (cuda::bf16_fma_limits; core/bf16_fma.h).
-  Bf16FmaLimits gate_fl, comp_wkv_fl, comp_wgate_fl, idx_wproj_fl;
   DevExperts experts;
   DevFp8 sw1, sw2, sw3;
   // Engram (tables in mapped pinned host memory).
@@ -241,7 +239,7 @@ struct CudaBackend::Impl {
   std::vector<void*> pinned;
   size_t weight_bytes = 0;
   const uint16_t *embed = nullptr, *head = nullptr, *norm = nullptr;
-  Bf16FmaLimits head_fl;  // the head's weight limits for the FMA (cuda::bf16_fma_limits)
+  Bf16FmaLimits head_fl;  // the head's weight limits for the FMA at batch ≥ 8 (cuda::bf16_fma_limits)
   std::vector<DevLayer> layers;
   std::vector<float> inv_main, inv_comp;  // RoPE frequencies (host); cos/sin go up per chunk
   int half = 0;
@@ -699,11 +697,6 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
     d.idx_wproj = u16(p + "attn.indexer.weights_proj.weight");
     d.idx_wq_b = fp8(p + "attn.indexer.wq_b", int64_t(t.index_n_heads) * t.index_head_dim, qr);
     d.gate = u16(p + "ffn.gate.weight"), d.bias = f32(p + "ffn.gate.bias"), d.bias_vl = f32(p + "ffn.gate.bias_vl");
-    // Over the rows each linear reads (its launch's out × K).
-    d.gate_fl = cuda::bf16_fma_limits(d.gate, int64_t(t.n_routed_experts) * D, stream);
-    d.comp_wkv_fl = cuda::bf16_fma_limits(d.comp_wkv, hd * D, stream);
-    d.comp_wgate_fl = cuda::bf16_fma_limits(d.comp_wgate, hd * D, stream);
-    d.idx_wproj_fl = cuda::bf16_fma_limits(d.idx_wproj, int64_t(t.index_n_heads) * D, stream);
     std::vector<const uint8_t*> ptr[6];
     for (int e = 0; e < t.n_routed_experts; ++e) {
       const int own = part.owns_expert(e) ? e : fallback_expert;
@@ -1169,9 +1162,8 @@ void CudaBackend::Impl::compressor_branch(int l, const Step& st, cudaStream_t st
   const int64_t D = t.hidden_size, hd = t.head_dim;
   const int slot = layout.source_slot[l];
   const int ratio = lp.ratio;
-  cuda::bf16_linear(d.comp_wkv, hd, D, ws.xn, D, n, ws.ag, 2 * hd, false, stream, d.comp_wkv_fl);
-  if (ratio > 1)
-    cuda::bf16_linear(d.comp_wgate, hd, D, ws.xn, D, n, ws.ag + hd, 2 * hd, false, stream, d.comp_wgate_fl);
+  cuda::bf16_linear(d.comp_wkv, hd, D, ws.xn, D, n, ws.ag, 2 * hd, false, stream);
+  if (ratio > 1) cuda::bf16_linear(d.comp_wgate, hd, D, ws.xn, D, n, ws.ag + hd, 2 * hd, false, stream);
   cuda::CompressArgs ca{.ag = ws.ag, .jobs = st.emit[slot], .n_jobs = st.n_emit[slot], .seqs = st.seqtab,
                         .src = slot, .ratio = ratio, .hd = hd, .ihd = t.index_head_dim, .norm = d.comp_norm,
                         .wk = d.idx_wk, .k_norm = d.idx_k_norm, .cs = st.cs_ent, .half = half,
@@ -1187,7 +1179,7 @@ void CudaBackend::Impl::indexer_xn_part(int l, const Step& st, cudaStream_t stre
   if (!cfg.layers[l].runs_indexer) return;
   const int64_t D = t.hidden_size;
   cuda::bf16_linear(layers[l].idx_wproj, t.index_n_heads, D, ws.xn, D, st.rows, ws.wts, t.index_n_heads, false,
-                    stream, layers[l].idx_wproj_fl);
+                    stream);
 }
 
 // The indexer's queries from the normalized q latent (qin): projected, rotated, quantized, on
@@ -1401,7 +1393,7 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
     cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, hsin, n, ws.ys, D, r, s2);
   };
   if (shared_early) shared_expert();
-  if (!(wi & cuda::kWhatIfRouter)) cuda::bf16_linear(d.gate, E, D, ws.xn, D, n, ws.router, E, false, stream, d.gate_fl);
+  if (!(wi & cuda::kWhatIfRouter)) cuda::bf16_linear(d.gate, E, D, ws.xn, D, n, ws.router, E, false, stream);
   cuda::route(ws.router, n, E, K, d.bias, d.bias_vl, image, float(t.gate_temp), float(t.routed_scaling_factor),
               ws.ids, ws.rw, stream);
   if (mix_mode == kMixLate) run_deferred_mix();  // DSUF_MIX_FORK=late

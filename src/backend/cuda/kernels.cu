@@ -2604,13 +2604,6 @@ __device__ __forceinline__ bool bf16_stage_ok(const float4& v, const Bf16FmaLimi
   return bf16_fma_input_ok(v.x, fl.lo, fl.hi) & bf16_fma_input_ok(v.y, fl.lo, fl.hi) &
          bf16_fma_input_ok(v.z, fl.lo, fl.hi) & bf16_fma_input_ok(v.w, fl.lo, fl.hi);
 }
-// Calls f(std::true_type) when take, else f(std::false_type): the two sums as two loops, the branch
-// uniform over the block.
-template <typename F>
-__device__ __forceinline__ void bf16_with_fma(bool take, F&& f) {
-  if (take) f(std::true_type{});
-  else f(std::false_type{});
-}
 // Chunks a lane loads at once (all of them for K ≤ 8·32·kBf16Deep = 5120: the router, the compressors,
 // the indexer projections and the head at the real dimensions), so that a warp's row is one DRAM
 // round trip instead of one per 4 chunks; DSUF_BF16=loop keeps the 4-deep loop (measuring aid).
@@ -2646,7 +2639,7 @@ constexpr int kBf16Rows = 4;
 template <int kW, int kS>
 __global__ void __launch_bounds__(32 * (kW + 1), 1)
     k_bf16_stream(const uint16_t* __restrict__ W, int64_t out, int64_t K, const float* __restrict__ x,
-                  float* __restrict__ y, bool r, Bf16FmaLimits fl) {
+                  float* __restrict__ y, bool r) {
   extern __shared__ __align__(16) uint8_t bs_sm[];  // [kS][kW rows][K] bf16 | the input (float4s) | bars
   pdl_trigger();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -2675,44 +2668,30 @@ __global__ void __launch_bounds__(32 * (kW + 1), 1)
     return;
   }
   pdl_wait();  // the input is the previous kernel's output
-  uint32_t ok = 1;
-  for (int i = int(threadIdx.x); i < int(K / 4); i += 32 * kW) {
-    const float4 v = reinterpret_cast<const float4*>(x)[i];
-    ok &= uint32_t(bf16_stage_ok(v, fl));
-    xs[bf16_stage_slot(i)] = v;
-  }
-  uint32_t fma;  // the consumers only: barrier 1 with the AND of their flags
-  asm volatile(
-      "{\n .reg .pred p, q;\n setp.ne.u32 q, %1, 0;\n barrier.red.and.pred p, 1, %2, q;\n"
-      " selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(fma)
-      : "r"(ok), "r"(32 * kW)
-      : "memory");
+  for (int i = int(threadIdx.x); i < int(K / 4); i += 32 * kW)
+    xs[bf16_stage_slot(i)] = reinterpret_cast<const float4*>(x)[i];
+  asm volatile("bar.sync 1, %0;\n" ::"r"(32 * kW) : "memory");  // the consumers only
   const int nc = int(K / 8);
-  bf16_with_fma(fma != 0, [&](auto kf) {
-    constexpr bool kFma = decltype(kf)::value;
-    for (int j = 0; j < nst; ++j) {
-      const int slot = j % kS;
-      mbar_wait(full + 8 * slot, uint32_t(j / kS) & 1u);
-      const int64_t o = r0 + int64_t(j) * kW + warp;
-      if (o < r1) {
-        const uint4* wr =
-            reinterpret_cast<const uint4*>(bs_sm + size_t(slot) * stage_bytes + size_t(warp) * row_bytes);
-        float acc = 0.0f;
+  for (int j = 0; j < nst; ++j) {
+    const int slot = j % kS;
+    mbar_wait(full + 8 * slot, uint32_t(j / kS) & 1u);
+    const int64_t o = r0 + int64_t(j) * kW + warp;
+    if (o < r1) {
+      const uint4* wr = reinterpret_cast<const uint4*>(bs_sm + size_t(slot) * stage_bytes + size_t(warp) * row_bytes);
+      float acc = 0.0f;
 #pragma unroll
-        for (int i = 0; i < kBf16Deep; ++i) {
-          if (lane + 32 * i >= nc) break;
-          const uint4 wv = wr[lane + 32 * i];
-          float4 xc[2] = {xs[(2 * i) * 32 + lane], xs[(2 * i + 1) * 32 + lane]};
-          acc = bf16_chunk<kFma>(acc, wv, reinterpret_cast<const float*>(xc));
-        }
-        acc = warp_sum(acc);
-        if (lane == 0) y[o] = rb(acc, r);
+      for (int i = 0; i < kBf16Deep; ++i) {
+        if (lane + 32 * i >= nc) break;
+        const uint4 wv = wr[lane + 32 * i];
+        float4 xc[2] = {xs[(2 * i) * 32 + lane], xs[(2 * i + 1) * 32 + lane]};
+        acc = bf16_chunk(acc, wv, reinterpret_cast<const float*>(xc));
       }
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty + 8 * slot);
+      acc = warp_sum(acc);
+      if (lane == 0) y[o] = rb(acc, r);
     }
-  });
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty + 8 * slot);
+  }
 }
 size_t bf16_stream_smem(int kW, int kS, int64_t K) { return size_t(kS) * kW * K * 2 + size_t(K) * 4 + 16 * kS; }
 
@@ -2724,7 +2703,7 @@ size_t bf16_stream_smem(int kW, int kS, int64_t K) { return size_t(kS) * kW * K 
 template <int R>
 __global__ void k_bf16_linear(const uint16_t* __restrict__ W, int64_t out, int64_t K, const float* __restrict__ x,
                               int64_t x_stride, float* __restrict__ y, int64_t y_stride, bool r, bool deep,
-                              bool staged, int64_t rows, Bf16FmaLimits fl) {
+                              bool staged, int64_t rows) {
   extern __shared__ float4 bf16_xs[];  // staged: the input rows, each in bf16_stage_slot's order
   pdl_trigger();
   const int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
@@ -2754,7 +2733,6 @@ __global__ void k_bf16_linear(const uint16_t* __restrict__ W, int64_t out, int64
     pdl_wait();
     constexpr int kPer = 8 * 32 * kBf16Deep / 4 / 256;  // float4s a thread stages (blocks of 256)
     const int n4 = int(K / 4);
-    bool ok = true;
     for (int rr = 0; rr < nr; ++rr) {
       const float* xq = xr + rr * x_stride;
       float4 t[kPer];
@@ -2766,39 +2744,31 @@ __global__ void k_bf16_linear(const uint16_t* __restrict__ W, int64_t out, int64
 #pragma unroll
       for (int j = 0; j < kPer; ++j) {
         const int i = int(threadIdx.x) + 256 * j;
-        if (i < n4) {
-          ok &= bf16_stage_ok(t[j], fl);
-          bf16_xs[rr * n4 + bf16_stage_slot(i)] = t[j];
-        }
+        if (i < n4) bf16_xs[rr * n4 + bf16_stage_slot(i)] = t[j];
       }
     }
-    // Every warp meets it (one past `out` loaded no weights and stores nothing); the FMA when every
-    // staged input qualifies.
-    const bool fma = __syncthreads_and(ok);
+    __syncthreads();  // every warp meets it; one past `out` loaded no weights and stores nothing
     if (!active) return;
-    bf16_with_fma(fma, [&](auto kf) {
-      constexpr bool kFma = decltype(kf)::value;
-      float accs[R];
+    float accs[R];
 #pragma unroll
-      for (int rr = 0; rr < R; ++rr) accs[rr] = 0.0f;
+    for (int rr = 0; rr < R; ++rr) accs[rr] = 0.0f;
 #pragma unroll
-      for (int i = 0; i < kBf16Deep; ++i) {
-        if (lane + 32 * i >= nc) break;
-#pragma unroll
-        for (int rr = 0; rr < R; ++rr) {
-          if (rr >= nr) break;
-          const float4* xs = bf16_xs + rr * n4;
-          float4 xc[2] = {xs[(2 * i) * 32 + lane], xs[(2 * i + 1) * 32 + lane]};
-          accs[rr] = bf16_chunk<kFma>(accs[rr], wv[i], reinterpret_cast<const float*>(xc));
-        }
-      }
+    for (int i = 0; i < kBf16Deep; ++i) {
+      if (lane + 32 * i >= nc) break;
 #pragma unroll
       for (int rr = 0; rr < R; ++rr) {
         if (rr >= nr) break;
-        const float v = warp_sum(accs[rr]);
-        if (lane == 0) y[int64_t(row + rr) * y_stride + o] = rb(v, r);
+        const float4* xs = bf16_xs + rr * n4;
+        float4 xc[2] = {xs[(2 * i) * 32 + lane], xs[(2 * i + 1) * 32 + lane]};
+        accs[rr] = bf16_chunk(accs[rr], wv[i], reinterpret_cast<const float*>(xc));
       }
-    });
+    }
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) {
+      if (rr >= nr) break;
+      const float v = warp_sum(accs[rr]);
+      if (lane == 0) y[int64_t(row + rr) * y_stride + o] = rb(v, r);
+    }
     return;
   }
   if (!active) return;  // a whole warp; the grid's other warps wait
@@ -2843,7 +2813,7 @@ __global__ void k_bf16_linear(const uint16_t* __restrict__ W, int64_t out, int64
 // ahead (the first D before the dependency wait). Each (output, row) sum is bf16_chunk's sequence
 // over the lane's chunks in order, then warp_sum: k_bf16_linear's bits. Rows past the last read
 // row 0's inputs and are dropped (no per-row branch).
-template <int OPW, int R, int D, int kWarps = 8, int kMinBlocks = 1>
+template <int OPW, int R, int D, int kWarps = 8, int kMinBlocks = 1, bool kFmaOk = false>
 __global__ void __launch_bounds__(32 * kWarps, kMinBlocks)
     k_bf16_wide(const uint16_t* __restrict__ W, int64_t out, int64_t K, const float* __restrict__ x, int64_t x_stride,
                 float* __restrict__ y, int64_t y_stride, bool r, int64_t rows, Bf16FmaLimits fl) {
@@ -2867,49 +2837,91 @@ __global__ void __launch_bounds__(32 * kWarps, kMinBlocks)
     if (d < ni) load(d, wq[d]);
   pdl_wait();
   const float* xr = x + int64_t(row) * x_stride;
-  bool ok = true;
+  bool ok = kFmaOk;
   for (int rr = 0; rr < nr; ++rr)
     for (int i = int(threadIdx.x); i < n4; i += 32 * kWarps) {
       const float4 v = reinterpret_cast<const float4*>(xr + rr * x_stride)[i];
-      ok &= bf16_stage_ok(v, fl);
+      if constexpr (kFmaOk) ok &= bf16_stage_ok(v, fl);
       bf16_xs[rr * n4 + bf16_stage_slot(i)] = v;
     }
-  bf16_with_fma(__syncthreads_and(ok), [&](auto kf) {  // the FMA when every staged input qualifies
+  float acc[OPW][R];
+#pragma unroll
+  for (int o = 0; o < OPW; ++o)
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) acc[o][rr] = 0.0f;
+  // The sums, the products by one fmaf each when kFma (kFmaOk: where every staged input qualifies).
+  // Only the products sit under the branch: a warp shuffle under it (warp_sum) is compiled as
+  // divergent code (WARPSYNC and ENDCOLLECTIVE around each: session 44's first form).
+  auto sums = [&](auto kf) {
     constexpr bool kFma = decltype(kf)::value;
-    float acc[OPW][R];
-#pragma unroll
-    for (int o = 0; o < OPW; ++o)
-#pragma unroll
-      for (int rr = 0; rr < R; ++rr) acc[o][rr] = 0.0f;
     for (int i0 = 0; i0 < ni; i0 += D) {
 #pragma unroll
       for (int d = 0; d < D; ++d) {
         const int i = i0 + d;
         if (i >= ni) break;
         if (lane + 32 * i < nc) {
-          float4 xc[R][2];
+          if constexpr (kFma) {  // a row's inputs at a time (8 registers live, not 8·R: fewer spills at R = 8)
 #pragma unroll
-          for (int rr = 0; rr < R; ++rr) {
-            const float4* xs = bf16_xs + (rr < nr ? rr : 0) * n4;
-            xc[rr][0] = xs[(2 * i) * 32 + lane], xc[rr][1] = xs[(2 * i + 1) * 32 + lane];
+            for (int rr = 0; rr < R; ++rr) {
+              const float4* xs = bf16_xs + (rr < nr ? rr : 0) * n4;
+              const float4 xc[2] = {xs[(2 * i) * 32 + lane], xs[(2 * i + 1) * 32 + lane]};
+#pragma unroll
+              for (int o = 0; o < OPW; ++o)
+                acc[o][rr] = bf16_chunk<true>(acc[o][rr], wq[d][o], reinterpret_cast<const float*>(xc));
+            }
+          } else {
+            float4 xc[R][2];
+#pragma unroll
+            for (int rr = 0; rr < R; ++rr) {
+              const float4* xs = bf16_xs + (rr < nr ? rr : 0) * n4;
+              xc[rr][0] = xs[(2 * i) * 32 + lane], xc[rr][1] = xs[(2 * i + 1) * 32 + lane];
+            }
+#pragma unroll
+            for (int o = 0; o < OPW; ++o)
+#pragma unroll
+              for (int rr = 0; rr < R; ++rr)
+                acc[o][rr] = bf16_chunk<false>(acc[o][rr], wq[d][o], reinterpret_cast<const float*>(xc[rr]));
           }
-#pragma unroll
-          for (int o = 0; o < OPW; ++o)
-#pragma unroll
-            for (int rr = 0; rr < R; ++rr)
-              acc[o][rr] = bf16_chunk<kFma>(acc[o][rr], wq[d][o], reinterpret_cast<const float*>(xc[rr]));
         }
         if (i + D < ni) load(i + D, wq[d]);
       }
     }
+  };
+  if constexpr (kFmaOk) {
+    if (__syncthreads_and(ok)) {
+      sums(std::true_type{});
+    } else {
+      // A block whose inputs do not qualify (tiny or huge values against this matrix, or inputs that
+      // are not BF16 values: rare) takes the plain products by a lean loop — a chunk at a time
+      // from global memory, the same order — so that the fast path's registers are the FMA form's
+      // alone (with the pipelined plain form beside it, the kernel spilled 68 loads, against 18).
+#pragma unroll 1
+      for (int i = 0; i < ni; ++i) {
+        const int c = lane + 32 * i;
+        if (c >= nc) break;
 #pragma unroll
-    for (int o = 0; o < OPW; ++o)
+        for (int o = 0; o < OPW; ++o) {
+          const uint4 w = __ldg(reinterpret_cast<const uint4*>(wr[o] + int64_t(c) * 8));
 #pragma unroll
-      for (int rr = 0; rr < R; ++rr) {
-        const float v = warp_sum(acc[o][rr]);
-        if (lane == 0 && rr < nr && o0 + o < out) y[int64_t(row + rr) * y_stride + o0 + o] = rb(v, r);
+          for (int rr = 0; rr < R; ++rr) {
+            const float4* xs = bf16_xs + (rr < nr ? rr : 0) * n4;
+            const float4 xc[2] = {xs[(2 * i) * 32 + lane], xs[(2 * i + 1) * 32 + lane]};
+            acc[o][rr] = bf16_chunk(acc[o][rr], w, reinterpret_cast<const float*>(xc));
+          }
+        }
       }
-  });
+    }
+  } else {
+    __syncthreads();
+    sums(std::false_type{});  // v52's code
+  }
+#pragma unroll
+  for (int o = 0; o < OPW; ++o)
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) {
+      const float v = warp_sum(acc[o][rr]);
+      if (lane == 0 && rr < nr && o0 + o < out) y[int64_t(row + rr) * y_stride + o0 + o] = rb(v, r);
+    }
 }
 
 // ---- RoPE and KV packing -----------------------------------------------------------------------
@@ -5665,20 +5677,14 @@ __global__ void k_bf16_exponents(const uint16_t* __restrict__ W, int64_t n, int*
   }
   if (threadIdx.x % 32 == 0) atomicMin(v, lo), atomicMax(v + 1, hi);
 }
-// DSUF_BF16_FMA=on|off|force: the BF16 linears take each product and add as one fmaf where the
-// caller passed the weights' limits and the staged inputs qualify (on, the default since v53); never
-// (off); or every BF16 input row regardless of the weights (force: a test's aid that shows the check
-// matters — its bits may differ from the reference's).
+// DSUF_BF16_FMA=on|off: the head's 8-rows-a-block form (k_bf16_wide<…, kFmaOk>) takes each product
+// and add as one fmaf where the caller passed the weights' limits and the staged inputs qualify (on,
+// the default since session 44), or never (off).
 int bf16_fma_mode() {
-  static const int mode = env_choice("DSUF_BF16_FMA", {"on", "off", "force"});
+  static const int mode = env_choice("DSUF_BF16_FMA", {"on", "off"});
   return mode;
 }
-Bf16FmaLimits bf16_fma_setting(const Bf16FmaLimits& fl) {
-  const int mode = bf16_fma_mode();
-  if (mode == 1) return {};
-  if (mode == 2) return {0.0f, std::numeric_limits<float>::infinity()};
-  return fl;
-}
+Bf16FmaLimits bf16_fma_setting(const Bf16FmaLimits& fl) { return bf16_fma_mode() == 1 ? Bf16FmaLimits{} : fl; }
 }  // namespace
 Bf16FmaLimits bf16_fma_limits(const uint16_t* W, int64_t n, cudaStream_t s) {
   if (!W || n <= 0 || bf16_fma_mode() == 1) return {};
@@ -5712,12 +5718,11 @@ int sm_count() {
   return n;
 }
 template <int kW, int kS>
-void launch_bf16_stream(const uint16_t* W, int64_t out, int64_t K, const float* x, float* y, bool r,
-                        const Bf16FmaLimits& fl, cudaStream_t s) {
+void launch_bf16_stream(const uint16_t* W, int64_t out, int64_t K, const float* x, float* y, bool r, cudaStream_t s) {
   const size_t smem = bf16_stream_smem(kW, kS, K);
   set_smem(k_bf16_stream<kW, kS>, smem);
   const int64_t grid = std::min<int64_t>(sm_count(), (out + kW - 1) / kW);
-  launch_pdl(k_bf16_stream<kW, kS>, dim3(unsigned(grid)), dim3(32 * (kW + 1)), smem, s, W, out, K, x, y, r, fl);
+  launch_pdl(k_bf16_stream<kW, kS>, dim3(unsigned(grid)), dim3(32 * (kW + 1)), smem, s, W, out, K, x, y, r);
 }
 // Whether k_bf16_linear's staged path (and so k_bf16_stream) takes a linear: 16-byte loads of the
 // weight rows and of every input row, the whole input row in shared memory (its in-kernel `vec` and
@@ -5732,21 +5737,20 @@ bool bf16_staged_fits(const uint16_t* W, int64_t K, const float* x, int64_t x_st
          (reinterpret_cast<uintptr_t>(x) & 15) == 0;
 }
 bool bf16_stream(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t rows, float* y, bool r,
-                 const Bf16FmaLimits& fl, cudaStream_t s) {
+                 cudaStream_t s) {
   static const int mode = env_choice("DSUF_BF16_STREAM", {"auto", "off", "all"});
   static const int shape = env_choice("DSUF_BF16_STREAM_SHAPE", {"8x2", "4x4", "2x8"});
   const bool fits = rows == 1 && bf16_staged_fits(W, K, x, 0);
   if (!fits || mode == 1 || (mode == 0 && out < kBf16StreamMinOut)) return false;
-  if (shape == 0) launch_bf16_stream<8, 2>(W, out, K, x, y, r, fl, s);
-  else if (shape == 1) launch_bf16_stream<4, 4>(W, out, K, x, y, r, fl, s);
-  else launch_bf16_stream<2, 8>(W, out, K, x, y, r, fl, s);
+  if (shape == 0) launch_bf16_stream<8, 2>(W, out, K, x, y, r, s);
+  else if (shape == 1) launch_bf16_stream<4, 4>(W, out, K, x, y, r, s);
+  else launch_bf16_stream<2, 8>(W, out, K, x, y, r, s);
   return true;
 }
 }  // namespace
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows, float* y,
                  int64_t y_stride, bool r, cudaStream_t s, Bf16FmaLimits fl) {
-  fl = bf16_fma_setting(fl);
-  if (bf16_stream(W, out, K, x, rows, y, r, fl, s)) return;
+  if (bf16_stream(W, out, K, x, rows, y, r, s)) return;
   // DSUF_BF16=staged (the default since v32) | deep (v15-v31) | loop (measuring aids): see kBf16Deep
   // and the staged path.
   static const int mode = env_choice("DSUF_BF16", {"staged", "deep", "loop"});
@@ -5764,17 +5768,20 @@ void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int6
   static const int wide = env_choice("DSUF_BF16_WIDE", {"auto", "off", "4", "all"});
   if (wide != 1 && rows > 1 && staged && (out >= kBf16StreamMinOut || wide == 3) &&
       bf16_staged_fits(W, K, x, x_stride)) {
+    // The FMA (DSUF_BF16_FMA, fl) at 8 rows a block only: at 4 the head streams at ~3.3 TB/s either
+    // way (session 44's timeline at batch 4: 403 µs plain, 424 with the FMA's branch).
+    const Bf16FmaLimits wfl = bf16_fma_setting(fl);
     auto launch = [&](auto k, int R, int warps) {  // both shapes: 4 outputs a warp
       const size_t smem = size_t(R) * size_t(K) * 4;
       set_smem(k, smem);
       launch_step(k, dim3(blocks_for(out, warps * 4), blocks_for(rows, R)), dim3(32 * warps), smem, s, W, out, K,
-                  x, x_stride, y, y_stride, r, rows, fl);
+                  x, x_stride, y, y_stride, r, rows, wfl);
     };
     // The shapes (session 22, call 5; docs/perf.md v36): 4 rows with 4 outputs a warp, D = 2, 8 warps,
     // two blocks an SM (114 registers); 8 rows with 4 outputs, D = 2, 16 warps (128 registers, 24
     // bytes of stack). Against <4 outputs, D 4, 8 warps, one block an SM> (156 and 168 registers):
     // batch 4 −0.24 ms, 16 −0.53, 64 −2.1; 16 warps at 4 rows and <2, D 4, 16 warps> at 8 between.
-    if (wide != 2 && rows >= 8) launch(k_bf16_wide<4, 8, 2, 16>, 8, 16);
+    if (wide != 2 && rows >= 8) launch(k_bf16_wide<4, 8, 2, 16, 1, true>, 8, 16);
     else launch(k_bf16_wide<4, 4, 2, 8, 2>, 4, 8);
     return;
   }
@@ -5783,14 +5790,14 @@ void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int6
       const size_t smem = bf16_linear_smem(K, staged, R);
       set_smem(k, smem);
       launch_step(k, dim3(blocks_for(out, 8), blocks_for(rows, R)), dim3(256), smem, s, W, out, K, x, x_stride, y,
-                  y_stride, r, deep, staged, rows, fl);
+                  y_stride, r, deep, staged, rows);
     };
     if (per == 8 && rows >= 8) launch(k_bf16_linear<8>, 8);
     else launch(k_bf16_linear<kBf16Rows>, kBf16Rows);
     return;
   }
   launch_step(k_bf16_linear<1>, dim3(blocks_for(out, 8), rows), dim3(256), bf16_linear_smem(K, staged), s, W, out, K,
-              x, x_stride, y, y_stride, r, deep, staged, rows, fl);
+              x, x_stride, y, y_stride, r, deep, staged, rows);
 }
 void rope(float* x, int64_t rows, int heads, int64_t dim, const float* cs, int half, float sign, bool r,
           cudaStream_t s) {

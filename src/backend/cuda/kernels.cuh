@@ -187,9 +187,10 @@ Fp4TiledWish fp4_tiled_wanted();
 void fp4_tile_in_place(uint8_t* W, int64_t out, int64_t K, uint8_t* scratch, cudaStream_t s);
 // FP32 product with a BF16 weight; y = W·x (optionally BF16-rounded). One row and at least 16,384
 // outputs (the head): a persistent stream, one block an SM (k_bf16_stream, DSUF_BF16_STREAM).
-// fl: the weights' Bf16FmaLimits (bf16_fma_limits below; core/bf16_fma.h): with them the kernels take
-// each product and add as one fmaf on the input rows that qualify — the same bits; the default {}
-// never does.
+// fl: the weights' Bf16FmaLimits (bf16_fma_limits below; core/bf16_fma.h): with them the head's form
+// of 8 rows a block (k_bf16_wide: ≥ 16,384 outputs, ≥ 8 rows) takes each product and add as one fmaf
+// on the blocks whose staged input rows qualify — the same bits; the default {} never does, nor the
+// other forms (measured no faster: session 44).
 void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int64_t x_stride, int64_t rows,
                  float* y, int64_t y_stride, bool r, cudaStream_t s, Bf16FmaLimits fl = {});
 // The limits of a BF16 matrix of n values on the device (a scan of its exponents; synchronizes s:
