@@ -1620,7 +1620,9 @@ void CudaBackend::Impl::enqueue_step(const Step& st, std::vector<Part>& parts, b
     // Vocabulary-parallel head: this rank's rows, gathered; rank 0 samples and hands the tokens
     // (and the logits when asked) to the host.
     const int64_t v0 = part.my_vocab().begin;
-    cuda::bf16_linear(head, part.my_vocab().size(), D, ws.xn, D, nl, ws.logits + v0, V, false, stream, head_fl);
+    // The FMA's limits only where the norm rounds its outputs to BF16 (else no row would qualify).
+    cuda::bf16_linear(head, part.my_vocab().size(), D, ws.xn, D, nl, ws.logits + v0, V, false, stream,
+                      r ? head_fl : Bf16FmaLimits{});
     cuda::gather_cols(comm, vocab_split, ws.logits, nl, V, tp_send, tp_recv, stream);
     // Sampling where the logits are (sample_chunk jobs per launch, the size of the weight
     // workspace); the tokens come back, the logits only when an item wants them.

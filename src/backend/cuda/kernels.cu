@@ -5781,7 +5781,10 @@ void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int6
     // two blocks an SM (114 registers); 8 rows with 4 outputs, D = 2, 16 warps (128 registers, 24
     // bytes of stack). Against <4 outputs, D 4, 8 warps, one block an SM> (156 and 168 registers):
     // batch 4 −0.24 ms, 16 −0.53, 64 −2.1; 16 warps at 4 rows and <2, D 4, 16 warps> at 8 between.
-    if (wide != 2 && rows >= 8) launch(k_bf16_wide<4, 8, 2, 16, 1, true>, 8, 16);
+    // Without limits (DSUF_BF16_FMA=off, inputs that are not BF16 values by construction, Inf or NaN
+    // weights) the 8-row form is v52's kernel, not the FMA form's lean fallback on every block.
+    if (wide != 2 && rows >= 8 && wfl.on()) launch(k_bf16_wide<4, 8, 2, 16, 1, true>, 8, 16);
+    else if (wide != 2 && rows >= 8) launch(k_bf16_wide<4, 8, 2, 16>, 8, 16);
     else launch(k_bf16_wide<4, 4, 2, 8, 2>, 4, 8);
     return;
   }
