@@ -13,9 +13,10 @@
 //
 // A matrix gives the smallest e'w of its nonzero weights and the largest ew; an input row then
 // qualifies when every value is a BF16 value (its low 16 bits zero), finite, below `hi` and, unless
-// zero (a zero product is exact), at least `lo`. The kernels check the row they stage (one flag a
-// block, `__syncthreads_or`) and take the plain products when it does not qualify: the FMA is an
-// optimization that never changes a bit, not an assumption about the data.
+// zero (a zero product is exact), at least `lo`. The kernel (the head's form of 8 rows a block,
+// k_bf16_wide) checks the rows it stages (one flag a block, `__syncthreads_and`) and takes the plain
+// products when one does not qualify: the FMA is an optimization that never changes a bit, not an
+// assumption about the data.
 #pragma once
 
 #include <cmath>

@@ -2579,7 +2579,7 @@ __global__ void __launch_bounds__(32 * kMmaRowWarps) k_fp4_mma_rows(
 // One chunk of 8 inputs against 8 BF16 weights, added to acc one product at a time: a rounded
 // product and a rounded add each (the reference's), or with kFma one fmaf each — the same bits when
 // every input of the row qualifies under the matrix's Bf16FmaLimits (core/bf16_fma.h: the products
-// are then exact in FP32), which the kernels check on the rows they stage (bf16_stage_ok).
+// are then exact in FP32), which k_bf16_wide<…, kFmaOk> checks on the rows it stages (bf16_stage_ok).
 template <bool kFma>
 __device__ __forceinline__ float bf16_mac(float acc, float w, float x) {
   if constexpr (kFma) return __fmaf_rn(w, x, acc);
