@@ -31,21 +31,24 @@ namespace dsuf {
 // qualifies (the default: the FMA off).
 struct Bf16FmaLimits {
   float lo = 0.0f, hi = 0.0f;
-  bool on() const { return hi > 0.0f; }
+  DSUF_HD bool on() const { return hi > 0.0f; }
 };
 
 // From a matrix's exponent fields: min_nonzero the smallest max(field, 1) over its nonzero weights
 // (≥ 255 when there are none), max_field the largest field; any_nonfinite: an Inf or NaN weight (no
 // FMA then: the products' NaN-ness would match, their payloads need not).
-inline Bf16FmaLimits bf16_fma_limits(int min_nonzero, int max_field, bool any_nonfinite) {
+// (Host and device: the attention's logits take q's limits a block.)
+DSUF_HD Bf16FmaLimits bf16_fma_limits(int min_nonzero, int max_field, bool any_nonfinite) {
   if (any_nonfinite) return {};
   Bf16FmaLimits l;
-  // e'x ≥ 119 − min_nonzero. For k ≥ 2, e'x ≥ k ⇔ |x| ≥ 2^(k − 127); for k ≤ 1 every x does.
+  // e'x ≥ 119 − min_nonzero. For k ≥ 2, e'x ≥ k ⇔ |x| ≥ 2^(k − 127) (exponent field k); for k ≤ 1
+  // every x does.
   const int k = 119 - min_nonzero;
-  l.lo = k <= 1 ? 0.0f : std::ldexp(1.0f, k - 127);
-  // ex ≤ 380 − max_field ⇔ |x| < 2^(381 − max_field − 127); past FLT_MAX only finiteness is asked.
-  const int m = 254 - max_field;
-  l.hi = m >= 128 ? std::numeric_limits<float>::infinity() : std::ldexp(1.0f, m);
+  l.lo = k <= 1 ? 0.0f : det::bits_to_float(uint32_t(k) << 23);
+  // ex ≤ 380 − max_field ⇔ |x| < 2^(381 − max_field − 127) (field 381 − max_field); past FLT_MAX
+  // only finiteness is asked (Inf).
+  const int m = 381 - max_field;
+  l.hi = det::bits_to_float(m >= 255 ? 0x7f800000u : uint32_t(m) << 23);
   return l;
 }
 
@@ -54,6 +57,29 @@ DSUF_HD bool bf16_fma_input_ok(float x, float lo, float hi) {
   const uint32_t u = det::float_to_bits(x);
   const float a = det::bits_to_float(u & 0x7fffffffu);
   return (u & 0xffffu) == 0 && a < hi && (a >= lo || a == 0.0f);
+}
+
+// The same test over n values at once, in integers (the logits' keys: a lane's values of a key):
+// every value a BF16 value, none at or above hi, every nonzero one at least lo. lo_m1 = lo's bits − 1
+// (0 for lo = 0) and hi_bits = hi's bits, from bf16_fma_bits. Magnitudes compare as their bits; a
+// zero's |bits| − 1 wraps to the top and drops out of the minimum; a NaN's bits exceed Inf's.
+struct Bf16FmaBits {
+  uint32_t lo_m1, hi_bits;
+};
+DSUF_HD Bf16FmaBits bf16_fma_bits(const Bf16FmaLimits& l) {
+  const uint32_t lo = det::float_to_bits(l.lo), hi = det::float_to_bits(l.hi);
+  return {lo ? lo - 1u : 0u, hi};
+}
+template <int N>
+DSUF_HD bool bf16_fma_values_ok(const float (&v)[N], const Bf16FmaBits& b) {
+  uint32_t any = 0, mx = 0, mn = 0xffffffffu;
+  for (int u = 0; u < N; ++u) {
+    const uint32_t x = det::float_to_bits(v[u]), a = x & 0x7fffffffu;
+    any |= x;
+    mx = mx > a ? mx : a;
+    mn = mn < a - 1u ? mn : a - 1u;
+  }
+  return (any & 0xffffu) == 0 && mx < b.hi_bits && mn >= b.lo_m1;
 }
 
 }  // namespace dsuf

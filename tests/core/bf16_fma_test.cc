@@ -124,5 +124,48 @@ TEST(Bf16Fma, TheUnderflowCaseDiffersAndIsRejected) {
   EXPECT_TRUE(bf16_fma_input_ok(std::ldexp(1.0f, -60), l.lo, l.hi));  // 2^-60 · 2^-75 = 2^-135: exact
 }
 
+// The limits as bits (no ldexp: the device computes them too) against ldexp, for every pair of fields.
+TEST(Bf16Fma, LimitsAreThePowersOfTwoTheFormulaNames) {
+  for (int mn = 1; mn <= 255; ++mn)
+    for (int mx = 0; mx <= 254; ++mx) {
+      const Bf16FmaLimits l = bf16_fma_limits(mn, mx, false);
+      const int k = 119 - mn, m = 254 - mx;
+      const float lo = k <= 1 ? 0.0f : std::ldexp(1.0f, k - 127);
+      const float hi = m >= 128 ? std::numeric_limits<float>::infinity() : std::ldexp(1.0f, m);
+      ASSERT_EQ(l.lo, lo) << mn << " " << mx;
+      ASSERT_EQ(l.hi, hi) << mn << " " << mx;
+    }
+}
+
+// bf16_fma_values_ok (integers over several values) against bf16_fma_input_ok value by value: every
+// BF16 code alone, and groups of 4 mixing codes, zeros, NaN, Inf and values that are not BF16 values.
+TEST(Bf16Fma, TheIntegerTestOfSeveralValuesIsTheValueTest) {
+  std::mt19937 rng(44);
+  std::uniform_int_distribution<uint32_t> code(0, 65535), any(0, 0xffffffffu), pick(0, 9);
+  const Bf16FmaLimits cases[] = {bf16_fma_limits(1, 130, false), bf16_fma_limits(60, 200, false),
+                                 bf16_fma_limits(118, 126, false), bf16_fma_limits(255, 0, false),
+                                 bf16_fma_limits(100, 254, false), Bf16FmaLimits{}};
+  for (const Bf16FmaLimits& l : cases) {
+    const Bf16FmaBits b = bf16_fma_bits(l);
+    for (uint32_t c = 0; c < 65536; ++c) {
+      const float v[1] = {bf(static_cast<uint16_t>(c))};
+      ASSERT_EQ(bf16_fma_values_ok(v, b), bf16_fma_input_ok(v[0], l.lo, l.hi)) << c << " lo " << l.lo;
+    }
+    for (int t = 0; t < 200000; ++t) {
+      float v[4];
+      bool want = true;
+      for (float& x : v) {
+        const uint32_t p = pick(rng);
+        x = p == 0   ? 0.0f
+            : p == 1 ? -0.0f
+            : p == 2 ? det::bits_to_float(any(rng))  // mostly not a BF16 value; NaN and Inf possible
+            : bf(static_cast<uint16_t>(code(rng)));
+        want = want && bf16_fma_input_ok(x, l.lo, l.hi);
+      }
+      ASSERT_EQ(bf16_fma_values_ok(v, b), want);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dsuf
