@@ -1,9 +1,9 @@
 // The BF16 linear's every launch form against the canonical sum it implements (core/detmath.h:
 // chunk_lane_sum<8> of the FP32 products, as the CPU reference's bf16_linear_f32), bit for bit, on
 // fresh random weights and inputs: one row and several, few outputs and the head's many (the
-// stream, k_bf16_wide at 4 and 8 rows, k_bf16_linear<1/4/8>), and K a multiple of 256 (the staged
-// forms) or not (K = 320, 1,000: the unstaged path; the staging layout would place a shorter last
-// round past the row — session 22). GPU machine only (label "gpu", in cuda_backend_tests).
+// stream, k_bf16_wide at 4 and 8 rows and its persistent form, k_bf16_linear<1/4/8>), and K a
+// multiple of 256 (the staged forms) or not (K = 320, 1,000: the unstaged path; the staging layout
+// would place a shorter last round past the row — session 22). GPU machine only (label "gpu", in cuda_backend_tests).
 // And the routed experts' several-rows-a-block form (k_fp4_imma<…, kRows>, session 23) against the
 // row-at-a-time kernel on the same tiled weights and inputs, bit for bit. And the FP8 linear of one
 // row and of several (k_fp8_gemv_tiles, k_fp8_gemv) against the reference's sum.
@@ -57,7 +57,10 @@ TEST(CudaBf16Linear, EveryFormEqualsTheCanonicalSum) {
   };
   const Shape shapes[] = {{40, 320, 1},    {40, 320, 9},     {16384, 320, 3},  {40, 1000, 5},   {96, 1280, 1},
                           {96, 1280, 4},   {96, 1280, 9},    {16384, 1280, 1}, {16384, 1280, 4}, {16400, 1280, 11},
-                          {16384, 5120, 2}, {16384, 5120, 8}, {200, 5120, 13}};
+                          {16384, 5120, 2}, {16384, 5120, 8}, {200, 5120, 13},
+                          // k_bf16_wide's persistent form (DSUF_BF16_WIDE_LOOP): several tiles a block,
+                          // a partial last tile, two row blocks, a tile of 6 rounds (K = 1,536).
+                          {16400, 5120, 5}, {40000, 5120, 3}, {16400, 1536, 3}, {40000, 5120, 9}};
   cudaStream_t s = nullptr;
   DSUF_CUDA(cudaStreamCreate(&s));
   for (const Shape& sh : shapes) {

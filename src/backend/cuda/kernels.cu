@@ -2813,7 +2813,12 @@ __global__ void k_bf16_linear(const uint16_t* __restrict__ W, int64_t out, int64
 // ahead (the first D before the dependency wait). Each (output, row) sum is bf16_chunk's sequence
 // over the lane's chunks in order, then warp_sum: k_bf16_linear's bits. Rows past the last read
 // row 0's inputs and are dropped (no per-row branch).
-template <int OPW, int R, int D, int kWarps = 8, int kMinBlocks = 1, bool kFmaOk = false>
+// kPersist (session 45, DSUF_BF16_WIDE_LOOP; the 4-row form): a block stays resident and takes tiles
+// blockIdx.x, blockIdx.x + gridDim.x, … of kWarps·OPW outputs, staging its input rows once instead of
+// once a tile (the head at batch 4: 4,040 tiles of 80 KB of staged inputs each), and its weight loads
+// run D rounds ahead across a tile's end into the next tile's rows, so that an SM's loads do not come
+// in waves. The same sums in the same order.
+template <int OPW, int R, int D, int kWarps = 8, int kMinBlocks = 1, bool kFmaOk = false, bool kPersist = false>
 __global__ void __launch_bounds__(32 * kWarps, kMinBlocks)
     k_bf16_wide(const uint16_t* __restrict__ W, int64_t out, int64_t K, const float* __restrict__ x, int64_t x_stride,
                 float* __restrict__ y, int64_t y_stride, bool r, int64_t rows, Bf16FmaLimits fl) {
@@ -2827,11 +2832,13 @@ __global__ void __launch_bounds__(32 * kWarps, kMinBlocks)
 #pragma unroll
   for (int o = 0; o < OPW; ++o) wr[o] = W + (o0 + o < out ? o0 + o : out - 1) * K;
   uint4 wq[D][OPW];
-  auto load = [&](int i, uint4 (&dst)[OPW]) {  // round i's chunk of each row (past the end: the last)
+  // Round i's chunk of each of rows p (past the end: the last).
+  auto load_from = [&](const uint16_t* const (&p)[OPW], int i, uint4 (&dst)[OPW]) {
     const int c = lane + 32 * i < nc ? lane + 32 * i : nc - 1;
 #pragma unroll
-    for (int o = 0; o < OPW; ++o) dst[o] = __ldg(reinterpret_cast<const uint4*>(wr[o] + int64_t(c) * 8));
+    for (int o = 0; o < OPW; ++o) dst[o] = __ldg(reinterpret_cast<const uint4*>(p[o] + int64_t(c) * 8));
   };
+  auto load = [&](int i, uint4 (&dst)[OPW]) { load_from(wr, i, dst); };
 #pragma unroll
   for (int d = 0; d < D; ++d)
     if (d < ni) load(d, wq[d]);
@@ -2887,6 +2894,62 @@ __global__ void __launch_bounds__(32 * kWarps, kMinBlocks)
       }
     }
   };
+  auto store = [&](int64_t ob) {  // the (output, row) sums of outputs ob.. by warp_sum
+#pragma unroll
+    for (int o = 0; o < OPW; ++o)
+#pragma unroll
+      for (int rr = 0; rr < R; ++rr) {
+        const float v = warp_sum(acc[o][rr]);
+        if (lane == 0 && rr < nr && ob + o < out) y[int64_t(row + rr) * y_stride + ob + o] = rb(v, r);
+      }
+  };
+  if constexpr (kPersist) {
+    static_assert(!kFmaOk, "the persistent form has no FMA path");
+    __syncthreads();
+    const int64_t tiles = (out + kWarps * OPW - 1) / (kWarps * OPW);
+    for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+      const int64_t ob = (t * kWarps + warp) * OPW, tn = t + gridDim.x < tiles ? t + gridDim.x : t;
+      const bool more = tn != t;
+      const uint16_t* wn[OPW];  // the next tile's rows (where there is none: this tile's, not loaded)
+#pragma unroll
+      for (int o = 0; o < OPW; ++o) {
+        const int64_t on = (tn * kWarps + warp) * OPW + o;
+        wn[o] = W + (on < out ? on : out - 1) * K;
+      }
+      for (int i0 = 0; i0 < ni; i0 += D) {
+#pragma unroll
+        for (int d = 0; d < D; ++d) {
+          const int i = i0 + d;
+          if (i >= ni) break;
+          if (lane + 32 * i < nc) {
+            float4 xc[R][2];
+#pragma unroll
+            for (int rr = 0; rr < R; ++rr) {
+              const float4* xs = bf16_xs + (rr < nr ? rr : 0) * n4;
+              xc[rr][0] = xs[(2 * i) * 32 + lane], xc[rr][1] = xs[(2 * i + 1) * 32 + lane];
+            }
+#pragma unroll
+            for (int o = 0; o < OPW; ++o)
+#pragma unroll
+              for (int rr = 0; rr < R; ++rr)
+                acc[o][rr] = bf16_chunk<false>(acc[o][rr], wq[d][o], reinterpret_cast<const float*>(xc[rr]));
+          }
+          // The next tile's round i + D − ni goes where it is read: slot d, as ni is a multiple of D
+          // (the launch checks).
+          if (i + D < ni) load(i + D, wq[d]);
+          else if (more) load_from(wn, i + D - ni, wq[d]);
+        }
+      }
+      store(ob);
+#pragma unroll
+      for (int o = 0; o < OPW; ++o) {
+        wr[o] = wn[o];
+#pragma unroll
+        for (int rr = 0; rr < R; ++rr) acc[o][rr] = 0.0f;
+      }
+    }
+    return;
+  }
   if constexpr (kFmaOk) {
     if (__syncthreads_and(ok)) {
       sums(std::true_type{});
@@ -2915,13 +2978,7 @@ __global__ void __launch_bounds__(32 * kWarps, kMinBlocks)
     __syncthreads();
     sums(std::false_type{});  // v52's code
   }
-#pragma unroll
-  for (int o = 0; o < OPW; ++o)
-#pragma unroll
-    for (int rr = 0; rr < R; ++rr) {
-      const float v = warp_sum(acc[o][rr]);
-      if (lane == 0 && rr < nr && o0 + o < out) y[int64_t(row + rr) * y_stride + o0 + o] = rb(v, r);
-    }
+  store(o0);
 }
 
 // ---- RoPE and KV packing -----------------------------------------------------------------------
@@ -5771,6 +5828,21 @@ void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int6
     // The FMA (DSUF_BF16_FMA, fl) at 8 rows a block only: at 4 the head streams at ~3.3 TB/s either
     // way (session 44's timeline at batch 4: 403 µs plain, 424 with the FMA's branch).
     const Bf16FmaLimits wfl = bf16_fma_setting(fl);
+    // DSUF_BF16_WIDE_LOOP=on|off|8: below 8 rows, k_bf16_wide's persistent form (kPersist: two
+    // resident blocks an SM over the tiles, the inputs staged once a block) or v53's grid of 4,040
+    // blocks (off); 8: the plain 8-row form too (without the FMA's limits; an experiment). It carries
+    // its loads across a tile's end into the same registers, so a tile's rounds (K / 256) must be a
+    // multiple of the depth D = 2.
+    static const int wide_loop = env_choice("DSUF_BF16_WIDE_LOOP", {"on", "off", "8"});
+    const bool loop_fits = K % (256 * 2) == 0;
+    auto launch_loop = [&](auto k, int R, int warps, int per_sm) {  // one resident wave over the tiles
+      const size_t smem = size_t(R) * size_t(K) * 4;
+      set_smem(k, smem);
+      const int64_t tiles = blocks_for(out, warps * 4), ry = blocks_for(rows, R);
+      const int gx = int(std::max<int64_t>(1, std::min<int64_t>(tiles, per_sm * sm_count() / ry)));
+      launch_step(k, dim3(gx, unsigned(ry)), dim3(32 * warps), smem, s, W, out, K, x, x_stride, y, y_stride, r, rows,
+                  wfl);
+    };
     auto launch = [&](auto k, int R, int warps) {  // both shapes: 4 outputs a warp
       const size_t smem = size_t(R) * size_t(K) * 4;
       set_smem(k, smem);
@@ -5784,7 +5856,10 @@ void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int6
     // Without limits (DSUF_BF16_FMA=off, inputs that are not BF16 values by construction, Inf or NaN
     // weights) the 8-row form is v52's kernel, not the FMA form's lean fallback on every block.
     if (wide != 2 && rows >= 8 && wfl.on()) launch(k_bf16_wide<4, 8, 2, 16, 1, true>, 8, 16);
+    else if (wide != 2 && rows >= 8 && wide_loop == 2 && loop_fits)
+      launch_loop(k_bf16_wide<4, 8, 2, 16, 1, false, true>, 8, 16, 1);
     else if (wide != 2 && rows >= 8) launch(k_bf16_wide<4, 8, 2, 16>, 8, 16);
+    else if (wide_loop != 1 && loop_fits) launch_loop(k_bf16_wide<4, 4, 2, 8, 2, false, true>, 4, 8, 2);
     else launch(k_bf16_wide<4, 4, 2, 8, 2>, 4, 8);
     return;
   }

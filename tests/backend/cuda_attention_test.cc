@@ -1,0 +1,123 @@
+// The attention logits kernel (k_attention_logits, through cuda::attention on keys already gathered)
+// against the canonical sum it implements: logit = lane_sum(hd, q·k) · (1/√hd) (core/detmath.h), bit for
+// bit, in each of its forms — one key a warp's pass (1 and 2 rows), two keys a pass with lane-major
+// queries (4 rows; hd = 512 and 128) — on fresh random queries and keys: BF16 values as in the model,
+// products that underflow FP32, and values off the BF16 grid (where an FMA would not give the same bits).
+// Session 45 ran it against the logits' FMA form (docs/perf.md "Decode — v53 … session 45"; measured
+// slower and not landed), with host checks that fusing changes these cases' logits. GPU machine only.
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/kernels.cuh"
+#include "core/detmath.h"
+#include "core/numerics.h"
+#include "cuda_buf.h"
+
+namespace dsuf {
+namespace {
+
+using cuda_test::Buf;
+
+struct LogitsCase {
+  const char* name;
+  int rows, H;
+  int64_t hd;
+  int keys;
+  // Value generators (the RNG, the row, the key or head, the dim): queries and keys.
+  float (*q)(std::mt19937&, int, int, int64_t);
+  float (*k)(std::mt19937&, int, int, int64_t);
+};
+
+float normal(std::mt19937& g) { return std::normal_distribution<float>(0.0f, 1.0f)(g); }
+float bf16_normal(std::mt19937& g, int e) { return round_bf16(std::ldexp(normal(g), e)); }
+
+float q_plain(std::mt19937& g, int, int, int64_t) { return bf16_normal(g, 0); }
+float k_plain(std::mt19937& g, int, int, int64_t) { return bf16_normal(g, -1); }
+// Products near 2^-137 whose lowest bits fall below 2^-149 (their FP32 roundings are not exact).
+float q_tiny(std::mt19937& g, int, int, int64_t) { return bf16_normal(g, -62); }
+float k_tiny(std::mt19937& g, int, int, int64_t) { return bf16_normal(g, -75); }
+// Per key: tiny or large enough for q_tiny's products to be exact.
+float k_mixed(std::mt19937& g, int, int j, int64_t) { return bf16_normal(g, j % 3 == 0 ? -75 : -40); }
+// Not BF16 values: 24 significant bits, so q·k is not exact in FP32.
+float q_fp32(std::mt19937& g, int, int, int64_t) { return normal(g); }
+float k_fp32(std::mt19937& g, int, int, int64_t) { return normal(g); }
+// One query value of one head a row off the BF16 grid.
+float q_one_fp32(std::mt19937& g, int, int h, int64_t d) { return h == 3 && d == 77 ? normal(g) : bf16_normal(g, 0); }
+
+// The canonical logit.
+float logit(const float* q, const float* k, int64_t hd) {
+  return det::lane_sum(hd, [&](int64_t d) { return q[d] * k[d]; }) * (1.0f / std::sqrt(float(hd)));
+}
+
+TEST(CudaAttentionLogits, EveryFormEqualsTheCanonicalSum) {
+  const LogitsCase cases[] = {
+      {"plain 1 row", 1, 16, 512, 256, q_plain, k_plain},
+      {"plain 2 rows", 2, 16, 512, 256, q_plain, k_plain},
+      {"plain 4 rows (pairs, QU 16)", 4, 16, 512, 256, q_plain, k_plain},
+      {"plain 4 rows (pairs, QU 4)", 4, 16, 128, 256, q_plain, k_plain},
+      {"underflow 1 row", 1, 16, 512, 256, q_tiny, k_tiny},
+      {"underflow 4 rows", 4, 16, 512, 256, q_tiny, k_tiny},
+      {"underflow 4 rows hd 128", 4, 16, 128, 256, q_tiny, k_tiny},
+      {"mixed keys 1 row", 1, 16, 512, 256, q_tiny, k_mixed},
+      {"mixed keys 4 rows", 4, 16, 512, 256, q_tiny, k_mixed},
+      {"fp32 queries 1 row", 1, 16, 512, 256, q_fp32, k_plain},
+      {"fp32 queries 4 rows", 4, 16, 512, 256, q_fp32, k_plain},
+      {"one fp32 query value 4 rows", 4, 16, 512, 256, q_one_fp32, k_plain},
+      {"fp32 keys 1 row", 1, 16, 512, 256, q_plain, k_fp32},
+      {"fp32 keys 4 rows", 4, 16, 512, 256, q_plain, k_fp32},
+  };
+  std::mt19937 g(20261203u);
+  cudaStream_t s = nullptr;
+  DSUF_CUDA(cudaStreamCreate(&s));
+  for (const LogitsCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const int R = c.rows, H = c.H, W = c.keys, kmax = W;
+    const int64_t hd = c.hd;
+    std::vector<float> q(size_t(R) * H * hd), keys(size_t(R) * kmax * hd), sink(H);
+    for (int i = 0; i < R; ++i)
+      for (int h = 0; h < H; ++h)
+        for (int64_t d = 0; d < hd; ++d) q[(size_t(i) * H + h) * hd + d] = c.q(g, i, h, d);
+    for (int i = 0; i < R; ++i)
+      for (int j = 0; j < kmax; ++j)
+        for (int64_t d = 0; d < hd; ++d) keys[(size_t(i) * kmax + j) * hd + d] = c.k(g, i, j, d);
+    for (float& v : sink) v = normal(g);
+    std::vector<cuda::RowMeta> meta(R);
+    for (int i = 0; i < R; ++i) meta[i] = {int64_t(W - 1 + 5 * i), 0, 0};  // W keys each: the window only
+    Buf<float> dq(q.size()), dk(keys.size()), dsink(H), dout(q.size()), datt(size_t(R) * H * kmax);
+    Buf<cuda::RowMeta> dmeta(R);
+    DSUF_CUDA(cudaMemcpy(dq.p, q.data(), q.size() * sizeof(float), cudaMemcpyHostToDevice));
+    DSUF_CUDA(cudaMemcpy(dk.p, keys.data(), keys.size() * sizeof(float), cudaMemcpyHostToDevice));
+    DSUF_CUDA(cudaMemcpy(dsink.p, sink.data(), sink.size() * sizeof(float), cudaMemcpyHostToDevice));
+    DSUF_CUDA(cudaMemcpy(dmeta.p, meta.data(), meta.size() * sizeof(cuda::RowMeta), cudaMemcpyHostToDevice));
+    DSUF_CUDA(cudaMemset(datt.p, 0xff, datt.n * sizeof(float)));  // NaN: an unwritten logit shows
+    cuda::AttentionArgs a{};
+    a.q = dq.p, a.meta = dmeta.p, a.src = -1, a.sel = nullptr, a.sel_stride = 0, a.sink = dsink.p;
+    a.out = dout.p, a.keys = dk.p, a.att = datt.p, a.kmax = kmax, a.rows = R, a.H = H, a.W = W, a.hd = hd;
+    a.r = true;
+    cuda::attention(a, s, /*gathered=*/true);
+    DSUF_CUDA(cudaStreamSynchronize(s));
+    std::vector<float> att(datt.n);
+    DSUF_CUDA(cudaMemcpy(att.data(), datt.p, att.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    int64_t bad = 0;
+    for (int i = 0; i < R; ++i)
+      for (int h = 0; h < H; ++h)
+        for (int j = 0; j < kmax; ++j) {
+          const float* qv = q.data() + (size_t(i) * H + h) * hd;
+          const float* kv = keys.data() + (size_t(i) * kmax + j) * hd;
+          const float want = logit(qv, kv, hd);
+          const float got = att[(size_t(i) * H + h) * kmax + j];
+          if (det::float_to_bits(got) != det::float_to_bits(want) && ++bad <= 3)
+            ADD_FAILURE() << "row " << i << " head " << h << " key " << j << ": got " << got << " want " << want;
+        }
+    EXPECT_EQ(bad, 0);
+  }
+  cudaStreamDestroy(s);
+}
+
+}  // namespace
+}  // namespace dsuf
