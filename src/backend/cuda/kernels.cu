@@ -2859,7 +2859,10 @@ __global__ void __launch_bounds__(32 * kWarps, kMinBlocks)
   // The sums, the products by one fmaf each when kFma (kFmaOk: where every staged input qualifies).
   // Only the products sit under the branch: a warp shuffle under it (warp_sum) is compiled as
   // divergent code (WARPSYNC and ENDCOLLECTIVE around each: session 44's first form).
-  auto sums = [&](auto kf) {
+  // wn, more (the persistent form): the next tile's rows, whose first D rounds the last D rounds of
+  // this one load — into slot d, where they are read, as a tile's rounds are a multiple of D (the
+  // launch checks). The one-tile form passes more = false.
+  auto sums = [&](auto kf, const uint16_t* const (&wn)[OPW], bool more) {
     constexpr bool kFma = decltype(kf)::value;
     for (int i0 = 0; i0 < ni; i0 += D) {
 #pragma unroll
@@ -2891,6 +2894,28 @@ __global__ void __launch_bounds__(32 * kWarps, kMinBlocks)
           }
         }
         if (i + D < ni) load(i + D, wq[d]);
+        else if (more) load_from(wn, i + D - ni, wq[d]);
+      }
+    }
+  };
+  // A block whose inputs do not qualify for the FMA (tiny or huge values against this matrix, or
+  // inputs that are not BF16 values: rare) takes the plain products by a lean loop — a chunk at a
+  // time from global memory, the same order — so that the fast path's registers are the FMA form's
+  // alone (with the pipelined plain form beside it, the kernel spilled 68 loads, against 18).
+  auto lean = [&] {
+#pragma unroll 1
+    for (int i = 0; i < ni; ++i) {
+      const int c = lane + 32 * i;
+      if (c >= nc) break;
+#pragma unroll
+      for (int o = 0; o < OPW; ++o) {
+        const uint4 w = __ldg(reinterpret_cast<const uint4*>(wr[o] + int64_t(c) * 8));
+#pragma unroll
+        for (int rr = 0; rr < R; ++rr) {
+          const float4* xs = bf16_xs + (rr < nr ? rr : 0) * n4;
+          const float4 xc[2] = {xs[(2 * i) * 32 + lane], xs[(2 * i + 1) * 32 + lane]};
+          acc[o][rr] = bf16_chunk(acc[o][rr], w, reinterpret_cast<const float*>(xc));
+        }
       }
     }
   };
@@ -2904,41 +2929,24 @@ __global__ void __launch_bounds__(32 * kWarps, kMinBlocks)
       }
   };
   if constexpr (kPersist) {
-    static_assert(!kFmaOk, "the persistent form has no FMA path");
-    __syncthreads();
+    // The FMA decided once a block (its rows are staged once), the branch around the products only.
+    bool fma = false;
+    if constexpr (kFmaOk) fma = __syncthreads_and(ok);
+    else __syncthreads();
     const int64_t tiles = (out + kWarps * OPW - 1) / (kWarps * OPW);
     for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
       const int64_t ob = (t * kWarps + warp) * OPW, tn = t + gridDim.x < tiles ? t + gridDim.x : t;
-      const bool more = tn != t;
       const uint16_t* wn[OPW];  // the next tile's rows (where there is none: this tile's, not loaded)
 #pragma unroll
       for (int o = 0; o < OPW; ++o) {
         const int64_t on = (tn * kWarps + warp) * OPW + o;
         wn[o] = W + (on < out ? on : out - 1) * K;
       }
-      for (int i0 = 0; i0 < ni; i0 += D) {
-#pragma unroll
-        for (int d = 0; d < D; ++d) {
-          const int i = i0 + d;
-          if (i >= ni) break;
-          if (lane + 32 * i < nc) {
-            float4 xc[R][2];
-#pragma unroll
-            for (int rr = 0; rr < R; ++rr) {
-              const float4* xs = bf16_xs + (rr < nr ? rr : 0) * n4;
-              xc[rr][0] = xs[(2 * i) * 32 + lane], xc[rr][1] = xs[(2 * i + 1) * 32 + lane];
-            }
-#pragma unroll
-            for (int o = 0; o < OPW; ++o)
-#pragma unroll
-              for (int rr = 0; rr < R; ++rr)
-                acc[o][rr] = bf16_chunk<false>(acc[o][rr], wq[d][o], reinterpret_cast<const float*>(xc[rr]));
-          }
-          // The next tile's round i + D − ni goes where it is read: slot d, as ni is a multiple of D
-          // (the launch checks).
-          if (i + D < ni) load(i + D, wq[d]);
-          else if (more) load_from(wn, i + D - ni, wq[d]);
-        }
+      if constexpr (kFmaOk) {
+        if (fma) sums(std::true_type{}, wn, tn != t);
+        else lean();
+      } else {
+        sums(std::false_type{}, wn, tn != t);
       }
       store(ob);
 #pragma unroll
@@ -2951,32 +2959,11 @@ __global__ void __launch_bounds__(32 * kWarps, kMinBlocks)
     return;
   }
   if constexpr (kFmaOk) {
-    if (__syncthreads_and(ok)) {
-      sums(std::true_type{});
-    } else {
-      // A block whose inputs do not qualify (tiny or huge values against this matrix, or inputs that
-      // are not BF16 values: rare) takes the plain products by a lean loop — a chunk at a time
-      // from global memory, the same order — so that the fast path's registers are the FMA form's
-      // alone (with the pipelined plain form beside it, the kernel spilled 68 loads, against 18).
-#pragma unroll 1
-      for (int i = 0; i < ni; ++i) {
-        const int c = lane + 32 * i;
-        if (c >= nc) break;
-#pragma unroll
-        for (int o = 0; o < OPW; ++o) {
-          const uint4 w = __ldg(reinterpret_cast<const uint4*>(wr[o] + int64_t(c) * 8));
-#pragma unroll
-          for (int rr = 0; rr < R; ++rr) {
-            const float4* xs = bf16_xs + (rr < nr ? rr : 0) * n4;
-            const float4 xc[2] = {xs[(2 * i) * 32 + lane], xs[(2 * i + 1) * 32 + lane]};
-            acc[o][rr] = bf16_chunk(acc[o][rr], w, reinterpret_cast<const float*>(xc));
-          }
-        }
-      }
-    }
+    if (__syncthreads_and(ok)) sums(std::true_type{}, wr, false);
+    else lean();
   } else {
     __syncthreads();
-    sums(std::false_type{});  // v52's code
+    sums(std::false_type{}, wr, false);  // v52's code
   }
   store(o0);
 }
@@ -5830,9 +5817,12 @@ void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int6
     const Bf16FmaLimits wfl = bf16_fma_setting(fl);
     // DSUF_BF16_WIDE_LOOP=on|off|8: below 8 rows, k_bf16_wide's persistent form (kPersist: two
     // resident blocks an SM over the tiles, the inputs staged once a block) or v53's grid of 4,040
-    // blocks (off); 8: the plain 8-row form too (without the FMA's limits; an experiment). It carries
-    // its loads across a tile's end into the same registers, so a tile's rounds (K / 256) must be a
-    // multiple of the depth D = 2.
+    // blocks (off); 8: the 8-row forms too, plain and FMA (one block an SM). It carries its loads
+    // across a tile's end into the same registers, so a tile's rounds (K / 256) must be a multiple of
+    // the depth D = 2. Session 45 (docs/perf.md v54): the head at batch 4 402 → 376 µs in place, the
+    // step −0.03 to −0.07 ms; at 8 rows the FMA's persistent form spills (136 bytes of stack) and
+    // was slower (batch 8 +0.07, 16 +0.18; 64 −0.67 in one round), the plain one −0.30 at 16 against
+    // the plain grid but only level with the FMA's grid: `on` keeps the 8-row grid.
     static const int wide_loop = env_choice("DSUF_BF16_WIDE_LOOP", {"on", "off", "8"});
     const bool loop_fits = K % (256 * 2) == 0;
     auto launch_loop = [&](auto k, int R, int warps, int per_sm) {  // one resident wave over the tiles
@@ -5855,7 +5845,9 @@ void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int6
     // batch 4 −0.24 ms, 16 −0.53, 64 −2.1; 16 warps at 4 rows and <2, D 4, 16 warps> at 8 between.
     // Without limits (DSUF_BF16_FMA=off, inputs that are not BF16 values by construction, Inf or NaN
     // weights) the 8-row form is v52's kernel, not the FMA form's lean fallback on every block.
-    if (wide != 2 && rows >= 8 && wfl.on()) launch(k_bf16_wide<4, 8, 2, 16, 1, true>, 8, 16);
+    if (wide != 2 && rows >= 8 && wfl.on() && wide_loop == 2 && loop_fits)
+      launch_loop(k_bf16_wide<4, 8, 2, 16, 1, true, true>, 8, 16, 1);
+    else if (wide != 2 && rows >= 8 && wfl.on()) launch(k_bf16_wide<4, 8, 2, 16, 1, true>, 8, 16);
     else if (wide != 2 && rows >= 8 && wide_loop == 2 && loop_fits)
       launch_loop(k_bf16_wide<4, 8, 2, 16, 1, false, true>, 8, 16, 1);
     else if (wide != 2 && rows >= 8) launch(k_bf16_wide<4, 8, 2, 16>, 8, 16);
