@@ -2828,9 +2828,14 @@ __global__ void __launch_bounds__(32 * kWarps, kMinBlocks)
   const int64_t o0 = (int64_t(blockIdx.x) * kWarps + warp) * OPW;
   const int row = blockIdx.y * R, nr = int(rows - row < R ? rows - row : R);
   const int nc = int(K / 8), ni = (nc + 31) / 32, n4 = int(K / 4);  // chunks; a lane's rounds
-  const uint16_t* wr[OPW];
+  // This warp's weight rows of tile t (outputs past the end: the last row, read and dropped).
+  auto tile_rows = [&](int64_t t, const uint16_t* (&p)[OPW]) {
+    const int64_t ob = (t * kWarps + warp) * OPW;
 #pragma unroll
-  for (int o = 0; o < OPW; ++o) wr[o] = W + (o0 + o < out ? o0 + o : out - 1) * K;
+    for (int o = 0; o < OPW; ++o) p[o] = W + (ob + o < out ? ob + o : out - 1) * K;
+  };
+  const uint16_t* wr[OPW];
+  tile_rows(blockIdx.x, wr);
   uint4 wq[D][OPW];
   // Round i's chunk of each of rows p (past the end: the last).
   auto load_from = [&](const uint16_t* const (&p)[OPW], int i, uint4 (&dst)[OPW]) {
@@ -2937,11 +2942,7 @@ __global__ void __launch_bounds__(32 * kWarps, kMinBlocks)
     for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
       const int64_t ob = (t * kWarps + warp) * OPW, tn = t + gridDim.x < tiles ? t + gridDim.x : t;
       const uint16_t* wn[OPW];  // the next tile's rows (where there is none: this tile's, not loaded)
-#pragma unroll
-      for (int o = 0; o < OPW; ++o) {
-        const int64_t on = (tn * kWarps + warp) * OPW + o;
-        wn[o] = W + (on < out ? on : out - 1) * K;
-      }
+      tile_rows(tn, wn);
       if constexpr (kFmaOk) {
         if (fma) sums(std::true_type{}, wn, tn != t);
         else lean();
@@ -5825,19 +5826,14 @@ void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int6
     // the plain grid but only level with the FMA's grid: `on` keeps the 8-row grid.
     static const int wide_loop = env_choice("DSUF_BF16_WIDE_LOOP", {"on", "off", "8"});
     const bool loop_fits = K % (256 * 2) == 0;
-    auto launch_loop = [&](auto k, int R, int warps, int per_sm) {  // one resident wave over the tiles
+    // per_sm > 0: the persistent form, one resident wave over the tiles; else a block a tile.
+    auto launch = [&](auto k, int R, int warps, int per_sm = 0) {  // both shapes: 4 outputs a warp
       const size_t smem = size_t(R) * size_t(K) * 4;
       set_smem(k, smem);
       const int64_t tiles = blocks_for(out, warps * 4), ry = blocks_for(rows, R);
-      const int gx = int(std::max<int64_t>(1, std::min<int64_t>(tiles, per_sm * sm_count() / ry)));
-      launch_step(k, dim3(gx, unsigned(ry)), dim3(32 * warps), smem, s, W, out, K, x, x_stride, y, y_stride, r, rows,
-                  wfl);
-    };
-    auto launch = [&](auto k, int R, int warps) {  // both shapes: 4 outputs a warp
-      const size_t smem = size_t(R) * size_t(K) * 4;
-      set_smem(k, smem);
-      launch_step(k, dim3(blocks_for(out, warps * 4), blocks_for(rows, R)), dim3(32 * warps), smem, s, W, out, K,
-                  x, x_stride, y, y_stride, r, rows, wfl);
+      const int64_t gx = per_sm > 0 ? std::clamp<int64_t>(per_sm * sm_count() / ry, 1, tiles) : tiles;
+      launch_step(k, dim3(unsigned(gx), unsigned(ry)), dim3(32 * warps), smem, s, W, out, K, x, x_stride, y, y_stride,
+                  r, rows, wfl);
     };
     // The shapes (session 22, call 5; docs/perf.md v36): 4 rows with 4 outputs a warp, D = 2, 8 warps,
     // two blocks an SM (114 registers); 8 rows with 4 outputs, D = 2, 16 warps (128 registers, 24
@@ -5845,14 +5841,18 @@ void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int6
     // batch 4 −0.24 ms, 16 −0.53, 64 −2.1; 16 warps at 4 rows and <2, D 4, 16 warps> at 8 between.
     // Without limits (DSUF_BF16_FMA=off, inputs that are not BF16 values by construction, Inf or NaN
     // weights) the 8-row form is v52's kernel, not the FMA form's lean fallback on every block.
-    if (wide != 2 && rows >= 8 && wfl.on() && wide_loop == 2 && loop_fits)
-      launch_loop(k_bf16_wide<4, 8, 2, 16, 1, true, true>, 8, 16, 1);
-    else if (wide != 2 && rows >= 8 && wfl.on()) launch(k_bf16_wide<4, 8, 2, 16, 1, true>, 8, 16);
-    else if (wide != 2 && rows >= 8 && wide_loop == 2 && loop_fits)
-      launch_loop(k_bf16_wide<4, 8, 2, 16, 1, false, true>, 8, 16, 1);
-    else if (wide != 2 && rows >= 8) launch(k_bf16_wide<4, 8, 2, 16>, 8, 16);
-    else if (wide_loop != 1 && loop_fits) launch_loop(k_bf16_wide<4, 4, 2, 8, 2, false, true>, 4, 8, 2);
-    else launch(k_bf16_wide<4, 4, 2, 8, 2>, 4, 8);
+    const bool eight = wide != 2 && rows >= 8;
+    const bool loop = loop_fits && (eight ? wide_loop == 2 : wide_loop != 1);
+    if (eight && wfl.on()) {
+      if (loop) launch(k_bf16_wide<4, 8, 2, 16, 1, true, true>, 8, 16, 1);
+      else launch(k_bf16_wide<4, 8, 2, 16, 1, true>, 8, 16);
+    } else if (eight) {
+      if (loop) launch(k_bf16_wide<4, 8, 2, 16, 1, false, true>, 8, 16, 1);
+      else launch(k_bf16_wide<4, 8, 2, 16>, 8, 16);
+    } else {
+      if (loop) launch(k_bf16_wide<4, 4, 2, 8, 2, false, true>, 4, 8, 2);
+      else launch(k_bf16_wide<4, 4, 2, 8, 2>, 4, 8);
+    }
     return;
   }
   if (per > 1 && rows > 1 && staged && bf16_staged_fits(W, K, x, x_stride)) {
