@@ -5,9 +5,11 @@
 // products that underflow FP32, and values off the BF16 grid (where an FMA would not give the same bits).
 // Session 45 ran it against the logits' FMA form (docs/perf.md "Decode — v53 … session 45"; measured
 // slower and not landed), with host checks that fusing changes these cases' logits. GPU machine only.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -115,6 +117,81 @@ TEST(CudaAttentionLogits, EveryFormEqualsTheCanonicalSum) {
             ADD_FAILURE() << "row " << i << " head " << h << " key " << j << ": got " << got << " want " << want;
         }
     EXPECT_EQ(bad, 0);
+  }
+  cudaStreamDestroy(s);
+}
+
+// The softmax + P·V kernel in each of its forms (AttentionArgs::pv_form: warps, cp, tiles, cpw, and the
+// cluster softmax's cl and cpcl — which fall back to warps' and cp's own form where hd is not a multiple
+// of 256) against the reference's attention (cpu_backend.cc): e_j = fexp(logit_j − max), den = the
+// 128-thread block_sum of e plus fexp(sink − max), out = rb((Σ_j e_j·k_j in key order from zero) / den),
+// bit for bit, on the logits the logits kernel wrote (the test above checks those). Rows 1, 2 and 4; a
+// partial head group (H = 12); key counts not a multiple of 4; hd 512 and 128.
+TEST(CudaAttentionPv, EveryFormEqualsTheReference) {
+  struct PvCase {
+    const char* name;
+    int rows, H;
+    int64_t hd;
+    int keys;
+  };
+  const PvCase cases[] = {
+      {"1 row, 640 keys", 1, 16, 512, 640}, {"2 rows, 301 keys", 2, 16, 512, 301},
+      {"4 rows, 640 keys", 4, 16, 512, 640}, {"1 row, H 12, 133 keys", 1, 12, 512, 133},
+      {"1 row, hd 128", 1, 16, 128, 257},
+  };
+  const char* forms[] = {"warps", "cp", "tiles", "cpw", "cl", "cpcl"};
+  std::mt19937 g(20261204u);
+  cudaStream_t s = nullptr;
+  DSUF_CUDA(cudaStreamCreate(&s));
+  for (const PvCase& c : cases) {
+    const int R = c.rows, H = c.H, W = c.keys, kmax = W;
+    const int64_t hd = c.hd;
+    std::vector<float> q(size_t(R) * H * hd), keys(size_t(R) * kmax * hd), sink(H);
+    // Logits of a few units (the softmax's exponentials spread out) and keys off the BF16 grid.
+    for (float& v : q) v = bf16_normal(g, -2);
+    for (float& v : keys) v = normal(g);
+    for (float& v : sink) v = normal(g);
+    std::vector<cuda::RowMeta> meta(R);
+    for (int i = 0; i < R; ++i) meta[i] = {int64_t(W - 1 + 3 * i), 0, 0};
+    Buf<float> dq(q.size()), dk(keys.size()), dsink(H), dout(q.size()), datt(size_t(R) * H * kmax);
+    Buf<cuda::RowMeta> dmeta(R);
+    DSUF_CUDA(cudaMemcpy(dq.p, q.data(), q.size() * sizeof(float), cudaMemcpyHostToDevice));
+    DSUF_CUDA(cudaMemcpy(dk.p, keys.data(), keys.size() * sizeof(float), cudaMemcpyHostToDevice));
+    DSUF_CUDA(cudaMemcpy(dsink.p, sink.data(), sink.size() * sizeof(float), cudaMemcpyHostToDevice));
+    DSUF_CUDA(cudaMemcpy(dmeta.p, meta.data(), meta.size() * sizeof(cuda::RowMeta), cudaMemcpyHostToDevice));
+    for (int form = 0; form < int(sizeof forms / sizeof *forms); ++form) {
+      SCOPED_TRACE(std::string(c.name) + ", " + forms[form]);
+      DSUF_CUDA(cudaMemset(dout.p, 0xff, dout.n * sizeof(float)));  // NaN: an unwritten output shows
+      cuda::AttentionArgs a{};
+      a.q = dq.p, a.meta = dmeta.p, a.src = -1, a.sel = nullptr, a.sel_stride = 0, a.sink = dsink.p;
+      a.out = dout.p, a.keys = dk.p, a.att = datt.p, a.kmax = kmax, a.rows = R, a.H = H, a.W = W, a.hd = hd;
+      a.r = true;
+      a.pv_form = form;
+      cuda::attention(a, s, /*gathered=*/true);
+      DSUF_CUDA(cudaStreamSynchronize(s));
+      std::vector<float> att(datt.n), out(dout.n);
+      DSUF_CUDA(cudaMemcpy(att.data(), datt.p, att.size() * sizeof(float), cudaMemcpyDeviceToHost));
+      DSUF_CUDA(cudaMemcpy(out.data(), dout.p, out.size() * sizeof(float), cudaMemcpyDeviceToHost));
+      int64_t bad = 0;
+      std::vector<float> e(kmax), o(hd);
+      for (int i = 0; i < R; ++i)
+        for (int h = 0; h < H; ++h) {
+          const float* lg = att.data() + (size_t(i) * H + h) * kmax;
+          float mx = -INFINITY;
+          for (int j = 0; j < kmax; ++j) mx = std::max(mx, lg[j]);
+          for (int j = 0; j < kmax; ++j) e[j] = det::fexp(lg[j] - mx);
+          const float den = det::block_sum<128>(kmax, [&](int64_t j) { return e[j]; }) + det::fexp(sink[h] - mx);
+          std::fill(o.begin(), o.end(), 0.0f);
+          for (int j = 0; j < kmax; ++j)
+            for (int64_t d = 0; d < hd; ++d) o[d] += e[j] * keys[(size_t(i) * kmax + j) * hd + d];
+          for (int64_t d = 0; d < hd; ++d) {
+            const float want = round_bf16(o[d] / den), got = out[(size_t(i) * H + h) * hd + d];
+            if (det::float_to_bits(got) != det::float_to_bits(want) && ++bad <= 3)
+              ADD_FAILURE() << "row " << i << " head " << h << " dim " << d << ": got " << got << " want " << want;
+          }
+        }
+      EXPECT_EQ(bad, 0);
+    }
   }
   cudaStreamDestroy(s);
 }
