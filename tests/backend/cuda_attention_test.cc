@@ -121,9 +121,8 @@ TEST(CudaAttentionLogits, EveryFormEqualsTheCanonicalSum) {
   cudaStreamDestroy(s);
 }
 
-// The softmax + P·V kernel in each of its forms (AttentionArgs::pv_form: warps, cp, tiles, cpw, and the
-// cluster softmax's cl and cpcl — which fall back to warps' and cp's own form where hd is not a multiple
-// of 256) against the reference's attention (cpu_backend.cc): e_j = fexp(logit_j − max), den = the
+// The softmax + P·V kernel in each of its forms (AttentionArgs::pv_form: warps, cp, tiles, cpw; session
+// 46 also ran it on a cluster softmax, measured slower and removed: docs/perf.md v55) against the reference's attention (cpu_backend.cc): e_j = fexp(logit_j − max), den = the
 // 128-thread block_sum of e plus fexp(sink − max), out = rb((Σ_j e_j·k_j in key order from zero) / den),
 // bit for bit, on the logits the logits kernel wrote (the test above checks those). Rows 1, 2 and 4; a
 // partial head group (H = 12); key counts not a multiple of 4; hd 512 and 128.
@@ -139,7 +138,7 @@ TEST(CudaAttentionPv, EveryFormEqualsTheReference) {
       {"4 rows, 640 keys", 4, 16, 512, 640}, {"1 row, H 12, 133 keys", 1, 12, 512, 133},
       {"1 row, hd 128", 1, 16, 128, 257},
   };
-  const char* forms[] = {"warps", "cp", "tiles", "cpw", "cl", "cpcl"};
+  const char* forms[] = {"warps", "cp", "tiles", "cpw"};
   std::mt19937 g(20261204u);
   cudaStream_t s = nullptr;
   DSUF_CUDA(cudaStreamCreate(&s));

@@ -3099,9 +3099,7 @@ int attention_key_split(int rows) {
 // DSUF_ATT_TRACE (AttentionArgs::trace; a diagnostic): a block's phase stamps, kept in shared memory
 // and written out at its end under a ticket taken then (the blocks of one launch take consecutive
 // tickets: the step's launches of a kernel never overlap one another).
-// Stamps 6 and 7: a form's own extra phases (the P·V's cluster softmax: its head's softmax done, its
-// stores into the cluster issued), written whatever the last stamp.
-constexpr int kAttTraceStamps = 8, kAttTraceExtra = 6, kAttTraceRing = 1 << 16;  // stamps a block; blocks kept a kernel
+constexpr int kAttTraceStamps = 6, kAttTraceRing = 1 << 16;  // stamps a block; blocks kept a kernel
 __device__ __forceinline__ unsigned long long global_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -3132,7 +3130,7 @@ __device__ void att_trace_out(const AttentionArgs& a, unsigned long long* st, in
     unsigned long long* o = a.trace + (size_t(kernel) * kAttTraceRing + t % kAttTraceRing) * (kAttTraceStamps + 2);
     o[0] = t;
     o[1] = gridDim.x * gridDim.y * gridDim.z;
-    for (int k = 0; k < kAttTraceStamps; ++k) o[2 + k] = k <= e || k >= kAttTraceExtra ? st[k] : 0;
+    for (int k = 0; k < kAttTraceStamps; ++k) o[2 + k] = k <= e ? st[k] : 0;
   }
 }
 
@@ -3374,6 +3372,7 @@ __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(A
 // 1.6× the instructions of a block: 0.06 ms a step faster (v18). k_attention_pv_tiles below
 // (DSUF_PV=tiles) tiles the keys 64 rows at a time.
 constexpr int kPvHeads = 8, kPvDims = 32, kPvMaxTile = 640;
+constexpr int kPvDirect = 20;  // the direct softmax's logits a lane: rows of up to 640 keys
 
 // The attention output v of row i, head h (of the rank's H), dim d, held by lane `lane` of a warp
 // that holds 32 consecutive dims of the head, laid out as wo_a's input: k_linear_input's arithmetic
@@ -3394,42 +3393,19 @@ __device__ __forceinline__ void emit_attention_out(const AttentionArgs& a, int i
 // DW > 1 (DSUF_PV=cpw, session 43): a block takes DW·32 dims (DW warps across the dims of each group
 // of HPW heads), so that the 8 heads' softmax is computed once for DW·32 dims (by kPvHeads / warps
 // heads a warp: SPW) while each key value a lane loads still serves HPW heads.
-// kCl (DSUF_PV=cl|cpcl, DW = 1; session 46): the grid is (dim slices, head groups, rows) in clusters
-// of kPvHeads blocks along the dim slices, and block c of a cluster computes head c's softmax alone —
-// the max over the block, the exponentials and the reference's 128-thread partials by threads
-// t < 128 (thread t: keys t, t + 128, … in order, so each warp's tree is q_w as above) — then stores
-// its head's exp(logit − max) row and denominator into the other blocks' shared memory (distributed
-// shared memory) before one cluster barrier: a head's softmax is computed by 2 blocks of 8 × 32 dims
-// at hd 512 instead of 16, and each block stages one head's logits instead of eight. The same values:
-// every exponential and denominator as the warp form's.
-__device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ unsigned cluster_rank() {
-  unsigned r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-template <int HPW, int UNR, int DW = 1, bool kCl = false>
+template <int HPW, int UNR, int DW = 1>
 __global__ void __launch_bounds__(32 * kPvHeads / HPW * DW) k_attention_pv(AttentionArgs a, int tile) {
   constexpr int kThreads = 32 * kPvHeads / HPW * DW, kWarps = kThreads / 32, kDims = kPvDims * DW;
   static_assert(kWarps <= kPvHeads && kPvHeads % kWarps == 0, "the softmax: whole heads a warp");
-  static_assert(!kCl || (DW == 1 && kThreads >= 128), "the cluster softmax: 32-dim blocks of 128 threads or more");
-  constexpr int SPW = kCl ? 1 : kPvHeads / kWarps;
-  // Cluster form: the cluster's first barrier phase, arrived at entry and waited for before the first
-  // store into another block's shared memory (which must have started by then).
-  if constexpr (kCl)
-    if (!a.pv_pull) cluster_arrive_relaxed();
-  const int c = kCl ? int(cluster_rank()) : 0;  // kCl: the head whose softmax this block computes
+  constexpr int SPW = kPvHeads / kWarps;
   // The warp's heads' attention sinks (weights: nothing in a step writes them) before the dependency
   // wait, so that their DRAM latency is not paid after the softmax (DSUF_W_EARLY=1; 0: after it).
-  // kCl: head c's, in every thread.
   float sink_v[SPW];
   auto load_sinks = [&] {
 #pragma unroll
     for (int u = 0; u < SPW; ++u) {
-      const int h = kCl ? c : SPW * int(threadIdx.x / 32) + u;
-      sink_v[u] = (kCl || threadIdx.x % 32 == 0) && h < min(kPvHeads, a.H - int(blockIdx.y) * kPvHeads)
+      const int h = SPW * int(threadIdx.x / 32) + u;
+      sink_v[u] = threadIdx.x % 32 == 0 && h < min(kPvHeads, a.H - int(blockIdx.y) * kPvHeads)
                       ? a.sink[blockIdx.y * kPvHeads + h]
                       : 0.0f;
     }
@@ -3443,8 +3419,7 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW * DW) k_attention_pv(Atten
   float* kt = p + kPvHeads * kp;                  // [tile][kDims] key slice
   __shared__ float den_s[kPvHeads];
   __shared__ int first_free;
-  const int i = kCl ? blockIdx.z : blockIdx.x, h0 = blockIdx.y * kPvHeads;
-  const int d0 = (kCl ? blockIdx.x : blockIdx.z) * kDims;
+  const int i = blockIdx.x, h0 = blockIdx.y * kPvHeads, d0 = blockIdx.z * kDims;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int hg = warp / DW, ds = warp % DW;  // the loop's: heads HPW·hg …, dims d0 + 32·ds + lane
   const int64_t hd = a.hd;
@@ -3472,93 +3447,64 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW * DW) k_attention_pv(Atten
     att_stamp(a, att_st, 1);
   }
   const float* att = a.att + (int64_t(i) * a.H + h0) * a.kmax;
-  // The heads whose logits this block stages: all nh, or (kCl) head c alone.
-  const int sh0 = kCl ? c : 0, sh1 = kCl ? (c < nh ? c + 1 : c) : nh;
-  if (a.stage16 && a.kmax % 4 == 0 && (reinterpret_cast<uintptr_t>(att) & 15) == 0) {
-    // 16 bytes a copy: up to 3 entries past nk (within the row's kmax) land in p, never read.
-    const int n4 = (nk + 3) / 4;
-    for (int t = threadIdx.x; t < (sh1 - sh0) * n4; t += kThreads) {
-      const int h = sh0 + t / n4, j = 4 * (t % n4);
-      cp_async16(p + h * kp + j, att + int64_t(h) * a.kmax + j);
+  // direct (DSUF_PV_LOGITS=direct, rows of at most 32·kPvDirect keys): each warp loads its heads' logits
+  // from global memory into registers, one round trip, instead of the block staging them into shared
+  // memory first (a round trip, a barrier and the shared loads); the same values, the same order.
+  const bool direct = a.pv_direct && nk <= 32 * kPvDirect;  // block-uniform
+  if (!direct) {
+    if (a.stage16 && a.kmax % 4 == 0 && (reinterpret_cast<uintptr_t>(att) & 15) == 0) {
+      // 16 bytes a copy: up to 3 entries past nk (within the row's kmax) land in p, never read.
+      const int n4 = (nk + 3) / 4;
+      for (int t = threadIdx.x; t < nh * n4; t += kThreads) {
+        const int h = t / n4, j = 4 * (t % n4);
+        cp_async16(p + h * kp + j, att + int64_t(h) * a.kmax + j);
+      }
+    } else {
+      for (int h = 0; h < nh; ++h)
+        for (int j = threadIdx.x; j < nk; j += kThreads) cp_async4(p + h * kp + j, att + int64_t(h) * a.kmax + j);
     }
-  } else {
-    for (int h = sh0; h < sh1; ++h)
-      for (int j = threadIdx.x; j < nk; j += kThreads) cp_async4(p + h * kp + j, att + int64_t(h) * a.kmax + j);
   }
   if (!a.pv_keys_early) stage_keys(0);
-  cp_async_wait_all();
-  __syncthreads();
+  if (!direct) {
+    cp_async_wait_all();
+    __syncthreads();
+  }
   att_stamp(a, att_st, 2);
-  if constexpr (kCl) {
-    __shared__ float red_s[kWarps];  // the warps' maxima, then the 128-thread partials' warp sums
-    float* ph = p + c * kp;
-    const bool mine = c < nh;  // block-uniform
-    float mx = -INFINITY;
-    if (mine)
-      for (int j = threadIdx.x; j < nk; j += kThreads) mx = fmaxf(mx, ph[j]);
-    mx = warp_max(mx);
-    if (lane == 0) red_s[warp] = mx;
-    __syncthreads();
+  if (direct) {
+    // A lane's logits j = 32c + lane; the partial of thread t = 32(c mod 4) + lane of the 128-thread
+    // block_sum adds them in increasing c, as the staged form's rounds of 128 do.
+    float v[SPW][kPvDirect];
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, red_s[w]);
-    __syncthreads();  // red_s is reused for the sums
-    if (mine && threadIdx.x < 128) {
-      float part = 0.0f;
-      if (a.exp_nb) {  // a thread's exponentials first (independent), then its partial in key order
-        constexpr int E = 8;
-        for (int j0 = int(threadIdx.x); j0 < nk; j0 += 128 * E) {
-          float e[E];
+    for (int u = 0; u < SPW; ++u) {
+      const int h = min(SPW * warp + u, nh - 1);
 #pragma unroll
-          for (int u = 0; u < E; ++u) {
-            const int j = j0 + 128 * u;
-            e[u] = det::fexp_nb((j < nk ? ph[j] : mx) - mx);
-          }
-#pragma unroll
-          for (int u = 0; u < E; ++u) {
-            const int j = j0 + 128 * u;
-            if (j < nk) part += (ph[j] = e[u]);
-          }
-        }
-      } else {
-        for (int j = threadIdx.x; j < nk; j += 128) part += (ph[j] = det::fexp(ph[j] - mx));
+      for (int c = 0; c < kPvDirect; ++c) {
+        const int j = 32 * c + lane;
+        v[u][c] = j < nk ? att[int64_t(h) * a.kmax + j] : -INFINITY;
       }
-      part = warp_sum(part);
-      if (lane == 0) red_s[warp] = part;
     }
-    __syncthreads();
-    const float den = mine ? ((red_s[0] + red_s[2]) + (red_s[1] + red_s[3])) + det::fexp(sink_v[0] - mx) : 0.0f;
-    att_stamp(a, att_st, kAttTraceExtra);
-    namespace cg = cooperative_groups;
-    cg::cluster_group cluster = cg::this_cluster();
-    const int n4 = (nk + 3) / 4;
-    if (!a.pv_pull) {  // push: this block's row and denominator into the others', then one barrier
-      cluster_wait();  // every block of the cluster has started: its shared memory may be written
-      if (mine) {
-        const float4* src = reinterpret_cast<const float4*>(ph);
-        for (int t = threadIdx.x; t < (kPvHeads - 1) * n4; t += kThreads) {
-          const int r = t / n4, j4 = t % n4;
-          float4* dst = reinterpret_cast<float4*>(cluster.map_shared_rank(ph, r < c ? r : r + 1));
-          dst[j4] = src[j4];
-        }
-        if (threadIdx.x < kPvHeads) *cluster.map_shared_rank(den_s + c, int(threadIdx.x)) = den;
+#pragma unroll
+    for (int u = 0; u < SPW; ++u) {
+      const int h = SPW * warp + u;
+      if (h >= nh) break;
+      float* ph = p + h * kp;
+      float mx = -INFINITY;
+#pragma unroll
+      for (int c = 0; c < kPvDirect; ++c) mx = fmaxf(mx, v[u][c]);
+      mx = warp_max(mx);
+      float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int c = 0; c < kPvDirect; ++c) {
+        const int j = 32 * c + lane;
+        const float e = a.exp_nb ? det::fexp_nb((j < nk ? v[u][c] : mx) - mx) : det::fexp(v[u][c] - mx);
+        if (j < nk) part[c % 4] += (ph[j] = e);
       }
-      att_stamp_warps(a, att_st, kAttTraceExtra + 1);
-      cluster_arrive();  // release: this block's stores; acquire below: every block's
-      cluster_wait();
-    } else {  // pull: one barrier, then the other heads' rows and denominators read from their blocks
-      if (mine && threadIdx.x == 0) den_s[c] = den;
-      cluster_arrive();
-      cluster_wait();
-      att_stamp(a, att_st, kAttTraceExtra + 1);
-      for (int t = threadIdx.x; t < (kPvHeads - 1) * n4; t += kThreads) {
-        const int r = t / n4 + (t / n4 >= c), j4 = t % n4;
-        if (r < nh)
-          reinterpret_cast<float4*>(p + r * kp)[j4] = reinterpret_cast<const float4*>(cluster.map_shared_rank(p + r * kp, r))[j4];
-      }
-      if (threadIdx.x < nh && int(threadIdx.x) != c) den_s[threadIdx.x] = *cluster.map_shared_rank(den_s + threadIdx.x, int(threadIdx.x));
-      __syncthreads();
-      cluster_arrive();  // this block's reads done; waited for at the end, before the block may leave
+      float q[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) q[c] = warp_sum(part[c]);
+      if (lane == 0) den_s[h] = ((q[0] + q[2]) + (q[1] + q[3])) + det::fexp(sink_v[u] - mx);
     }
+    cp_async_wait_all();  // the key tile
   } else {
 #pragma unroll
   for (int u = 0; u < SPW; ++u) {
@@ -3659,8 +3605,6 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW * DW) k_attention_pv(Atten
     }
   }
   att_stamp_warps(a, att_st, 4);
-  if constexpr (kCl)
-    if (a.pv_pull) cluster_wait();  // no block leaves while another may still read its rows
   pdl_exit(a.pv_late);
   const int64_t d = d0 + dl;
   if (a.o_sink.xq) {  // wo_a's input, as k_linear_input lays it out (whole warps: attention() checks)
@@ -6007,14 +5951,11 @@ void pack_window(const float* kv, int rows, const RowMeta* meta, const SeqMeta* 
 // its 64 blocks on half the SMs; prefill chunks of more rows: not re-measured). Blocks of 128 dims at
 // 4 heads a thread (a quarter of the wavefronts; session 42, DW = 4, exact) measured −0.016 at batch
 // 4, short of cp; removed.
-// cl and cpcl (session 46): warps' and cp's loops with the cluster softmax (k_attention_pv<…, kCl>),
-// where the head dim is a multiple of 256 (clusters of 8 32-dim blocks); warps' and cp's own form
-// otherwise.
-enum PvKernel { kPvOneHead = 0, kPvTwoHeads = 1, kPvTiles = 2, kPvTwoHeadsWide = 3, kPvOneHeadCl = 4, kPvTwoHeadsCl = 5 };
+enum PvKernel { kPvOneHead = 0, kPvTwoHeads = 1, kPvTiles = 2, kPvTwoHeadsWide = 3 };
 // The rows (3–15) for which the P·V's auto settings differ from batch 1's: cpw and key tiles of 256.
 static bool pv_mid_rows(int rows) { return rows >= 3 && rows < 16; }
 int pv_kernel(int rows, int forced) {
-  static const int k = env_choice("DSUF_PV", {"auto", "warps", "cp", "tiles", "cpw", "cl", "cpcl"});
+  static const int k = env_choice("DSUF_PV", {"auto", "warps", "cp", "tiles", "cpw"});
   if (forced >= 0) return forced;
   if (k == 0) return rows >= 16 && rows <= 128 ? kPvTiles : pv_mid_rows(rows) ? kPvTwoHeadsWide : kPvOneHead;
   return k - 1;  // in PvKernel's order
@@ -6194,24 +6135,18 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   // DSUF_PV_TRIGGER=entry (default) or late: −0.03 ms with the logits' trigger at entry, ±0 with it late.
   static const bool pv_late = env_picks("DSUF_PV_TRIGGER", "entry", "late");
   pa.pv_late = pv_late;
-  // DSUF_PV_CL=push|pull (the cluster forms, cl and cpcl): each block stores its head's softmax into the
-  // others' shared memory before one barrier, or reads the others' after it.
-  static const bool pv_pull = env_picks("DSUF_PV_CL", "push", "pull");
-  pa.pv_pull = pv_pull;
-  const int hpw = pv == kPvOneHead || pv == kPvOneHeadCl ? 1 : 2;
-  const bool cl = (pv == kPvOneHeadCl || pv == kPvTwoHeadsCl) && a.hd % (kPvDims * kPvHeads) == 0;
+  // DSUF_PV_LOGITS=direct|staged: the softmax reads its logits straight from global memory into
+  // registers (rows of up to 32·kPvDirect keys) or from the block's shared-memory copy (session 46).
+  static const bool pv_direct = !env_picks("DSUF_PV_LOGITS", "direct", "staged");
+  pa.pv_direct = pv_direct;
+  const int hpw = pv == kPvOneHead ? 1 : 2;
   static const bool deep_unroll = !env_picks("DSUF_PV_UNROLL", "8", "2");
   auto* k = dw == 2     ? (deep_unroll ? k_attention_pv<2, 8, 2> : k_attention_pv<2, 2, 2>)
-            : cl       ? (hpw == 2 ? (deep_unroll ? k_attention_pv<2, 8, 1, true> : k_attention_pv<2, 2, 1, true>)
-                                   : (deep_unroll ? k_attention_pv<1, 8, 1, true> : k_attention_pv<1, 2, 1, true>))
             : hpw == 2 ? (deep_unroll ? k_attention_pv<2, 8> : k_attention_pv<2, 2>)
                        : deep_unroll ? k_attention_pv<1, 8> : k_attention_pv<1, 2>;
   set_smem(k, pv_smem);
-  const unsigned slices = unsigned(blocks_for(a.hd, kPvDims * dw));
-  // The cluster form's grid: (dim slices, head groups, rows), clusters of kPvHeads along the slices.
-  const dim3 grid = cl ? dim3(slices, pv_grid.y, pv_grid.x) : dim3(pv_grid.x, pv_grid.y, slices);
-  if (!(whatif() & kWhatIfPv))
-    launch_step_in(cl ? kPvHeads : 0, k, grid, dim3(32 * kPvHeads / hpw * dw), pv_smem, s, pa, tile);
+  const dim3 grid(pv_grid.x, pv_grid.y, unsigned(blocks_for(a.hd, kPvDims * dw)));
+  if (!(whatif() & kWhatIfPv)) launch_step(k, grid, dim3(32 * kPvHeads / hpw * dw), pv_smem, s, pa, tile);
   return layout();
 }
 void compress_emit(const CompressArgs& a, cudaStream_t s) {
