@@ -3372,7 +3372,6 @@ __global__ void __launch_bounds__(256, MINB > 0 ? MINB : 1) k_attention_logits(A
 // 1.6× the instructions of a block: 0.06 ms a step faster (v18). k_attention_pv_tiles below
 // (DSUF_PV=tiles) tiles the keys 64 rows at a time.
 constexpr int kPvHeads = 8, kPvDims = 32, kPvMaxTile = 640;
-constexpr int kPvDirect = 20;  // the direct softmax's logits a lane: rows of up to 640 keys
 
 // The attention output v of row i, head h (of the rank's H), dim d, held by lane `lane` of a warp
 // that holds 32 consecutive dims of the head, laid out as wo_a's input: k_linear_input's arithmetic
@@ -3447,65 +3446,21 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW * DW) k_attention_pv(Atten
     att_stamp(a, att_st, 1);
   }
   const float* att = a.att + (int64_t(i) * a.H + h0) * a.kmax;
-  // direct (DSUF_PV_LOGITS=direct, rows of at most 32·kPvDirect keys): each warp loads its heads' logits
-  // from global memory into registers, one round trip, instead of the block staging them into shared
-  // memory first (a round trip, a barrier and the shared loads); the same values, the same order.
-  const bool direct = a.pv_direct && nk <= 32 * kPvDirect;  // block-uniform
-  if (!direct) {
-    if (a.stage16 && a.kmax % 4 == 0 && (reinterpret_cast<uintptr_t>(att) & 15) == 0) {
-      // 16 bytes a copy: up to 3 entries past nk (within the row's kmax) land in p, never read.
-      const int n4 = (nk + 3) / 4;
-      for (int t = threadIdx.x; t < nh * n4; t += kThreads) {
-        const int h = t / n4, j = 4 * (t % n4);
-        cp_async16(p + h * kp + j, att + int64_t(h) * a.kmax + j);
-      }
-    } else {
-      for (int h = 0; h < nh; ++h)
-        for (int j = threadIdx.x; j < nk; j += kThreads) cp_async4(p + h * kp + j, att + int64_t(h) * a.kmax + j);
+  if (a.stage16 && a.kmax % 4 == 0 && (reinterpret_cast<uintptr_t>(att) & 15) == 0) {
+    // 16 bytes a copy: up to 3 entries past nk (within the row's kmax) land in p, never read.
+    const int n4 = (nk + 3) / 4;
+    for (int t = threadIdx.x; t < nh * n4; t += kThreads) {
+      const int h = t / n4, j = 4 * (t % n4);
+      cp_async16(p + h * kp + j, att + int64_t(h) * a.kmax + j);
     }
+  } else {
+    for (int h = 0; h < nh; ++h)
+      for (int j = threadIdx.x; j < nk; j += kThreads) cp_async4(p + h * kp + j, att + int64_t(h) * a.kmax + j);
   }
   if (!a.pv_keys_early) stage_keys(0);
-  if (!direct) {
-    cp_async_wait_all();
-    __syncthreads();
-  }
+  cp_async_wait_all();
+  __syncthreads();
   att_stamp(a, att_st, 2);
-  if (direct) {
-    // A lane's logits j = 32c + lane; the partial of thread t = 32(c mod 4) + lane of the 128-thread
-    // block_sum adds them in increasing c, as the staged form's rounds of 128 do.
-    float v[SPW][kPvDirect];
-#pragma unroll
-    for (int u = 0; u < SPW; ++u) {
-      const int h = min(SPW * warp + u, nh - 1);
-#pragma unroll
-      for (int c = 0; c < kPvDirect; ++c) {
-        const int j = 32 * c + lane;
-        v[u][c] = j < nk ? att[int64_t(h) * a.kmax + j] : -INFINITY;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < SPW; ++u) {
-      const int h = SPW * warp + u;
-      if (h >= nh) break;
-      float* ph = p + h * kp;
-      float mx = -INFINITY;
-#pragma unroll
-      for (int c = 0; c < kPvDirect; ++c) mx = fmaxf(mx, v[u][c]);
-      mx = warp_max(mx);
-      float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-      for (int c = 0; c < kPvDirect; ++c) {
-        const int j = 32 * c + lane;
-        const float e = a.exp_nb ? det::fexp_nb((j < nk ? v[u][c] : mx) - mx) : det::fexp(v[u][c] - mx);
-        if (j < nk) part[c % 4] += (ph[j] = e);
-      }
-      float q[4];
-#pragma unroll
-      for (int c = 0; c < 4; ++c) q[c] = warp_sum(part[c]);
-      if (lane == 0) den_s[h] = ((q[0] + q[2]) + (q[1] + q[3])) + det::fexp(sink_v[u] - mx);
-    }
-    cp_async_wait_all();  // the key tile
-  } else {
 #pragma unroll
   for (int u = 0; u < SPW; ++u) {
     const int h = SPW * warp + u;
@@ -3541,7 +3496,6 @@ __global__ void __launch_bounds__(32 * kPvHeads / HPW * DW) k_attention_pv(Atten
 #pragma unroll
     for (int c = 0; c < 4; ++c) q[c] = warp_sum(part[c]);
     if (lane == 0) den_s[h] = ((q[0] + q[2]) + (q[1] + q[3])) + det::fexp(sink_v[u] - mx);
-  }
   }
   __syncthreads();
   att_stamp(a, att_st, 3);
@@ -5956,7 +5910,10 @@ enum PvKernel { kPvOneHead = 0, kPvTwoHeads = 1, kPvTiles = 2, kPvTwoHeadsWide =
 static bool pv_mid_rows(int rows) { return rows >= 3 && rows < 16; }
 int pv_kernel(int rows, int forced) {
   static const int k = env_choice("DSUF_PV", {"auto", "warps", "cp", "tiles", "cpw"});
-  if (forced >= 0) return forced;
+  if (forced >= 0) {
+    DSUF_CHECK(forced <= kPvTwoHeadsWide, "attention: pv_form ", forced, ": expected −1..", int(kPvTwoHeadsWide));
+    return forced;
+  }
   if (k == 0) return rows >= 16 && rows <= 128 ? kPvTiles : pv_mid_rows(rows) ? kPvTwoHeadsWide : kPvOneHead;
   return k - 1;  // in PvKernel's order
 }
@@ -6135,10 +6092,6 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   // DSUF_PV_TRIGGER=entry (default) or late: −0.03 ms with the logits' trigger at entry, ±0 with it late.
   static const bool pv_late = env_picks("DSUF_PV_TRIGGER", "entry", "late");
   pa.pv_late = pv_late;
-  // DSUF_PV_LOGITS=direct|staged: the softmax reads its logits straight from global memory into
-  // registers (rows of up to 32·kPvDirect keys) or from the block's shared-memory copy (session 46).
-  static const bool pv_direct = !env_picks("DSUF_PV_LOGITS", "direct", "staged");
-  pa.pv_direct = pv_direct;
   const int hpw = pv == kPvOneHead ? 1 : 2;
   static const bool deep_unroll = !env_picks("DSUF_PV_UNROLL", "8", "2");
   auto* k = dw == 2     ? (deep_unroll ? k_attention_pv<2, 8, 2> : k_attention_pv<2, 2, 2>)

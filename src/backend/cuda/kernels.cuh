@@ -296,7 +296,6 @@ struct AttentionArgs {
   // Tests: the P·V form by its index in DSUF_PV's names after auto (0 warps, 1 cp, 2 tiles, 3 cpw)
   // instead of DSUF_PV's choice; −1: DSUF_PV's.
   int pv_form = -1;
-  bool pv_direct = false;  // attention() sets it (DSUF_PV_LOGITS=direct): the P·V softmax's logits not staged
 };
 // DSUF_ATT_TRACE=FILE: att_trace_init (outside any capture) allocates the attention kernels' phase
 // ring; att_trace_dump writes it to FILE, a line a block: kernel (0 logits, 1 P·V), ticket, grid
