@@ -121,11 +121,12 @@ TEST(CudaAttentionLogits, EveryFormEqualsTheCanonicalSum) {
   cudaStreamDestroy(s);
 }
 
-// The softmax + P·V kernel in each of its forms (AttentionArgs::pv_form: warps, cp, tiles, cpw; session
-// 46 also ran it on a cluster softmax, measured slower and removed: docs/perf.md "Decode — session 46") against the reference's attention (cpu_backend.cc): e_j = fexp(logit_j − max), den = the
-// 128-thread block_sum of e plus fexp(sink − max), out = rb((Σ_j e_j·k_j in key order from zero) / den),
-// bit for bit, on the logits the logits kernel wrote (the test above checks those). Rows 1, 2 and 4; a
-// partial head group (H = 12); key counts not a multiple of 4; hd 512 and 128.
+// The softmax + P·V kernel in each of its forms (AttentionArgs::pv_form: warps, cp, tiles, cpw) against
+// the reference's attention (cpu_backend.cc): e_j = fexp(logit_j − max), den = the 128-thread block_sum
+// of e plus fexp(sink − max), out = rb((Σ_j e_j·k_j in key order from zero) / den), bit for bit, on the
+// logits the logits kernel wrote (the test above checks those). Rows 1, 2 and 4; a partial head group
+// (H = 12); key counts not a multiple of 4; hd 512 and 128. Session 46 also ran it on two forms since
+// removed (a cluster softmax, the logits read without staging: docs/perf.md "Decode — session 46").
 TEST(CudaAttentionPv, EveryFormEqualsTheReference) {
   struct PvCase {
     const char* name;
