@@ -77,7 +77,7 @@ verify)
   runs=("default|" "forced|$FORCED")
   # An item may join settings with '+' (one run with all of them: independent knobs, fewer runs).
   for x in ${EXTRA:-}; do runs+=("forced_${x//[^A-Za-z0-9]/_}|$FORCED ${x//+/ }"); done
-  for x in ${PLAIN-DSUF_FP4=dp4a DSUF_FP4=imma DSUF_FP4=mma DSUF_PV=tiles DSUF_PV=cp DSUF_PV=cpw DSUF_PV=warps DSUF_LOGITS_QT=off DSUF_FP8_BF16_FMA=off DSUF_BF16_FMA=off DSUF_BF16_WIDE_LOOP=off DSUF_PDL=0}; do runs+=("plain_${x//[^A-Za-z0-9]/_}|${x//+/ }"); done
+  for x in ${PLAIN-DSUF_FP4=dp4a DSUF_FP4=imma DSUF_FP4=mma DSUF_PV=tiles DSUF_PV=cp DSUF_PV=cpw DSUF_PV=warps DSUF_LOGITS_QT=off DSUF_FP8_BF16_FMA=off DSUF_BF16_FMA=off DSUF_BF16_WIDE_LOOP=off DSUF_BF16_WIDE_LOOP=4 DSUF_PDL=0}; do runs+=("plain_${x//[^A-Za-z0-9]/_}|${x//+/ }"); done
   i=0
   for run in "${runs[@]}"; do
     name=${run%%|*}

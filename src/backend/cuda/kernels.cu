@@ -2813,7 +2813,8 @@ __global__ void k_bf16_linear(const uint16_t* __restrict__ W, int64_t out, int64
 // ahead (the first D before the dependency wait). Each (output, row) sum is bf16_chunk's sequence
 // over the lane's chunks in order, then warp_sum: k_bf16_linear's bits. Rows past the last read
 // row 0's inputs and are dropped (no per-row branch).
-// kPersist (session 45, DSUF_BF16_WIDE_LOOP; the 4-row form): a block stays resident and takes tiles
+// kPersist (session 45, DSUF_BF16_WIDE_LOOP; the 4-row form, and since session 46 the 8-row forms at
+// 12 warps): a block stays resident and takes tiles
 // blockIdx.x, blockIdx.x + gridDim.x, … of kWarps·OPW outputs, staging its input rows once instead of
 // once a tile (the head at batch 4: 4,040 tiles of 80 KB of staged inputs each), and its weight loads
 // run D rounds ahead across a tile's end into the next tile's rows, so that an SM's loads do not come
@@ -2825,23 +2826,20 @@ __global__ void __launch_bounds__(32 * kWarps, kMinBlocks)
   extern __shared__ float4 bf16_xs[];  // the block's input rows, each in bf16_stage_slot's order
   pdl_trigger();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t o0 = (int64_t(blockIdx.x) * kWarps + warp) * OPW;
   const int row = blockIdx.y * R, nr = int(rows - row < R ? rows - row : R);
   const int nc = int(K / 8), ni = (nc + 31) / 32, n4 = int(K / 4);  // chunks; a lane's rounds
-  // This warp's weight rows of tile t (outputs past the end: the last row, read and dropped).
-  auto tile_rows = [&](int64_t t, const uint16_t* (&p)[OPW]) {
-    const int64_t ob = (t * kWarps + warp) * OPW;
-#pragma unroll
-    for (int o = 0; o < OPW; ++o) p[o] = W + (ob + o < out ? ob + o : out - 1) * K;
-  };
-  const uint16_t* wr[OPW];
-  tile_rows(blockIdx.x, wr);
+  // This warp's first weight row of tile t; its OPW rows follow (those past the end: the last row,
+  // read and dropped). A row index, not OPW pointers: the persistent 8-row form holds this tile's and
+  // the next one's, and its registers are the limit (session 46: OPW pointers each spilled).
+  auto tile_row = [&](int64_t t) { return (t * kWarps + warp) * OPW; };
+  int64_t wr = tile_row(blockIdx.x);
   uint4 wq[D][OPW];
-  // Round i's chunk of each of rows p (past the end: the last).
-  auto load_from = [&](const uint16_t* const (&p)[OPW], int i, uint4 (&dst)[OPW]) {
+  // Round i's chunk of each of the rows from ob (past the end: the last).
+  auto load_from = [&](int64_t ob, int i, uint4 (&dst)[OPW]) {
     const int c = lane + 32 * i < nc ? lane + 32 * i : nc - 1;
 #pragma unroll
-    for (int o = 0; o < OPW; ++o) dst[o] = __ldg(reinterpret_cast<const uint4*>(p[o] + int64_t(c) * 8));
+    for (int o = 0; o < OPW; ++o)
+      dst[o] = __ldg(reinterpret_cast<const uint4*>(W + (ob + o < out ? ob + o : out - 1) * K + int64_t(c) * 8));
   };
   auto load = [&](int i, uint4 (&dst)[OPW]) { load_from(wr, i, dst); };
 #pragma unroll
@@ -2867,7 +2865,7 @@ __global__ void __launch_bounds__(32 * kWarps, kMinBlocks)
   // wn, more (the persistent form): the next tile's rows, whose first D rounds the last D rounds of
   // this one load — into slot d, where they are read, as a tile's rounds are a multiple of D (the
   // launch checks). The one-tile form passes more = false.
-  auto sums = [&](auto kf, const uint16_t* const (&wn)[OPW], bool more) {
+  auto sums = [&](auto kf, int64_t wn, bool more) {
     constexpr bool kFma = decltype(kf)::value;
     for (int i0 = 0; i0 < ni; i0 += D) {
 #pragma unroll
@@ -2914,7 +2912,7 @@ __global__ void __launch_bounds__(32 * kWarps, kMinBlocks)
       if (c >= nc) break;
 #pragma unroll
       for (int o = 0; o < OPW; ++o) {
-        const uint4 w = __ldg(reinterpret_cast<const uint4*>(wr[o] + int64_t(c) * 8));
+        const uint4 w = __ldg(reinterpret_cast<const uint4*>(W + (wr + o < out ? wr + o : out - 1) * K + int64_t(c) * 8));
 #pragma unroll
         for (int rr = 0; rr < R; ++rr) {
           const float4* xs = bf16_xs + (rr < nr ? rr : 0) * n4;
@@ -2940,22 +2938,20 @@ __global__ void __launch_bounds__(32 * kWarps, kMinBlocks)
     else __syncthreads();
     const int64_t tiles = (out + kWarps * OPW - 1) / (kWarps * OPW);
     for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-      const int64_t ob = (t * kWarps + warp) * OPW, tn = t + gridDim.x < tiles ? t + gridDim.x : t;
-      const uint16_t* wn[OPW];  // the next tile's rows (where there is none: this tile's, not loaded)
-      tile_rows(tn, wn);
+      const int64_t tn = t + gridDim.x < tiles ? t + gridDim.x : t;
+      const int64_t wn = tile_row(tn);  // the next tile's rows (where there is none: this tile's, not loaded)
       if constexpr (kFmaOk) {
         if (fma) sums(std::true_type{}, wn, tn != t);
         else lean();
       } else {
         sums(std::false_type{}, wn, tn != t);
       }
-      store(ob);
+      store(wr);
+      wr = wn;
 #pragma unroll
-      for (int o = 0; o < OPW; ++o) {
-        wr[o] = wn[o];
+      for (int o = 0; o < OPW; ++o)
 #pragma unroll
         for (int rr = 0; rr < R; ++rr) acc[o][rr] = 0.0f;
-      }
     }
     return;
   }
@@ -2966,7 +2962,7 @@ __global__ void __launch_bounds__(32 * kWarps, kMinBlocks)
     __syncthreads();
     sums(std::false_type{}, wr, false);  // v52's code
   }
-  store(o0);
+  store(wr);
 }
 
 // ---- RoPE and KV packing -----------------------------------------------------------------------
@@ -5816,15 +5812,15 @@ void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int6
     // The FMA (DSUF_BF16_FMA, fl) at 8 rows a block only: at 4 the head streams at ~3.3 TB/s either
     // way (session 44's timeline at batch 4: 403 µs plain, 424 with the FMA's branch).
     const Bf16FmaLimits wfl = bf16_fma_setting(fl);
-    // DSUF_BF16_WIDE_LOOP=on|off|8: below 8 rows, k_bf16_wide's persistent form (kPersist: two
-    // resident blocks an SM over the tiles, the inputs staged once a block) or v53's grid of 4,040
-    // blocks (off); 8: the 8-row forms too, plain and FMA (one block an SM). It carries its loads
-    // across a tile's end into the same registers, so a tile's rounds (K / 256) must be a multiple of
-    // the depth D = 2. Session 45 (docs/perf.md v54): the head at batch 4 402 → 376 µs in place, the
-    // step −0.03 to −0.07 ms; at 8 rows the FMA's persistent form spills (136 bytes of stack) and
-    // was slower (batch 8 +0.07, 16 +0.18; 64 −0.67 in one round), the plain one −0.30 at 16 against
-    // the plain grid but only level with the FMA's grid: `on` keeps the 8-row grid.
-    static const int wide_loop = env_choice("DSUF_BF16_WIDE_LOOP", {"on", "off", "8"});
+    // DSUF_BF16_WIDE_LOOP=on|off|4: k_bf16_wide's persistent form (kPersist: resident blocks over the
+    // tiles, the inputs staged once a block; two blocks an SM of 8 warps below 8 rows, one of 12 warps
+    // at 8) or a block a tile (off); 4: below 8 rows only (v54's default). It carries its loads across a
+    // tile's end into the same registers, so a tile's rounds (K / 256) must be a multiple of the depth
+    // D = 2. Session 45 (docs/perf.md v54): below 8 rows the head at batch 4 402 → 376 µs in place, the
+    // step −0.03 to −0.07 ms; the 8-row forms at 16 warps spilled (136 bytes of stack). Session 46
+    // (v55): at 12 warps (163 registers) and with a warp's rows as an index, not OPW pointers, no stack
+    // — batch 8 −0.07 to −0.10, 16 −0.28, 64 −1.4 against v54, one call, two rounds each.
+    static const int wide_loop = env_choice("DSUF_BF16_WIDE_LOOP", {"on", "off", "4"});
     const bool loop_fits = K % (256 * 2) == 0;
     // per_sm > 0: the persistent form, one resident wave over the tiles; else a block a tile.
     auto launch = [&](auto k, int R, int warps, int per_sm = 0) {  // both shapes: 4 outputs a warp
@@ -5836,18 +5832,18 @@ void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int6
                   r, rows, wfl);
     };
     // The shapes (session 22, call 5; docs/perf.md v36): 4 rows with 4 outputs a warp, D = 2, 8 warps,
-    // two blocks an SM (114 registers); 8 rows with 4 outputs, D = 2, 16 warps (128 registers, 24
-    // bytes of stack). Against <4 outputs, D 4, 8 warps, one block an SM> (156 and 168 registers):
+    // two blocks an SM (110 registers; 124 persistent); 8 rows with 4 outputs, D = 2, 16 warps (128
+    // registers, 16 bytes of stack in the plain form; the persistent forms take 12 warps). Against <4 outputs, D 4, 8 warps, one block an SM> (156 and 168 registers):
     // batch 4 −0.24 ms, 16 −0.53, 64 −2.1; 16 warps at 4 rows and <2, D 4, 16 warps> at 8 between.
     // Without limits (DSUF_BF16_FMA=off, inputs that are not BF16 values by construction, Inf or NaN
     // weights) the 8-row form is v52's kernel, not the FMA form's lean fallback on every block.
     const bool eight = wide != 2 && rows >= 8;
-    const bool loop = loop_fits && (eight ? wide_loop == 2 : wide_loop != 1);
+    const bool loop = loop_fits && (eight ? wide_loop == 0 : wide_loop != 1);
     if (eight && wfl.on()) {
-      if (loop) launch(k_bf16_wide<4, 8, 2, 16, 1, true, true>, 8, 16, 1);
+      if (loop) launch(k_bf16_wide<4, 8, 2, 12, 1, true, true>, 8, 12, 1);
       else launch(k_bf16_wide<4, 8, 2, 16, 1, true>, 8, 16);
     } else if (eight) {
-      if (loop) launch(k_bf16_wide<4, 8, 2, 16, 1, false, true>, 8, 16, 1);
+      if (loop) launch(k_bf16_wide<4, 8, 2, 12, 1, false, true>, 8, 12, 1);
       else launch(k_bf16_wide<4, 8, 2, 16>, 8, 16);
     } else {
       if (loop) launch(k_bf16_wide<4, 4, 2, 8, 2, false, true>, 4, 8, 2);
