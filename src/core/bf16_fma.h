@@ -37,7 +37,7 @@ struct Bf16FmaLimits {
 // From a matrix's exponent fields: min_nonzero the smallest max(field, 1) over its nonzero weights
 // (≥ 255 when there are none), max_field the largest field; any_nonfinite: an Inf or NaN weight (no
 // FMA then: the products' NaN-ness would match, their payloads need not).
-// (Host and device: the attention's logits take q's limits a block.)
+// (Host and device: docs/experiments/logits-fma.patch, not landed, takes q's limits a block.)
 DSUF_HD Bf16FmaLimits bf16_fma_limits(int min_nonzero, int max_field, bool any_nonfinite) {
   if (any_nonfinite) return {};
   Bf16FmaLimits l;
@@ -59,7 +59,8 @@ DSUF_HD bool bf16_fma_input_ok(float x, float lo, float hi) {
   return (u & 0xffffu) == 0 && a < hi && (a >= lo || a == 0.0f);
 }
 
-// The same test over n values at once, in integers (the logits' keys: a lane's values of a key):
+// The same test over n values at once, in integers (a lane's values of a key in the logits FMA of
+// docs/experiments/logits-fma.patch, not landed; tested on the CPU in tests/core/bf16_fma_test.cc):
 // every value a BF16 value, none at or above hi, every nonzero one at least lo. lo_m1 = lo's bits − 1
 // (0 for lo = 0) and hi_bits = hi's bits, from bf16_fma_bits. Magnitudes compare as their bits; a
 // zero's |bits| − 1 wraps to the top and drops out of the minimum; a NaN's bits exceed Inf's.

@@ -2833,13 +2833,16 @@ __global__ void __launch_bounds__(32 * kWarps, kMinBlocks)
   // the next one's, and its registers are the limit (session 46: OPW pointers each spilled).
   auto tile_row = [&](int64_t t) { return (t * kWarps + warp) * OPW; };
   int64_t wr = tile_row(blockIdx.x);
+  // Chunk c of row ob + o (past the end: of the last row).
+  auto chunk = [&](int64_t ob, int o, int c) {
+    return __ldg(reinterpret_cast<const uint4*>(W + (ob + o < out ? ob + o : out - 1) * K + int64_t(c) * 8));
+  };
   uint4 wq[D][OPW];
   // Round i's chunk of each of the rows from ob (past the end: the last).
   auto load_from = [&](int64_t ob, int i, uint4 (&dst)[OPW]) {
     const int c = lane + 32 * i < nc ? lane + 32 * i : nc - 1;
 #pragma unroll
-    for (int o = 0; o < OPW; ++o)
-      dst[o] = __ldg(reinterpret_cast<const uint4*>(W + (ob + o < out ? ob + o : out - 1) * K + int64_t(c) * 8));
+    for (int o = 0; o < OPW; ++o) dst[o] = chunk(ob, o, c);
   };
   auto load = [&](int i, uint4 (&dst)[OPW]) { load_from(wr, i, dst); };
 #pragma unroll
@@ -2912,7 +2915,7 @@ __global__ void __launch_bounds__(32 * kWarps, kMinBlocks)
       if (c >= nc) break;
 #pragma unroll
       for (int o = 0; o < OPW; ++o) {
-        const uint4 w = __ldg(reinterpret_cast<const uint4*>(W + (wr + o < out ? wr + o : out - 1) * K + int64_t(c) * 8));
+        const uint4 w = chunk(wr, o, c);
 #pragma unroll
         for (int rr = 0; rr < R; ++rr) {
           const float4* xs = bf16_xs + (rr < nr ? rr : 0) * n4;
@@ -5833,8 +5836,9 @@ void bf16_linear(const uint16_t* W, int64_t out, int64_t K, const float* x, int6
     };
     // The shapes (session 22, call 5; docs/perf.md v36): 4 rows with 4 outputs a warp, D = 2, 8 warps,
     // two blocks an SM (110 registers; 124 persistent); 8 rows with 4 outputs, D = 2, 16 warps (128
-    // registers, 16 bytes of stack in the plain form; the persistent forms take 12 warps). Against <4 outputs, D 4, 8 warps, one block an SM> (156 and 168 registers):
-    // batch 4 −0.24 ms, 16 −0.53, 64 −2.1; 16 warps at 4 rows and <2, D 4, 16 warps> at 8 between.
+    // registers, 16 bytes of stack in the plain form; the persistent forms take 12 warps). Against
+    // <4 outputs, D 4, 8 warps, one block an SM> (156 and 168 registers): batch 4 −0.24 ms, 16 −0.53,
+    // 64 −2.1; 16 warps at 4 rows and <2, D 4, 16 warps> at 8 between.
     // Without limits (DSUF_BF16_FMA=off, inputs that are not BF16 values by construction, Inf or NaN
     // weights) the 8-row form is v52's kernel, not the FMA form's lean fallback on every block.
     const bool eight = wide != 2 && rows >= 8;
