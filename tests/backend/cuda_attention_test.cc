@@ -56,6 +56,42 @@ float logit(const float* q, const float* k, int64_t hd) {
   return det::lane_sum(hd, [&](int64_t d) { return q[d] * k[d]; }) * (1.0f / std::sqrt(float(hd)));
 }
 
+// One attention over keys already gathered (R rows of W window keys each, no selection), on the
+// device: the host's queries, keys and sinks uploaded, the logits and outputs read back after run().
+// Outputs and logits are NaN until written.
+struct GatheredAttention {
+  int R, H, W;
+  int64_t hd;
+  Buf<float> dq, dk, dsink, dout, datt;
+  Buf<cuda::RowMeta> dmeta;
+  GatheredAttention(const std::vector<float>& q, const std::vector<float>& keys, const std::vector<float>& sink,
+                    int R_, int H_, int W_, int64_t hd_, int pos_step)
+      : R(R_), H(H_), W(W_), hd(hd_), dq(q.size()), dk(keys.size()), dsink(sink.size()), dout(q.size()),
+        datt(size_t(R_) * H_ * W_), dmeta(size_t(R_)) {
+    std::vector<cuda::RowMeta> meta(R);
+    for (int i = 0; i < R; ++i) meta[i] = {int64_t(W - 1 + pos_step * i), 0, 0};  // W keys each: the window only
+    DSUF_CUDA(cudaMemcpy(dq.p, q.data(), q.size() * sizeof(float), cudaMemcpyHostToDevice));
+    DSUF_CUDA(cudaMemcpy(dk.p, keys.data(), keys.size() * sizeof(float), cudaMemcpyHostToDevice));
+    DSUF_CUDA(cudaMemcpy(dsink.p, sink.data(), sink.size() * sizeof(float), cudaMemcpyHostToDevice));
+    DSUF_CUDA(cudaMemcpy(dmeta.p, meta.data(), meta.size() * sizeof(cuda::RowMeta), cudaMemcpyHostToDevice));
+  }
+  // cuda::attention with P·V form pv_form (−1: DSUF_PV's), then the logits and outputs to the host.
+  void run(cudaStream_t s, int pv_form, std::vector<float>& att, std::vector<float>& out) {
+    DSUF_CUDA(cudaMemset(datt.p, 0xff, datt.n * sizeof(float)));
+    DSUF_CUDA(cudaMemset(dout.p, 0xff, dout.n * sizeof(float)));
+    cuda::AttentionArgs a{};
+    a.q = dq.p, a.meta = dmeta.p, a.src = -1, a.sel = nullptr, a.sel_stride = 0, a.sink = dsink.p;
+    a.out = dout.p, a.keys = dk.p, a.att = datt.p, a.kmax = W, a.rows = R, a.H = H, a.W = W, a.hd = hd;
+    a.r = true;
+    a.pv_form = pv_form;
+    cuda::attention(a, s, /*gathered=*/true);
+    DSUF_CUDA(cudaStreamSynchronize(s));
+    att.resize(datt.n), out.resize(dout.n);
+    DSUF_CUDA(cudaMemcpy(att.data(), datt.p, att.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    DSUF_CUDA(cudaMemcpy(out.data(), dout.p, out.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  }
+};
+
 TEST(CudaAttentionLogits, EveryFormEqualsTheCanonicalSum) {
   const LogitsCase cases[] = {
       {"plain 1 row", 1, 16, 512, 256, q_plain, k_plain},
@@ -88,23 +124,9 @@ TEST(CudaAttentionLogits, EveryFormEqualsTheCanonicalSum) {
       for (int j = 0; j < kmax; ++j)
         for (int64_t d = 0; d < hd; ++d) keys[(size_t(i) * kmax + j) * hd + d] = c.k(g, i, j, d);
     for (float& v : sink) v = normal(g);
-    std::vector<cuda::RowMeta> meta(R);
-    for (int i = 0; i < R; ++i) meta[i] = {int64_t(W - 1 + 5 * i), 0, 0};  // W keys each: the window only
-    Buf<float> dq(q.size()), dk(keys.size()), dsink(H), dout(q.size()), datt(size_t(R) * H * kmax);
-    Buf<cuda::RowMeta> dmeta(R);
-    DSUF_CUDA(cudaMemcpy(dq.p, q.data(), q.size() * sizeof(float), cudaMemcpyHostToDevice));
-    DSUF_CUDA(cudaMemcpy(dk.p, keys.data(), keys.size() * sizeof(float), cudaMemcpyHostToDevice));
-    DSUF_CUDA(cudaMemcpy(dsink.p, sink.data(), sink.size() * sizeof(float), cudaMemcpyHostToDevice));
-    DSUF_CUDA(cudaMemcpy(dmeta.p, meta.data(), meta.size() * sizeof(cuda::RowMeta), cudaMemcpyHostToDevice));
-    DSUF_CUDA(cudaMemset(datt.p, 0xff, datt.n * sizeof(float)));  // NaN: an unwritten logit shows
-    cuda::AttentionArgs a{};
-    a.q = dq.p, a.meta = dmeta.p, a.src = -1, a.sel = nullptr, a.sel_stride = 0, a.sink = dsink.p;
-    a.out = dout.p, a.keys = dk.p, a.att = datt.p, a.kmax = kmax, a.rows = R, a.H = H, a.W = W, a.hd = hd;
-    a.r = true;
-    cuda::attention(a, s, /*gathered=*/true);
-    DSUF_CUDA(cudaStreamSynchronize(s));
-    std::vector<float> att(datt.n);
-    DSUF_CUDA(cudaMemcpy(att.data(), datt.p, att.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    GatheredAttention ga(q, keys, sink, R, H, W, hd, 5);
+    std::vector<float> att, out;
+    ga.run(s, -1, att, out);
     int64_t bad = 0;
     for (int i = 0; i < R; ++i)
       for (int h = 0; h < H; ++h)
@@ -151,27 +173,11 @@ TEST(CudaAttentionPv, EveryFormEqualsTheReference) {
     for (float& v : q) v = bf16_normal(g, -2);
     for (float& v : keys) v = normal(g);
     for (float& v : sink) v = normal(g);
-    std::vector<cuda::RowMeta> meta(R);
-    for (int i = 0; i < R; ++i) meta[i] = {int64_t(W - 1 + 3 * i), 0, 0};
-    Buf<float> dq(q.size()), dk(keys.size()), dsink(H), dout(q.size()), datt(size_t(R) * H * kmax);
-    Buf<cuda::RowMeta> dmeta(R);
-    DSUF_CUDA(cudaMemcpy(dq.p, q.data(), q.size() * sizeof(float), cudaMemcpyHostToDevice));
-    DSUF_CUDA(cudaMemcpy(dk.p, keys.data(), keys.size() * sizeof(float), cudaMemcpyHostToDevice));
-    DSUF_CUDA(cudaMemcpy(dsink.p, sink.data(), sink.size() * sizeof(float), cudaMemcpyHostToDevice));
-    DSUF_CUDA(cudaMemcpy(dmeta.p, meta.data(), meta.size() * sizeof(cuda::RowMeta), cudaMemcpyHostToDevice));
+    GatheredAttention ga(q, keys, sink, R, H, W, hd, 3);
     for (int form = 0; form < int(sizeof forms / sizeof *forms); ++form) {
       SCOPED_TRACE(std::string(c.name) + ", " + forms[form]);
-      DSUF_CUDA(cudaMemset(dout.p, 0xff, dout.n * sizeof(float)));  // NaN: an unwritten output shows
-      cuda::AttentionArgs a{};
-      a.q = dq.p, a.meta = dmeta.p, a.src = -1, a.sel = nullptr, a.sel_stride = 0, a.sink = dsink.p;
-      a.out = dout.p, a.keys = dk.p, a.att = datt.p, a.kmax = kmax, a.rows = R, a.H = H, a.W = W, a.hd = hd;
-      a.r = true;
-      a.pv_form = form;
-      cuda::attention(a, s, /*gathered=*/true);
-      DSUF_CUDA(cudaStreamSynchronize(s));
-      std::vector<float> att(datt.n), out(dout.n);
-      DSUF_CUDA(cudaMemcpy(att.data(), datt.p, att.size() * sizeof(float), cudaMemcpyDeviceToHost));
-      DSUF_CUDA(cudaMemcpy(out.data(), dout.p, out.size() * sizeof(float), cudaMemcpyDeviceToHost));
+      std::vector<float> att, out;
+      ga.run(s, form, att, out);
       int64_t bad = 0;
       std::vector<float> e(kmax), o(hd);
       for (int i = 0; i < R; ++i)
