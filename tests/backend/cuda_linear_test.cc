@@ -277,7 +277,6 @@ TEST(CudaFp8Linear, OneRowEqualsTheReferenceSum) {
                           {1000, 1024},  {5000, 1536}, {2304, 5120}, {600, 1120}};
   cudaStream_t s = nullptr;
   DSUF_CUDA(cudaStreamCreate(&s));
-  size_t narrow_taken = 0;
   for (const Shape& sh : shapes)
     for (const bool quantize : {true, false})
       for (const bool r : {true, false}) {
@@ -303,26 +302,14 @@ TEST(CudaFp8Linear, OneRowEqualsTheReferenceSum) {
                                    " tile_sm " + std::to_string(tile_sm);
           EXPECT_EQ(count_differ(to_host(dy.p, size_t(sh.out)), want, what), 0);
         }
-        // fp8_linear_narrow (one 4-warp tile block an SM): the same sums where it takes the shape.
-        DSUF_CUDA(cudaMemset(dy.p, 0xff, size_t(sh.out) * 4));
-        const cuda::LinearInput in = cuda::linear_input(dx.p, sh.K, 1, sh.K, quantize, dxq.p, dxs.p, s);
-        const bool took = cuda::fp8_linear_narrow(dW.p, dWs.p, sh.out, sh.K, in, dy.p, sh.out, r, s);
-        DSUF_CUDA(cudaStreamSynchronize(s));
-        narrow_taken += took;
-        if (took)
-          EXPECT_EQ(count_differ(to_host(dy.p, size_t(sh.out)), want,
-                                 "fp8_linear_narrow out " + std::to_string(sh.out) + " K " + std::to_string(sh.K) +
-                                     " quantized " + std::to_string(quantize) + " bf16 " + std::to_string(r)),
-                    0);
       }
-  // Every shape but K = 1,120 (nb mod 4 ≠ 0) under the default DSUF_FP8_TILES=all.
-  if (!std::getenv("DSUF_FP8_TILES")) EXPECT_EQ(narrow_taken, 4 * (std::size(shapes) - 1));
   cudaStreamDestroy(s);
 }
 
 // The grouped one-row FP8 linear (wo_a: 8 groups of 1,024 outputs over K = 4,096, and two smaller
 // ones, one with a remainder) with and without its sink (wo_b's input laid out by k_fp8_gemv's sink
-// blocks), and pairs (the shared expert's w1/w3; wq_a+wkv; odd sizes), against the reference's sums,
+// blocks), and pairs (the shared expert's w1/w3; wq_a+wkv; odd sizes; k_fp8_gemv_tiles takes them
+// under DSUF_FP8_TILES_PAIR=on, k_fp8_gemv otherwise: the device runs check both), against the reference's sums,
 // bit for bit; the sink's layout against linear_input of the same outputs (floats and scales). The
 // grouped ones also with BF16-valued inputs marked LinearInput::bf16 (wo_a's preload kernel, with the
 // sink, takes the fmaf path then).
@@ -399,29 +386,19 @@ TEST(CudaFp8Linear, GroupsPairsAndSinkEqualTheReferenceSum) {
         DSUF_CUDA(cudaMemcpy(dW2.p, W2.data(), W2.size(), cudaMemcpyHostToDevice));
         DSUF_CUDA(cudaMemcpy(dWs2.p, Ws2.data(), Ws2.size(), cudaMemcpyHostToDevice));
         DSUF_CUDA(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
-        const auto want1 = reference_fp8(W1.data(), Ws1.data(), sh.out1, sh.K, v, sa, r);
-        const auto want2 = reference_fp8(W2.data(), Ws2.data(), sh.out2, sh.K, v, sa, r);
+        DSUF_CUDA(cudaMemset(dy1.p, 0xff, size_t(sh.out1) * 4));
+        DSUF_CUDA(cudaMemset(dy2.p, 0xff, size_t(sh.out2) * 4));
         const cuda::LinearInput in = cuda::linear_input(dx.p, sh.K, 1, sh.K, quantize, dxq.p, dxs.p, s);
-        const cuda::Fp8Pair second{.W = dW2.p, .Ws = dWs2.p, .out = sh.out2, .y = dy2.p, .y_stride = sh.out2};
-        for (const bool narrow : {false, true}) {  // fp8_linear, fp8_linear_narrow
-          DSUF_CUDA(cudaMemset(dy1.p, 0xff, size_t(sh.out1) * 4));
-          DSUF_CUDA(cudaMemset(dy2.p, 0xff, size_t(sh.out2) * 4));
-          if (!narrow)
-            cuda::fp8_linear(dW1.p, dWs1.p, sh.out1, sh.K, in, 1, dy1.p, sh.out1, r, s, second);
-          else if (!cuda::fp8_linear_narrow(dW1.p, dWs1.p, sh.out1, sh.K, in, dy1.p, sh.out1, r, s, second)) {
-            if (!std::getenv("DSUF_FP8_TILES"))  // (DSUF_FP8_TILES=off|one|mid narrow what the tiles take)
-              ADD_FAILURE() << "fp8_linear_narrow did not take the pair " << sh.out1 << " + " << sh.out2 << " K "
-                            << sh.K;
-            continue;
-          }
-          DSUF_CUDA(cudaStreamSynchronize(s));
-          const std::string what = std::string(narrow ? "fp8_linear_narrow" : "fp8_linear") + " pair " +
-                                   std::to_string(sh.out1) + " + " + std::to_string(sh.out2) + " K " +
-                                   std::to_string(sh.K) + " quantized " + std::to_string(quantize) + " bf16 " +
-                                   std::to_string(r);
-          EXPECT_EQ(count_differ(to_host(dy1.p, size_t(sh.out1)), want1, what + " first"), 0);
-          EXPECT_EQ(count_differ(to_host(dy2.p, size_t(sh.out2)), want2, what + " second"), 0);
-        }
+        cuda::fp8_linear(dW1.p, dWs1.p, sh.out1, sh.K, in, 1, dy1.p, sh.out1, r, s,
+                         {.W = dW2.p, .Ws = dWs2.p, .out = sh.out2, .y = dy2.p, .y_stride = sh.out2});
+        DSUF_CUDA(cudaStreamSynchronize(s));
+        const std::string what = "fp8_linear pair " + std::to_string(sh.out1) + " + " + std::to_string(sh.out2) +
+                                 " K " + std::to_string(sh.K) + " quantized " + std::to_string(quantize) + " bf16 " +
+                                 std::to_string(r);
+        EXPECT_EQ(count_differ(to_host(dy1.p, size_t(sh.out1)), reference_fp8(W1.data(), Ws1.data(), sh.out1, sh.K,
+                                                                              v, sa, r), what + " first"), 0);
+        EXPECT_EQ(count_differ(to_host(dy2.p, size_t(sh.out2)), reference_fp8(W2.data(), Ws2.data(), sh.out2, sh.K,
+                                                                              v, sa, r), what + " second"), 0);
       }
   cudaStreamDestroy(s);
 }
@@ -446,7 +423,6 @@ TEST(CudaFp8Linear, SeveralRowsEqualTheReferenceSum) {
                           {1, 600, 0, 1120, {4}},                {8, 1024, 0, 4096, {3, 4}}, {4, 256, 0, 1280, {5}},
                           {1, 2304, 2304, 5120, {4}},            {1, 1280, 512, 5120, {2, 4}}, {1, 1000, 2600, 1280, {3}}};
   // Inputs: 0 as they come, 1 quantized, 2 BF16 values marked as such (the fmaf path, fp8_bf16_fma).
-  size_t narrow_taken = 0;
   for (const Shape& sh : shapes)
     for (const int rows : sh.rows)
       for (const int mode : {1, 0, 2}) {

@@ -158,7 +158,7 @@ struct CudaBackend::Impl {
   // layer on average (DSUF_MOE_GROUP_ROWS; 0: never). Measured (docs/perf.md, v14, 96 experts):
   // 1 routed row per expert (batch 16) lost 9 %, 4 (batch 64) gained 6 %, a 512-token chunk 12 %.
   int64_t group_rows_per_expert = 4;
-  int shared_fork = 0;  // DSUF_SHARED_FORK=auto|early|late|narrow: 0|1|2|3 (moe())
+  int shared_fork = 0;  // DSUF_SHARED_FORK=auto|early|late: 0|1|2 (moe())
   // DSUF_HEAD_INPUT=direct|gather: when every row gets logits in row order (decode), the head's
   // collapse reads the streams and the last FFN site's pre where they are (direct, the default since
   // v36: one graph memcpy node — which no programmatic launch crosses — and k_gather_rows' 15 µs off
@@ -618,7 +618,7 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   DSUF_CUDA(cudaEventCreateWithFlags(&ev_join, cudaEventDisableTiming));
   DSUF_CUDA(cudaEventCreateWithFlags(&ev_scores, cudaEventDisableTiming));
   if (const char* v = std::getenv("DSUF_OVERLAP")) overlap = std::string(v) != "0";
-  shared_fork = env_choice("DSUF_SHARED_FORK", {"auto", "early", "late", "narrow"});
+  shared_fork = env_choice("DSUF_SHARED_FORK", {"auto", "early", "late"});
   gather_early = !env_picks("DSUF_GATHER", "early", "late");
   sum_in_collapse = !env_picks("DSUF_SUM_EXPAND", "collapse", "kernel");
   gather_reuse = !env_picks("DSUF_GATHER_REUSE", "on", "off");
@@ -1378,25 +1378,19 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
   // anyway). The two now end within ~1 µs of each other: the routed launches at the greatest
   // priority made the shared expert the tail (+0.25, docs/perf.md v39). (Measured on one GPU; under
   // tensor parallelism the launches' shapes differ and auto was not timed there.)
-  // narrow (one row): forked early, its linears as fp8_linear_narrow's one 4-warp block an SM, so
-  // that it streams during the FFN collapse's tail, the router and the route without holding the SMs
-  // the routed experts' blocks need (more rows: as early).
-  const bool narrow = shared_fork == 3 && n == 1;
-  const bool shared_early = shared_fork == 1 || shared_fork == 3 || (shared_fork == 0 && n > 1);
+  const bool shared_early = shared_fork == 1 || (shared_fork == 0 && n > 1);
   const uint32_t wi = cuda::whatif();  // DSUF_WHATIF (a timing diagnostic): pieces left out
   auto shared_expert = [&] {
     if (!part.owns_shared(l)) return;
     fork();
     if (wi & cuda::kWhatIfShared) return;  // DSUF_WHATIF (joined as usual)
     cudaStream_t s2 = branch();
-    const cuda::Fp8Pair w3{.W = d.sw3.w, .Ws = d.sw3.s, .out = F, .y = ws.h3s, .y_stride = F};
-    if (!(narrow && cuda::fp8_linear_narrow(d.sw1.w, d.sw1.s, F, D, xin, ws.h1s, F, r, s2, w3)))
-      cuda::fp8_linear(d.sw1.w, d.sw1.s, F, D, xin, n, ws.h1s, F, r, s2, w3);
+    cuda::fp8_linear(d.sw1.w, d.sw1.s, F, D, xin, n, ws.h1s, F, r, s2,
+                     {.W = d.sw3.w, .Ws = d.sw3.s, .out = F, .y = ws.h3s, .y_stride = F});
     const cuda::InputSink hssink{ws.xq[2], ws.xs[2], aq};
     cuda::swiglu(ws.h1s, ws.h3s, n, F, nullptr, limit, opt.numerics.shared_expert_clamp, r, s2, hssink);
     const cuda::LinearInput hsin = cuda::sink_input(hssink, F);
-    if (!(narrow && cuda::fp8_linear_narrow(d.sw2.w, d.sw2.s, D, F, hsin, ws.ys, D, r, s2)))
-      cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, hsin, n, ws.ys, D, r, s2);
+    cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, hsin, n, ws.ys, D, r, s2);
   };
   if (shared_early) shared_expert();
   if (!(wi & cuda::kWhatIfRouter)) cuda::bf16_linear(d.gate, E, D, ws.xn, D, n, ws.router, E, false, stream);

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <array>
-#include <type_traits>
 #include <cfloat>
 #include <thread>
 #include <vector>
@@ -1405,7 +1404,7 @@ __global__ void __launch_bounds__(32 * kWarps, R > 1 ? kMinB : kWarps == 8 ? 3 :
     fp8_slice(W, Ws, out, K, x, x_group, xs, y, y_stride, pair);
     row0 = int(blockIdx.y) * R, nr = min(R, rows - row0);
     x += int64_t(row0) * x_stride, xs += int64_t(row0) * xs_stride;
-  } else if (blockIdx.z == 1) {  // R = 1 and a pair (Fp8Call::narrow only): its second linear
+  } else if (blockIdx.z == 1) {  // R = 1 and a pair (DSUF_FP8_TILES_PAIR): its second linear
     W = pair.W, Ws = pair.Ws, out = pair.out, y = pair.y, y_stride = pair.y_stride;
   }
   const int full = nb / 32, rem = nb % 32;  // a tile's chunks: its full rounds
@@ -5131,7 +5130,6 @@ struct Fp8Call {
   cudaStream_t s;
   Fp8Pair pair;
   int tile_sm = 0;  // > 0: k_fp8_gemv_tiles at most this many blocks an SM (fp8_linear's tile_sm)
-  bool narrow = false;  // k_fp8_gemv_tiles at one block an SM over all its slices (fp8_linear_narrow)
 };
 // DSUF_GEMV=regs|pipe|deep picks how the FP8/FP4 linears fetch weights (see GemvMode); regs by default.
 // DSUF_FP8_EARLY=1|0: the FP8 GEMV's kRegs loads its first round (weights, scale codes, the spread
@@ -5185,12 +5183,17 @@ bool fp8_rows_inter(int64_t rows, int R) {
 // none (k_fp8_gemv, v37). Measured (session 24, batch 1 at 8K, gpu ms, 3 rounds interleaved):
 // all 6.609 / 6.608 / 6.595, mid 6.659 / 6.672 / 6.660, one 6.681 / 6.673 / 6.669, off 6.691 /
 // 6.667 / 6.672.
+// DSUF_FP8_TILES_PAIR=off|on (session 47): also a one-row pair (the shared expert's w1/w3; grid.z its
+// two linears) where each linear fits.
 bool fp8_tiles_fit(const Fp8Call& c, int opw) {
   static const int mode = env_choice("DSUF_FP8_TILES", {"all", "off", "one", "mid"});
+  static const bool pairs = env_picks("DSUF_FP8_TILES_PAIR", "off", "on");
   const int64_t nb = c.K / 32, rem = nb % 32;
+  auto aligned = [](const void* p, int a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
+  const bool pair_ok = !c.pair.W || (pairs && aligned(c.pair.W, 16) && aligned(c.pair.Ws, 4));
   return mode != 1 && nb < (mode == 2 ? 64 : mode == 3 ? 96 : 1 << 30) && gemv_mode() == kRegs && c.rows == 1 &&
-         c.groups == 1 && !c.pair.W && nb >= 32 && nb % 4 == 0 && c.K <= 8192 && (rem == 0 || opw * rem <= 32) &&
-         reinterpret_cast<uintptr_t>(c.W) % 16 == 0 && reinterpret_cast<uintptr_t>(c.Ws) % 4 == 0;
+         c.groups == (c.pair.W ? 2 : 1) && pair_ok && nb >= 32 && nb % 4 == 0 && c.K <= 8192 &&
+         (rem == 0 || opw * rem <= 32) && aligned(c.W, 16) && aligned(c.Ws, 4);
 }
 // The grid: as many blocks an SM as fit (or DSUF_FP8_TILES_SM), or fewer so that every warp takes the
 // same number of tiles; 4 warps a block up to K = 2,048, else 8 (the staged input row is a block's).
@@ -5216,7 +5219,7 @@ void launch_fp8_tiles_k(const Fp8Call& c) {
     return n;
   }();
   const int gy = int(blocks_for(c.rows, R)), gz = c.pair.W ? 2 : c.groups;
-  const int64_t per_sm = c.narrow ? 1 : std::max(1, std::min({fit, want, c.tile_sm > 0 ? c.tile_sm : fit}));
+  const int64_t per_sm = std::max(1, std::min({fit, want, c.tile_sm > 0 ? c.tile_sm : fit}));
   const int64_t tiles = (std::max(c.out, c.pair.out) + OPW - 1) / OPW;
   const int64_t most = std::max<int64_t>(kWarps, int64_t(sm_count()) * per_sm * kWarps / (int64_t(gy) * gz));
   const int64_t per_warp = (tiles + most - 1) / most, warps = (tiles + per_warp - 1) / per_warp;
@@ -5622,29 +5625,6 @@ void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, con
   const Fp8Call c{W, Ws, out, K, in, rows, y, y_stride, 2, r, s, pair};
   if (in.scale) return launch_fp8_rows<true>(c);
   launch_fp8_rows<false>(c);
-}
-// DSUF_SHARED_RING=2|3|4: the ring slots of fp8_linear_narrow's warps (chunks in flight + 1).
-bool fp8_linear_narrow(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const LinearInput& in, float* y,
-                       int64_t y_stride, bool r, cudaStream_t s, const Fp8Pair& pair) {
-  const Fp8Call c{W, Ws, out, K, in, 1, y, y_stride, pair.W ? 2 : 1, r, s, pair, 0, true};
-  Fp8Call one = c;  // the shape test of a single linear (the pair's second slice has the same K)
-  one.pair = {}, one.groups = 1;
-  auto aligned = [](const void* p, int a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
-  if (K % 32 != 0 || in.group_stride != interleaved_k(K) || !fp8_tiles_fit(one, 2) ||
-      (pair.W && (!aligned(pair.W, 16) || !aligned(pair.Ws, 4))))
-    return false;
-  static const int stages = env_choice("DSUF_SHARED_RING", {"2", "3", "4"}) + 2;
-  auto go = [&](auto exact) {
-    constexpr bool kExact = decltype(exact)::value;
-    switch (stages) {
-      case 3: return launch_fp8_tiles_k<2, kExact, 4, 3>(c);
-      case 4: return launch_fp8_tiles_k<2, kExact, 4, 4>(c);
-      default: return launch_fp8_tiles_k<2, kExact, 4, 2>(c);
-    }
-  };
-  if (in.scale) go(std::true_type{});
-  else go(std::false_type{});
-  return true;
 }
 int64_t group_bound(int64_t rows, int experts, int size) {
   return std::min<int64_t>(rows, (rows + size - 1) / size + experts);

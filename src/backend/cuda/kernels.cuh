@@ -130,13 +130,6 @@ struct Fp8Pair {
 // docs/perf.md v39).
 void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const LinearInput& in, int64_t rows,
                 float* y, int64_t y_stride, bool r, cudaStream_t s, const Fp8Pair& pair = {}, int tile_sm = 0);
-// One row (and with pair.W the pair's second linear) as k_fp8_gemv_tiles of 4 warps a block, one
-// block an SM in all (the grid's warps stride over the tiles): a linear that runs beside a launch
-// needing whole SMs (the shared expert beside the routed experts' k_fp4_imma blocks of ~53 K
-// registers, DSUF_SHARED_FORK=narrow) leaves room for one of those blocks on every SM. The same
-// sums as fp8_linear. False (nothing launched) where the tile kernel's shape does not apply.
-bool fp8_linear_narrow(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const LinearInput& in, float* y,
-                       int64_t y_stride, bool r, cudaStream_t s, const Fp8Pair& pair = {});
 // `groups` independent products in one launch (the grouped o-projection): group g uses weight rows
 // [g·out, (g+1)·out) (out a multiple of 32), inputs g·K.. of each row, outputs g·out.. of each row.
 // With sink.xq set, y is also laid out through sink as the next linear's input (one group of
