@@ -308,8 +308,7 @@ TEST(CudaFp8Linear, OneRowEqualsTheReferenceSum) {
 
 // The grouped one-row FP8 linear (wo_a: 8 groups of 1,024 outputs over K = 4,096, and two smaller
 // ones, one with a remainder) with and without its sink (wo_b's input laid out by k_fp8_gemv's sink
-// blocks), and pairs (the shared expert's w1/w3; wq_a+wkv; odd sizes; k_fp8_gemv_tiles takes them
-// under DSUF_FP8_TILES_PAIR=on, k_fp8_gemv otherwise: the device runs check both), against the reference's sums,
+// blocks), and pairs (the shared expert's w1/w3; wq_a+wkv; odd sizes), against the reference's sums,
 // bit for bit; the sink's layout against linear_input of the same outputs (floats and scales). The
 // grouped ones also with BF16-valued inputs marked LinearInput::bf16 (wo_a's preload kernel, with the
 // sink, takes the fmaf path then).

@@ -1404,8 +1404,6 @@ __global__ void __launch_bounds__(32 * kWarps, R > 1 ? kMinB : kWarps == 8 ? 3 :
     fp8_slice(W, Ws, out, K, x, x_group, xs, y, y_stride, pair);
     row0 = int(blockIdx.y) * R, nr = min(R, rows - row0);
     x += int64_t(row0) * x_stride, xs += int64_t(row0) * xs_stride;
-  } else if (blockIdx.z == 1) {  // R = 1 and a pair (DSUF_FP8_TILES_PAIR): its second linear
-    W = pair.W, Ws = pair.Ws, out = pair.out, y = pair.y, y_stride = pair.y_stride;
   }
   const int full = nb / 32, rem = nb % 32;  // a tile's chunks: its full rounds
   const int64_t slot_bytes = fp8_tiles_slot(OPW, K), codes = fp8_tiles_codes(OPW, K);
@@ -5183,17 +5181,12 @@ bool fp8_rows_inter(int64_t rows, int R) {
 // none (k_fp8_gemv, v37). Measured (session 24, batch 1 at 8K, gpu ms, 3 rounds interleaved):
 // all 6.609 / 6.608 / 6.595, mid 6.659 / 6.672 / 6.660, one 6.681 / 6.673 / 6.669, off 6.691 /
 // 6.667 / 6.672.
-// DSUF_FP8_TILES_PAIR=off|on (session 47): also a one-row pair (the shared expert's w1/w3; grid.z its
-// two linears) where each linear fits.
 bool fp8_tiles_fit(const Fp8Call& c, int opw) {
   static const int mode = env_choice("DSUF_FP8_TILES", {"all", "off", "one", "mid"});
-  static const bool pairs = env_picks("DSUF_FP8_TILES_PAIR", "off", "on");
   const int64_t nb = c.K / 32, rem = nb % 32;
-  auto aligned = [](const void* p, int a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
-  const bool pair_ok = !c.pair.W || (pairs && aligned(c.pair.W, 16) && aligned(c.pair.Ws, 4));
   return mode != 1 && nb < (mode == 2 ? 64 : mode == 3 ? 96 : 1 << 30) && gemv_mode() == kRegs && c.rows == 1 &&
-         c.groups == (c.pair.W ? 2 : 1) && pair_ok && nb >= 32 && nb % 4 == 0 && c.K <= 8192 &&
-         (rem == 0 || opw * rem <= 32) && aligned(c.W, 16) && aligned(c.Ws, 4);
+         c.groups == 1 && !c.pair.W && nb >= 32 && nb % 4 == 0 && c.K <= 8192 && (rem == 0 || opw * rem <= 32) &&
+         reinterpret_cast<uintptr_t>(c.W) % 16 == 0 && reinterpret_cast<uintptr_t>(c.Ws) % 4 == 0;
 }
 // The grid: as many blocks an SM as fit (or DSUF_FP8_TILES_SM), or fewer so that every warp takes the
 // same number of tiles; 4 warps a block up to K = 2,048, else 8 (the staged input row is a block's).
