@@ -402,6 +402,73 @@ TEST(CudaFp8Linear, GroupsPairsAndSinkEqualTheReferenceSum) {
   cudaStreamDestroy(s);
 }
 
+// fp8_linear_glu (the shared expert's w2 with SwiGLU made as each block stages its input) against
+// the host reference — h = rb(silu(min(g, L))·clamp(u, ±L)) (the CPU backend's and k_swiglu's order;
+// unclamped when clamp is off), quantized as linear_input would, then reference_fp8 — and against the
+// two launches it replaces (swiglu through a sink, then fp8_linear), bit for bit: the shared w2's
+// shape (K = 2,304, 8 warps a block), K = 2,048 (4 warps, no remainder) and 1,280; quantized or not,
+// BF16 or not, clamped at 7 or not, on gate values wide enough to clamp.
+TEST(CudaFp8Linear, GluInputEqualsSwigluThenLinear) {
+  std::mt19937 rng(20261205);
+  cudaStream_t s = nullptr;
+  DSUF_CUDA(cudaStreamCreate(&s));
+  struct Shape {
+    int64_t out, K;
+  };
+  int taken = 0, cases = 0;
+  for (const Shape& sh : {Shape{5120, 2304}, Shape{4096, 2048}, Shape{1000, 1280}})
+    for (const bool quantize : {true, false})
+      for (const bool r : {true, false})
+        for (const bool clamp : {true, false}) {
+          const float limit = 7.0f;
+          const int64_t K = sh.K, nb = K / 32;
+          std::vector<uint8_t> W, Ws;
+          random_fp8(rng, sh.out, K, W, Ws);
+          std::vector<float> g = random_row(rng, K), u = random_row(rng, K);
+          for (auto& v : g) v *= 3.0f;  // some beyond the limit either way
+          std::vector<float> h(static_cast<size_t>(K));
+          for (int64_t k = 0; k < K; ++k) {
+            float gv = g[size_t(k)], uv = u[size_t(k)];
+            if (clamp) gv = std::min(gv, limit), uv = std::min(std::max(uv, -limit), limit);
+            const float v = 1.0f * (det::silu(gv) * uv);
+            h[size_t(k)] = r ? round_bf16(v) : v;
+          }
+          std::vector<float> v, sa;
+          reference_input(h.data(), K, quantize, v, sa);
+          const std::vector<float> want = reference_fp8(W.data(), Ws.data(), sh.out, K, v, sa, r);
+          Buf<uint8_t> dW(W.size()), dWs(Ws.size());
+          Buf<float> dg{g.size()}, du{u.size()}, dh{g.size()}, dxq{size_t(cuda::interleaved_k(K))}, dxs{size_t(nb)},
+              dy{size_t(sh.out)};
+          DSUF_CUDA(cudaMemcpy(dW.p, W.data(), W.size(), cudaMemcpyHostToDevice));
+          DSUF_CUDA(cudaMemcpy(dWs.p, Ws.data(), Ws.size(), cudaMemcpyHostToDevice));
+          DSUF_CUDA(cudaMemcpy(dg.p, g.data(), g.size() * 4, cudaMemcpyHostToDevice));
+          DSUF_CUDA(cudaMemcpy(du.p, u.data(), u.size() * 4, cudaMemcpyHostToDevice));
+          const std::string what = "out " + std::to_string(sh.out) + " K " + std::to_string(K) + " quantized " +
+                                   std::to_string(quantize) + " bf16 " + std::to_string(r) + " clamp " +
+                                   std::to_string(clamp);
+          ++cases;
+          DSUF_CUDA(cudaMemset(dy.p, 0xff, size_t(sh.out) * 4));
+          if (cuda::fp8_linear_glu(dW.p, dWs.p, sh.out, K, {dg.p, du.p, limit, clamp, r, quantize}, dy.p, r, s)) {
+            ++taken;
+            DSUF_CUDA(cudaStreamSynchronize(s));
+            EXPECT_EQ(count_differ(to_host(dy.p, size_t(sh.out)), want, "fp8_linear_glu " + what), 0);
+          }
+          // The two launches (h1 is overwritten by swiglu: a copy).
+          DSUF_CUDA(cudaMemcpy(dh.p, dg.p, g.size() * 4, cudaMemcpyDeviceToDevice));
+          DSUF_CUDA(cudaMemset(dy.p, 0xff, size_t(sh.out) * 4));
+          const cuda::InputSink sink{dxq.p, dxs.p, quantize};
+          cuda::swiglu(dh.p, du.p, 1, K, nullptr, limit, clamp, r, s, sink);
+          cuda::fp8_linear(dW.p, dWs.p, sh.out, K, cuda::sink_input(sink, K), 1, dy.p, sh.out, r, s);
+          DSUF_CUDA(cudaStreamSynchronize(s));
+          EXPECT_EQ(count_differ(to_host(dy.p, size_t(sh.out)), want, "swiglu + fp8_linear " + what), 0);
+        }
+  // Every case under the default DSUF_FP8_TILES=all (the tile kernel takes these shapes).
+  if (!std::getenv("DSUF_FP8_TILES")) {
+    EXPECT_EQ(taken, cases);
+  }
+  cudaStreamDestroy(s);
+}
+
 // The FP8 linear of several rows (batches 2–63: k_fp8_gemv_tiles<…, R> under DSUF_FP8_TILES_ROWS's
 // default, k_fp8_gemv's R-row forms with it off; the device runs check both) against the reference's
 // sum of each row, bit for bit: plain (wq_b, the shared expert's w2, wo_b's K = 8,192, whose 4 staged
