@@ -159,7 +159,6 @@ struct CudaBackend::Impl {
   // 1 routed row per expert (batch 16) lost 9 %, 4 (batch 64) gained 6 %, a 512-token chunk 12 %.
   int64_t group_rows_per_expert = 4;
   int shared_fork = 0;  // DSUF_SHARED_FORK=auto|early|late: 0|1|2 (moe())
-  bool shared_glu_fused = false;  // DSUF_SHARED_GLU=separate|fused (moe(): one row)
   // DSUF_HEAD_INPUT=direct|gather: when every row gets logits in row order (decode), the head's
   // collapse reads the streams and the last FFN site's pre where they are (direct, the default since
   // v36: one graph memcpy node — which no programmatic launch crosses — and k_gather_rows' 15 µs off
@@ -620,7 +619,6 @@ void CudaBackend::Impl::load(uint64_t synthetic_seed) {
   DSUF_CUDA(cudaEventCreateWithFlags(&ev_scores, cudaEventDisableTiming));
   if (const char* v = std::getenv("DSUF_OVERLAP")) overlap = std::string(v) != "0";
   shared_fork = env_choice("DSUF_SHARED_FORK", {"auto", "early", "late"});
-  shared_glu_fused = env_picks("DSUF_SHARED_GLU", "separate", "fused");
   gather_early = !env_picks("DSUF_GATHER", "early", "late");
   sum_in_collapse = !env_picks("DSUF_SUM_EXPAND", "collapse", "kernel");
   gather_reuse = !env_picks("DSUF_GATHER_REUSE", "on", "off");
@@ -1389,13 +1387,8 @@ void CudaBackend::Impl::moe(int l, int n, const uint8_t* image, const cuda::Line
     cudaStream_t s2 = branch();
     cuda::fp8_linear(d.sw1.w, d.sw1.s, F, D, xin, n, ws.h1s, F, r, s2,
                      {.W = d.sw3.w, .Ws = d.sw3.s, .out = F, .y = ws.h3s, .y_stride = F});
-    // DSUF_SHARED_GLU=fused (one row): w2's blocks make the SwiGLU row as they stage it.
-    const bool clamp = opt.numerics.shared_expert_clamp;
-    if (n == 1 && shared_glu_fused &&
-        cuda::fp8_linear_glu(d.sw2.w, d.sw2.s, D, F, {ws.h1s, ws.h3s, limit, clamp, r, aq}, ws.ys, r, s2))
-      return;
     const cuda::InputSink hssink{ws.xq[2], ws.xs[2], aq};
-    cuda::swiglu(ws.h1s, ws.h3s, n, F, nullptr, limit, clamp, r, s2, hssink);
+    cuda::swiglu(ws.h1s, ws.h3s, n, F, nullptr, limit, opt.numerics.shared_expert_clamp, r, s2, hssink);
     const cuda::LinearInput hsin = cuda::sink_input(hssink, F);
     cuda::fp8_linear(d.sw2.w, d.sw2.s, D, F, hsin, n, ws.ys, D, r, s2);
   };

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <array>
-#include <type_traits>
 #include <cfloat>
 #include <thread>
 #include <vector>
@@ -1381,8 +1380,8 @@ __global__ void __launch_bounds__(32 * kPreWarps) k_fp8_gemv_preload(const uint8
 __host__ __device__ constexpr int64_t fp8_tiles_codes(int OPW, int64_t K) { return OPW * (1024 + (K / 32) % 32 * 32); }
 __host__ __device__ constexpr int64_t fp8_tiles_slot(int OPW, int64_t K) { return fp8_tiles_codes(OPW, K) + 64; }
 __host__ __device__ constexpr int64_t fp8_tiles_x_bytes(int64_t K) { return interleaved_k(K) * 4; }
-size_t fp8_tiles_smem(int OPW, int warps, int stages, int64_t K, int R = 1, bool glu = false) {
-  return size_t(R * fp8_tiles_x_bytes(K) + int64_t(warps) * stages * fp8_tiles_slot(OPW, K) + (glu ? K / 32 * 4 : 0));
+size_t fp8_tiles_smem(int OPW, int warps, int stages, int64_t K, int R = 1) {
+  return size_t(R * fp8_tiles_x_bytes(K) + int64_t(warps) * stages * fp8_tiles_slot(OPW, K));
 }
 // R = 1: at least 3 blocks of 8 warps an SM (what the shared memory of K = 8,192 allows) or 7 of 4
 // (K ≤ 2,048). R > 1 (session 40, DSUF_FP8_TILES_ROWS): R input rows staged a block (grid.y: row
@@ -1390,19 +1389,13 @@ size_t fp8_tiles_smem(int OPW, int warps, int stages, int64_t K, int R = 1, bool
 // the groups of a grouped linear or a pair's two linears (fp8_slice), each slice its own tiles.
 // kMinB (R > 1, DSUF_FP8_TILES_ROWS_REGS): at least kMinB blocks an SM by registers (4 of 4 warps, 2
 // of 8, 1 of 16: 128 registers), so that more warps, and their chunks in flight, fit an SM.
-// kGlu (R = 1; fp8_linear_glu, DSUF_SHARED_GLU=fused): the input row is SwiGLU's output, made by every
-// block as it stages the row — k_swiglu's arithmetic on glu.h1 and glu.h3 and linear_input's layout
-// (emit_input) into the shared row, its scales after the rings — instead of read from a row that a
-// k_swiglu launch laid out: the same bits, one launch and its hand-off fewer on the shared expert's chain.
-template <int OPW, bool kExact, int kWarps, int kStages, int R = 1, int kMinB = 1, bool kFma = kExact,
-          bool kGlu = false>
+template <int OPW, bool kExact, int kWarps, int kStages, int R = 1, int kMinB = 1, bool kFma = kExact>
 __global__ void __launch_bounds__(32 * kWarps, R > 1 ? kMinB : kWarps == 8 ? 3 : 7)
     k_fp8_gemv_tiles(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Ws, int64_t out, int64_t K,
                      const float* __restrict__ x, int64_t x_stride, int64_t x_group, const float* __restrict__ xs,
                      int64_t xs_stride, int rows, float* __restrict__ y, int64_t y_stride, bool r, Fp8Pair pair,
-                     bool early, GluIn glu) {
+                     bool early) {
   static_assert(kStages >= 2, "a ring of at least two chunks");
-  static_assert(!kGlu || R == 1, "SwiGLU on the way in: one row");
   const int nb = int(K / 32), lane = threadIdx.x % 32;
   // (R = 1 takes no slices and one row: its code as before R existed, which the step measured
   // 0.05 ms faster at batch 1 than this block's general form.)
@@ -1474,22 +1467,7 @@ __global__ void __launch_bounds__(32 * kWarps, R > 1 ? kMinB : kWarps == 8 ? 3 :
   pdl_wait();
   if (active && !early)
     for (int q = 0; q < kStages - 1; ++q) issue_next(q);
-  // kGlu: the row's scales (quantized) in shared memory after the rings, read there instead of xs.
-  float* const glu_xs = reinterpret_cast<float*>(fp8_smem + fp8_tiles_x_bytes(K) + kWarps * kStages * slot_bytes);
-  if constexpr (kGlu) {
-    // Warp w makes K-blocks w, w + kWarps, …: lane l value 32·kb + l, k_swiglu's, then emit_input's.
-    const int warp = threadIdx.x / 32;
-    for (int kb = warp; kb < nb; kb += kWarps) {
-      const int64_t t = int64_t(kb) * 32 + lane;
-      float g = glu.h1[t], u = glu.h3[t];
-      if (glu.clamp && glu.limit > 0) {
-        g = fminf(g, glu.limit);
-        u = fminf(fmaxf(u, -glu.limit), glu.limit);
-      }
-      const float h = rb(1.0f * (det::silu(g) * u), glu.r);  // k_swiglu's weight is 1 here
-      emit_input(h, kExact, reinterpret_cast<float*>(fp8_smem), glu_xs + kb, kb, lane);
-    }
-  } else if constexpr (R == 1) {
+  if constexpr (R == 1) {
     for (int i = threadIdx.x; i < interleaved_k(K) / 4; i += 32 * kWarps)
       reinterpret_cast<float4*>(fp8_smem)[i] = __ldg(reinterpret_cast<const float4*>(x) + i);
   } else {
@@ -1503,8 +1481,7 @@ __global__ void __launch_bounds__(32 * kWarps, R > 1 ? kMinB : kWarps == 8 ? 3 :
   if (!active) return;
   float sat[R];  // the spread task's input scales
 #pragma unroll
-  for (int rr = 0; rr < R; ++rr)
-    sat[rr] = !(kExact && rt.mine) ? 1.0f : kGlu ? glu_xs[rt.kb] : __ldg(xs + (rr < nr ? rr : 0) * xs_stride + rt.kb);
+  for (int rr = 0; rr < R; ++rr) sat[rr] = kExact && rt.mine ? __ldg(xs + (rr < nr ? rr : 0) * xs_stride + rt.kb) : 1.0f;
   float acc[OPW][R];
 #pragma unroll
   for (int o = 0; o < OPW; ++o)
@@ -1542,7 +1519,7 @@ __global__ void __launch_bounds__(32 * kWarps, R > 1 ? kMinB : kWarps == 8 ? 3 :
         for (int j = 0; j < 8; ++j) xv[j] = xsm[0][xpos4(kb, j)];
         float p[OPW];
         fp8_kb_parts<OPW, kExact, kFma>(w, xv, p);
-        const float sa = !kExact ? 1.0f : kGlu ? glu_xs[kb] : __ldg(xs + kb);
+        const float sa = kExact ? __ldg(xs + kb) : 1.0f;
 #pragma unroll
         for (int o = 0; o < OPW; ++o) acc[o][0] = acc[o][0] + fp8_kb_term<kExact>(p[o], sa, sw);
       } else {
@@ -5151,7 +5128,6 @@ struct Fp8Call {
   cudaStream_t s;
   Fp8Pair pair;
   int tile_sm = 0;  // > 0: k_fp8_gemv_tiles at most this many blocks an SM (fp8_linear's tile_sm)
-  GluIn glu{};      // glu.h1 set: the input is SwiGLU's of glu (k_fp8_gemv_tiles<…, kGlu>; fp8_linear_glu)
 };
 // DSUF_GEMV=regs|pipe|deep picks how the FP8/FP4 linears fetch weights (see GemvMode); regs by default.
 // DSUF_FP8_EARLY=1|0: the FP8 GEMV's kRegs loads its first round (weights, scale codes, the spread
@@ -5222,11 +5198,10 @@ bool fp8_tiles_fit(const Fp8Call& c, int opw) {
 int sm_count();
 // R > 1 (launch_fp8_tiles_rows): grid.y the row groups of R, grid.z the groups or the pair's two
 // linears; the SMs' warps shared among those slices (each strides over its own tiles).
-template <int OPW, bool kExact, int kWarps, int kStages, int R = 1, int kMinB = 1, bool kFma = kExact,
-          bool kGlu = false>
+template <int OPW, bool kExact, int kWarps, int kStages, int R = 1, int kMinB = 1, bool kFma = kExact>
 void launch_fp8_tiles_k(const Fp8Call& c) {
-  auto k = k_fp8_gemv_tiles<OPW, kExact, kWarps, kStages, R, kMinB, kFma, kGlu>;
-  const size_t smem = fp8_tiles_smem(OPW, kWarps, kStages, c.K, R, kGlu);
+  auto k = k_fp8_gemv_tiles<OPW, kExact, kWarps, kStages, R, kMinB, kFma>;
+  const size_t smem = fp8_tiles_smem(OPW, kWarps, kStages, c.K, R);
   DSUF_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   int fit = 0;
   DSUF_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, k, 32 * kWarps, smem));
@@ -5243,7 +5218,7 @@ void launch_fp8_tiles_k(const Fp8Call& c) {
   const int64_t per_warp = (tiles + most - 1) / most, warps = (tiles + per_warp - 1) / per_warp;
   launch_pdl(k, dim3(blocks_for(warps, kWarps), gy, gz), dim3(32 * kWarps), smem, c.s, c.W, c.Ws, c.out, c.K, c.in.x,
              c.in.stride, c.in.group_stride, c.in.scale, c.in.scale_stride, int(c.rows), c.y, c.y_stride, c.r, c.pair,
-             fp8_early(), c.glu);
+             fp8_early());
 }
 template <int OPW, bool kExact, int kWarps>
 void launch_fp8_tiles_w(const Fp8Call& c) {
@@ -5643,32 +5618,6 @@ void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, con
   const Fp8Call c{W, Ws, out, K, in, rows, y, y_stride, 2, r, s, pair};
   if (in.scale) return launch_fp8_rows<true>(c);
   launch_fp8_rows<false>(c);
-}
-bool fp8_linear_glu(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const GluIn& glu, float* y, bool r,
-                    cudaStream_t s) {
-  DSUF_CHECK(glu.h1 && glu.h3, "fp8_linear_glu: no SwiGLU inputs");
-  Fp8Call c{W, Ws, out, K, {}, 1, y, out, 1, r, s, {}};
-  c.in.group_stride = c.in.stride = interleaved_k(K);
-  if (!fp8_tiles_fit(c, 2)) return false;
-  c.glu = glu;
-  // launch_fp8_tiles's shapes (4 warps up to K = 2,048, else 8) and ring (DSUF_FP8_TILES_RING).
-  static const int stages = env_choice("DSUF_FP8_TILES_RING", {"2", "3", "4"}) + 2;
-  auto go = [&](auto exact, auto warps) {
-    constexpr bool kExact = decltype(exact)::value;
-    constexpr int kWarps = decltype(warps)::value;
-    switch (stages) {
-      case 3: return launch_fp8_tiles_k<2, kExact, kWarps, 3, 1, 1, kExact, true>(c);
-      case 4: return launch_fp8_tiles_k<2, kExact, kWarps, 4, 1, 1, kExact, true>(c);
-      default: return launch_fp8_tiles_k<2, kExact, kWarps, 2, 1, 1, kExact, true>(c);
-    }
-  };
-  using T = std::true_type;
-  using F = std::false_type;
-  using W4 = std::integral_constant<int, 4>;
-  using W8 = std::integral_constant<int, 8>;
-  if (glu.quantize) K <= 2048 ? go(T{}, W4{}) : go(T{}, W8{});
-  else K <= 2048 ? go(F{}, W4{}) : go(F{}, W8{});
-  return true;
 }
 int64_t group_bound(int64_t rows, int experts, int size) {
   return std::min<int64_t>(rows, (rows + size - 1) / size + experts);

@@ -45,17 +45,6 @@ struct FusedRope {
 // linear_input would (one group): the floats xq, the scales xs when quantize. Off when xq is null.
 // With xp set (and quantize) also the byte planes of 512·(E4M3 value) that the FP4 linears read
 // (interleaved_planes(K) bytes a row; kernels.cu, ppos16).
-// SwiGLU's inputs for a linear that makes its input row itself (fp8_linear_glu): the row
-// rb(silu(g)·u, r) with g = h1, u = h3 (clamped to limit as swiglu does when clamp), laid out as
-// linear_input would (quantized when quantize).
-struct GluIn {
-  const float* h1 = nullptr;
-  const float* h3 = nullptr;
-  float limit = 0.0f;
-  bool clamp = false;
-  bool r = false;
-  bool quantize = false;
-};
 struct InputSink {
   float* xq = nullptr;
   float* xs = nullptr;
@@ -141,13 +130,6 @@ struct Fp8Pair {
 // docs/perf.md v39).
 void fp8_linear(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const LinearInput& in, int64_t rows,
                 float* y, int64_t y_stride, bool r, cudaStream_t s, const Fp8Pair& pair = {}, int tile_sm = 0);
-// One row of fp8_linear over swiglu(glu.h1, glu.h3)'s row (swiglu's arithmetic, weight none, laid out
-// as through a sink with glu.quantize) without that row in memory: each k_fp8_gemv_tiles block makes
-// it as it stages its input (DSUF_SHARED_GLU=fused: the shared expert's w2). The same bits as
-// swiglu + fp8_linear; K = out of the SwiGLU. False (nothing launched) where the tile kernel's shape
-// does not apply.
-bool fp8_linear_glu(const uint8_t* W, const uint8_t* Ws, int64_t out, int64_t K, const GluIn& glu, float* y, bool r,
-                    cudaStream_t s);
 // `groups` independent products in one launch (the grouped o-projection): group g uses weight rows
 // [g·out, (g+1)·out) (out a multiple of 32), inputs g·K.. of each row, outputs g·out.. of each row.
 // With sink.xq set, y is also laid out through sink as the next linear's input (one group of
