@@ -12,7 +12,7 @@
 #                                    the forced tiled kernels would bypass; unset: the opt-in decode
 #                                    kernels and the row-major experts' kernel: DSUF_FP4=dp4a|imma|mma,
 #                                    DSUF_PV=tiles|cp|cpw|warps, DSUF_LOGITS_QT=off,
-#                                    DSUF_FP8_BF16_FMA=off, DSUF_BF16_FMA=off, DSUF_PDL=0); engine_cuda_tests;
+#                                    DSUF_FP8_BF16_FMA=off, DSUF_BF16_FMA=off, DSUF_ATT_STAGE=4, DSUF_PDL=0); engine_cuda_tests;
 #                                    cuda_tp_tests forced, and with DSUF_FP4=dp4a (needs 2 GPUs for its
 #                                    TP=2 cases)
 #   scripts/kernel-check.sh time     prefill 2048 tokens and batches 1/16/64 at 8K, each $AB setting
@@ -77,7 +77,7 @@ verify)
   runs=("default|" "forced|$FORCED")
   # An item may join settings with '+' (one run with all of them: independent knobs, fewer runs).
   for x in ${EXTRA:-}; do runs+=("forced_${x//[^A-Za-z0-9]/_}|$FORCED ${x//+/ }"); done
-  for x in ${PLAIN-DSUF_FP4=dp4a DSUF_FP4=imma DSUF_FP4=mma DSUF_PV=tiles DSUF_PV=cp DSUF_PV=cpw DSUF_PV=warps DSUF_LOGITS_QT=off DSUF_FP8_BF16_FMA=off DSUF_BF16_FMA=off DSUF_BF16_WIDE_LOOP=off DSUF_BF16_WIDE_LOOP=4 DSUF_PDL=0}; do runs+=("plain_${x//[^A-Za-z0-9]/_}|${x//+/ }"); done
+  for x in ${PLAIN-DSUF_FP4=dp4a DSUF_FP4=imma DSUF_FP4=mma DSUF_PV=tiles DSUF_PV=cp DSUF_PV=cpw DSUF_PV=warps DSUF_LOGITS_QT=off DSUF_FP8_BF16_FMA=off DSUF_BF16_FMA=off DSUF_BF16_WIDE_LOOP=off DSUF_BF16_WIDE_LOOP=4 DSUF_ATT_STAGE=4 DSUF_PDL=0}; do runs+=("plain_${x//[^A-Za-z0-9]/_}|${x//+/ }"); done
   i=0
   for run in "${runs[@]}"; do
     name=${run%%|*}
@@ -179,14 +179,15 @@ step)
   # as they are), summed per kernel by scripts/ncu_table.py: the per-kernel breakdown of issue 6.
   # Two metrics (duration, DRAM bytes read: one pass; the four percentages of session 11 took ~8
   # passes of ~55 s each, the whole program each time); ncu writes its CSV only at the end. The regex leaves out k_fp4_tile (~11,500
-  # launches at load, the experts' re-layout). Application replay (the program run once per pass):
+  # launches at load, the experts' re-layout) and k_bf16_exponents (the head's exponent scan at load,
+  # ~0.74 ms: session 47's first table counted it). Application replay (the program run once per pass):
   # kernel replay saves and restores the device memory a kernel may write before each pass, and
   # here that is one 76 GiB allocation — ~0.1 s a launch, which ran past every limit (sessions 11-12).
   export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
   DSUF_CUDA_GRAPHS=0 timeout "${NCU_LIMIT:-500}" ncu --clock-control none --cache-control none --csv --page details \
     --replay-mode application --app-replay-match grid \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum \
-    --kernel-name regex:'^k_(embed|hc_|collapse|rmsnorm|fp8_gemv|fp4_(gemv|imma|mma)|bf16|rope|fp8_fake|index_|pack_|gather_|attention|compress|update_p|candidate|top_k|mask_from|route|swiglu|moe_|engram|linear_input|group_rows|add_rows)' \
+    --kernel-name regex:'^k_(embed|hc_|collapse|rmsnorm|fp8_gemv|fp4_(gemv|imma|mma)|bf16_(linear|stream|wide)|rope|fp8_fake|index_|pack_|gather_|attention|compress|update_p|candidate|top_k|mask_from|route|swiglu|moe_|engram|linear_input|group_rows|add_rows)' \
     --launch-count 1500 "$B/bench_decode" --engram-vocab 100000 --contexts 8192 --batches 1 \
     --steps 1 --warmup 0 > "$L/step.csv" 2> "$L/step.err"
   echo "ncu rc=$?"

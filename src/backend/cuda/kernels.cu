@@ -6032,8 +6032,11 @@ LinearInput attention(const AttentionArgs& a, cudaStream_t s, bool gathered) {
   AttentionArgs la = a;
   la.logits_late = logits_late;
   std::tie(la.trace, la.trace_tickets) = att_trace_here();
-  // DSUF_ATT_STAGE=4|16: 16-byte staging copies measured +0.02 ms a step (v27): 4 stays the default.
-  static const bool stage16 = env_picks("DSUF_ATT_STAGE", "4", "16");
+  // DSUF_ATT_STAGE=16|4: the staging copies of 16 bytes (the P·V kernel's logits; the logits kernel's
+  // queries where the bulk copy does not apply) or 4. 16 measured +0.02 ms a step at v27 and +0.04 at
+  // v40; on v55 (session 47) −0.013 (5.924–5.936 against 5.933–5.949 gpu ms, six rounds interleaved,
+  // lower in each): the default since then.
+  static const bool stage16 = !env_picks("DSUF_ATT_STAGE", "16", "4");
   la.stage16 = stage16;
   // DSUF_ATT_BULK=q|off: the queries by one bulk copy (AttentionArgs::bulk). Session 26 at batch 1,
   // 8K: −0.04 ms a step against off (four rounds), the default since v40. The same for the P·V kernel's
