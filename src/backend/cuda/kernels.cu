@@ -289,18 +289,6 @@ __device__ __forceinline__ void pdl_entry(bool late) {
 __device__ __forceinline__ void pdl_exit(bool late) {
   if (late) pdl_trigger();
 }
-// A cluster kernel's exit barrier (no block leaves while another may still read its shared memory),
-// split (DSUF_CLUSTER_EXIT=split, cluster_exit_split()): a block arrives once it has read the others'
-// shared memory for the last time and waits just before it leaves, so the barrier's round trip
-// overlaps the block's remaining work (its stores) instead of following it; sync: one cluster.sync at
-// the end. Every thread of the cluster calls both (the .aligned forms: converged warps).
-__device__ __forceinline__ void cluster_exit_arrive(bool split) {
-  if (split) asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void cluster_exit_wait(bool split) {
-  if (split) asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-  else cooperative_groups::this_cluster().sync();
-}
 
 // ---- quantization and linears ------------------------------------------------------------------
 // The per-32 quantizers run one warp per block, lane k on element k (the max is order-free).
@@ -643,7 +631,7 @@ __global__ void __launch_bounds__(kWide ? 1024 : 256) k_collapse_norm(const floa
                                                        const float* __restrict__ y_in, float* __restrict__ X,
                                                        int64_t D, const uint16_t* __restrict__ w, float eps,
                                                        float* __restrict__ y, bool r, InputSink sink,
-                                                       bool w_early, bool late, MoeSumIn moe, bool split_exit) {
+                                                       bool w_early, bool late, MoeSumIn moe) {
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ float us[];  // [32·J]: u[32c + l + 256j] at 32j + l
@@ -743,7 +731,6 @@ __global__ void __launch_bounds__(kWide ? 1024 : 256) k_collapse_norm(const floa
   cluster.sync();  // every block's warp sum written and visible
   float ss = lane < kNormCluster ? *cluster.map_shared_rank(&q, lane) : 0.0f;
   ss = warp_sum(ss);
-  cluster_exit_arrive(split_exit);  // the last read of another block's shared memory is done
   const float rinv = 1.0f / sqrtf(ss / float(D) + eps);
   for (int e0 = 0; e0 < E; e0 += pass) {
 #pragma unroll
@@ -758,7 +745,7 @@ __global__ void __launch_bounds__(kWide ? 1024 : 256) k_collapse_norm(const floa
     }
   }
   pdl_exit(late);
-  cluster_exit_wait(split_exit);  // no block leaves while another may still read its q
+  cluster.sync();  // no block leaves while another may still read its q
 }
 
 
@@ -4310,7 +4297,7 @@ constexpr int64_t kTopkClusterMaxCount = int64_t(kTopkCluster) * 16384;
 __global__ void __launch_bounds__(kTopkClusterThreads) k_top_k_cluster(const float* x, int64_t stride,
                                                                        const RowMeta* meta, int ratio, int k,
                                                                        int32_t* out, int out_stride,
-                                                                       uint64_t* picks_out, bool split_exit) {
+                                                                       uint64_t* picks_out) {
   namespace cg = cooperative_groups;
   constexpr int T = kTopkClusterThreads;
   cg::cluster_group cluster = cg::this_cluster();
@@ -4392,7 +4379,6 @@ __global__ void __launch_bounds__(kTopkClusterThreads) k_top_k_cluster(const flo
     base_gt += *cluster.map_shared_rank(&s_gt, r);
     base_eq += *cluster.map_shared_rank(&s_eq, r);
   }
-  cluster_exit_arrive(split_exit);  // the last read of another block's totals is done
   int og = base_gt + (inc & 0xffff) - n_gt, oe = base_eq + (inc >> 16) - n_eq;
   const int n_gt_total = want - ties_to_take;
   uint64_t* po = picks_out + int64_t(i) * out_stride;
@@ -4406,7 +4392,7 @@ __global__ void __launch_bounds__(kTopkClusterThreads) k_top_k_cluster(const flo
   });
   int32_t* o = out + int64_t(i) * out_stride;
   for (int j = want + c * T + t; j < out_stride; j += C * T) po[j] = 0, o[j] = -1;
-  cluster_exit_wait(split_exit);  // no block leaves while another may still read its totals
+  cluster.sync();  // no block leaves while another may still read its totals
 }
 
 // Multi-block top-k, stage 1 (topk_plan.h): grid (g_launch, rows). Block (g, i) selects the top k
@@ -4737,7 +4723,7 @@ __global__ void k_engram_gate(float* X, const float* kv, const uint16_t* qw, con
 // --fmad=false), so the bits are the same. Dynamic shared memory: 3 · 32 · ⌈D / 256⌉ floats.
 __global__ void __launch_bounds__(256) k_engram_gate_cluster(float* X, const float* kv, const uint16_t* qw,
                                                              const uint16_t* kw, const uint8_t* dead, int hc,
-                                                             int64_t D, float eps, bool r, bool split_exit) {
+                                                             int64_t D, float eps, bool r) {
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   pdl_entry();
@@ -4782,14 +4768,13 @@ __global__ void __launch_bounds__(256) k_engram_gate_cluster(float* X, const flo
   float t[3];
 #pragma unroll
   for (int m = 0; m < 3; ++m) t[m] = warp_sum(lane < kNormCluster ? *cluster.map_shared_rank(&q[m], lane) : 0.0f);
-  cluster_exit_arrive(split_exit);  // the last read of another block's q is done
   const float g = engram_gate_value(t[0], t[1], t[2], D, eps);
 #pragma unroll
   for (int p = 0; p < kPer; ++p) {
     const int e = int(threadIdx.x) + 256 * p;
     if (e < E && pos(e) < D) x[pos(e)] = rb(xv[p] + g * vv[p], r);
   }
-  cluster_exit_wait(split_exit);  // no block leaves while another may still read its q
+  cluster.sync();  // no block leaves while another may still read its q
 }
 
 __global__ void k_gather_rows(const float* X, const float* pre, const int32_t* rows, int hc, int64_t D, float* Xo,
@@ -5074,15 +5059,6 @@ bool collapse_wide(int64_t D) {
   return wide && (D + 255) / 256 * 32 <= 1024;
 }
 }  // namespace
-// DSUF_CLUSTER_EXIT=split|sync: the cluster kernels' exit barrier split into an arrive after the
-// last remote read and a wait before leaving (split), or one cluster.sync at the end (sync, before
-// session 48). Scheduling only: the same values.
-namespace {
-bool cluster_exit_split() {
-  static const bool split = !env_picks("DSUF_CLUSTER_EXIT", "split", "sync");
-  return split;
-}
-}  // namespace
 bool moe_sum_fits(int64_t D, int k) { return collapse_wide(D) && k >= 1 && k <= kMoeSumMax; }
 void collapse_norm(const float* pre, int pre_stride, const float* emix, int emix_stride, const float* y_in, float* X,
                    int n, int hc, int64_t D, const uint16_t* w, float eps, float* y, bool r, cudaStream_t s,
@@ -5099,7 +5075,7 @@ void collapse_norm(const float* pre, int pre_stride, const float* emix, int emix
     auto* k = wide ? k_collapse_norm<decltype(H)::value, true> : k_collapse_norm<decltype(H)::value>;
     set_smem(k, smem);
     launch_step_in(kNormCluster, k, dim3(kNormCluster, n), dim3(wide ? unsigned(E) : 256u), smem, s, pre, pre_stride, emix,
-                   emix_stride, y_in, X, D, w, eps, y, r, sink, weights_early(), late_trigger(kLateCollapse), moe, cluster_exit_split());
+                   emix_stride, y_in, X, D, w, eps, y, r, sink, weights_early(), late_trigger(kLateCollapse), moe);
   });
 }
 namespace {
@@ -6183,7 +6159,7 @@ void top_k_launch(const float* x, int64_t stride, int rows, const RowMeta* meta,
     // (Clusters of 4 or 2 blocks, the kernel being generic in its cluster size, measured the same as
     // 8 at 8K: v29.)
     launch_step_in(kTopkCluster, k_top_k_cluster, dim3(kTopkCluster, rows), dim3(kTopkClusterThreads), 0, s, x,
-                   stride, meta, ratio, k, out, out_stride, picks, cluster_exit_split());
+                   stride, meta, ratio, k, out, out_stride, picks);
     *picked = true;
     return;
   }
@@ -6329,7 +6305,7 @@ void engram_gate(float* X, const float* kv, const uint16_t* qw, const uint16_t* 
     const size_t smem = size_t(3) * 32 * size_t((D + 255) / 256) * sizeof(float);
     set_smem(k_engram_gate_cluster, smem);
     launch_step_in(kNormCluster, k_engram_gate_cluster, dim3(kNormCluster, hc, n), dim3(256), smem, s, X, kv, qw, kw,
-                   dead, hc, D, eps, r, cluster_exit_split());
+                   dead, hc, D, eps, r);
     return;
   }
   launch_step(mode == 2 ? k_engram_gate<1> : k_engram_gate<10>, dim3(n, hc), dim3(256), 0, s, X, kv, qw, kw, dead, hc,
