@@ -15,7 +15,7 @@
 // the compute phase (median and slowest block, µs; the bytes over the slowest block's time as TB/s,
 // and that against the device-to-device copy rate measured in the same run).
 //
-//   smem_probe [--reps 20] [--seed 7]
+//   smem_probe [--reps 20] [--seed 7] [--stream-only | --mma]
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -207,8 +207,37 @@ struct StreamArgs {
   const float* sa;      // [K / 32]
   float* y;             // [rows]
   int rows_per_block, K, S;
-  int mode;  // 0: as described; 1: no arithmetic (the ring's copy rate alone); 2: one bulk copy a row
+  int mode;  // 0: as described; 1: no arithmetic (the ring's copy rate alone); 2: one bulk copy a row;
+             // 3: the tensor cores' FP8 MMA (k_stream_mma; not the canonical order)
+  const uint8_t* xc = nullptr;  // mode 3: the input's E4M3 codes [K]
 };
+// The producer's loop (one thread): chunk c of slot_bytes from w + c·slot_bytes into ring slot c mod S
+// once the consumers have freed it (the empty barriers at bars + 8·(S + q)), as `pieces` bulk copies
+// completing on the slot's full barrier (bars + 8·q).
+__device__ void stream_produce(const uint8_t* w, int chunks, int S, int64_t slot_bytes, int pieces, uint8_t* ring,
+                               uint32_t bars) {
+  for (int c = 0; c < chunks; ++c) {
+    const int q = c % S;
+    if (c >= S) mbar_wait_parity(bars + 8 * (S + q), uint32_t((c / S - 1) & 1));
+    asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(bars + 8 * q), "r"(uint32_t(slot_bytes))
+                 : "memory");
+    for (int p = 0; p < pieces; ++p)
+      asm volatile(
+          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+              smem_addr(ring + q * slot_bytes + p * (slot_bytes / pieces))),
+          "l"(w + int64_t(c) * slot_bytes + p * (slot_bytes / pieces)), "r"(uint32_t(slot_bytes / pieces)),
+          "r"(bars + 8 * q)
+          : "memory");
+  }
+}
+// The ring's barriers: S full ones (one arrival and the bytes), then S empty ones (W consumer warps).
+__device__ void stream_init_bars(uint32_t bars, int S, int W) {
+  for (int q = 0; q < S; ++q) {
+    asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(bars + 8 * q));
+    asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(bars + 8 * (S + q)), "r"(W));
+  }
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
 template <int RPW>
 __global__ void k_stream_gemv(StreamArgs a) {
   extern __shared__ __align__(128) uint8_t sm[];
@@ -219,34 +248,14 @@ __global__ void k_stream_gemv(StreamArgs a) {
   float* xs = reinterpret_cast<float*>(sm);  // interleaved as LAY 1
   const uint32_t bars = smem_addr(sm + size_t(K) * 4);  // [S] full, then [S] empty (S ≤ 8)
   uint8_t* ring = sm + size_t(K) * 4 + 128;
-  if (threadIdx.x == 0) {
-    for (int q = 0; q < S; ++q) {
-      asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(bars + 8 * q));
-      asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(bars + 8 * (S + q)), "r"(W));
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
+  if (threadIdx.x == 0) stream_init_bars(bars, S, W);
   for (int i = threadIdx.x; i < K; i += blockDim.x) {
     const int kb = i / 32, q = (i % 32) / 4;
     xs[interleaved(kb, q) * 4 + i % 4] = a.x[i];
   }
   __syncthreads();
   if (warp == W) {  // the producer
-    if (lane == 0)
-      for (int c = 0; c < chunks; ++c) {
-        const int q = c % S;
-        if (c >= S) mbar_wait_parity(bars + 8 * (S + q), uint32_t((c / S - 1) & 1));
-        asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(bars + 8 * q), "r"(uint32_t(slot_bytes))
-                     : "memory");
-        const int pieces = a.mode == 2 ? CH : 1;  // mode 2: a copy a row (as k_bf16_stream)
-        for (int p = 0; p < pieces; ++p)
-          asm volatile(
-              "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                  smem_addr(ring + q * slot_bytes + p * (slot_bytes / pieces))),
-              "l"(a.w + (row0 + int64_t(c) * CH) * K + p * (slot_bytes / pieces)), "r"(uint32_t(slot_bytes / pieces)),
-              "r"(bars + 8 * q)
-              : "memory");
-      }
+    if (lane == 0) stream_produce(a.w + row0 * K, chunks, S, slot_bytes, a.mode == 2 ? CH : 1, ring, bars);
     return;
   }
   for (int c = 0; c < chunks; ++c) {
@@ -272,6 +281,60 @@ __global__ void k_stream_gemv(StreamArgs a) {
       for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
       if (lane == 0) a.y[r0 + j] = v;
     }
+  }
+}
+
+// Mode 3 (session 48): what a stream would reach if the bit-exact order were given up — each consumer
+// warp takes 16 rows of a chunk (CH = 16·W) and multiplies them by the input with the tensor cores'
+// FP8 MMA (mma.m16n8k32 e4m3 × e4m3 → f32; the input in column 0 of B, the other 7 columns zero),
+// one MMA a K-block from a zero accumulator, then adds the tile's column times s_a·s_w to the row's
+// sum. The MMA's internal order (and precision) is the hardware's, so the outputs are checked against
+// a double-precision sum by a relative bound, not bit for bit. The weights land in fragment order
+// (host-permuted: a K-block of 16 rows is 512 bytes, lane L's A registers at 16·L), so a lane reads
+// its A fragment with one 16-byte load.
+__device__ __forceinline__ void mma_e4m3(const uint4& a, uint32_t b0, uint32_t b1, float (&d)[4]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%10, %10, %10, %10};"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1), "f"(0.0f));
+}
+__global__ void k_stream_mma(StreamArgs a) {
+  extern __shared__ __align__(128) uint8_t sm[];
+  const int K = a.K, nb = K / 32, W = int(blockDim.x / 32) - 1, S = a.S;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int CH = 16 * W, chunks = a.rows_per_block / CH;
+  const int64_t slot_bytes = int64_t(CH) * K, row0 = int64_t(blockIdx.x) * a.rows_per_block;
+  uint8_t* xcs = sm;  // the input's codes, K bytes
+  const uint32_t bars = smem_addr(sm + K);
+  uint8_t* ring = sm + K + 128;
+  if (threadIdx.x == 0) stream_init_bars(bars, S, W);
+  for (int i = threadIdx.x; i < K; i += blockDim.x) xcs[i] = a.xc[i];
+  __syncthreads();
+  if (warp == W) {
+    if (lane == 0) stream_produce(a.w + row0 * K, chunks, S, slot_bytes, 1, ring, bars);
+    return;
+  }
+  for (int c = 0; c < chunks; ++c) {
+    const int q = c % S;
+    mbar_wait_parity(bars + 8 * q, uint32_t((c / S) & 1));
+    const uint4* frag = reinterpret_cast<const uint4*>(ring + q * slot_bytes + int64_t(warp) * 16 * K);
+    const int64_t r0 = row0 + int64_t(c) * CH + 16 * warp;  // 16 rows inside one 32-row scale block
+    const float* sw = a.scale + (r0 / 32) * nb;
+    float acc0 = 0.0f, acc2 = 0.0f;  // rows r0 + lane/4 and r0 + 8 + lane/4 (column 0: lanes ≡ 0 mod 4)
+#pragma unroll 4
+    for (int kb = 0; kb < nb; ++kb) {
+      const uint4 w = frag[kb * 32 + lane];
+      const uint32_t b0 = lane < 4 ? *reinterpret_cast<const uint32_t*>(xcs + 32 * kb + 4 * lane) : 0u;
+      const uint32_t b1 = lane < 4 ? *reinterpret_cast<const uint32_t*>(xcs + 32 * kb + 16 + 4 * lane) : 0u;
+      float d[4];
+      mma_e4m3(w, b0, b1, d);
+      const float s = a.sa[kb] * sw[kb];
+      acc0 += d[0] * s, acc2 += d[2] * s;
+    }
+    __syncwarp();
+    if (lane == 0) asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(bars + 8 * (S + q)) : "memory");
+    if (lane % 4 == 0) a.y[r0 + lane / 4] = acc0, a.y[r0 + 8 + lane / 4] = acc2;
   }
 }
 
@@ -315,6 +378,28 @@ int64_t count_differ(const std::vector<float>& y, const std::vector<uint8_t>& w,
   return bad;
 }
 
+// Mode 3's check: every output against a double-precision sum of the same terms, relative to the sum
+// of their magnitudes; returns the largest such error (NaN or an unwritten output: infinity).
+double max_rel_error(const std::vector<float>& y, const std::vector<uint8_t>& w, const std::vector<float>& x,
+                     const std::vector<float>& sa, const std::vector<float>& scale, int K) {
+  const int nb = K / 32;
+  double worst = 0.0;
+  for (int64_t o = 0; o < int64_t(y.size()); ++o) {
+    double sum = 0.0, mag = 0.0;
+    for (int kb = 0; kb < nb; ++kb) {
+      const double s = double(sa[size_t(kb)]) * scale[size_t((o / 32) * nb + kb)];
+      for (int k = 0; k < 32; ++k) {
+        const double t = double(x[size_t(kb * 32 + k)]) * e4m3(w[size_t(o * K + kb * 32 + k)]) * s;
+        sum += t, mag += std::fabs(t);
+      }
+    }
+    const double e = std::isfinite(y[size_t(o)]) ? std::fabs(double(y[size_t(o)]) - sum) / std::max(mag, 1e-30)
+                                                  : INFINITY;
+    worst = std::max(worst, e);
+  }
+  return worst;
+}
+
 struct Config {
   int rpw, warps, R, K, dec = 0, lay = 0;
 };
@@ -330,13 +415,15 @@ int main(int argc, char** argv) {
   int reps = 20;
   unsigned seed = 7;
   bool stream_only = false;  // --stream-only: the streaming launches only
+  bool mma_only = false;     // --mma: mode 3's launches and their same-run references only
   for (int i = 1; i < argc; ++i) {
     const std::string s = argv[i];
     if (s == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (s == "--seed" && i + 1 < argc) seed = unsigned(std::atoi(argv[++i]));
     else if (s == "--stream-only") stream_only = true;
+    else if (s == "--mma") stream_only = mma_only = true;
     else {
-      std::fprintf(stderr, "usage: smem_probe [--reps 20] [--seed 7] [--stream-only]\n");
+      std::fprintf(stderr, "usage: smem_probe [--reps 20] [--seed 7] [--stream-only | --mma]\n");
       return 2;
     }
   }
@@ -476,6 +563,7 @@ int main(int argc, char** argv) {
   // the marginal rate between sizes: the streaming rate without the launch's fixed cost.
   struct StreamConfig {
     int K, rows_per_block, rpw, warps, slots, mode = 0, per_sm = 1;
+    bool mma_ref = false;  // also run with --mma (the same run's exact and copies-only references)
   };
   const StreamConfig streams[] = {
       {1024, 256, 4, 8, 4},    {1024, 256, 2, 16, 4},   {1024, 256, 4, 16, 3},   {2048, 160, 2, 16, 3},
@@ -486,24 +574,50 @@ int main(int argc, char** argv) {
       // What fits beside the P·V kernel (≤ ~121 KB): 3 × 32 KB at 8 warps, 2 × 64 KB at 16.
       {4096, 384, 1, 8, 3, 1}, {4096, 768, 1, 8, 3, 1}, {4096, 384, 1, 8, 3, 0}, {4096, 768, 1, 8, 3, 0},
       {4096, 384, 1, 16, 2, 1}, {4096, 768, 1, 16, 2, 1},
+      // Session 48: the tensor cores' FP8 MMA (mode 3; rpw unused: 16 rows a warp) at 52 / 208 / 415 MB,
+      // 3 slots of 64 KB and 2 (what fits beside the P·V), 2–8 consumer warps, with the exact arithmetic and copies alone
+      // at the same sizes for reference.
+      {1024, 384, 16, 4, 3, 3}, {1024, 1536, 16, 4, 3, 3}, {1024, 3072, 16, 4, 3, 3},
+      {1024, 1536, 16, 4, 2, 3}, {1024, 3072, 16, 4, 2, 3}, {2048, 768, 16, 2, 3, 3}, {2048, 1536, 16, 2, 3, 3},
+      {512, 3072, 16, 8, 3, 3}, {512, 6144, 16, 8, 3, 3},
+      {4096, 96, 1, 16, 3, 0, 1, true}, {4096, 768, 1, 16, 3, 0, 1, true}, {4096, 384, 1, 16, 3, 1, 1, true},
+      {4096, 768, 1, 16, 3, 1, 1, true},
   };
   for (const StreamConfig& c : streams) {
-    const int K = c.K, nb = K / 32, CH = c.warps * c.rpw;
+    if (mma_only && c.mode != 3 && !c.mma_ref) continue;
+    const bool mma = c.mode == 3;
+    const int K = c.K, nb = K / 32, CH = mma ? 16 * c.warps : c.warps * c.rpw;
     const int grid = blocks * c.per_sm;
     const int64_t rows = int64_t(grid) * c.rows_per_block, wbytes = rows * K;
     if (c.rows_per_block % CH != 0 || rows % 32 != 0) continue;
     std::vector<uint8_t> w(static_cast<size_t>(wbytes)), dev(static_cast<size_t>(wbytes));
     for (auto& v : w) v = random_code(rng);
-    for (int64_t row = 0; row < rows; ++row)
-      for (int kb = 0; kb < nb; ++kb)
-        for (int i = 0; i < 32; ++i)
-          dev[size_t(row * K + (i / 16) * (K / 2) + kb * 16 + i % 16)] = w[size_t(row * K + kb * 32 + i)];
+    if (mma) {  // fragment order: 16 rows × a K-block = 512 bytes, lane L's A registers a0..a3 at 16·L
+      for (int64_t g = 0; g < rows; g += 16)
+        for (int kb = 0; kb < nb; ++kb)
+          for (int L = 0; L < 32; ++L)
+            for (int j = 0; j < 4; ++j)
+              for (int i = 0; i < 4; ++i) {
+                const int64_t row = g + L / 4 + (j & 1) * 8;
+                const int k = kb * 32 + (L % 4) * 4 + (j >> 1) * 16 + i;
+                dev[size_t(g * K + kb * 512 + L * 16 + j * 4 + i)] = w[size_t(row * K + k)];
+              }
+    } else {
+      for (int64_t row = 0; row < rows; ++row)
+        for (int kb = 0; kb < nb; ++kb)
+          for (int i = 0; i < 32; ++i)
+            dev[size_t(row * K + (i / 16) * (K / 2) + kb * 16 + i % 16)] = w[size_t(row * K + kb * 32 + i)];
+    }
     std::vector<float> scale(size_t(rows / 32 * nb)), x(static_cast<size_t>(K)), sa(static_cast<size_t>(nb));
+    std::vector<uint8_t> xc(static_cast<size_t>(K));
     for (auto& v : scale) v = std::ldexp(1.0f, int(rng() % 11) - 5);
-    for (auto& v : x) v = e4m3(random_code(rng));
+    for (auto& v : xc) v = random_code(rng);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = e4m3(xc[i]);
     for (auto& v : sa) v = std::ldexp(1.0f, int(rng() % 7) - 3);
-    uint8_t* dw = nullptr;
+    uint8_t *dw = nullptr, *dxc = nullptr;
     float *dscale = nullptr, *dx = nullptr, *dsa = nullptr, *dy = nullptr;
+    check(cudaMalloc(&dxc, xc.size()), "malloc");
+    check(cudaMemcpy(dxc, xc.data(), xc.size(), cudaMemcpyHostToDevice), "h2d");
     check(cudaMalloc(&dw, size_t(wbytes)), "malloc");
     check(cudaMalloc(&dscale, scale.size() * 4), "malloc");
     check(cudaMalloc(&dx, x.size() * 4), "malloc");
@@ -514,18 +628,22 @@ int main(int argc, char** argv) {
     check(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice), "h2d");
     check(cudaMemcpy(dsa, sa.data(), sa.size() * 4, cudaMemcpyHostToDevice), "h2d");
     check(cudaMemset(dy, 0xff, size_t(rows) * 4), "memset");
-    const StreamArgs a{dw, dscale, dx, dsa, dy, c.rows_per_block, K, c.slots, c.mode};
-    const size_t smem = size_t(K) * 4 + 128 + size_t(c.slots) * CH * K;
-    auto kernel = c.rpw == 1 ? k_stream_gemv<1> : c.rpw == 2 ? k_stream_gemv<2> : c.rpw == 4 ? k_stream_gemv<4>
-                                                                                            : k_stream_gemv<8>;
+    const StreamArgs a{dw, dscale, dx, dsa, dy, c.rows_per_block, K, c.slots, c.mode, dxc};
+    const size_t smem = size_t(K) * (mma ? 1 : 4) + 128 + size_t(c.slots) * CH * K;
+    auto kernel = mma ? k_stream_mma : c.rpw == 1 ? k_stream_gemv<1> : c.rpw == 2 ? k_stream_gemv<2>
+                                     : c.rpw == 4 ? k_stream_gemv<4> : k_stream_gemv<8>;
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "smem attribute");
     kernel<<<grid, 32 * (c.warps + 1), smem>>>(a);
     check(cudaGetLastError(), "launch");
     check(cudaDeviceSynchronize(), "run");
     std::vector<float> y(static_cast<size_t>(rows));
     check(cudaMemcpy(y.data(), dy, y.size() * 4, cudaMemcpyDeviceToHost), "d2h");
-    const int64_t bad = c.mode == 1 ? 0 : count_differ(y, w, x, sa, scale, K);  // mode 1 computes nothing
+    // Mode 1 computes nothing; mode 3 is held to a relative bound (2^-10 of the terms' magnitudes).
+    const double rel = mma ? max_rel_error(y, w, x, sa, scale, K) : 0.0;
+    const int64_t bad = c.mode == 1 ? 0 : mma ? (rel <= 0x1p-10 ? 0 : 1) : count_differ(y, w, x, sa, scale, K);
     if (c.mode != 1) all_exact = all_exact && bad == 0;
+    char verdict[64];
+    std::snprintf(verdict, sizeof verdict, "%s (max rel. error %.1e)", bad ? "FAR" : "close", rel);
     std::vector<double> us;
     for (int r = 0; r < reps; ++r) {
       check(cudaMemset(ca, r & 0xff, cbytes), "flush");
@@ -541,12 +659,12 @@ int main(int argc, char** argv) {
     std::printf(
         "stream%s K %4d, %3d rows a block, %d an SM (%5.1f MB), RPW %d x %2d warps, %d slots of %3d KB: %s | %6.2f us = "
         "%.2f TB/s (%.2fx the copy rate)\n",
-        c.mode == 1 ? " (copies only)" : c.mode == 2 ? " (a copy a row)" : "", K, c.rows_per_block, c.per_sm,
-        double(wbytes) / 1e6, c.rpw, c.warps, c.slots, CH * K / 1024,
-        c.mode == 1 ? "not checked" : bad ? "NOT EXACT" : "exact",
+        c.mode == 1 ? " (copies only)" : c.mode == 2 ? " (a copy a row)" : mma ? " (FP8 MMA)" : "", K, c.rows_per_block,
+        c.per_sm, double(wbytes) / 1e6, mma ? 16 : c.rpw, c.warps, c.slots, CH * K / 1024,
+        c.mode == 1 ? "not checked" : mma ? verdict : bad ? "NOT EXACT" : "exact",
         mu, tbs, tbs / copy_tbs);
-    cudaFree(dw), cudaFree(dscale), cudaFree(dx), cudaFree(dsa), cudaFree(dy);
+    cudaFree(dw), cudaFree(dxc), cudaFree(dscale), cudaFree(dx), cudaFree(dsa), cudaFree(dy);
   }
-  std::printf("%s\n", all_exact ? "every output exact" : "SOME OUTPUTS DIFFER");
+  std::printf("%s\n", all_exact ? "every output exact (mode 3's within its bound)" : "SOME OUTPUTS DIFFER");
   return all_exact ? 0 : 1;
 }
