@@ -574,9 +574,9 @@ int main(int argc, char** argv) {
       // What fits beside the P·V kernel (≤ ~121 KB): 3 × 32 KB at 8 warps, 2 × 64 KB at 16.
       {4096, 384, 1, 8, 3, 1}, {4096, 768, 1, 8, 3, 1}, {4096, 384, 1, 8, 3, 0}, {4096, 768, 1, 8, 3, 0},
       {4096, 384, 1, 16, 2, 1}, {4096, 768, 1, 16, 2, 1},
-      // Session 48: the tensor cores' FP8 MMA (mode 3; rpw unused: 16 rows a warp) at 52 / 208 / 415 MB,
-      // 3 slots of 64 KB and 2 (what fits beside the P·V), 2–8 consumer warps, with the exact arithmetic and copies alone
-      // at the same sizes for reference.
+      // Session 48: the tensor cores' FP8 MMA (mode 3; rpw unused: 16 rows a warp) at 52 / 208 /
+      // 415 MB, 3 slots of 64 KB and 2 (what fits beside the P·V), 2–8 consumer warps, with the
+      // exact arithmetic and copies alone at the same sizes for reference.
       {1024, 384, 16, 4, 3, 3}, {1024, 1536, 16, 4, 3, 3}, {1024, 3072, 16, 4, 3, 3},
       {1024, 1536, 16, 4, 2, 3}, {1024, 3072, 16, 4, 2, 3}, {2048, 768, 16, 2, 3, 3}, {2048, 1536, 16, 2, 3, 3},
       {512, 3072, 16, 8, 3, 3}, {512, 6144, 16, 8, 3, 3},
